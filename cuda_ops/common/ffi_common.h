@@ -1,0 +1,120 @@
+// Shared glue for the XLA FFI handlers: CUDA error -> ffi::Error, dtype traits,
+// and a dtype dispatch helper. Only the stable xla::ffi C++ API (ffi.h) is used.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
+
+// ffi.h trips nvcc/gcc warnings of its own (switches without a trailing
+// return, unused parameters); keep them out of our builds.
+#if defined(__NVCC__)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 940
+#pragma nv_diag_suppress 2473
+#endif
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wreturn-type"
+#endif
+#include "xla/ffi/api/ffi.h"
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#if defined(__NVCC__)
+#pragma nv_diagnostic pop
+#endif
+
+namespace ffi = xla::ffi;
+
+// Handlers must stay visible even if the library is built with
+// -fvisibility=hidden; jax looks them up by name.
+#if defined(_WIN32)
+#define JAXCNN_EXPORT __declspec(dllexport)
+#else
+#define JAXCNN_EXPORT __attribute__((visibility("default")))
+#endif
+
+namespace jaxcnn {
+
+inline ffi::Error CudaErrorToFfi(cudaError_t status, const char* where) {
+  if (status == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInternal, std::string("jaxcnn: ") + where +
+                                                   ": " +
+                                                   cudaGetErrorString(status));
+}
+
+// Returns an ffi::Error from the enclosing handler if `expr` is not cudaSuccess.
+#define JAXCNN_RETURN_IF_CUDA_ERROR(expr, where)                   \
+  do {                                                             \
+    const cudaError_t jaxcnn_cuda_status_ = (expr);                \
+    if (jaxcnn_cuda_status_ != cudaSuccess)                        \
+      return ::jaxcnn::CudaErrorToFfi(jaxcnn_cuda_status_, where); \
+  } while (0)
+
+// Maps a floating ffi::DataType to its CUDA storage type and float conversions.
+template <ffi::DataType dtype>
+struct DTypeTraits;
+
+template <>
+struct DTypeTraits<ffi::DataType::F32> {
+  using type = float;
+  static constexpr const char* kName = "float32";
+  static __host__ __device__ inline float to_float(type v) { return v; }
+  static __host__ __device__ inline type from_float(float v) { return v; }
+};
+
+template <>
+struct DTypeTraits<ffi::DataType::BF16> {
+  using type = __nv_bfloat16;
+  static constexpr const char* kName = "bfloat16";
+  static __host__ __device__ inline float to_float(type v) {
+    return __bfloat162float(v);
+  }
+  static __host__ __device__ inline type from_float(float v) {
+    return __float2bfloat16_rn(v);
+  }
+};
+
+template <>
+struct DTypeTraits<ffi::DataType::F16> {
+  using type = __half;
+  static constexpr const char* kName = "float16";
+  static __host__ __device__ inline float to_float(type v) {
+    return __half2float(v);
+  }
+  static __host__ __device__ inline type from_float(float v) {
+    return __float2half_rn(v);
+  }
+};
+
+inline bool IsSupportedFloatType(ffi::DataType dtype) {
+  return dtype == ffi::DataType::F32 || dtype == ffi::DataType::BF16 ||
+         dtype == ffi::DataType::F16;
+}
+
+// Calls fn(DTypeTraits<dtype>{}) for F32/BF16/F16; fn returns ffi::Error.
+// Usage: DispatchFloatType(dt, "conv2d", [&](auto traits) {
+//          using T = typename decltype(traits)::type; ... });
+template <typename Fn>
+ffi::Error DispatchFloatType(ffi::DataType dtype, const char* op_name, Fn&& fn) {
+  switch (dtype) {
+    case ffi::DataType::F32:
+      return std::forward<Fn>(fn)(DTypeTraits<ffi::DataType::F32>{});
+    case ffi::DataType::BF16:
+      return std::forward<Fn>(fn)(DTypeTraits<ffi::DataType::BF16>{});
+    case ffi::DataType::F16:
+      return std::forward<Fn>(fn)(DTypeTraits<ffi::DataType::F16>{});
+    default:
+      return ffi::Error::InvalidArgument(
+          std::string("jaxcnn: ") + op_name +
+          ": unsupported dtype (expected float32, bfloat16 or float16)");
+  }
+}
+
+}  // namespace jaxcnn

@@ -1,0 +1,131 @@
+// Launcher for the direct conv2d kernel: validate, derive the GEMM view,
+// pick the grid, launch.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "conv/conv2d_direct.h"
+#include "conv/conv2d_direct_kernel.cuh"
+
+namespace jaxcnn {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxGridY = 65535;
+
+bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
+
+// Product of non-negative values; false on int64 overflow.
+bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
+  int64_t acc = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(acc, f, &acc)) return false;
+  }
+  *product = acc;
+  return true;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+const char* conv2d_direct_unsupported_reason(const Conv2dParams& q) {
+  if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
+      q.K < 0 || q.P < 0 || q.Q < 0)
+    return "negative dimension";
+  if (q.groups < 1) return "groups must be >= 1";
+  if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
+  if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";
+  if (q.pad_h < 0 || q.pad_w < 0) return "pads must be >= 0";
+  if (q.C % q.groups != 0) return "C must be divisible by groups";
+  if (q.K % q.groups != 0) return "K must be divisible by groups";
+
+  // The kernel indexes spatial/channel coordinates and GEMM-K in int32 and
+  // global offsets in int64.
+  if (!FitsInt32(q.H) || !FitsInt32(q.W) || !FitsInt32(q.C) ||
+      !FitsInt32(q.R) || !FitsInt32(q.S) || !FitsInt32(q.P) || !FitsInt32(q.Q))
+    return "a spatial or channel dimension exceeds int32";
+  if (q.K > kInt32Max - conv2d_direct::kTileN)
+    return "K exceeds the kernel's int32 range";
+  const int64_t Cg = q.C / q.groups;
+  if (q.R * q.S > kInt32Max || q.R * q.S * Cg > kInt32Max - conv2d_direct::kTileK)
+    return "R*S*C/groups exceeds the kernel's int32 range";
+  if (q.P * q.Q > kInt32Max) return "P*Q exceeds int32";
+  if ((q.P > 0 ? (q.P - 1) * q.stride_h : 0) +
+          (q.R > 0 ? (q.R - 1) * q.dil_h : 0) > kInt32Max ||
+      (q.Q > 0 ? (q.Q - 1) * q.stride_w : 0) +
+          (q.S > 0 ? (q.S - 1) * q.dil_w : 0) > kInt32Max)
+    return "receptive field coordinates exceed int32";
+  int64_t unused;
+  if (!CheckedProduct({q.N, q.H, q.W, q.C}, &unused) ||
+      !CheckedProduct({q.N, q.P, q.Q, q.K}, &unused) ||
+      !CheckedProduct({q.R, q.S, Cg, q.K}, &unused))
+    return "element count overflows int64";
+  return nullptr;
+}
+
+template <typename T>
+cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
+                                 const Conv2dParams& params,
+                                 cudaStream_t stream) {
+  namespace cd = conv2d_direct;
+  if (conv2d_direct_unsupported_reason(params) != nullptr)
+    return cudaErrorInvalidValue;
+
+  const int64_t gemm_m = params.N * params.P * params.Q;
+  if (gemm_m == 0 || params.K == 0) return cudaSuccess;  // nothing to write
+
+  const int64_t Cg = params.C / params.groups;
+  const int64_t Kg = params.K / params.groups;
+  const int64_t gemm_k = params.R * params.S * Cg;
+  // An empty input or window is legal: the output is then bias (+ReLU).
+  if (y == nullptr) return cudaErrorInvalidValue;
+  if (x == nullptr && params.N * params.H * params.W * params.C > 0)
+    return cudaErrorInvalidValue;
+  if (w == nullptr && gemm_k * params.K > 0) return cudaErrorInvalidValue;
+
+  cd::KernelParams p;
+  p.H = static_cast<int>(params.H);
+  p.W = static_cast<int>(params.W);
+  p.C = static_cast<int>(params.C);
+  p.S = static_cast<int>(params.S);
+  p.K = static_cast<int>(params.K);
+  p.Cg = static_cast<int>(Cg);
+  p.Kg = static_cast<int>(Kg);
+  p.stride_h = params.stride_h;
+  p.stride_w = params.stride_w;
+  p.pad_h = params.pad_h;
+  p.pad_w = params.pad_w;
+  p.dil_h = params.dil_h;
+  p.dil_w = params.dil_w;
+  p.gemm_k = static_cast<int>(gemm_k);
+  p.num_k_tiles = static_cast<int>(CeilDiv(gemm_k, cd::kTileK));
+  p.Q = static_cast<int>(params.Q);
+  p.tiles_n_per_group = static_cast<int>(CeilDiv(Kg, cd::kTileN));
+  p.PQ = params.P * params.Q;
+  p.HWC = params.H * params.W * params.C;
+  p.gemm_m = gemm_m;
+  p.num_tiles_m = CeilDiv(gemm_m, cd::kTileM);
+  p.num_tiles_gn = static_cast<int64_t>(params.groups) * p.tiles_n_per_group;
+  p.relu = params.relu;
+
+  const dim3 grid(static_cast<unsigned>(std::min(p.num_tiles_m, kInt32Max)),
+                  static_cast<unsigned>(std::min(p.num_tiles_gn, kMaxGridY)));
+  cd::conv2d_direct_kernel<T><<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y,
+                                                                  p);
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_conv2d_direct<float>(const float*, const float*,
+                                                 const float*, float*,
+                                                 const Conv2dParams&,
+                                                 cudaStream_t);
+template cudaError_t launch_conv2d_direct<__nv_bfloat16>(
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
+template cudaError_t launch_conv2d_direct<__half>(const __half*, const __half*,
+                                                  const __half*, __half*,
+                                                  const Conv2dParams&,
+                                                  cudaStream_t);
+
+}  // namespace jaxcnn

@@ -1,0 +1,49 @@
+// Direct (implicit-GEMM, CUDA-core) NHWC x HWIO -> NHWC conv2d launcher.
+// Plain C++ interface so it can be used without XLA (e.g. by the selftest).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace jaxcnn {
+
+// Matches lax.conv_general_dilated(..., ("NHWC","HWIO","NHWC"),
+// feature_group_count=groups) + bias, then optional ReLU.
+// Bottom/right padding is implied by P and Q, so only top/left pads are given.
+struct Conv2dParams {
+  int64_t N, H, W, C;  // input  [N,H,W,C]
+  int64_t R, S, K;     // weight [R,S,C/groups,K]
+  int64_t P, Q;        // output [N,P,Q,K]
+  int stride_h, stride_w;
+  int pad_h, pad_w;  // top and left padding
+  int dil_h, dil_w;  // rhs (kernel) dilation
+  int groups;
+  bool relu;
+};
+
+// nullptr if the launcher accepts `params`, else a static message saying why
+// (inconsistent shapes/attributes, or sizes past the kernel's int32 indexing).
+const char* conv2d_direct_unsupported_reason(const Conv2dParams& params);
+
+// Returns cudaErrorInvalidValue for inconsistent or out-of-range params,
+// cudaSuccess without launching when the output is empty, otherwise the
+// result of cudaGetLastError() after the launch. `bias` may be null.
+template <typename T>
+cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
+                                 const Conv2dParams& params,
+                                 cudaStream_t stream);
+
+extern template cudaError_t launch_conv2d_direct<float>(
+    const float*, const float*, const float*, float*, const Conv2dParams&,
+    cudaStream_t);
+extern template cudaError_t launch_conv2d_direct<__nv_bfloat16>(
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
+extern template cudaError_t launch_conv2d_direct<__half>(
+    const __half*, const __half*, const __half*, __half*, const Conv2dParams&,
+    cudaStream_t);
+
+}  // namespace jaxcnn

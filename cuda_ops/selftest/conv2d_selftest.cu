@@ -1,0 +1,269 @@
+// Standalone check of launch_conv2d_direct against a float64 CPU reference.
+// Small shapes so it finishes in seconds under compute-sanitizer
+// (memcheck / racecheck). Exit status: 0 all pass, 1 a case failed, 2 CUDA error.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "conv/conv2d_direct.h"
+
+#define CHECK_CUDA(expr)                                                  \
+  do {                                                                    \
+    const cudaError_t status_ = (expr);                                   \
+    if (status_ != cudaSuccess) {                                         \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n",                \
+                   cudaGetErrorName(status_), __FILE__, __LINE__, #expr); \
+      std::fprintf(stderr, "  %s\n", cudaGetErrorString(status_));        \
+      std::exit(2);                                                       \
+    }                                                                     \
+  } while (0)
+
+namespace {
+
+using jaxcnn::Conv2dParams;
+
+enum class DType { kF32, kBF16, kF16 };
+
+const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+
+double Tolerance(DType d) {
+  switch (d) {
+    case DType::kF32: return 1e-5;
+    case DType::kBF16: return 2e-2;
+    case DType::kF16: return 2e-3;
+  }
+  return 0.0;
+}
+
+float ToFloat(float v) { return v; }
+float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+float ToFloat(__half v) { return __half2float(v); }
+template <typename T> T FromFloat(float v);
+template <> float FromFloat<float>(float v) { return v; }
+template <> __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+
+// Fixed-seed LCG; uniform in [-1, 1).
+struct Lcg {
+  uint64_t state;
+  float next() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>((state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+  }
+};
+
+struct Case {
+  const char* name;
+  DType dtype;
+  int64_t N, H, W, C, R, S, K;
+  int stride_h, stride_w;
+  int pad_top, pad_bottom, pad_left, pad_right;
+  int dil_h, dil_w;
+  int groups;
+  bool bias;
+  bool relu;
+};
+
+int64_t OutSize(int64_t in, int64_t window, int stride, int pad_lo, int pad_hi,
+                int dil) {
+  const int64_t span = dil * (window - 1) + 1;
+  return (in + pad_lo + pad_hi - span) / stride + 1;
+}
+
+// Float64 reference on the already-rounded T inputs.
+void Reference(const std::vector<float>& x, const std::vector<float>& w,
+               const std::vector<float>& bias, const Conv2dParams& p,
+               bool has_bias, std::vector<double>* y) {
+  const int64_t Cg = p.C / p.groups, Kg = p.K / p.groups;
+  y->assign(p.N * p.P * p.Q * p.K, 0.0);
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t oh = 0; oh < p.P; ++oh)
+      for (int64_t ow = 0; ow < p.Q; ++ow)
+        for (int64_t k = 0; k < p.K; ++k) {
+          const int64_t g = k / Kg;
+          double acc = has_bias ? bias[k] : 0.0;
+          for (int64_t r = 0; r < p.R; ++r) {
+            const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dil_h;
+            if (ih < 0 || ih >= p.H) continue;
+            for (int64_t s = 0; s < p.S; ++s) {
+              const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dil_w;
+              if (iw < 0 || iw >= p.W) continue;
+              for (int64_t c = 0; c < Cg; ++c)
+                acc += static_cast<double>(
+                           x[((n * p.H + ih) * p.W + iw) * p.C + g * Cg + c]) *
+                       w[((r * p.S + s) * Cg + c) * p.K + k];
+            }
+          }
+          if (p.relu && acc < 0.0) acc = 0.0;
+          (*y)[((n * p.P + oh) * p.Q + ow) * p.K + k] = acc;
+        }
+}
+
+template <typename T>
+bool RunCase(const Case& tc, uint64_t seed) {
+  Conv2dParams p{};
+  p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
+  p.R = tc.R; p.S = tc.S; p.K = tc.K;
+  p.P = OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
+  p.Q = OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
+  p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
+  p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
+  p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
+  p.groups = tc.groups;
+  p.relu = tc.relu;
+
+  const size_t x_count = p.N * p.H * p.W * p.C;
+  const size_t w_count = p.R * p.S * (p.C / p.groups) * p.K;
+  const size_t y_count = p.N * p.P * p.Q * p.K;
+
+  Lcg rng{seed};
+  std::vector<T> x_host(x_count), w_host(w_count), b_host(p.K);
+  std::vector<float> x_ref(x_count), w_ref(w_count), b_ref(p.K);
+  for (size_t i = 0; i < x_count; ++i) {
+    x_host[i] = FromFloat<T>(rng.next());
+    x_ref[i] = ToFloat(x_host[i]);
+  }
+  for (size_t i = 0; i < w_count; ++i) {
+    w_host[i] = FromFloat<T>(rng.next());
+    w_ref[i] = ToFloat(w_host[i]);
+  }
+  for (int64_t i = 0; i < p.K; ++i) {
+    b_host[i] = FromFloat<T>(rng.next());
+    b_ref[i] = ToFloat(b_host[i]);
+  }
+
+  T *x_dev = nullptr, *w_dev = nullptr, *b_dev = nullptr, *y_dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&x_dev, x_count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&w_dev, w_count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&b_dev, p.K * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&y_dev, y_count * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(x_dev, x_host.data(), x_count * sizeof(T),
+                        cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(w_dev, w_host.data(), w_count * sizeof(T),
+                        cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b_dev, b_host.data(), p.K * sizeof(T),
+                        cudaMemcpyHostToDevice));
+  // 0xFF bytes are NaN in f32/bf16/f16: any unwritten output is caught.
+  CHECK_CUDA(cudaMemset(y_dev, 0xFF, y_count * sizeof(T)));
+
+  CHECK_CUDA(jaxcnn::launch_conv2d_direct<T>(
+      x_dev, w_dev, tc.bias ? b_dev : nullptr, y_dev, p, /*stream=*/0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaGetLastError());
+
+  std::vector<T> y_host(y_count);
+  CHECK_CUDA(cudaMemcpy(y_host.data(), y_dev, y_count * sizeof(T),
+                        cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(x_dev));
+  CHECK_CUDA(cudaFree(w_dev));
+  CHECK_CUDA(cudaFree(b_dev));
+  CHECK_CUDA(cudaFree(y_dev));
+
+  std::vector<double> y_ref;
+  Reference(x_ref, w_ref, b_ref, p, tc.bias, &y_ref);
+  double max_ref = 0.0, max_abs_err = 0.0;
+  size_t nan_count = 0;
+  for (size_t i = 0; i < y_count; ++i) {
+    const double got = ToFloat(y_host[i]);
+    if (std::isnan(got)) {
+      ++nan_count;
+      continue;
+    }
+    max_ref = std::fmax(max_ref, std::fabs(y_ref[i]));
+    max_abs_err = std::fmax(max_abs_err, std::fabs(got - y_ref[i]));
+  }
+  const double rel_err = max_abs_err / std::fmax(max_ref, 1e-30);
+  const bool pass = nan_count == 0 && rel_err <= Tolerance(tc.dtype);
+  std::printf(
+      "%-4s %-5s N=%lld H=%lld W=%lld C=%lld RxS=%lldx%lld K=%lld s=%d,%d "
+      "pad=%d/%d,%d/%d d=%d,%d G=%d bias=%d relu=%d -> P=%lld Q=%lld  "
+      "max_rel_err=%.3e nan=%zu  %s\n",
+      tc.name, DTypeName(tc.dtype), (long long)p.N, (long long)p.H,
+      (long long)p.W, (long long)p.C, (long long)p.R, (long long)p.S,
+      (long long)p.K, tc.stride_h, tc.stride_w, tc.pad_top, tc.pad_bottom,
+      tc.pad_left, tc.pad_right, tc.dil_h, tc.dil_w, tc.groups, tc.bias,
+      tc.relu, (long long)p.P, (long long)p.Q, rel_err, nan_count,
+      pass ? "PASS" : "FAIL");
+  return pass;
+}
+
+// The launcher must refuse inconsistent params without launching.
+bool CheckRejectsBadParams() {
+  Conv2dParams p{};
+  p.N = 1; p.H = 4; p.W = 4; p.C = 6; p.R = 3; p.S = 3; p.K = 4;
+  p.P = 2; p.Q = 2;
+  p.stride_h = p.stride_w = 1;
+  p.dil_h = p.dil_w = 1;
+  p.groups = 4;  // does not divide C
+  const cudaError_t status = jaxcnn::launch_conv2d_direct<float>(
+      nullptr, nullptr, nullptr, nullptr, p, 0);
+  (void)cudaGetLastError();
+  const bool pass = status == cudaErrorInvalidValue;
+  std::printf("bad-params rejected (groups !| C): %s\n", pass ? "PASS" : "FAIL");
+  return pass;
+}
+
+}  // namespace
+
+int main() {
+  int device_count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&device_count));
+  if (device_count < 1) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 2;
+  }
+
+  // name, dtype, N,H,W,C,R,S,K, stride, pads t/b/l/r, dil, groups, bias, relu
+  const Case cases[] = {
+      {"c01", DType::kF32, 1, 7, 7, 3, 3, 3, 16, 1, 1, 1, 1, 1, 1, 1, 1, 1, true, true},
+      {"c02", DType::kF32, 3, 13, 11, 5, 5, 5, 70, 2, 2, 2, 2, 2, 2, 1, 1, 1, true, false},
+      {"c03", DType::kF32, 2, 9, 9, 20, 3, 3, 33, 1, 1, 2, 2, 2, 2, 2, 2, 1, false, false},
+      {"c04", DType::kF32, 3, 8, 8, 64, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, 1, 1, true, true},
+      {"c05", DType::kF32, 1, 23, 23, 3, 7, 7, 64, 2, 2, 3, 3, 3, 3, 1, 1, 1, true, true},
+      {"c06", DType::kF32, 3, 10, 10, 12, 3, 3, 20, 1, 1, 1, 1, 1, 1, 1, 1, 2, true, false},
+      {"c07", DType::kF32, 1, 15, 15, 32, 3, 3, 32, 1, 1, 1, 1, 1, 1, 1, 1, 32, true, true},
+      {"c08", DType::kF32, 1, 31, 29, 1, 11, 11, 8, 4, 4, 2, 2, 2, 2, 1, 1, 1, false, true},
+      // SAME-style asymmetric padding: top/left 0, bottom/right 1.
+      {"c09", DType::kF32, 2, 10, 12, 7, 3, 3, 9, 2, 2, 0, 1, 0, 1, 1, 1, 1, true, false},
+      {"c10", DType::kBF16, 3, 11, 9, 24, 3, 3, 48, 1, 1, 1, 1, 1, 1, 1, 1, 1, true, true},
+      {"c11", DType::kBF16, 1, 12, 12, 16, 5, 5, 32, 2, 2, 2, 2, 2, 2, 1, 1, 16, true, false},
+      {"c12", DType::kBF16, 2, 9, 9, 40, 3, 3, 72, 2, 1, 2, 2, 2, 2, 2, 2, 4, false, true},
+      {"c13", DType::kF16, 3, 17, 17, 3, 7, 7, 24, 2, 2, 3, 3, 3, 3, 1, 1, 1, false, true},
+      {"c14", DType::kF16, 1, 9, 9, 10, 1, 1, 6, 2, 2, 0, 0, 0, 0, 1, 1, 2, true, false},
+      {"c15", DType::kF16, 2, 13, 15, 40, 3, 3, 72, 2, 2, 2, 2, 2, 2, 2, 2, 1, true, true},
+      {"c16", DType::kF16, 3, 8, 8, 24, 3, 3, 24, 1, 1, 1, 1, 1, 1, 1, 1, 24, false, false},
+  };
+
+  int failures = 0;
+  uint64_t seed = 12345;
+  for (const Case& tc : cases) {
+    bool pass = false;
+    switch (tc.dtype) {
+      case DType::kF32: pass = RunCase<float>(tc, seed); break;
+      case DType::kBF16: pass = RunCase<__nv_bfloat16>(tc, seed); break;
+      case DType::kF16: pass = RunCase<__half>(tc, seed); break;
+    }
+    if (!pass) ++failures;
+    seed += 7919;
+  }
+  if (!CheckRejectsBadParams()) ++failures;
+
+  std::printf("%s: %d failure(s)\n", failures == 0 ? "ALL PASS" : "FAILED",
+              failures);
+  return failures == 0 ? 0 : 1;
+}

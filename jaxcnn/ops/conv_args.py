@@ -1,0 +1,155 @@
+"""Argument normalization, validation and shape rules shared by the conv2d family of ops.
+
+Everything here runs at trace time on static shapes, so bad input fails before any kernel
+runs, with an error that names the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from jax import lax
+
+SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
+ACTIVATIONS = (None, "relu")
+
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Conv2dConfig:
+    """Static parameters of one NHWC/HWIO convolution; padding is explicit (top,bottom),(left,right)."""
+
+    stride: Pair
+    padding: tuple[Pair, Pair]
+    dilation: Pair
+    groups: int
+    activation: str | None
+
+
+def _int_pair(value: Any, name: str, minimum: int) -> Pair:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        pair = (int(value), int(value))
+    elif isinstance(value, Sequence) and len(value) == 2 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def _padding_pairs(padding: Any, spatial: Pair, window: Pair, stride: Pair) -> tuple[Pair, Pair]:
+    if isinstance(padding, str):
+        mode = padding.upper()
+        if mode not in ("SAME", "VALID"):
+            raise ValueError(f"padding must be 'SAME', 'VALID', an int or pairs, got {padding!r}")
+        pads = lax.padtype_to_pads(spatial, window, stride, mode)
+        return (tuple(map(int, pads[0])), tuple(map(int, pads[1])))  # type: ignore[return-value]
+    if isinstance(padding, Sequence) and len(padding) == 2 and all(
+        isinstance(p, Sequence) and not isinstance(p, str) for p in padding
+    ):
+        rows = _int_pair(padding[0], "padding[0]", 0)
+        cols = _int_pair(padding[1], "padding[1]", 0)
+        return (rows, cols)
+    ph, pw = _int_pair(padding, "padding", 0)
+    return ((ph, ph), (pw, pw))
+
+
+def make_config(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    *,
+    stride: Any = 1,
+    padding: Any = "SAME",
+    dilation: Any = 1,
+    groups: Any = 1,
+    activation: str | None = None,
+) -> Conv2dConfig:
+    """Normalizes the keyword arguments of `conv2d`; SAME/VALID become explicit pads."""
+    stride_ = _int_pair(stride, "stride", 1)
+    dilation_ = _int_pair(dilation, "dilation", 1)
+    if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be rank 4 (NHWC), got shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
+    window = (dilation_[0] * (w_shape[0] - 1) + 1, dilation_[1] * (w_shape[1] - 1) + 1)
+    pads = _padding_pairs(padding, (x_shape[1], x_shape[2]), window, stride_)
+    return Conv2dConfig(stride_, pads, dilation_, int(groups), activation)
+
+
+def _check_dtype(name: str, dtype: Any) -> None:
+    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{name} dtype must be one of {names}, got {np.dtype(dtype).name}")
+
+
+def conv2d_output_shape(
+    x_shape: Sequence[int],
+    x_dtype: Any,
+    w_shape: Sequence[int],
+    w_dtype: Any,
+    bias_shape: Sequence[int] | None,
+    bias_dtype: Any,
+    cfg: Conv2dConfig,
+) -> tuple[int, int, int, int]:
+    """Validates operands against `cfg` and returns the NHWC output shape."""
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be rank 4 (NHWC), got shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
+    if 0 in x_shape:
+        raise ValueError(f"x must not have zero-size dimensions, got shape {tuple(x_shape)}")
+    if 0 in w_shape:
+        raise ValueError(f"w must not have zero-size dimensions, got shape {tuple(w_shape)}")
+    _check_dtype("x", x_dtype)
+    if np.dtype(w_dtype) != np.dtype(x_dtype):
+        raise TypeError(f"w dtype {np.dtype(w_dtype).name} must match x dtype {np.dtype(x_dtype).name}")
+    n, h, wd, c = x_shape
+    r, s, cg, k = w_shape
+    g = cfg.groups
+    if c % g:
+        raise ValueError(f"x channels ({c}) must be divisible by groups ({g})")
+    if cg * g != c:
+        raise ValueError(f"w input channels ({cg}) times groups ({g}) must equal x channels ({c})")
+    if k % g:
+        raise ValueError(f"w output channels ({k}) must be divisible by groups ({g})")
+    if bias_shape is not None:
+        if tuple(bias_shape) != (k,):
+            raise ValueError(f"bias must have shape ({k},), got {tuple(bias_shape)}")
+        if np.dtype(bias_dtype) != np.dtype(x_dtype):
+            raise TypeError(
+                f"bias dtype {np.dtype(bias_dtype).name} must match x dtype {np.dtype(x_dtype).name}"
+            )
+    (pt, pb), (pl, pr) = cfg.padding
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError(f"padding must be non-negative, got {cfg.padding}")
+    if min(cfg.stride) < 1:
+        raise ValueError(f"stride must be >= 1, got {cfg.stride}")
+    if min(cfg.dilation) < 1:
+        raise ValueError(f"dilation must be >= 1, got {cfg.dilation}")
+    p = (h + pt + pb - cfg.dilation[0] * (r - 1) - 1) // cfg.stride[0] + 1
+    q = (wd + pl + pr - cfg.dilation[1] * (s - 1) - 1) // cfg.stride[1] + 1
+    if p < 1 or q < 1:
+        raise ValueError(
+            f"the dilated window {(r, s)} (dilation {cfg.dilation}) does not fit the padded input "
+            f"{(h + pt + pb, wd + pl + pr)}: output would be {(p, q)}"
+        )
+    return (n, p, q, k)
+
+
+def conv2d_flops(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int]) -> int:
+    """Multiply-adds x2 of a (grouped) convolution: w holds C/G input channels per output."""
+    n, p, q, k = out_shape
+    r, s, cg, _ = w_shape
+    return 2 * n * p * q * k * r * s * cg

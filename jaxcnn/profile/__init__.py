@@ -1,0 +1,27 @@
+"""Timing helpers: per-call GPU device time from profiler traces, host wall time, GPU ceilings."""
+
+from jaxcnn.profile.device_time import (
+    DeviceTiming,
+    KernelEvent,
+    KernelStat,
+    TimingStats,
+    WallTiming,
+    device_time,
+    gpu_kernel_events,
+    split_into_calls,
+    timing_from_events,
+    wall_time,
+)
+
+__all__ = [
+    "DeviceTiming",
+    "KernelEvent",
+    "KernelStat",
+    "TimingStats",
+    "WallTiming",
+    "device_time",
+    "gpu_kernel_events",
+    "split_into_calls",
+    "timing_from_events",
+    "wall_time",
+]

@@ -1,0 +1,543 @@
+#!/usr/bin/env python3
+"""Layer benchmark: jaxcnn.conv2d against XLA's convolution, accuracy and per-call device time.
+
+For every layer x dtype: fresh random inputs; relative L2 error of jaxcnn.conv2d and of XLA
+against an XLA float32 Precision.HIGHEST reference computed on the device; then device time
+(profiler kernel sums, see jaxcnn/profile/device_time.py) of conv + bias + ReLU through
+jaxcnn and through XLA at DEFAULT precision (and HIGHEST for float32), all in one run.
+Writes bench_layers.json (environment + rows) and bench_layers.md into --out after every
+row, and prints the markdown last.
+
+The first 8 layers are the XLA baseline suite of /work/shared/baseline (same shapes), so
+the XLA columns can be checked against h200-xla-device-time-2026-11-21.json.
+
+Exit status: 0 when every row passed its accuracy check and timed, 2 when some row failed
+(reports are still written), 1 on a crash.
+
+  python scripts/bench_layers.py --out /tmp/bench                 # full suite, bf16+fp32
+  python scripts/bench_layers.py --out /tmp/bench --layers vgg_c3_1 --dtypes bf16
+  JAX_PLATFORMS=cpu python scripts/bench_layers.py --quick --out /tmp/smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import json
+import math
+import platform
+import subprocess
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+try:
+    import jaxcnn
+except ImportError:  # run from a checkout that is not pip-installed
+    sys.path.append(str(REPO_ROOT))
+    import jaxcnn
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+from jax import lax
+
+from jaxcnn.profile import device_time
+from jaxcnn.profile.gpu_specs import GpuSpec, floor_ms, lookup_gpu_spec, precision_class
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+# Relative L2 error allowed against the float32 HIGHEST reference: a few output roundings in
+# the dtype (fp32 allows TF32, which XLA's DEFAULT uses too).
+TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 2e-3}
+DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
+JSON_NAME = "bench_layers.json"
+MD_NAME = "bench_layers.md"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One convolution: x [n, h, w, c], weights [r, s, c // groups, k]."""
+
+    name: str
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: int = 1
+    padding: Any = 0  # anything jaxcnn.conv2d takes: int, (ph, pw), pairs, "SAME", "VALID"
+    dilation: int = 1
+    groups: int = 1
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return (self.n, self.h, self.w, self.c)
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        return (self.r, self.s, self.c // self.groups, self.k)
+
+    @property
+    def fan_in(self) -> int:
+        return self.r * self.s * (self.c // self.groups)
+
+    def describe(self) -> str:
+        return (f"{self.n}x{self.h}x{self.w}x{self.c}->{self.k} {self.r}x{self.s} "
+                f"stride {self.stride} pad {self.padding} dil {self.dilation} groups {self.groups}")
+
+
+def _square(name, n, hw, c, k, rs, stride, padding, **kw) -> Layer:
+    return Layer(name, n, hw, hw, c, k, rs, rs, stride, padding, **kw)
+
+
+# Same shapes as /work/shared/baseline/measure_xla_baseline.py.
+BASELINE_LAYERS = (
+    _square("vgg_c1_2", 64, 224, 64, 64, 3, 1, 1),
+    _square("vgg_c3_1", 64, 56, 128, 256, 3, 1, 1),
+    _square("vgg_c5_1", 64, 14, 512, 512, 3, 1, 1),
+    _square("alex_c2", 64, 27, 96, 256, 5, 1, 2),
+    _square("sq_fire_sq", 64, 55, 128, 16, 1, 1, 0),
+    _square("sq_fire_ex3", 64, 55, 16, 64, 3, 1, 1),
+    _square("vgg_c3_1_b1", 1, 56, 128, 256, 3, 1, 1),
+    _square("resnet_1x1_b64", 64, 56, 64, 256, 1, 1, 0),
+)
+# Shapes the baseline does not cover: few input channels, depthwise, grouped, dilated.
+EXTRA_LAYERS = (
+    _square("resnet_stem_7x7s2", 64, 224, 3, 64, 7, 2, 3),
+    _square("mbv1_dw3x3", 64, 56, 128, 128, 3, 1, 1, groups=128),
+    _square("mbv2_dw3x3_s2", 64, 112, 96, 96, 3, 2, 1, groups=96),
+    _square("resnext_g32_3x3", 64, 56, 128, 128, 3, 1, 1, groups=32),
+    _square("deeplab_3x3_d2", 16, 64, 256, 256, 3, 1, 2, dilation=2),
+)
+# Tiny versions for smoke tests (--quick): every code path, seconds on a CPU.
+QUICK_LAYERS = (
+    Layer("tiny_3x3", 2, 8, 8, 8, 16, 3, 3, padding=1),
+    Layer("tiny_1x1", 2, 8, 8, 16, 8, 1, 1, padding="VALID"),
+    Layer("tiny_stem_s2", 2, 16, 16, 3, 8, 7, 7, stride=2, padding="SAME"),
+    Layer("tiny_dw", 2, 8, 8, 8, 8, 3, 3, padding=1, groups=8),
+    Layer("tiny_grouped_9x7", 2, 9, 7, 8, 16, 3, 3, padding="SAME", groups=4),
+    Layer("tiny_dilated", 2, 9, 9, 8, 8, 3, 3, padding=2, dilation=2),
+)
+SUITE = BASELINE_LAYERS + EXTRA_LAYERS
+LAYERS_BY_NAME = {layer.name: layer for layer in SUITE + QUICK_LAYERS}
+
+
+# ---------------------------------------------------------------- the ops being compared
+
+
+def _lax_padding(padding: Any) -> Any:
+    """jaxcnn padding -> lax padding ("SAME"/"VALID" or ((top, bottom), (left, right)))."""
+    if isinstance(padding, str):
+        return padding
+    if isinstance(padding, int):
+        return ((padding, padding), (padding, padding))
+    if all(isinstance(p, int) for p in padding):  # (ph, pw)
+        return tuple((p, p) for p in padding)
+    return tuple(tuple(p) for p in padding)
+
+
+def xla_conv_bias_relu(x, w, b, *, layer: Layer, precision: lax.Precision):
+    y = lax.conv_general_dilated(
+        x, w, (layer.stride, layer.stride), _lax_padding(layer.padding),
+        rhs_dilation=(layer.dilation, layer.dilation), dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=layer.groups, precision=precision,
+    )
+    return jnp.maximum(y + b, 0)
+
+
+def jaxcnn_conv_bias_relu(x, w, b, *, layer: Layer):
+    return jaxcnn.conv2d(
+        x, w, b, stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
+        groups=layer.groups, activation="relu",
+    )
+
+
+def variants(layer: Layer, dtype: str) -> dict[str, Callable]:
+    """The functions to time, by name; all compute relu(conv(x, w) + b)."""
+    fns = {
+        "jaxcnn": functools.partial(jaxcnn_conv_bias_relu, layer=layer),
+        "xla_default": functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT),
+    }
+    if dtype == "fp32":
+        fns["xla_highest"] = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.HIGHEST)
+    return fns
+
+
+def make_inputs(layer: Layer, dtype: str, seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Random x ~ N(0, 1), w ~ N(0, 1/fan_in), b ~ N(0, 0.01), drawn in float32, cast to dtype."""
+    # Keyed by layer and dtype, so a row's inputs do not depend on which other rows run.
+    # "rbg" compiles in a fraction of threefry's time for every new shape (seconds on a CPU).
+    root = jax.random.key(seed, impl="rbg")
+    key = jax.random.fold_in(root, zlib.crc32(f"{layer.name}/{dtype}".encode()))
+    kx, kw, kb = jax.random.split(key, 3)
+    x = jax.random.normal(kx, layer.x_shape, jnp.float32)
+    w = jax.random.normal(kw, layer.w_shape, jnp.float32) / math.sqrt(layer.fan_in)
+    b = 0.1 * jax.random.normal(kb, (layer.k,), jnp.float32)
+    return tuple(a.astype(DTYPES[dtype]) for a in (x, w, b))
+
+
+# ---------------------------------------------------------------- work and traffic
+
+
+def output_shape(layer: Layer) -> tuple[int, ...]:
+    structs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in (layer.x_shape, layer.w_shape, (layer.k,))]
+    fn = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT)
+    return jax.eval_shape(fn, *structs).shape
+
+
+def conv_flops(layer: Layer, out_shape: tuple[int, ...]) -> float:
+    n, p, q, k = out_shape
+    return 2.0 * n * p * q * k * layer.fan_in
+
+
+def min_bytes(layer: Layer, out_shape: tuple[int, ...], dtype: str) -> int:
+    """Each of x, w, bias and y moved exactly once."""
+    elements = math.prod(layer.x_shape) + math.prod(layer.w_shape) + layer.k + math.prod(out_shape)
+    return elements * jnp.dtype(DTYPES[dtype]).itemsize
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+@jax.jit
+def _rel_l2(y, ref):
+    return jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)
+
+
+def _error_vs(fn: Callable, inputs: tuple, ref: jax.Array) -> float:
+    """Relative L2 error of jit(fn)(*inputs) against ref; raises on a wrong shape or dtype."""
+    y = jax.jit(fn)(*inputs)
+    if y.shape != ref.shape or y.dtype != inputs[0].dtype:
+        raise ValueError(f"output {y.dtype}{list(y.shape)}, expected {inputs[0].dtype}{list(ref.shape)}")
+    return float(_rel_l2(y, ref))
+
+
+def check_accuracy(layer: Layer, dtype: str, inputs: tuple, fns: dict[str, Callable]) -> dict[str, Any]:
+    """Errors of jaxcnn and XLA DEFAULT against XLA float32 HIGHEST on the same inputs."""
+    reference = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.HIGHEST)
+    ref = jax.jit(reference)(*(a.astype(jnp.float32) for a in inputs))
+    tolerance = TOLERANCE[dtype]
+    result = dict(tolerance=tolerance, xla_default_rel_l2=_finite_or_none(_error_vs(fns["xla_default"], inputs, ref)))
+    try:
+        error = _error_vs(fns["jaxcnn"], inputs, ref)
+    except Exception as exc:  # record and go on: one broken config must not stop the suite
+        return dict(result, jaxcnn_rel_l2=None, ok=False, error=f"{type(exc).__name__}: {exc}")
+    if not math.isfinite(error):
+        return dict(result, jaxcnn_rel_l2=None, ok=False, error="non-finite output")
+    ok = error <= tolerance
+    return dict(result, jaxcnn_rel_l2=error, ok=ok, error=None if ok else f"rel L2 {error:.2e} > {tolerance:.0e}")
+
+
+# ---------------------------------------------------------------- timing
+
+
+def time_variant(fn: Callable, inputs: tuple, iters: int, warmup: int) -> dict[str, Any]:
+    try:
+        return device_time(fn, *inputs, iters=iters, warmup=warmup).to_dict()
+    except Exception as exc:  # record and go on, as in check_accuracy
+        return dict(error=f"{type(exc).__name__}: {exc}")
+
+
+def throughput(timing: dict[str, Any], flops: float, bytes_moved: int, floor: dict | None) -> dict[str, Any]:
+    """TFLOP/s, GB/s and % of floor (floor / median) of one timing."""
+    if "median_ms" not in timing:
+        return {}
+    seconds = timing["median_ms"] * 1e-3
+    return dict(
+        tflops=flops / seconds / 1e12,
+        gbps=bytes_moved / seconds / 1e9,
+        pct_of_floor=None if floor is None else 100.0 * floor["floor_ms"] / timing["median_ms"],
+    )
+
+
+def _speedup(timings: dict[str, dict], baseline: str) -> float | None:
+    """baseline median / jaxcnn median: > 1 means jaxcnn is faster."""
+    ours, theirs = timings.get("jaxcnn", {}), timings.get(baseline, {})
+    if "median_ms" not in ours or "median_ms" not in theirs:
+        return None
+    return theirs["median_ms"] / ours["median_ms"]
+
+
+def _floor(flops: float, bytes_moved: int, spec: GpuSpec | None, dtype: str) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return dict(floor_ms(flops, bytes_moved, spec, dtype), gpu=spec.name, precision=precision_class(dtype))
+
+
+def bench_row(layer: Layer, dtype: str, *, iters: int, warmup: int, seed: int, spec: GpuSpec | None) -> dict[str, Any]:
+    """Accuracy and timings of one layer in one dtype."""
+    out_shape = output_shape(layer)
+    flops = conv_flops(layer, out_shape)
+    bytes_moved = min_bytes(layer, out_shape, dtype)
+    floor = _floor(flops, bytes_moved, spec, dtype)
+    inputs = make_inputs(layer, dtype, seed)
+    fns = variants(layer, dtype)
+    accuracy = check_accuracy(layer, dtype, inputs, fns)
+    timings = {}
+    for name, fn in fns.items():
+        timing = time_variant(fn, inputs, iters, warmup)
+        timings[name] = dict(timing, **throughput(timing, flops, bytes_moved, floor))
+    return dict(
+        layer=layer.name,
+        dtype=dtype,
+        config=dict(dataclasses.asdict(layer), out_shape=list(out_shape)),
+        gflop=flops / 1e9,
+        min_bytes=bytes_moved,
+        accuracy=accuracy,
+        floor=floor,
+        timings=timings,
+        speedup_vs_xla_default=_speedup(timings, "xla_default"),
+        speedup_vs_xla_highest=_speedup(timings, "xla_highest"),
+        ok=accuracy["ok"] and not any("error" in t for t in timings.values()),
+    )
+
+
+# ---------------------------------------------------------------- environment
+
+
+def _command_output(*cmd: str) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _git_state() -> dict[str, Any] | None:
+    commit = _command_output("git", "rev-parse", "HEAD")
+    if commit is None:
+        return None
+    changes = _command_output("git", "status", "--porcelain")  # untracked files count too
+    return dict(commit=commit, dirty=bool(changes))
+
+
+def _jax_package_versions() -> dict[str, str]:
+    """Versions of jax, jaxlib and the jax CUDA plugins that are installed."""
+    versions = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in ("jax", "jaxlib") or name.startswith("jax-cuda"):
+            versions[name] = dist.version
+    return versions
+
+
+def environment(spec: GpuSpec | None) -> dict[str, Any]:
+    device = jax.devices()[0]
+    return dict(
+        date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device_kind=device.device_kind,
+        platform=device.platform,
+        device_count=jax.device_count(),
+        nvidia_smi=_command_output(
+            "nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"
+        ),
+        jax=jax.__version__,
+        jaxlib=jaxlib.__version__,
+        packages=_jax_package_versions(),
+        python=platform.python_version(),
+        jaxcnn_version=getattr(jaxcnn, "__version__", None),
+        jaxcnn_cuda_available=jaxcnn.cuda_available(),
+        jaxcnn_cuda_unavailable_reason=None if jaxcnn.cuda_available() else jaxcnn.cuda_unavailable_reason(),
+        git=_git_state(),
+        gpu_spec=None if spec is None else dict(
+            name=spec.name, memory=dataclasses.asdict(spec.memory),
+            compute={k: dataclasses.asdict(v) for k, v in spec.compute.items()},
+        ),
+        argv=sys.argv[1:],
+    )
+
+
+# ---------------------------------------------------------------- reports
+
+
+def warnings_for(env: dict[str, Any], rows: list[dict]) -> list[str]:
+    """Loud caveats that make the numbers mean less than they seem."""
+    found = []
+    if not env["jaxcnn_cuda_available"]:
+        found.append(
+            "jaxcnn CUDA kernels are NOT available ("
+            f"{env['jaxcnn_cuda_unavailable_reason']}): the jaxcnn column is its XLA fallback, "
+            "so jaxcnn-vs-XLA numbers mean nothing."
+        )
+    wall_timed = sorted({f"{r['layer']}/{r['dtype']}" for r in rows for t in r["timings"].values()
+                         if t.get("is_device_time") is False})
+    if wall_timed:
+        found.append(f"no GPU trace for {len(wall_timed)} rows: their times are host wall time "
+                     "(dispatch included), not device time.")
+    if env["gpu_spec"] is None:
+        found.append(f"no ceilings for device '{env['device_kind']}': floors are left out.")
+    return found
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _time_cell(timing: dict[str, Any]) -> str:
+    if "median_ms" not in timing:
+        return "error" if timing else "-"
+    return f"{timing['median_ms']:.4f} [{timing['p10_ms']:.4f}-{timing['p90_ms']:.4f}]"
+
+
+def _status_cell(row: dict[str, Any]) -> str:
+    if row["ok"]:
+        return "ok"
+    errors = [row["accuracy"]["error"]] + [f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t]
+    return "FAIL: " + "; ".join(e for e in errors if e)[:120]
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| layer | dtype | shape | GFLOP | rel err jaxcnn (XLA) | jaxcnn ms [p10-p90] | XLA ms | "
+        "XLA HIGHEST ms | XLA/jaxcnn | jaxcnn TFLOP/s | jaxcnn GB/s | floor ms (bound) | jaxcnn % floor | status |",
+        "|" + "---|" * 14,
+    ]
+    for row in rows:
+        acc, t, floor = row["accuracy"], row["timings"], row["floor"]
+        ours = t.get("jaxcnn", {})
+        speedups = [_fmt(row["speedup_vs_xla_default"], ".2f")]
+        if row["speedup_vs_xla_highest"] is not None:
+            speedups.append(f"{row['speedup_vs_xla_highest']:.2f} (HIGHEST)")
+        floor_cell = "-" if floor is None else f"{floor['floor_ms']:.4f} ({floor['bound']})"
+        cells = [
+            row["layer"], row["dtype"], _describe(row["config"]), f"{row['gflop']:.4g}",
+            f"{_fmt(acc['jaxcnn_rel_l2'], '.1e')} ({_fmt(acc['xla_default_rel_l2'], '.1e')})",
+            _time_cell(ours), _time_cell(t.get("xla_default", {})), _time_cell(t.get("xla_highest", {})),
+            " / ".join(speedups), _fmt(ours.get("tflops"), ".4g"), _fmt(ours.get("gbps"), ".4g"),
+            floor_cell, _fmt(ours.get("pct_of_floor"), ".0f"), _status_cell(row),
+        ]
+        lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+    return lines
+
+
+def _describe(config: dict[str, Any]) -> str:
+    fields = {f.name for f in dataclasses.fields(Layer)}
+    return Layer(**{k: v for k, v in config.items() if k in fields}).describe()
+
+
+def kernel_table(rows: list[dict], top: int = 3, name_chars: int = 70) -> list[str]:
+    lines = ["| layer | dtype | variant | kernels per call | top kernels (us per call) |", "|---|---|---|---|---|"]
+    for row in rows:
+        for variant, timing in row["timings"].items():
+            kernels = timing.get("kernels") or []
+            listed = "; ".join(f"{k['name'][:name_chars]} {k['us_per_call']:.1f}" for k in kernels[:top])
+            cells = [row["layer"], row["dtype"], variant, _fmt(timing.get("kernels_per_call"), ".1f"), listed or "-"]
+            lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+    return lines
+
+
+def render_markdown(env: dict[str, Any], rows: list[dict], iters: int) -> str:
+    git = env["git"] or {}
+    header = [
+        "# jaxcnn.conv2d vs XLA: layer benchmark",
+        "",
+        *[f"> **WARNING: {w}**" for w in warnings_for(env, rows)],
+        "",
+        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); "
+        f"jax {env['jax']}, jaxlib {env['jaxlib']}; {env['packages']}",
+        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        f"- op: conv + bias + ReLU in every column. Times: median per-call device time (sum of GPU "
+        f"kernel durations in a profiler trace) over {iters} synced calls, [p10-p90], in ms.",
+        "- XLA/jaxcnn > 1 means jaxcnn is faster. rel err: relative L2 vs XLA float32 HIGHEST.",
+        "- floor = max(FLOPs / peak of the dtype, min bytes / bandwidth); fp32 floors use the "
+        "fp32 non-tensor peak (XLA DEFAULT uses TF32 and can beat them). % floor = floor / median.",
+        "",
+    ]
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf -> None, so the JSON stays standard."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def write_reports(out_dir: Path, env: dict[str, Any], rows: list[dict], iters: int) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = dict(environment=env, rows=rows)
+    (out_dir / JSON_NAME).write_text(json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")
+    markdown = render_markdown(env, rows, iters)
+    (out_dir / MD_NAME).write_text(markdown)
+    return markdown
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    t = row["timings"]
+    return (f"{row['layer']:<20} {row['dtype']:<5} jaxcnn {_time_cell(t['jaxcnn']):<28} "
+            f"xla {_time_cell(t['xla_default']):<28} xla/jaxcnn {_fmt(row['speedup_vs_xla_default'], '.2f'):>5} "
+            f"err {_fmt(row['accuracy']['jaxcnn_rel_l2'], '.1e')} {_status_cell(row)}")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _csv_choice(allowed: dict | set, what: str) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        unknown = [item for item in items if item not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(allowed)}")
+        return items
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for bench_layers.{json,md}")
+    parser.add_argument("--dtypes", type=_csv_choice(DTYPES, "dtype"), default=["bf16", "fp32"])
+    parser.add_argument("--layers", type=_csv_choice(LAYERS_BY_NAME, "layer"),
+                        help="comma-separated layer names (default: the suite; --quick: tiny layers)")
+    parser.add_argument("--iters", type=int, help="timed calls per measurement (default 20; --quick: 3)")
+    parser.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick: 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny layers and few iterations: a smoke test")
+    args = parser.parse_args(argv)
+    args.layers = [LAYERS_BY_NAME[n] for n in args.layers] if args.layers else list(QUICK_LAYERS if args.quick else SUITE)
+    args.iters = args.iters or (3 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spec = lookup_gpu_spec()
+    env = environment(spec)
+    for warning in warnings_for(env, []):
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+    rows: list[dict] = []
+    markdown = write_reports(args.out, env, rows, args.iters)  # fail early on a bad --out
+    for layer in args.layers:
+        for dtype in args.dtypes:
+            row = bench_row(layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec)
+            rows.append(row)
+            print(progress_line(row), flush=True)
+            markdown = write_reports(args.out, env, rows, args.iters)
+    print()
+    print(markdown)
+    return 0 if all(row["ok"] for row in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Library loading: handlers registered when built, readable reasons (never a crash) when not."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import jaxcnn
+from jaxcnn import _ffi
+
+NVCC = shutil.which("nvcc")
+CUDA_BUILD_EXPECTED = NVCC is not None and os.environ.get("JAXCNN_CUDA", "AUTO").upper() != "OFF"
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        env={**os.environ, **env}, timeout=300,
+    )
+
+
+@pytest.mark.skipif(not CUDA_BUILD_EXPECTED, reason="no nvcc here: the CUDA library is not built")
+def test_cuda_sources_compiled_into_library():
+    """Where nvcc exists the install built cuda_ops/ and the loader registered every handler."""
+    state = _ffi.library_state()
+    assert state.path and os.path.exists(state.path), state.reason
+    assert state.registered, state.reason
+    assert "cuda_archs=" in state.build_info and "jaxlib=" in state.build_info
+    assert state.ffi_api_version is not None
+
+
+def test_abi_check_rejects_newer_library():
+    assert _ffi.check_abi((0, 3), (0, 3)) == ""
+    assert _ffi.check_abi((0, 2), (0, 3)) == ""
+    assert "ABI mismatch" in _ffi.check_abi((0, 4), (0, 3))
+    assert "ABI mismatch" in _ffi.check_abi((1, 0), (0, 9))
+
+
+def test_runtime_ffi_version_is_read_from_jaxlib_headers():
+    version = _ffi.runtime_ffi_api_version()
+    assert version is not None and version[0] >= 0 and version[1] >= 1
+
+
+def test_without_gpu_reason_is_readable_and_require_raises():
+    if jaxcnn.cuda_available():
+        pytest.skip("a GPU is present")
+    reason = jaxcnn.cuda_unavailable_reason()
+    assert reason
+    with pytest.raises(RuntimeError, match="jaxcnn CUDA kernels unavailable"):
+        jaxcnn.require_cuda()
+
+
+def test_bogus_library_fails_loudly_without_crashing(tmp_path):
+    bogus = tmp_path / "libjaxcnn_cuda.so"
+    bogus.write_text("not an ELF file")
+    proc = run_python(
+        """
+        import jaxcnn
+        print("REASON:", jaxcnn.cuda_unavailable_reason())
+        try:
+            jaxcnn.require_cuda()
+        except RuntimeError as e:
+            print("RAISED:", e)
+        """,
+        JAXCNN_LIBRARY=str(bogus),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "REASON: cannot load" in proc.stdout
+    assert "RAISED: jaxcnn CUDA kernels unavailable: cannot load" in proc.stdout
+
+
+def test_missing_library_reason(tmp_path):
+    proc = run_python(
+        "import jaxcnn; print(jaxcnn.cuda_unavailable_reason())",
+        JAXCNN_LIBRARY=str(tmp_path / "absent.so"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA library built" in proc.stdout
+
+
+@pytest.mark.skipif(not CUDA_BUILD_EXPECTED, reason="no nvcc here: the CUDA library is not built")
+def test_abi_mismatch_is_reported_not_registered(monkeypatch):
+    """A library built for a newer FFI API than the runtime's is refused with the reason."""
+    monkeypatch.setattr(_ffi, "runtime_ffi_api_version", lambda: (0, 0))
+    state = _ffi._load(__import__("pathlib").Path(_ffi.library_state().path))
+    assert not state.registered
+    assert "ABI mismatch" in state.reason and "--no-build-isolation" in state.reason
