@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
+from jax.test_util import check_grads
 
 import jaxcnn
 from reference64 import TOLERANCE, conv2d_f64, rel_err
@@ -126,7 +127,7 @@ def test_grad_matches_xla(kw):
 
 def test_check_grads_numerically():
     x, w, b = random_operands(4, (1, 5, 4, 2), (3, 2, 2, 3))
-    jax.test_util.check_grads(
+    check_grads(
         lambda x, w, b: jaxcnn.conv2d(x, w, b, stride=(2, 1)), (x, w, b),
         order=1, modes=("rev",), atol=3e-2, rtol=3e-2,
     )

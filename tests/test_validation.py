@@ -25,7 +25,8 @@ def sds(shape, dtype=jnp.float32):
         (dict(x=sds((8, 8, 4))), ValueError, "x must be rank 4"),
         (dict(w=sds((3, 4, 6))), ValueError, "w must be rank 4"),
         (dict(x=sds((2, 8, 8, 4), jnp.int32), w=sds((3, 3, 4, 6), jnp.int32)), TypeError, "x dtype"),
-        (dict(x=sds((2, 8, 8, 4), jnp.float64)), TypeError, "x dtype"),
+        (dict(x=sds((2, 8, 8, 4), jnp.float16), w=sds((3, 3, 4, 6), jnp.float16),
+              bias=sds((6,), jnp.float32)), TypeError, "bias dtype"),
         (dict(w=sds((3, 3, 4, 6), jnp.bfloat16)), TypeError, "w dtype"),
         (dict(bias=sds((6,), jnp.float16)), TypeError, "bias dtype"),
         (dict(bias=sds((5,))), ValueError, "bias must have shape"),
@@ -63,3 +64,9 @@ def test_primitive_bind_validates_too():
             lambda x, w: Conv2dPrimitive.outer.bind(x, w, cfg=cfg, operand_names=("x", "w")),
             X, sds((3, 3, 2, 6)),
         )
+
+
+def test_float64_is_rejected():
+    with jax.enable_x64(True):
+        with pytest.raises(TypeError, match="x dtype must be one of float32, bfloat16, float16, got float64"):
+            trace(x=sds((2, 8, 8, 4), jnp.float64), w=sds((3, 3, 4, 6), jnp.float64))
