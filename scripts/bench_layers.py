@@ -28,6 +28,7 @@ import functools
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -44,13 +45,18 @@ except ImportError:  # run from a checkout that is not pip-installed
     sys.path.append(str(REPO_ROOT))
     import jaxcnn
 
-import jax
-import jax.numpy as jnp
-import jaxlib
-from jax import lax
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jaxlib  # noqa: E402
+from jax import lax  # noqa: E402
 
-from jaxcnn.profile import device_time
-from jaxcnn.profile.gpu_specs import GpuSpec, floor_ms, lookup_gpu_spec, precision_class
+from jaxcnn.profile import device_time  # noqa: E402
+from jaxcnn.profile.gpu_specs import (  # noqa: E402
+    GpuSpec,
+    floor_ms,
+    lookup_gpu_spec,
+    precision_class,
+)
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 # Relative L2 error allowed against the float32 HIGHEST reference: a few output roundings in
@@ -91,8 +97,10 @@ class Layer:
         return self.r * self.s * (self.c // self.groups)
 
     def describe(self) -> str:
-        return (f"{self.n}x{self.h}x{self.w}x{self.c}->{self.k} {self.r}x{self.s} "
-                f"stride {self.stride} pad {self.padding} dil {self.dilation} groups {self.groups}")
+        return (
+            f"{self.n}x{self.h}x{self.w}x{self.c}->{self.k} {self.r}x{self.s} "
+            f"stride {self.stride} pad {self.padding} dil {self.dilation} groups {self.groups}"
+        )
 
 
 def _square(name, n, hw, c, k, rs, stride, padding, **kw) -> Layer:
@@ -147,17 +155,28 @@ def _lax_padding(padding: Any) -> Any:
 
 def xla_conv_bias_relu(x, w, b, *, layer: Layer, precision: lax.Precision):
     y = lax.conv_general_dilated(
-        x, w, (layer.stride, layer.stride), _lax_padding(layer.padding),
-        rhs_dilation=(layer.dilation, layer.dilation), dimension_numbers=DIMENSION_NUMBERS,
-        feature_group_count=layer.groups, precision=precision,
+        x,
+        w,
+        (layer.stride, layer.stride),
+        _lax_padding(layer.padding),
+        rhs_dilation=(layer.dilation, layer.dilation),
+        dimension_numbers=DIMENSION_NUMBERS,
+        feature_group_count=layer.groups,
+        precision=precision,
     )
     return jnp.maximum(y + b, 0)
 
 
 def jaxcnn_conv_bias_relu(x, w, b, *, layer: Layer):
     return jaxcnn.conv2d(
-        x, w, b, stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
-        groups=layer.groups, activation="relu",
+        x,
+        w,
+        b,
+        stride=layer.stride,
+        padding=layer.padding,
+        dilation=layer.dilation,
+        groups=layer.groups,
+        activation="relu",
     )
 
 
@@ -165,10 +184,14 @@ def variants(layer: Layer, dtype: str) -> dict[str, Callable]:
     """The functions to time, by name; all compute relu(conv(x, w) + b)."""
     fns = {
         "jaxcnn": functools.partial(jaxcnn_conv_bias_relu, layer=layer),
-        "xla_default": functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT),
+        "xla_default": functools.partial(
+            xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT
+        ),
     }
     if dtype == "fp32":
-        fns["xla_highest"] = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.HIGHEST)
+        fns["xla_highest"] = functools.partial(
+            xla_conv_bias_relu, layer=layer, precision=lax.Precision.HIGHEST
+        )
     return fns
 
 
@@ -189,7 +212,10 @@ def make_inputs(layer: Layer, dtype: str, seed: int) -> tuple[jax.Array, jax.Arr
 
 
 def output_shape(layer: Layer) -> tuple[int, ...]:
-    structs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in (layer.x_shape, layer.w_shape, (layer.k,))]
+    structs = [
+        jax.ShapeDtypeStruct(shape, jnp.float32)
+        for shape in (layer.x_shape, layer.w_shape, (layer.k,))
+    ]
     fn = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT)
     return jax.eval_shape(fn, *structs).shape
 
@@ -217,16 +243,23 @@ def _error_vs(fn: Callable, inputs: tuple, ref: jax.Array) -> float:
     """Relative L2 error of jit(fn)(*inputs) against ref; raises on a wrong shape or dtype."""
     y = jax.jit(fn)(*inputs)
     if y.shape != ref.shape or y.dtype != inputs[0].dtype:
-        raise ValueError(f"output {y.dtype}{list(y.shape)}, expected {inputs[0].dtype}{list(ref.shape)}")
+        raise ValueError(
+            f"output {y.dtype}{list(y.shape)}, expected {inputs[0].dtype}{list(ref.shape)}"
+        )
     return float(_rel_l2(y, ref))
 
 
-def check_accuracy(layer: Layer, dtype: str, inputs: tuple, fns: dict[str, Callable]) -> dict[str, Any]:
+def check_accuracy(
+    layer: Layer, dtype: str, inputs: tuple, fns: dict[str, Callable]
+) -> dict[str, Any]:
     """Errors of jaxcnn and XLA DEFAULT against XLA float32 HIGHEST on the same inputs."""
     reference = functools.partial(xla_conv_bias_relu, layer=layer, precision=lax.Precision.HIGHEST)
     ref = jax.jit(reference)(*(a.astype(jnp.float32) for a in inputs))
     tolerance = TOLERANCE[dtype]
-    result = dict(tolerance=tolerance, xla_default_rel_l2=_finite_or_none(_error_vs(fns["xla_default"], inputs, ref)))
+    result = dict(
+        tolerance=tolerance,
+        xla_default_rel_l2=_finite_or_none(_error_vs(fns["xla_default"], inputs, ref)),
+    )
     try:
         error = _error_vs(fns["jaxcnn"], inputs, ref)
     except Exception as exc:  # record and go on: one broken config must not stop the suite
@@ -234,7 +267,12 @@ def check_accuracy(layer: Layer, dtype: str, inputs: tuple, fns: dict[str, Calla
     if not math.isfinite(error):
         return dict(result, jaxcnn_rel_l2=None, ok=False, error="non-finite output")
     ok = error <= tolerance
-    return dict(result, jaxcnn_rel_l2=error, ok=ok, error=None if ok else f"rel L2 {error:.2e} > {tolerance:.0e}")
+    return dict(
+        result,
+        jaxcnn_rel_l2=error,
+        ok=ok,
+        error=None if ok else f"rel L2 {error:.2e} > {tolerance:.0e}",
+    )
 
 
 # ---------------------------------------------------------------- timing
@@ -247,7 +285,9 @@ def time_variant(fn: Callable, inputs: tuple, iters: int, warmup: int) -> dict[s
         return dict(error=f"{type(exc).__name__}: {exc}")
 
 
-def throughput(timing: dict[str, Any], flops: float, bytes_moved: int, floor: dict | None) -> dict[str, Any]:
+def throughput(
+    timing: dict[str, Any], flops: float, bytes_moved: int, floor: dict | None
+) -> dict[str, Any]:
     """TFLOP/s, GB/s and % of floor (floor / median) of one timing."""
     if "median_ms" not in timing:
         return {}
@@ -267,13 +307,19 @@ def _speedup(timings: dict[str, dict], baseline: str) -> float | None:
     return theirs["median_ms"] / ours["median_ms"]
 
 
-def _floor(flops: float, bytes_moved: int, spec: GpuSpec | None, dtype: str) -> dict[str, Any] | None:
+def _floor(
+    flops: float, bytes_moved: int, spec: GpuSpec | None, dtype: str
+) -> dict[str, Any] | None:
     if spec is None:
         return None
-    return dict(floor_ms(flops, bytes_moved, spec, dtype), gpu=spec.name, precision=precision_class(dtype))
+    return dict(
+        floor_ms(flops, bytes_moved, spec, dtype), gpu=spec.name, precision=precision_class(dtype)
+    )
 
 
-def bench_row(layer: Layer, dtype: str, *, iters: int, warmup: int, seed: int, spec: GpuSpec | None) -> dict[str, Any]:
+def bench_row(
+    layer: Layer, dtype: str, *, iters: int, warmup: int, seed: int, spec: GpuSpec | None
+) -> dict[str, Any]:
     """Accuracy and timings of one layer in one dtype."""
     out_shape = output_shape(layer)
     flops = conv_flops(layer, out_shape)
@@ -313,9 +359,11 @@ def _command_output(*cmd: str) -> str | None:
 
 
 def _git_state() -> dict[str, Any] | None:
+    """Commit and dirtiness; JAXCNN_GIT_COMMIT stands in where the tree has no .git (copies)."""
     commit = _command_output("git", "rev-parse", "HEAD")
     if commit is None:
-        return None
+        given = os.environ.get("JAXCNN_GIT_COMMIT")
+        return dict(commit=given, dirty=None) if given else None
     changes = _command_output("git", "status", "--porcelain")  # untracked files count too
     return dict(commit=commit, dirty=bool(changes))
 
@@ -338,7 +386,9 @@ def environment(spec: GpuSpec | None) -> dict[str, Any]:
         platform=device.platform,
         device_count=jax.device_count(),
         nvidia_smi=_command_output(
-            "nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+            "--format=csv,noheader",
         ),
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
@@ -346,10 +396,15 @@ def environment(spec: GpuSpec | None) -> dict[str, Any]:
         python=platform.python_version(),
         jaxcnn_version=getattr(jaxcnn, "__version__", None),
         jaxcnn_cuda_available=jaxcnn.cuda_available(),
-        jaxcnn_cuda_unavailable_reason=None if jaxcnn.cuda_available() else jaxcnn.cuda_unavailable_reason(),
+        jaxcnn_cuda_unavailable_reason=None
+        if jaxcnn.cuda_available()
+        else jaxcnn.cuda_unavailable_reason(),
         git=_git_state(),
-        gpu_spec=None if spec is None else dict(
-            name=spec.name, memory=dataclasses.asdict(spec.memory),
+        gpu_spec=None
+        if spec is None
+        else dict(
+            name=spec.name,
+            memory=dataclasses.asdict(spec.memory),
             compute={k: dataclasses.asdict(v) for k, v in spec.compute.items()},
         ),
         argv=sys.argv[1:],
@@ -368,11 +423,19 @@ def warnings_for(env: dict[str, Any], rows: list[dict]) -> list[str]:
             f"{env['jaxcnn_cuda_unavailable_reason']}): the jaxcnn column is its XLA fallback, "
             "so jaxcnn-vs-XLA numbers mean nothing."
         )
-    wall_timed = sorted({f"{r['layer']}/{r['dtype']}" for r in rows for t in r["timings"].values()
-                         if t.get("is_device_time") is False})
+    wall_timed = sorted(
+        {
+            f"{r['layer']}/{r['dtype']}"
+            for r in rows
+            for t in r["timings"].values()
+            if t.get("is_device_time") is False
+        }
+    )
     if wall_timed:
-        found.append(f"no GPU trace for {len(wall_timed)} rows: their times are host wall time "
-                     "(dispatch included), not device time.")
+        found.append(
+            f"no GPU trace for {len(wall_timed)} rows: their times are host wall time "
+            "(dispatch included), not device time."
+        )
     if env["gpu_spec"] is None:
         found.append(f"no ceilings for device '{env['device_kind']}': floors are left out.")
     return found
@@ -391,7 +454,9 @@ def _time_cell(timing: dict[str, Any]) -> str:
 def _status_cell(row: dict[str, Any]) -> str:
     if row["ok"]:
         return "ok"
-    errors = [row["accuracy"]["error"]] + [f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t]
+    errors = [row["accuracy"]["error"]] + [
+        f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t
+    ]
     return "FAIL: " + "; ".join(e for e in errors if e)[:120]
 
 
@@ -401,8 +466,9 @@ def _md_escape(text: str) -> str:
 
 def summary_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| layer | dtype | shape | GFLOP | rel err jaxcnn (XLA) | jaxcnn ms [p10-p90] | XLA ms | "
-        "XLA HIGHEST ms | XLA/jaxcnn | jaxcnn TFLOP/s | jaxcnn GB/s | floor ms (bound) | jaxcnn % floor | status |",
+        "| layer | dtype | shape | GFLOP | rel err jaxcnn (XLA) | jaxcnn ms [p10-p90] | XLA ms "
+        "| XLA HIGHEST ms | XLA/jaxcnn | jaxcnn TFLOP/s | jaxcnn GB/s | floor ms (bound) "
+        "| jaxcnn % floor | status |",
         "|" + "---|" * 14,
     ]
     for row in rows:
@@ -413,11 +479,20 @@ def summary_table(rows: list[dict]) -> list[str]:
             speedups.append(f"{row['speedup_vs_xla_highest']:.2f} (HIGHEST)")
         floor_cell = "-" if floor is None else f"{floor['floor_ms']:.4f} ({floor['bound']})"
         cells = [
-            row["layer"], row["dtype"], _describe(row["config"]), f"{row['gflop']:.4g}",
+            row["layer"],
+            row["dtype"],
+            _describe(row["config"]),
+            f"{row['gflop']:.4g}",
             f"{_fmt(acc['jaxcnn_rel_l2'], '.1e')} ({_fmt(acc['xla_default_rel_l2'], '.1e')})",
-            _time_cell(ours), _time_cell(t.get("xla_default", {})), _time_cell(t.get("xla_highest", {})),
-            " / ".join(speedups), _fmt(ours.get("tflops"), ".4g"), _fmt(ours.get("gbps"), ".4g"),
-            floor_cell, _fmt(ours.get("pct_of_floor"), ".0f"), _status_cell(row),
+            _time_cell(ours),
+            _time_cell(t.get("xla_default", {})),
+            _time_cell(t.get("xla_highest", {})),
+            " / ".join(speedups),
+            _fmt(ours.get("tflops"), ".4g"),
+            _fmt(ours.get("gbps"), ".4g"),
+            floor_cell,
+            _fmt(ours.get("pct_of_floor"), ".0f"),
+            _status_cell(row),
         ]
         lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
     return lines
@@ -429,18 +504,45 @@ def _describe(config: dict[str, Any]) -> str:
 
 
 def kernel_table(rows: list[dict], top: int = 3, name_chars: int = 70) -> list[str]:
-    lines = ["| layer | dtype | variant | kernels per call | top kernels (us per call) |", "|---|---|---|---|---|"]
+    lines = [
+        "| layer | dtype | variant | kernels per call | top kernels (us per call) |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         for variant, timing in row["timings"].items():
             kernels = timing.get("kernels") or []
-            listed = "; ".join(f"{k['name'][:name_chars]} {k['us_per_call']:.1f}" for k in kernels[:top])
-            cells = [row["layer"], row["dtype"], variant, _fmt(timing.get("kernels_per_call"), ".1f"), listed or "-"]
+            # Backticks keep template brackets (<float>) from being read as HTML.
+            listed = "; ".join(
+                f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}" for k in kernels[:top]
+            )
+            cells = [
+                row["layer"],
+                row["dtype"],
+                variant,
+                _fmt(timing.get("kernels_per_call"), ".1f"),
+                listed or "-",
+            ]
             lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
     return lines
 
 
+def _ceilings_line(gpu_spec: dict[str, Any] | None) -> str:
+    if gpu_spec is None:
+        return "- ceilings: none known for this device"
+    memory = gpu_spec["memory"]
+    compute = [
+        f"{name} {c['per_s'] / 1e12:.4g} TFLOP/s ({c['source']})"
+        for name, c in gpu_spec["compute"].items()
+    ]
+    return (
+        f"- ceilings ({gpu_spec['name']}): memory {memory['per_s'] / 1e12:.3g} TB/s "
+        f"({memory['source']}), " + ", ".join(compute)
+    )
+
+
 def render_markdown(env: dict[str, Any], rows: list[dict], iters: int) -> str:
     git = env["git"] or {}
+    dirty = " (dirty)" if git.get("dirty") else ""
     header = [
         "# jaxcnn.conv2d vs XLA: layer benchmark",
         "",
@@ -448,15 +550,19 @@ def render_markdown(env: dict[str, Any], rows: list[dict], iters: int) -> str:
         "",
         f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); "
         f"jax {env['jax']}, jaxlib {env['jaxlib']}; {env['packages']}",
-        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        f"- commit {git.get('commit', 'unknown')}{dirty}; {env['date_utc']}",
         f"- op: conv + bias + ReLU in every column. Times: median per-call device time (sum of GPU "
         f"kernel durations in a profiler trace) over {iters} synced calls, [p10-p90], in ms.",
         "- XLA/jaxcnn > 1 means jaxcnn is faster. rel err: relative L2 vs XLA float32 HIGHEST.",
-        "- floor = max(FLOPs / peak of the dtype, min bytes / bandwidth); fp32 floors use the "
-        "fp32 non-tensor peak (XLA DEFAULT uses TF32 and can beat them). % floor = floor / median.",
+        "- floor = max(FLOPs / peak of the dtype, min bytes / bandwidth), FLOPs of direct "
+        "convolution; fp32 floors use the fp32 non-tensor peak. % floor = floor / median: over "
+        "100 means fewer FLOPs (FFT, Winograd) or TF32 (XLA DEFAULT for fp32).",
+        _ceilings_line(env["gpu_spec"]),
         "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    return (
+        "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    )
 
 
 def _json_safe(value: Any) -> Any:
@@ -477,7 +583,9 @@ def _finite_or_none(value: float) -> float | None:
 def write_reports(out_dir: Path, env: dict[str, Any], rows: list[dict], iters: int) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = dict(environment=env, rows=rows)
-    (out_dir / JSON_NAME).write_text(json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")
+    (out_dir / JSON_NAME).write_text(
+        json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n"
+    )
     markdown = render_markdown(env, rows, iters)
     (out_dir / MD_NAME).write_text(markdown)
     return markdown
@@ -485,9 +593,12 @@ def write_reports(out_dir: Path, env: dict[str, Any], rows: list[dict], iters: i
 
 def progress_line(row: dict[str, Any]) -> str:
     t = row["timings"]
-    return (f"{row['layer']:<20} {row['dtype']:<5} jaxcnn {_time_cell(t['jaxcnn']):<28} "
-            f"xla {_time_cell(t['xla_default']):<28} xla/jaxcnn {_fmt(row['speedup_vs_xla_default'], '.2f'):>5} "
-            f"err {_fmt(row['accuracy']['jaxcnn_rel_l2'], '.1e')} {_status_cell(row)}")
+    speedup = _fmt(row["speedup_vs_xla_default"], ".2f")
+    return (
+        f"{row['layer']:<20} {row['dtype']:<5} jaxcnn {_time_cell(t['jaxcnn']):<28} "
+        f"xla {_time_cell(t['xla_default']):<28} xla/jaxcnn {speedup:>5} "
+        f"err {_fmt(row['accuracy']['jaxcnn_rel_l2'], '.1e')} {_status_cell(row)}"
+    )
 
 
 # ---------------------------------------------------------------- command line
@@ -498,23 +609,39 @@ def _csv_choice(allowed: dict | set, what: str) -> Callable[[str], list[str]]:
         items = [item.strip() for item in text.split(",") if item.strip()]
         unknown = [item for item in items if item not in allowed]
         if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(allowed)}")
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {unknown}; known: {', '.join(allowed)}"
+            )
         return items
+
     return parse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for bench_layers.{json,md}")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for bench_layers.{json,md}"
+    )
     parser.add_argument("--dtypes", type=_csv_choice(DTYPES, "dtype"), default=["bf16", "fp32"])
-    parser.add_argument("--layers", type=_csv_choice(LAYERS_BY_NAME, "layer"),
-                        help="comma-separated layer names (default: the suite; --quick: tiny layers)")
-    parser.add_argument("--iters", type=int, help="timed calls per measurement (default 20; --quick: 3)")
+    parser.add_argument(
+        "--layers",
+        type=_csv_choice(LAYERS_BY_NAME, "layer"),
+        help="comma-separated layer names (default: the suite; --quick: tiny layers)",
+    )
+    parser.add_argument(
+        "--iters", type=int, help="timed calls per measurement (default 20; --quick: 3)"
+    )
     parser.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick: 1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="tiny layers and few iterations: a smoke test")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny layers and few iterations: a smoke test"
+    )
     args = parser.parse_args(argv)
-    args.layers = [LAYERS_BY_NAME[n] for n in args.layers] if args.layers else list(QUICK_LAYERS if args.quick else SUITE)
+    args.layers = (
+        [LAYERS_BY_NAME[n] for n in args.layers]
+        if args.layers
+        else list(QUICK_LAYERS if args.quick else SUITE)
+    )
     args.iters = args.iters or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     return args
@@ -530,7 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     markdown = write_reports(args.out, env, rows, args.iters)  # fail early on a bad --out
     for layer in args.layers:
         for dtype in args.dtypes:
-            row = bench_row(layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec)
+            row = bench_row(
+                layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec
+            )
             rows.append(row)
             print(progress_line(row), flush=True)
             markdown = write_reports(args.out, env, rows, args.iters)

@@ -10,6 +10,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# An absolute path that keeps a venv's python a venv python (no symlink resolution).
+PY_ABS=$(cd "$(dirname "$(command -v "$PY")")" && pwd)/$(basename "$PY")
 LOG="$OUT/gpu_check.log"
 STEPS="$OUT/.steps.tsv"
 : >"$LOG"
@@ -42,7 +44,7 @@ fi
 
 # Standalone self-test (no JAX) under compute-sanitizer.
 SELFTEST_BUILD=build/selftest
-step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$(command -v $PY) -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
+step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
 SELFTEST=$SELFTEST_BUILD/conv2d_selftest
 step selftest "$SELFTEST"
 step memcheck compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 "$SELFTEST"

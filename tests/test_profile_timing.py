@@ -18,12 +18,14 @@ from jaxcnn.profile import (
     DeviceTiming,
     KernelEvent,
     WallTiming,
+    call_annotation_starts,
     device_time,
     gpu_kernel_events,
     split_into_calls,
     timing_from_events,
     wall_time,
 )
+from jaxcnn.profile.device_time import CALL_ANNOTATION, _split_at_call_starts, _split_periodic
 from jaxcnn.profile.gpu_specs import GPU_SPECS, floor_ms, lookup_gpu_spec, precision_class
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -114,9 +116,43 @@ def test_split_at_gaps_when_kernel_counts_differ():
     assert "different kernel counts" in note
 
 
+# Call 1 has a 40 us hole between its kernels, wider than the 20 us between calls: cutting at
+# the widest gaps goes wrong, the call annotations do not.
+_UNEVEN = [
+    KernelEvent(10_000.0, 15_000.0, "a"),
+    KernelEvent(35_000.0, 40_000.0, "a"),
+    KernelEvent(80_000.0, 81_000.0, "b"),
+    KernelEvent(101_000.0, 106_000.0, "a"),
+]
+_UNEVEN_CALL_STARTS = [0.0, 30_000.0, 95_000.0]
+
+
+def test_split_at_call_annotations_beats_gaps():
+    calls, method, note = split_into_calls(_UNEVEN, 3, _UNEVEN_CALL_STARTS)
+    assert method == "trace/annotations"
+    assert [[ev.name for ev in c] for c in calls] == [["a"], ["a", "b"], ["a"]]
+    assert "different kernel counts" in note
+    wrong, _, _ = split_into_calls(_UNEVEN, 3)  # no annotations: falls back to gaps
+    assert [len(c) for c in wrong] == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "call_starts",
+    [[0.0, 30_000.0], [20_000.0, 30_000.0, 95_000.0], [0.0, 30_000.0, 200_000.0]],
+    ids=["wrong-count", "event-before-first-call", "call-without-events"],
+)
+def test_split_ignores_unusable_annotations(call_starts):
+    _, method, _ = split_into_calls(_UNEVEN, 3, call_starts)
+    assert method == "trace/gaps"
+
+
 def test_split_at_gaps_handles_overlapping_streams():
     # Two kernels of one call overlap (two streams): no gap between them may be cut.
-    call = [KernelEvent(0.0, 10_000.0, "x"), KernelEvent(2_000.0, 4_000.0, "y"), KernelEvent(8_000.0, 9_000.0, "z")]
+    call = [
+        KernelEvent(0.0, 10_000.0, "x"),
+        KernelEvent(2_000.0, 4_000.0, "y"),
+        KernelEvent(8_000.0, 9_000.0, "z"),
+    ]
     second = [KernelEvent(ev.start_ns + 50_000.0, ev.end_ns + 50_000.0, ev.name) for ev in call[:2]]
     calls, method, _ = split_into_calls(call + second, 2)
     assert method == "trace/gaps"
@@ -140,7 +176,8 @@ def test_timing_from_events_sums_kernels_per_call():
     assert top.us_per_call == pytest.approx(10.0)
 
 
-_XSPACE = """
+_XSPACE = (
+    """
 planes {
   id: 1 name: "/device:GPU:0"
   lines { id: 1 name: "Stream #7(Compute)" timestamp_ns: 1000
@@ -154,10 +191,15 @@ planes {
 planes {
   id: 2 name: "/host:CPU"
   lines { id: 1 name: "Stream-like host thread" timestamp_ns: 0
-    events { metadata_id: 1 offset_ps: 0 duration_ps: 9000000 } }
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 9000000 }
+    events { metadata_id: 2 offset_ps: 6500000 duration_ps: 2000000 }
+    events { metadata_id: 2 offset_ps: 500000 duration_ps: 6000000 } }
   event_metadata { key: 1 value { id: 1 name: "host_work" } }
+  event_metadata { key: 2 value { id: 2 name: "%s" } }
 }
 """
+    % CALL_ANNOTATION
+)
 
 
 def test_gpu_kernel_events_reads_only_gpu_stream_lines():
@@ -167,6 +209,15 @@ def test_gpu_kernel_events_reads_only_gpu_stream_lines():
         ("conv_kernel", 1000.0, 5000.0),
         ("Memset", 7000.0, 1000.0),
     ]
+
+
+def test_call_annotation_starts_reads_host_annotations_in_order():
+    profile = jax.profiler.ProfileData.from_text_proto(_XSPACE)
+    assert call_annotation_starts(profile) == [500.0, 6500.0]
+    timing = timing_from_events(
+        gpu_kernel_events(profile), 2, "test", call_starts_ns=call_annotation_starts(profile)
+    )
+    assert timing.samples_ms == pytest.approx((0.005, 0.001))
 
 
 # ---------------------------------------------------------------- GPU ceilings and floors
@@ -225,7 +276,13 @@ def test_floor_ms_memory_bound():
 
 @pytest.mark.parametrize(
     "dtype, cls",
-    [("bf16", "bf16"), (jnp.bfloat16, "bf16"), ("float16", "fp16"), (jnp.float32, "fp32"), ("tf32", "tf32")],
+    [
+        ("bf16", "bf16"),
+        (jnp.bfloat16, "bf16"),
+        ("float16", "fp16"),
+        (jnp.float32, "fp32"),
+        ("tf32", "tf32"),
+    ],
 )
 def test_precision_class(dtype, cls):
     assert precision_class(dtype) == cls
@@ -245,8 +302,18 @@ def test_bench_layers_quick_smoke(tmp_path):
         pytest.skip("jaxcnn.conv2d does not exist yet")
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "bench_layers.py"), "--quick", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT,
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "bench_layers.py"),
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO_ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "bench_layers.json").read_text())
@@ -261,7 +328,9 @@ def test_bench_layers_quick_smoke(tmp_path):
     assert environment["jax"] == jax.__version__
     markdown = (tmp_path / "bench_layers.md").read_text()
     assert "| tiny_3x3 |" in markdown
-    assert done.stdout.rstrip().endswith(markdown.rstrip().splitlines()[-1])  # md table printed last
+    assert done.stdout.rstrip().endswith(
+        markdown.rstrip().splitlines()[-1]
+    )  # md table printed last
     if not environment["jaxcnn_cuda_available"]:
         assert "NOT available" in markdown and "NOT available" in done.stderr
 
@@ -281,6 +350,17 @@ def test_device_time_on_gpu_reads_kernels():
     assert timing.median_span_ms >= timing.min_ms * 0.999
     # Device time excludes host dispatch, so it stays below the synced wall latency.
     assert timing.median_ms < wall_time(_matmul, x, iters=10, warmup=2).median_ms
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_call_annotations_split_a_real_trace_like_periodic_chunks(tmp_path):
+    device_time(_matmul, jnp.ones((512, 512)), iters=6, warmup=2, trace_dir=str(tmp_path))
+    (path,) = tmp_path.rglob("*.xplane.pb")
+    profile = jax.profiler.ProfileData.from_file(str(path))
+    events, starts = gpu_kernel_events(profile), call_annotation_starts(profile)
+    assert len(starts) == 6
+    assert _split_at_call_starts(events, starts) == _split_periodic(events, 6)
 
 
 @pytest.mark.gpu

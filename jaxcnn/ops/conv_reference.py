@@ -10,8 +10,12 @@ from jaxcnn.ops.conv_args import Conv2dConfig
 DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 
-def linear_conv2d(x, w, cfg: Conv2dConfig, *, precision=lax.Precision.HIGHEST, out_dtype=None):
-    """The convolution alone (no bias, no activation), in `x.dtype` unless `out_dtype`."""
+def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
+    """The convolution alone (no bias, no activation), in `x.dtype` unless `out_dtype`.
+
+    fp32 asks for HIGHEST (true fp32, like the kernel); half types need no upcast.
+    """
+    precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
     return lax.conv_general_dilated(
         x,
         w,

@@ -6,24 +6,35 @@ wall time of small calls (~35 us per call on an H200), so it is what compares ke
 kernels. It is the same measure as /work/shared/baseline/measure_xla_baseline.py, so numbers
 are comparable with the stored XLA baselines.
 
-How one trace of `iters` calls is split into per-call times (`split_into_calls`):
+Each of the `iters` traced calls runs inside a host `TraceAnnotation` and is followed by
+`block_until_ready`. The trace is split into per-call times (`split_into_calls`) by the first
+of these that applies:
 
-1. "periodic": if the number of GPU events is a multiple of `iters` and every chunk of
-   `len(events) / iters` consecutive events (ordered by start time) launches the same
-   kernel names, the chunks are the calls. This is exact whenever each call launches the
-   same kernels, which holds for a compiled XLA program.
-2. "gaps": otherwise the device timeline is cut at its `iters - 1` widest idle gaps. Calls
-   are separated by a host sync plus the next dispatch (tens of us of GPU idle), while
-   kernels of one call run back to back, so the widest gaps are the call boundaries. When
-   the resulting calls launch different numbers of kernels the result says so in `note`.
+1. "trace/periodic": the number of GPU events is a multiple of `iters` and every chunk of
+   `len(events) / iters` consecutive events (ordered by start time) launches the same kernel
+   names. The chunks are the calls. Exact whenever each call launches the same kernels, as
+   a compiled XLA program does.
+2. "trace/annotations": each GPU event goes to the call whose host annotation started last
+   before the event started. Host and GPU events share the profiler's clock; call i's
+   kernels are launched inside annotation i, after it starts, and finish before it ends
+   (the sync is inside), so the annotation starts are the call boundaries. On an H200 the
+   first kernel started 50-150 us after its annotation, a wide margin.
+3. "trace/gaps": the device timeline is cut at its `iters - 1` widest idle gaps. Weakest:
+   kernels of one call can sit tens of us apart (host work between launches), while calls
+   are a few hundred us apart under the profiler.
 
-Either way the samples sum to the total kernel time of the trace, so `mean_ms` does not
-depend on the split. Without GPU kernel events (CPU backend, or CUPTI unavailable) the
-result falls back to host wall time around `block_until_ready` with `is_device_time=False`.
+Methods 2 and 3 say in `note` when the calls launched different numbers of kernels. Any way
+the samples sum to the total kernel time of the trace, so `mean_ms` does not depend on the
+split. Kernels on concurrent streams are summed, not merged: `median_span_ms` (first start to
+last end) shows the overlap when it is below the median.
+
+Without GPU kernel events (CPU backend, or CUPTI unavailable) the result falls back to host
+wall time around `block_until_ready`, with `is_device_time=False` and the reason in `note`.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -41,7 +52,8 @@ GPU_PLANE_PREFIX = "/device:GPU"
 # CUPTI puts kernels/memsets/copies on "Stream #<id>(...)" lines; other lines of a GPU plane
 # (if any) are derived views of the same events and would double count.
 STREAM_LINE_MARKER = "stream"
-# Per-call annotation on the host timeline; it makes kept traces readable in xprof.
+# Host annotation around each traced call: marks call boundaries for the split (and makes kept
+# traces readable in xprof).
 CALL_ANNOTATION = "device_time_call"
 
 
@@ -96,11 +108,13 @@ class DeviceTiming(TimingStats):
 
     device: str  # jax device_kind, e.g. "NVIDIA H200" or "cpu"
     is_device_time: bool
-    method: str  # "trace/periodic", "trace/gaps" or "wall"
+    method: str  # how calls were told apart: "trace/periodic|annotations|gaps", or "wall"
     note: str  # why a fallback was taken, or doubts about the split; "" when clean
     kernels: tuple[KernelStat, ...]  # top kernels by time per call
     kernels_per_call: float | None
-    median_span_ms: float | None  # first kernel start to last kernel end; span - busy = gaps
+    # First kernel start to last kernel end: above median_ms by the idle gaps inside a call,
+    # below it when kernels on concurrent streams overlapped.
+    median_span_ms: float | None
 
 
 def stats_fields(samples_ms: Sequence[float]) -> dict[str, Any]:
@@ -123,8 +137,10 @@ def _device_kind() -> str:
     return jax.devices()[0].device_kind
 
 
-def _jit_and_warm_up(fn: Callable, args: tuple, warmup: int) -> Callable:
+def _jit_and_warm_up(fn: Callable, args: tuple, iters: int, warmup: int) -> Callable:
     """Jit fn and run it at least once, so compilation and autotuning stay out of timings."""
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
     jitted = jax.jit(fn)
     for _ in range(max(warmup, 1)):
         jax.block_until_ready(jitted(*args))
@@ -142,7 +158,7 @@ def _wall_samples_ms(jitted: Callable, args: tuple, iters: int) -> list[float]:
 
 def wall_time(fn: Callable, *args, iters: int = 20, warmup: int = 3) -> WallTiming:
     """Host latency of jit(fn)(*args) per call, with a sync after every call."""
-    jitted = _jit_and_warm_up(fn, args, warmup)
+    jitted = _jit_and_warm_up(fn, args, iters, warmup)
     samples = _wall_samples_ms(jitted, args, iters)
     return WallTiming(**stats_fields(samples), device=_device_kind())
 
@@ -165,12 +181,36 @@ def _split_periodic(events: list[KernelEvent], n_calls: int) -> list[list[Kernel
     if len(events) % n_calls:
         return None
     size = len(events) // n_calls
-    calls = [events[i * size:(i + 1) * size] for i in range(n_calls)]
+    calls = [events[i * size : (i + 1) * size] for i in range(n_calls)]
     # Compare as multisets: kernels of one call on different streams may start in any order.
     signature = collections.Counter(ev.name for ev in calls[0])
     if any(collections.Counter(ev.name for ev in call) != signature for call in calls[1:]):
         return None
     return calls
+
+
+def call_annotation_starts(profile_data) -> list[float]:
+    """Start times (ns) of the per-call host annotations, in order."""
+    return sorted(
+        ev.start_ns
+        for plane in profile_data.planes
+        if not plane.name.startswith(GPU_PLANE_PREFIX)
+        for line in plane.lines
+        for ev in line.events
+        if ev.name == CALL_ANNOTATION
+    )
+
+
+def _split_at_call_starts(
+    events: list[KernelEvent], call_starts_ns: Sequence[float]
+) -> list[list[KernelEvent]] | None:
+    """Each event to the call that started last before it; None if a call gets no event."""
+    if not call_starts_ns or events[0].start_ns < call_starts_ns[0]:
+        return None
+    calls: list[list[KernelEvent]] = [[] for _ in call_starts_ns]
+    for ev in events:
+        calls[bisect.bisect_right(call_starts_ns, ev.start_ns) - 1].append(ev)
+    return calls if all(calls) else None
 
 
 def _split_at_gaps(events: list[KernelEvent], n_calls: int) -> list[list[KernelEvent]]:
@@ -185,21 +225,26 @@ def _split_at_gaps(events: list[KernelEvent], n_calls: int) -> list[list[KernelE
 
 
 def split_into_calls(
-    events: list[KernelEvent], n_calls: int
+    events: list[KernelEvent], n_calls: int, call_starts_ns: Sequence[float] = ()
 ) -> tuple[list[list[KernelEvent]], str, str]:
-    """Split time-ordered events of n_calls identical calls into calls -> (calls, method, note).
+    """Split time-ordered events of n_calls calls into calls -> (calls, method, note).
 
-    Needs at least n_calls events; see the module docstring for the method.
+    call_starts_ns: host start time of each call, if known. Needs at least n_calls events;
+    see the module docstring for the methods.
     """
     if len(events) < n_calls:
         raise ValueError(f"{len(events)} GPU events cannot hold {n_calls} calls")
     calls = _split_periodic(events, n_calls)
     if calls is not None:
         return calls, "trace/periodic", ""
-    calls = _split_at_gaps(events, n_calls)
+    calls, method = None, "trace/annotations"
+    if len(call_starts_ns) == n_calls:
+        calls = _split_at_call_starts(events, call_starts_ns)
+    if calls is None:
+        calls, method = _split_at_gaps(events, n_calls), "trace/gaps"
     counts = sorted({len(call) for call in calls})
-    note = f"calls launched different kernel counts {counts}; split at idle gaps" if len(counts) > 1 else ""
-    return calls, "trace/gaps", note
+    note = f"calls launched different kernel counts {counts}" if len(counts) > 1 else ""
+    return calls, method, note
 
 
 def _busy_ms(call: list[KernelEvent]) -> float:
@@ -221,15 +266,20 @@ def top_kernels(calls: list[list[KernelEvent]], top_k: int) -> tuple[KernelStat,
     ranked = sorted(total_ns, key=lambda name: -total_ns[name])[:top_k]
     n_calls = len(calls)
     return tuple(
-        KernelStat(name, total_ns[name] / n_calls / 1e3, launches[name] / n_calls) for name in ranked
+        KernelStat(name, total_ns[name] / n_calls / 1e3, launches[name] / n_calls)
+        for name in ranked
     )
 
 
 def timing_from_events(
-    events: list[KernelEvent], n_calls: int, device: str, top_k: int = 5
+    events: list[KernelEvent],
+    n_calls: int,
+    device: str,
+    top_k: int = 5,
+    call_starts_ns: Sequence[float] = (),
 ) -> DeviceTiming:
-    """DeviceTiming of n_calls identical calls whose GPU events are `events`."""
-    calls, method, note = split_into_calls(events, n_calls)
+    """DeviceTiming of n_calls calls whose GPU events are `events` (see split_into_calls)."""
+    calls, method, note = split_into_calls(events, n_calls, call_starts_ns)
     return DeviceTiming(
         **stats_fields([_busy_ms(call) for call in calls]),
         device=device,
@@ -262,18 +312,24 @@ def _profiler_start_error(trace_dir: str) -> str | None:
     return None
 
 
-def _traced_calls_events(jitted: Callable, args: tuple, iters: int, trace_dir: str) -> list[KernelEvent]:
-    """Run iters synced calls in the started trace, stop it, and return its GPU events."""
+def _run_traced_calls(jitted: Callable, args: tuple, iters: int) -> None:
+    """Run iters synced, annotated calls in the started trace, then stop it."""
     try:
         for i in range(iters):
             with jax.profiler.TraceAnnotation(CALL_ANNOTATION, call=i):
                 jax.block_until_ready(jitted(*args))
     finally:
         jax.profiler.stop_trace()
-    events = []
-    for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True):
-        events.extend(gpu_kernel_events(jax.profiler.ProfileData.from_file(path)))
-    return sorted(events)
+
+
+def _read_trace(trace_dir: str) -> tuple[list[KernelEvent], list[float]]:
+    """GPU events and call annotation starts of the newest trace in trace_dir."""
+    # One process writes one file per trace; a kept trace_dir may hold older ones too.
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        return [], []
+    profile_data = jax.profiler.ProfileData.from_file(max(paths, key=os.path.getmtime))
+    return gpu_kernel_events(profile_data), call_annotation_starts(profile_data)
 
 
 def _wall_fallback(jitted: Callable, args: tuple, iters: int, note: str) -> DeviceTiming:
@@ -303,15 +359,16 @@ def device_time(
     temporary directory that is removed. Falls back to host wall time (is_device_time=False,
     reason in `note`) when the trace has no GPU kernel events, e.g. on the CPU backend.
     """
-    if iters < 1:
-        raise ValueError("iters must be >= 1")
-    jitted = _jit_and_warm_up(fn, args, warmup)
+    jitted = _jit_and_warm_up(fn, args, iters, warmup)
     with _trace_directory(trace_dir) as directory:
         start_error = _profiler_start_error(directory)
-        events = [] if start_error else _traced_calls_events(jitted, args, iters, directory)
-    if start_error is not None:
-        return _wall_fallback(jitted, args, iters, f"profiler did not start: {start_error}")
+        if start_error is not None:
+            return _wall_fallback(jitted, args, iters, f"profiler did not start: {start_error}")
+        _run_traced_calls(jitted, args, iters)
+        events, call_starts = _read_trace(directory)
     if len(events) < iters:
-        reason = f"{len(events)} GPU kernel events for {iters} calls (backend {jax.default_backend()})"
+        reason = (
+            f"{len(events)} GPU kernel events for {iters} calls (backend {jax.default_backend()})"
+        )
         return _wall_fallback(jitted, args, iters, f"no device trace: {reason}")
-    return timing_from_events(events, iters, _device_kind(), top_k)
+    return timing_from_events(events, iters, _device_kind(), top_k, call_starts)

@@ -114,20 +114,27 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
 )
 
 _PRECISION_ALIASES = {
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
     "tf32": "tf32",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
 }
 
 
 def precision_class(dtype: Any) -> str:
-    """"bf16" | "fp16" | "tf32" | "fp32" for a name ("bf16", "float32", ...) or a dtype."""
+    """ "bf16" | "fp16" | "tf32" | "fp32" for a name ("bf16", "float32", ...) or a dtype."""
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     try:
         return _PRECISION_ALIASES[name.lower()]
     except KeyError:
-        raise ValueError(f"no ceiling for dtype {dtype!r}; known: {sorted(_PRECISION_ALIASES)}") from None
+        raise ValueError(
+            f"no ceiling for dtype {dtype!r}; known: {sorted(_PRECISION_ALIASES)}"
+        ) from None
 
 
 def lookup_gpu_spec(device_kind: str | None = None) -> GpuSpec | None:
