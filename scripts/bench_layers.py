@@ -23,14 +23,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
 import zlib
 from dataclasses import dataclass
@@ -51,6 +46,7 @@ import jaxlib  # noqa: E402
 from jax import lax  # noqa: E402
 
 from jaxcnn.profile import device_time  # noqa: E402
+from jaxcnn.profile.environment import collect_environment, command_output  # noqa: E402
 from jaxcnn.profile.gpu_specs import (  # noqa: E402
     GpuSpec,
     floor_ms,
@@ -350,56 +346,28 @@ def bench_row(
 # ---------------------------------------------------------------- environment
 
 
-def _command_output(*cmd: str) -> str | None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _git_state() -> dict[str, Any] | None:
-    """Commit and dirtiness; JAXCNN_GIT_COMMIT stands in where the tree has no .git (copies)."""
-    commit = _command_output("git", "rev-parse", "HEAD")
-    if commit is None:
-        given = os.environ.get("JAXCNN_GIT_COMMIT")
-        return dict(commit=given, dirty=None) if given else None
-    changes = _command_output("git", "status", "--porcelain")  # untracked files count too
-    return dict(commit=commit, dirty=bool(changes))
-
-
-def _jax_package_versions() -> dict[str, str]:
-    """Versions of jax, jaxlib and the jax CUDA plugins that are installed."""
-    versions = {}
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name in ("jax", "jaxlib") or name.startswith("jax-cuda"):
-            versions[name] = dist.version
-    return versions
-
-
 def environment(spec: GpuSpec | None) -> dict[str, Any]:
     device = jax.devices()[0]
+    env = collect_environment()
+    extra = env["extra"]
     return dict(
-        date_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date_utc=extra["date_utc"],
         device_kind=device.device_kind,
         platform=device.platform,
         device_count=jax.device_count(),
-        nvidia_smi=_command_output(
+        nvidia_smi=command_output(
             "nvidia-smi",
             "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
             "--format=csv,noheader",
         ),
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
-        packages=_jax_package_versions(),
-        python=platform.python_version(),
-        jaxcnn_version=getattr(jaxcnn, "__version__", None),
-        jaxcnn_cuda_available=jaxcnn.cuda_available(),
-        jaxcnn_cuda_unavailable_reason=None
-        if jaxcnn.cuda_available()
-        else jaxcnn.cuda_unavailable_reason(),
-        git=_git_state(),
+        packages=extra["packages"],
+        python=env["python"],
+        jaxcnn_version=env["jaxcnn_version"],
+        jaxcnn_cuda_available=extra["jaxcnn_cuda_available"],
+        jaxcnn_cuda_unavailable_reason=extra["jaxcnn_cuda_unavailable_reason"],
+        git=extra["git"],
         gpu_spec=None
         if spec is None
         else dict(
