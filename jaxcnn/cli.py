@@ -1,0 +1,204 @@
+"""`jaxcnn` command line: profile zoo models into the store, show layer tables and memory
+bounds, compare runs, start the dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+DASHBOARD_APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+
+
+class CliError(Exception):
+    """A user error: printed without a traceback, exit status 2."""
+
+
+def _model_name(name: str) -> str:
+    from jaxcnn.models import list_models
+
+    if name not in list_models():
+        raise CliError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+    return name
+
+
+def _dtype(name: str) -> str:
+    if name not in DTYPES:
+        raise CliError(f"unknown dtype {name!r}; use one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
+
+
+def _backends(name: str) -> tuple[str, ...]:
+    choices = {"both": ("xla", "jaxcnn"), "xla": ("xla",), "jaxcnn": ("jaxcnn",)}
+    if name not in choices:
+        raise CliError(f"unknown backend {name!r}; use xla, jaxcnn or both")
+    return choices[name]
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator:
+    """A rich spinner whose text follows the profiler's progress messages."""
+    if not enabled:
+        yield None
+        return
+    try:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    except ImportError:
+        yield lambda message: print(f"... {message}", file=sys.stderr)
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        yield lambda message: progress.update(task, description=str(message))
+
+
+def cmd_profile(args) -> int:
+    from jaxcnn.profile.profiler import profile_model, summarize
+
+    with _progress(not args.quiet) as progress:
+        profile = profile_model(
+            _model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype),
+            backends=_backends(args.backend), iters=args.iters, warmup=args.warmup,
+            sparsity=not args.no_sparsity, store=args.db, note=args.note or "", progress=progress,
+        )
+    print("\n".join(summarize(profile)))
+    print(f"run {profile.run_ids.get('store')} recorded in {args.db}")
+    return 0
+
+
+def cmd_layers(args) -> int:
+    import pandas as pd
+
+    from jaxcnn.models import get_model, layer_rows
+
+    layers = get_model(_model_name(args.model)).layers(args.batch, _dtype(args.dtype))
+    table = pd.DataFrame(layer_rows(layers))
+    table["gflop"] = table["flops"] / 1e9
+    table["mib"] = table["bytes"] / 2**20
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {len(table)} layers to {args.csv}")
+        return 0
+    columns = ["index", "name", "op", "input_shapes", "weight_shape", "output_shape", "gflop", "mib"]
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"total: {table['gflop'].sum():.3f} GFLOP, {table['mib'].sum():.1f} MiB of layer traffic")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    import jax
+
+    from jaxcnn.models import get_model
+    from jaxcnn.planner import jaxpr_buffers, live_bytes_lower_bound
+
+    spec = get_model(_model_name(args.model))
+    dtype = _dtype(args.dtype)
+    params = spec.abstract_params(dtype)
+    x = jax.ShapeDtypeStruct(spec.input_shape(args.batch), dtype)
+    forward = lambda p, x: spec.apply(p, x, backend=args.backend)  # noqa: E731
+    buffers = jaxpr_buffers(forward, params, x)
+    naive = sum(b.size_bytes for b in buffers)
+    bound = live_bytes_lower_bound(buffers)
+    analysis = jax.jit(forward).lower(params, x).compile().memory_analysis()
+    mib = lambda v: f"{v / 2**20:10.2f} MiB"  # noqa: E731
+    print(f"{args.model} batch={args.batch} {dtype} backend={args.backend}: {len(buffers)} intermediate buffers")
+    print(f"  no reuse (sum of intermediates) {mib(naive)}")
+    print(f"  lower bound (max live bytes)    {mib(bound)}")
+    if analysis is not None:
+        print(f"  XLA temp                        {mib(analysis.temp_size_in_bytes)}")
+        print(f"  XLA arguments / outputs         {mib(analysis.argument_size_in_bytes)} / "
+              f"{mib(analysis.output_size_in_bytes)}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import pandas as pd
+
+    from jaxcnn.store import Store
+
+    with Store(args.db) as store:
+        table = store.compare(args.run_a, args.run_b)
+    if table.empty:
+        raise CliError(f"runs {args.run_a} and {args.run_b} share no measured layers in {args.db}")
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    if not DASHBOARD_APP.exists():
+        raise CliError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
+    env = dict(os.environ, JAXCNN_DB=str(Path(args.db).resolve()))
+    command = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
+               "--server.address", args.address, "--server.port", str(args.port)]
+    return subprocess.call(command, env=env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxcnn.store import DEFAULT_FILENAME
+
+    default_db = os.environ.get("JAXCNN_DB", DEFAULT_FILENAME)
+    parser = argparse.ArgumentParser(prog="jaxcnn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p, batch=1, dtype="bf16"):
+        p.add_argument("model", help="zoo model name (see `jaxcnn layers --help`)")
+        p.add_argument("--batch", type=int, default=batch)
+        p.add_argument("--dtype", default=dtype, help="bf16, fp16 or fp32")
+
+    p = sub.add_parser("profile", help="time every layer and the whole model on each backend into the store")
+    model_args(p)
+    p.add_argument("--backend", default="both", help="xla, jaxcnn or both")
+    p.add_argument("--db", default=default_db)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-sparsity", action="store_true", help="skip the activation sparsity pass")
+    p.add_argument("--note", default="")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(run=cmd_profile)
+
+    p = sub.add_parser("layers", help="the model's layer table: shapes, FLOPs, bytes")
+    model_args(p)
+    p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
+    p.set_defaults(run=cmd_layers)
+
+    p = sub.add_parser("plan", help="memory of the model: buffers, lower bound, XLA's assignment")
+    model_args(p)
+    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
+    p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("compare", help="per-layer device time of two stored runs")
+    p.add_argument("run_a", type=int)
+    p.add_argument("run_b", type=int)
+    p.add_argument("--db", default=default_db)
+    p.set_defaults(run=cmd_compare)
+
+    p = sub.add_parser("dashboard", help="start the Streamlit dashboard on the store")
+    p.add_argument("--db", default=default_db)
+    p.add_argument("--address", default="127.0.0.1", help="bind address (localhost by default)")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(run=cmd_dashboard)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "batch", 1) is not None and getattr(args, "batch", 1) < 1:
+        parser.error("--batch must be >= 1")
+    try:
+        return args.run(args)
+    except CliError as err:
+        print(f"jaxcnn: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

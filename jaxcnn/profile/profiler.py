@@ -1,0 +1,220 @@
+"""Profile a zoo model (or any function): per-layer device time for each backend, end-to-end
+device time and wall latency, activation sparsity, FLOPs/bytes and % of floor, XLA memory
+stats and the environment; optionally recorded into the SQLite store.
+
+On a machine without a GPU it profiles the reference (lax) path with host wall time and says
+so (`is_device_time=False`, run note).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxcnn.models import get_model
+from jaxcnn.models.backends import get_ops
+from jaxcnn.models.layers import LayerInfo, Net
+from jaxcnn.profile.device_time import TimingStats, device_time, device_times, wall_time
+from jaxcnn.profile.environment import collect_environment
+from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
+
+BACKENDS = ("xla", "jaxcnn")
+
+
+@dataclass
+class LayerProfile:
+    info: LayerInfo
+    times: dict[str, TimingStats]  # backend -> timing of the layer alone
+    input_zero_fraction: float | None = None
+    output_zero_fraction: float | None = None
+    floor: dict[str, Any] | None = None
+
+
+@dataclass
+class ModelProfile:
+    model: str
+    batch: int
+    dtype: str
+    backends: tuple[str, ...]
+    is_device_time: bool
+    layers: list[LayerProfile]
+    end_to_end: dict[str, TimingStats]
+    wall: dict[str, TimingStats]
+    memory: dict[str, dict[str, int]]
+    environment: dict[str, Any]
+    note: str = ""
+    run_ids: dict[str, int] = field(default_factory=dict)
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        """One row per layer and backend, for pandas."""
+        rows = []
+        for index, layer in enumerate(self.layers):
+            for backend, timing in layer.times.items():
+                rows.append(dict(
+                    index=index, name=layer.info.name, op=layer.info.op, backend=backend,
+                    median_ms=timing.median_ms, p10_ms=timing.p10_ms, p90_ms=timing.p90_ms,
+                    gflop=layer.info.flops / 1e9, mbytes=layer.info.bytes / 2**20,
+                    pct_of_floor=_pct_of_floor(layer.floor, timing.median_ms),
+                    input_zero_fraction=layer.input_zero_fraction,
+                ))
+        return rows
+
+
+def _pct_of_floor(floor: dict | None, median_ms: float) -> float | None:
+    if not floor or not median_ms:
+        return None
+    return 100.0 * floor["floor_ms"] / median_ms
+
+
+def _layer_key(info: LayerInfo) -> tuple:
+    """Layers that compute the same thing on the same shapes time the same: time them once."""
+    return (info.op, info.input_shapes, info.weight_shape, tuple(sorted(info.op_kwargs().items())))
+
+
+def time_layers(
+    spec, params, batch: int, dtype, backends: Sequence[str], *, ops: Sequence[str] | None,
+    iters: int, warmup: int, progress: Callable[[str], None] | None = None,
+) -> tuple[list[LayerInfo], dict[str, dict[tuple, TimingStats]]]:
+    """Each distinct layer alone on each backend, all in one profiler trace per backend."""
+    infos = spec.layers(batch, dtype)
+    timings: dict[str, dict[tuple, TimingStats]] = {}
+    for backend in backends:
+        unique = {}
+        for layer_fn in spec.layer_fns(params, batch, dtype, backend, ops=tuple(ops) if ops else None):
+            unique.setdefault(_layer_key(layer_fn.info), layer_fn)
+        cases = [(key, lf.fn, lf.example_args) for key, lf in unique.items()]
+        timings[backend] = device_times(
+            cases, iters=iters, warmup=warmup,
+            progress=None if progress is None else (lambda key, b=backend: progress(f"{b} {key[0]}")),
+        )
+    return infos, timings
+
+
+def _zero_fraction(x) -> float:
+    return float(jnp.mean((x == 0).astype(jnp.float32)))
+
+
+def activation_sparsity(spec, params, x, backend: str = "xla") -> list[tuple[float, float]]:
+    """(input, output) zero fractions of every layer, in the layer table's order, from one
+    eager forward pass on `x` whose ops record what they see."""
+    record: list[tuple[float, float]] = []
+
+    def recording(fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            record.append((_zero_fraction(args[0]), _zero_fraction(out)))
+            return out
+        return run
+
+    ops = {name: recording(fn) for name, fn in get_ops(backend).items()}
+    spec.body(Net(ops, params), x)
+    return record
+
+
+def memory_stats(fn: Callable, *args) -> dict[str, int]:
+    """XLA's compiled memory analysis (bytes) of jit(fn)(*args)."""
+    analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+    if analysis is None:
+        return {}
+    names = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+             "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
+    return {name: int(getattr(analysis, name)) for name in names if hasattr(analysis, name)}
+
+
+def sample_input(spec, batch: int, dtype, seed: int = 0):
+    """A realistic-ish image batch: smooth-ish random values, not zeros."""
+    return jax.random.normal(jax.random.PRNGKey(seed + 1), spec.input_shape(batch), jnp.float32).astype(dtype)
+
+
+def profile_model(
+    name: str,
+    *,
+    batch: int = 1,
+    dtype: Any = "bfloat16",
+    backends: Sequence[str] = BACKENDS,
+    iters: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    layer_ops: Sequence[str] | None = None,
+    sparsity: bool = True,
+    predict: bool = True,
+    store: Any = None,
+    note: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> ModelProfile:
+    """Profile zoo model `name`. `store`: a jaxcnn.store.Store, a path, or None (not stored).
+
+    layer_ops: which layer ops to time alone (default: all); every backend's end-to-end time
+    is always measured.
+    """
+    for backend in backends:
+        get_ops(backend)  # unknown backend -> ValueError before any work
+    spec = get_model(name)
+    dtype = jnp.dtype(dtype)
+    params = spec.init(seed, dtype)
+    x = sample_input(spec, batch, dtype, seed)
+    say = progress or (lambda message: None)
+
+    say("timing layers")
+    infos, layer_timings = time_layers(spec, params, batch, dtype, backends, ops=layer_ops,
+                                       iters=iters, warmup=warmup, progress=progress)
+    gpu = lookup_gpu_spec()
+    zero_fractions = activation_sparsity(spec, params, x) if sparsity else []
+    layers = []
+    for index, info in enumerate(infos):
+        key = _layer_key(info)
+        times = {b: layer_timings[b][key] for b in backends if key in layer_timings[b]}
+        zin, zout = zero_fractions[index] if index < len(zero_fractions) else (None, None)
+        floor = floor_ms(info.flops, info.bytes, gpu, dtype.name) if gpu else None
+        layers.append(LayerProfile(info, times, zin, zout, floor))
+
+    say("timing end to end")
+    forwards = {b: (lambda p, x, b=b: spec.apply(p, x, backend=b)) for b in backends}
+    end_to_end = device_times([(b, forwards[b], (params, x)) for b in backends], iters=iters, warmup=warmup)
+    wall = {b: wall_time(forwards[b], params, x, iters=iters, warmup=warmup) for b in backends}
+    memory = {b: memory_stats(forwards[b], params, x) for b in backends}
+    is_device = all(t.is_device_time for t in end_to_end.values())
+    if not is_device:
+        note = (note + " " if note else "") + (
+            "no GPU device time: CPU reference path, host wall time" if jax.default_backend() == "cpu"
+            else "no GPU device time: profiler trace had no kernel events")
+    profile = ModelProfile(name, batch, dtype.name, tuple(backends), is_device, layers, end_to_end,
+                           wall, memory, collect_environment(), note)
+    if store is not None:
+        say("recording")
+        from jaxcnn.profile.record import record_profile
+
+        record_profile(profile, store, predict=predict)
+    return profile
+
+
+def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
+    """A measurements-table row from a timing (extra: method, kernels)."""
+    extra = {k: v for k, v in dataclasses.asdict(timing).items()
+             if k in ("method", "note", "is_device_time", "kernels_per_call", "median_span_ms")}
+    kernels = getattr(timing, "kernels", ())
+    extra["kernels"] = [dataclasses.asdict(k) for k in kernels]
+    return dict(median=timing.median_ms, p10=timing.p10_ms, p90=timing.p90_ms, min=timing.min_ms,
+                max=timing.max_ms, n=timing.n, unit="ms", extra=json.loads(json.dumps(extra, default=str)),
+                **columns)
+
+
+def summarize(profile: ModelProfile) -> list[str]:
+    """Readable lines: end-to-end per backend and the slowest layers."""
+    lines = [f"{profile.model} batch={profile.batch} {profile.dtype} "
+             f"({'device time' if profile.is_device_time else 'host wall time: ' + profile.note})"]
+    base = profile.end_to_end.get("xla")
+    for backend, timing in profile.end_to_end.items():
+        ratio = f"  XLA/{backend} = {base.median_ms / timing.median_ms:.2f}" if base and backend != "xla" else ""
+        lines.append(f"  {backend:8s} end-to-end {timing.median_ms:9.4f} ms [{timing.p10_ms:.4f}-{timing.p90_ms:.4f}]"
+                     f"  wall {profile.wall[backend].median_ms:9.4f} ms{ratio}")
+    slow = sorted(profile.layers, key=lambda l: -max((t.median_ms for t in l.times.values()), default=0))[:5]
+    for layer in slow:
+        cells = "  ".join(f"{b} {t.median_ms:.4f} ms" for b, t in layer.times.items())
+        lines.append(f"  slow: {layer.info.name:28s} {layer.info.op:8s} {cells}")
+    return lines
