@@ -124,7 +124,9 @@ def cmd_compare(args) -> int:
     from jaxcnn.store import Store
 
     with Store(args.db) as store:
-        table = store.compare(args.run_a, args.run_b)
+        table = store.compare(args.run_a, args.run_b, metric=args.metric)
+        if table.empty and args.metric == "device_time_ms":  # CPU runs record host wall time
+            table = store.compare(args.run_a, args.run_b, metric="wall_time_ms")
     if table.empty:
         raise CliError(f"runs {args.run_a} and {args.run_b} share no measured layers in {args.db}")
     with pd.option_context("display.max_rows", None, "display.width", 200):
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", type=int)
     p.add_argument("run_b", type=int)
     p.add_argument("--db", default=default_db)
+    p.add_argument("--metric", default="device_time_ms")
     p.set_defaults(run=cmd_compare)
 
     p = sub.add_parser("dashboard", help="start the Streamlit dashboard on the store")

@@ -1,0 +1,172 @@
+"""Opening a store file: identify it, create or migrate its schema, set it up for concurrent use."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from jaxcnn.store import _schema
+
+DEFAULT_FILENAME = "jaxcnn_profiles.sqlite"
+PATH_ENV_VAR = "JAXCNN_DB"
+
+# Long enough to wait out any other process's (short) write transaction.
+BUSY_TIMEOUT_S = 30.0
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEADER_BYTES = 100
+
+
+class StoreError(Exception):
+    """The file cannot be used as a jaxcnn profile store (corrupt, foreign, too new, closed...)."""
+
+
+def resolve_path(path: str | os.PathLike | None) -> Path:
+    """`path`, else $JAXCNN_DB, else jaxcnn_profiles.sqlite in the current directory."""
+    if path is None:
+        path = os.environ.get(PATH_ENV_VAR) or Path.cwd() / DEFAULT_FILENAME
+    return Path(path).expanduser()
+
+
+def open_connection(path: Path) -> sqlite3.Connection:
+    """A connection to the store at `path`, its schema created or migrated to the current version."""
+    check_file_header(path)
+    try:
+        # isolation_level=None: no implicit transactions; writers use write_transaction().
+        # check_same_thread=False: a Store may be shared across threads (its methods hold a lock).
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open profile store {path}: {exc}") from exc
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")  # per connection, off by default in SQLite
+        ensure_schema(conn, path)
+        enable_wal(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreError(f"cannot open profile store {path}: {exc} (corrupt file?)") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def check_file_header(path: Path) -> None:
+    """Reject a non-SQLite or truncated file before SQLite gets to touch it."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return  # SQLite treats an empty file as a new database
+        with open(path, "rb") as f:
+            header = f.read(_HEADER_BYTES)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot open profile store {path}: {exc}") from exc
+    if len(header) < _HEADER_BYTES or not header.startswith(_SQLITE_MAGIC):
+        raise StoreError(
+            f"{path} is not a jaxcnn profile store: not a SQLite database (corrupt or another kind of file)"
+        )
+    expected = _size_from_header(header)
+    # With a -wal or -journal file beside it the file may legitimately lag its header.
+    has_sidecar = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    if expected is not None and size < expected and not has_sidecar:
+        raise StoreError(f"profile store {path} is truncated: {size} bytes, its header says {expected} (corrupt file)")
+
+
+def _size_from_header(header: bytes) -> int | None:
+    """Database size in bytes recorded in the header, None when the header does not vouch for it."""
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    page_count = int.from_bytes(header[28:32], "big")
+    change_counter, valid_for = header[24:28], header[92:96]
+    if page_count == 0 or change_counter != valid_for:
+        return None
+    return page_size * page_count
+
+
+def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the schema in a new file, or run the pending migrations of an older one."""
+    latest = len(_schema.MIGRATIONS)
+    if read_schema_version(conn, path) == latest:
+        return
+    with write_transaction(conn):
+        # Read again under the write lock: another process may have done the work meanwhile.
+        version = read_schema_version(conn, path)
+        if version is None:
+            _schema.run_script(conn, _schema.BOOTSTRAP)
+            version = 0
+        for target in range(version + 1, latest + 1):
+            _migrate(conn, path, target)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path, target: int) -> None:
+    try:
+        _schema.MIGRATIONS[target - 1](conn)
+    except Exception as exc:
+        raise StoreError(f"{path}: migrating the schema to version {target} failed: {exc}") from exc
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(target),))
+
+
+def read_schema_version(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The store's schema version; None for a blank database; StoreError for anything else."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    tables = sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    if app_id == 0 and not tables:
+        return None
+    if app_id != _schema.APPLICATION_ID:
+        listed = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
+        raise StoreError(
+            f"{path} is not a jaxcnn profile store (a SQLite database with application_id "
+            f"{app_id:#010x} and tables: {listed or 'none'})"
+        )
+    meta = dict(conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+    if meta.get("application") != _schema.APPLICATION_MARKER:
+        raise StoreError(f"{path} is not a jaxcnn profile store (jaxcnn application_id but no jaxcnn meta table)")
+    version = meta.get("schema_version", "")
+    if not version.isdigit():
+        raise StoreError(f"profile store {path} is damaged: bad schema_version {version!r} in its meta table")
+    version = int(version)
+    latest = len(_schema.MIGRATIONS)
+    if version > latest:
+        raise StoreError(
+            f"profile store {path} has schema version {version}, newer than this jaxcnn supports "
+            f"({latest}); upgrade jaxcnn to open it"
+        )
+    return version
+
+
+def enable_wal(conn: sqlite3.Connection) -> None:
+    """WAL lets readers run beside a writer; the mode is stored in the file, so set it once."""
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        conn.execute("PRAGMA journal_mode = WAL")
+    # In WAL mode NORMAL cannot corrupt the file; a power cut may only lose the last commits.
+    conn.execute("PRAGMA synchronous = NORMAL")
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """All-or-nothing write. IMMEDIATE takes the write lock up front (waiting up to the busy
+    timeout): a deferred transaction that later upgrades to a writer fails at once with
+    'database is locked' when another process wrote in between."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextmanager
+def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One consistent snapshot across several SELECTs (WAL readers never block writers)."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
