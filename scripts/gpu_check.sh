@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# GPU check for a machine with no network: build against the local jaxlib, run the GPU tests,
-# run compute-sanitizer on the standalone kernel self-test, run the layer benchmark, and write
-# a report (<gpu>-<date>-foundation.{json,md}) into the directory given as $1.
-#   usage: bash scripts/gpu_check.sh OUTDIR [--quick]
+# GPU check for a machine with no network: build against the local jaxlib, then run the chosen
+# sections and write a report (<gpu>-<date>-<label>.{json,md}) into the directory given as $1.
+#   usage: bash scripts/gpu_check.sh OUTDIR [SECTIONS] [--quick]
+#   SECTIONS (comma list, default tests,sanitizer,bench):
+#     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too)
+#     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
+#     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
+#     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
+#     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA
+#     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
+#   REPORT_LABEL names the report (default: the sections joined by '+').
 set -uo pipefail
-OUT=${1:?usage: gpu_check.sh OUTDIR [--quick]}
-QUICK=${2:-}
+OUT=${1:?usage: gpu_check.sh OUTDIR [SECTIONS] [--quick]}
+SECTIONS=${2:-tests,sanitizer,bench}
+QUICK=${3:-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # An absolute path that keeps a venv's python a venv python (no symlink resolution).
 PY_ABS=$(cd "$(dirname "$(command -v "$PY")")" && pwd)/$(basename "$PY")
+LABEL=${REPORT_LABEL:-${SECTIONS//,/+}}
+RAW="$OUT/raw"
 LOG="$OUT/gpu_check.log"
-STEPS="$OUT/.steps.tsv"
+STEPS="$RAW/steps.tsv"
+mkdir -p "$RAW"
 : >"$LOG"
 : >"$STEPS"
 export PYTHONUNBUFFERED=1 JAXCNN_STRICT=1
+
+has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 
 # step NAME CMD...: runs CMD, appends its output to the log, records rc and seconds.
 step() {
@@ -31,29 +44,59 @@ step() {
 }
 
 step environment bash -c "nvidia-smi; $PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())'; nvcc --version; cmake --version | head -1"
-
 # Build against this machine's jaxlib (FFI headers must not be newer than the runtime's).
-JAXCNN_CUDA=ON step build $PY -m pip install --no-build-isolation --no-deps -e . || true
+JAXCNN_CUDA=ON step build $PY -m pip install --no-build-isolation --no-deps -e .
 step import $PY -c "import jaxcnn; jaxcnn.require_cuda(); from jaxcnn import _ffi; print(_ffi.library_state())"
 
-step pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/.pytest_gpu.xml" tests
-if [ "$QUICK" != "--quick" ]; then
-  # The default suite on a GPU machine runs the kernels too (default device is the GPU).
-  step pytest_default $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/.pytest_default.xml" tests
+if has tests; then
+  step pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_gpu.xml" tests
+  [ "$QUICK" = "--quick" ] || \
+    step pytest_default $PY -m pytest -q -p no:cacheprovider --junitxml="$RAW/pytest_default.xml" tests
 fi
 
-# Standalone self-test (no JAX) under compute-sanitizer.
-SELFTEST_BUILD=build/selftest
-step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
-SELFTEST=$SELFTEST_BUILD/conv2d_selftest
-step selftest "$SELFTEST"
-step memcheck compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 "$SELFTEST"
-step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$SELFTEST"
-step synccheck compute-sanitizer --tool synccheck --error-exitcode 3 "$SELFTEST"
-step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$SELFTEST"
+if has sanitizer; then
+  SELFTEST_BUILD=build/selftest
+  step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
+  SELFTEST=$SELFTEST_BUILD/conv2d_selftest
+  step selftest "$SELFTEST"
+  for tool in memcheck racecheck synccheck initcheck; do
+    extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
+    step "$tool" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$SELFTEST"
+  done
+fi
 
-BENCH_ARGS=(--out "$OUT")
-[ "$QUICK" = "--quick" ] && BENCH_ARGS+=(--quick)
-step bench $PY scripts/bench_layers.py "${BENCH_ARGS[@]}"
+if has bench; then
+  BENCH_ARGS=(--out "$RAW")
+  [ "$QUICK" = "--quick" ] && BENCH_ARGS+=(--quick)
+  step bench $PY scripts/bench_layers.py "${BENCH_ARGS[@]}"
+fi
 
-$PY scripts/foundation_report.py --out "$OUT" --steps "$STEPS" --log "$LOG"
+if has zoo; then
+  GPU_SLUG=$($PY -c "import jax, re; print(re.sub('[^a-z0-9]+', '', jax.devices()[0].device_kind.lower().replace('nvidia', '')) or 'gpu')")
+  ZOO_BATCHES=${ZOO_BATCHES:-1,64}
+  ZOO_MODELS=${ZOO_MODELS:-$($PY -c "from jaxcnn.models import list_models; print(','.join(list_models()))")}
+  step zoo $PY scripts/profile_zoo.py --db "$RAW/zoo.sqlite" --batches "$ZOO_BATCHES" --models "$ZOO_MODELS" \
+    --export "$OUT/$GPU_SLUG-$(date +%F)-zoo_profiles.json"
+fi
+
+if has ncu; then
+  NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 alex_c2:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1_b1:bf16 vgg_c3_1:fp32"}
+  cases=()
+  for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
+  step ncu $PY scripts/ncu_collect.py --out "$RAW/ncu.csv" "${cases[@]}"
+fi
+
+if has perfmodel; then
+  PM_ARGS=(--bench "$RAW/bench_layers.json" --out "$RAW")
+  [ -s "$RAW/ncu.csv" ] && PM_ARGS+=(--ncu "$RAW/ncu.csv")
+  [ -f "$RAW/zoo.sqlite" ] && PM_ARGS+=(--store "$RAW/zoo.sqlite")
+  step perfmodel $PY scripts/validate_perfmodel.py "${PM_ARGS[@]}"
+fi
+
+EXTRA=()
+for f in "$RAW/perfmodel_validation.json"; do [ -f "$f" ] && EXTRA+=("$f"); done
+$PY scripts/gpu_check_report.py --out "$OUT" --raw "$RAW" --steps "$STEPS" --log "$LOG" --label "$LABEL" --extra "${EXTRA[@]}"
+rc=$?
+# Everything else travels back as one archive (the device tool returns at most 8 files).
+tar -czf "$OUT/raw.tar.gz" -C "$OUT" raw && rm -rf "$RAW"
+exit $rc

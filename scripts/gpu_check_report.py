@@ -1,4 +1,4 @@
-"""Combines the outputs of scripts/gpu_check.sh into <gpu>-<date>-foundation.{json,md}.
+"""Combines the outputs of scripts/gpu_check.sh into <gpu>-<date>-<label>.{json,md}.
 
 Inputs (all in --out): the step table gpu_check.sh wrote, pytest junit XML files, the log
 (compute-sanitizer summaries are read from it) and bench_layers.json.
@@ -60,13 +60,19 @@ def selftest_lines(log: str) -> list[str]:
 
 
 def gpu_slug(env: dict) -> str:
-    name = (env.get("gpu") or {}).get("name") or env.get("device_kind") or "unknown-gpu"
+    name = env.get("gpu_name") or env.get("device_kind") or "unknown-gpu"
     match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", str(name).upper())
     return (match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", str(name).lower())).lower()
 
 
+def _environment() -> dict:
+    from jaxcnn.profile.environment import collect_environment
+
+    return collect_environment()
+
+
 def render_md(report: dict, bench_md: str) -> str:
-    lines = [f"# jaxcnn foundation GPU check — {report['gpu']} — {report['date']}", ""]
+    lines = [f"# jaxcnn GPU check ({report['label']}) — {report['gpu']} — {report['date']}", ""]
     env = report.get("environment", {})
     lines += ["```", json.dumps(env, indent=1)[:3000], "```", "", "## Steps", "",
               "| step | rc | seconds |", "| --- | --- | --- |"]
@@ -88,27 +94,33 @@ def render_md(report: dict, bench_md: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--raw", type=Path, required=True, help="where the sections wrote their files")
     parser.add_argument("--steps", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True)
+    parser.add_argument("--label", default="gpu_check", help="report name: <gpu>-<date>-<label>")
+    parser.add_argument("--extra", type=Path, nargs="*", default=[],
+                        help="JSON files of other sections (zoo, perfmodel) to embed by file stem")
     args = parser.parse_args()
     log = args.log.read_text(errors="replace")
-    bench_json = args.out / "bench_layers.json"
+    bench_json = args.raw / "bench_layers.json"
     bench = json.loads(bench_json.read_text()) if bench_json.exists() else {}
-    env = bench.get("environment", {})
+    env = bench.get("environment") or _environment()
     date = dt.date.today().isoformat()
     report = dict(
         gpu=gpu_slug(env),
         date=date,
+        label=args.label,
         environment=env,
         steps=read_steps(args.steps),
-        pytest={name: junit_counts(args.out / f".{name}.xml") for name in ("pytest_gpu", "pytest_default")},
+        pytest={name: junit_counts(args.raw / f"{name}.xml") for name in ("pytest_gpu", "pytest_default")},
         sanitizer=sanitizer_summaries(log),
         selftest=selftest_lines(log),
         bench_rows=bench.get("rows", []),
+        sections={path.stem: json.loads(path.read_text()) for path in args.extra if path.exists()},
     )
-    stem = f"{report['gpu']}-{date}-foundation"
+    stem = f"{report['gpu']}-{date}-{args.label}"
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    bench_md_path = args.out / "bench_layers.md"
+    bench_md_path = args.raw / "bench_layers.md"
     bench_md = bench_md_path.read_text() if bench_md_path.exists() else "(benchmark did not run)"
     (args.out / f"{stem}.md").write_text(render_md(report, bench_md))
     print(render_md(report, "")[-4000:])

@@ -1,5 +1,6 @@
 // Build/ABI facts the Python side can query through ctypes before registering
 // handlers (e.g. to refuse a library built against a different FFI major).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -73,6 +74,16 @@ JAXCNN_INFO_EXPORT int jaxcnn_cuda_device_count() {
     return -1;
   }
   return count;
+}
+
+// Brackets the calls `ncu --profile-from-start off` measures (scripts/ncu_layer.py), so
+// XLA's compile-time autotuning kernels stay out of the counters. 0 on success.
+JAXCNN_INFO_EXPORT int jaxcnn_cuda_profiler_start() {
+  return static_cast<int>(cudaProfilerStart());
+}
+
+JAXCNN_INFO_EXPORT int jaxcnn_cuda_profiler_stop() {
+  return static_cast<int>(cudaProfilerStop());
 }
 
 }  // extern "C"
