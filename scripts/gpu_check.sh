@@ -87,7 +87,7 @@ if has ncu; then
 fi
 
 if has perfmodel; then
-  PM_ARGS=(--bench "$RAW/bench_layers.json" --out "$RAW")
+  PM_ARGS=(--bench "$RAW/bench_layers.json" --out "$RAW" --fit --cross-validate)
   [ -s "$RAW/ncu.csv" ] && PM_ARGS+=(--ncu "$RAW/ncu.csv")
   [ -f "$RAW/zoo.sqlite" ] && PM_ARGS+=(--store "$RAW/zoo.sqlite")
   step perfmodel $PY scripts/validate_perfmodel.py "${PM_ARGS[@]}"

@@ -10,6 +10,12 @@ on the same GPU entry.
 Precision classes used as keys: "bf16", "fp16" (tensor cores), "tf32" (tensor cores, what
 XLA's DEFAULT precision uses for float32 convolutions), "fp32" (true float32 on CUDA cores,
 what Precision.HIGHEST gives).
+
+The memory-hierarchy fields (L2 size and bandwidth, L1/shared size and bandwidth, occupancy
+limits) feed the analytical traffic/time model in jaxcnn.perfmodel. Their ceilings may also be
+"derived": computed from other datasheet numbers by the formula in the note. GPU_SPECS are the
+entries lookup_gpu_spec() matches against a device; MODEL_ONLY_SPECS (A100, V100) are there for
+the perfmodel's what-if predictions only (spec_by_name), since no bench floor was checked there.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ class Ceiling:
     """A throughput ceiling: FLOP/s or bytes/s."""
 
     per_s: float
-    source: str  # "measured" | "datasheet"
+    source: str  # "measured" | "datasheet" | "derived" (formula in note)
     note: str = ""
 
 
@@ -40,12 +46,32 @@ class GpuSpec:
     boost_clock_hz: float
     memory: Ceiling  # bytes/s, reads + writes
     compute: dict[str, Ceiling] = field(default_factory=dict)  # by precision class
+    # Memory hierarchy, for jaxcnn.perfmodel (0 / None: unknown).
+    memory_datasheet: Ceiling | None = None  # DRAM peak, where `memory` is a measured number
+    l2_bytes: int = 0
+    l2_bandwidth: Ceiling | None = None  # bytes/s the SMs can move through L2
+    l1_smem_per_sm_bytes: int = 0  # unified L1 + shared memory per SM
+    smem_per_sm_bytes: int = 0  # the most of it that can be shared memory
+    l1_bandwidth: Ceiling | None = None  # bytes/s, all SMs: 128 B/clk/SM * SMs * clock
+    fp32_lanes_per_sm: int = FP32_LANES_PER_SM
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
+    registers_per_sm: int = 65536
 
     @property
     def fp32_fma_peak(self) -> Ceiling:
-        """CUDA-core float32 FMA peak: SMs * 128 lanes * 2 FLOP * boost clock."""
-        flops = self.sm_count * FP32_LANES_PER_SM * 2 * self.boost_clock_hz
-        return Ceiling(flops, "datasheet", "SMs*128*2*boost clock")
+        """CUDA-core float32 FMA peak: SMs * FP32 lanes * 2 FLOP * boost clock."""
+        flops = self.sm_count * self.fp32_lanes_per_sm * 2 * self.boost_clock_hz
+        return Ceiling(flops, "datasheet", f"SMs*{self.fp32_lanes_per_sm}*2*boost clock")
+
+    def ceilings(self) -> dict[str, Ceiling]:
+        """Every ceiling of the entry by name, e.g. for a table of sources."""
+        named = {"dram": self.memory, "fp32_fma": self.fp32_fma_peak}
+        named |= {f"compute_{cls}": c for cls, c in self.compute.items()}
+        optional = dict(
+            dram_datasheet=self.memory_datasheet, l2=self.l2_bandwidth, l1=self.l1_bandwidth
+        )
+        return named | {k: c for k, c in optional.items() if c is not None}
 
 
 def _datasheet(per_s: float, note: str = "") -> Ceiling:
@@ -54,6 +80,31 @@ def _datasheet(per_s: float, note: str = "") -> Ceiling:
 
 def _measured(per_s: float, note: str) -> Ceiling:
     return Ceiling(per_s, "measured", note)
+
+
+def _l1_bandwidth(sm_count: int, clock_hz: float) -> Ceiling:
+    """L1/shared data path: 128 B/clk per SM (Volta through Hopper)."""
+    return Ceiling(128 * sm_count * clock_hz, "derived", "128 B/clk/SM * SMs * boost clock")
+
+
+def _l2_bandwidth(bytes_per_clk: int, clock_hz: float, note: str) -> Ceiling:
+    formula = f"{bytes_per_clk} B/clk * boost clock; {note}"
+    return Ceiling(bytes_per_clk * clock_hz, "derived", formula)
+
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+def _hopper_hierarchy(sm_count: int, clock_hz: float) -> dict[str, Any]:
+    """GH100 memory hierarchy (50 MB L2 on every H100/H200 product). NVIDIA publishes no Hopper
+    L2 bandwidth: assume A100's 5120 B/clk (A100 whitepaper) per clock."""
+    return dict(
+        l2_bytes=50 * MIB,
+        l2_bandwidth=_l2_bandwidth(5120, clock_hz, "A100's per-clock figure, assumed for Hopper"),
+        l1_smem_per_sm_bytes=256 * KIB,
+        smem_per_sm_bytes=228 * KIB,
+        l1_bandwidth=_l1_bandwidth(sm_count, clock_hz),
+    )
 
 
 # Ordered: the first entry whose pattern matches wins, so the H100 variants come before the
@@ -71,6 +122,8 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             "tf32": _datasheet(494.7e12, "dense"),
             "fp32": _measured(51e12, "fp32 GEMM at Precision.HIGHEST; CUDA-core peak 66.9"),
         },
+        memory_datasheet=_datasheet(4.8e12, "HBM3e"),
+        **_hopper_hierarchy(132, 1.98e9),
     ),
     GpuSpec(
         name="H100 PCIe",
@@ -84,6 +137,8 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             "tf32": _datasheet(378e12, "dense"),
             "fp32": _datasheet(51e12, "non-tensor"),
         },
+        memory_datasheet=_datasheet(2.0e12, "HBM2e"),
+        **_hopper_hierarchy(114, 1.755e9),
     ),
     GpuSpec(
         name="H100 NVL",
@@ -97,6 +152,8 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             "tf32": _datasheet(417.5e12, "dense"),
             "fp32": _datasheet(60e12, "non-tensor"),
         },
+        memory_datasheet=_datasheet(3.9e12, "HBM3"),
+        **_hopper_hierarchy(132, 1.785e9),
     ),
     GpuSpec(
         name="H100 SXM",
@@ -110,6 +167,50 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             "tf32": _datasheet(494.7e12, "dense"),
             "fp32": _datasheet(67e12, "non-tensor"),
         },
+        memory_datasheet=_datasheet(3.35e12, "HBM3"),
+        **_hopper_hierarchy(132, 1.98e9),
+    ),
+)
+
+# Not matched by lookup_gpu_spec (see the module docstring); reach them with spec_by_name.
+MODEL_ONLY_SPECS: tuple[GpuSpec, ...] = (
+    GpuSpec(
+        name="A100 SXM 80GB",
+        kind_pattern=r"\bA100\b.*80GB",
+        sm_count=108,
+        boost_clock_hz=1.41e9,
+        memory=_datasheet(2.039e12, "HBM2e"),
+        compute={
+            "bf16": _datasheet(312e12, "dense"),
+            "fp16": _datasheet(312e12, "dense"),
+            "tf32": _datasheet(156e12, "dense"),
+            "fp32": _datasheet(19.5e12, "non-tensor"),
+        },
+        memory_datasheet=_datasheet(2.039e12, "HBM2e"),
+        l2_bytes=40 * MIB,
+        l2_bandwidth=_l2_bandwidth(5120, 1.41e9, "A100 whitepaper L2 read bandwidth"),
+        l1_smem_per_sm_bytes=192 * KIB,
+        smem_per_sm_bytes=164 * KIB,
+        l1_bandwidth=_l1_bandwidth(108, 1.41e9),
+        fp32_lanes_per_sm=64,
+    ),
+    GpuSpec(
+        name="V100 SXM2",
+        kind_pattern=r"\bV100\b",
+        sm_count=80,
+        boost_clock_hz=1.53e9,
+        memory=_datasheet(900e9, "HBM2"),
+        compute={  # no bf16 and no TF32 on Volta
+            "fp16": _datasheet(125e12, "tensor"),
+            "fp32": _datasheet(15.7e12, "non-tensor"),
+        },
+        memory_datasheet=_datasheet(900e9, "HBM2"),
+        l2_bytes=6 * MIB,
+        l2_bandwidth=_l2_bandwidth(2048, 1.53e9, "A100 whitepaper's V100 figure"),
+        l1_smem_per_sm_bytes=128 * KIB,
+        smem_per_sm_bytes=96 * KIB,
+        l1_bandwidth=_l1_bandwidth(80, 1.53e9),
+        fp32_lanes_per_sm=64,
     ),
 )
 
@@ -147,6 +248,18 @@ def lookup_gpu_spec(device_kind: str | None = None) -> GpuSpec | None:
         if re.search(spec.kind_pattern, device_kind, flags=re.IGNORECASE):
             return spec
     return None
+
+
+def spec_by_name(name: str) -> GpuSpec:
+    """The entry (detectable or model-only) whose name or device-kind pattern matches `name`."""
+    specs = GPU_SPECS + MODEL_ONLY_SPECS
+    for spec in specs:
+        if spec.name.lower() == name.lower():
+            return spec
+    for spec in specs:
+        if re.search(spec.kind_pattern, name, flags=re.IGNORECASE):
+            return spec
+    raise KeyError(f"no GPU spec for {name!r}; known: {[s.name for s in specs]}")
 
 
 def floor_ms(flops: float, bytes: float, spec: GpuSpec, dtype: Any) -> dict[str, Any]:  # noqa: A002

@@ -1,0 +1,49 @@
+"""Analytical GPU traffic/time model of implicit-GEMM convolution (after DeLTA, Lym et al. 2019).
+
+    from jaxcnn.perfmodel import ConvLayer, predict
+    p = predict(ConvLayer(64, 56, 56, 128, 256, 3, 3, padding=1, dtype="bf16"), gpu="H200")
+    p.traffic.l2_bytes, p.time_ms, p.bound
+
+Modules: layer (shapes, GEMM view), tiling (CTA tilings, presets, kernel-name parsing), traffic
+(bytes at L1/L2/DRAM), timing (bounds -> time), factors (fitted parameters per GPU and their
+JSON), calibration (fitting them), model (predict, predict_table), validation (predicted vs
+measured).
+"""
+
+from jaxcnn.perfmodel.calibration import Calibration, Sample, calibrate
+from jaxcnn.perfmodel.factors import Factors, load_factors, save_factors
+from jaxcnn.perfmodel.layer import ConvLayer
+from jaxcnn.perfmodel.model import Prediction, predict, predict_layer_info, predict_table
+from jaxcnn.perfmodel.tiling import (
+    JAXCNN_DIRECT_64x64x16,
+    PRESETS,
+    Tiling,
+    auto_tiling,
+    get_tiling,
+    parse_kernel_tiling,
+)
+from jaxcnn.perfmodel.traffic import Traffic, traffic
+from jaxcnn.perfmodel.validation import validate
+
+__all__ = [
+    "Calibration",
+    "ConvLayer",
+    "Factors",
+    "JAXCNN_DIRECT_64x64x16",
+    "PRESETS",
+    "Prediction",
+    "Sample",
+    "Tiling",
+    "Traffic",
+    "auto_tiling",
+    "calibrate",
+    "get_tiling",
+    "load_factors",
+    "parse_kernel_tiling",
+    "predict",
+    "predict_layer_info",
+    "predict_table",
+    "save_factors",
+    "traffic",
+    "validate",
+]

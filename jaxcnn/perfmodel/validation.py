@@ -1,0 +1,510 @@
+"""Hold the model against measurements: bench_layers.json rows, the XLA baseline, ncu counters.
+
+A measurement is one (layer, dtype, variant) device time. Its measured time is that of the
+convolution kernel(s) alone (the model predicts one kernel); XLA's glue kernels around it (weight
+transpose, memset, NCHW<->NHWC conversions, padding) are left out and the all-kernel total is
+reported beside it. Rows whose convolution is not one implicit-GEMM kernel (FFT, XLA's own
+depthwise kernel, cuDNN's direct engine) are outside the model: reported, not scored.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+import statistics
+from collections import defaultdict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from jaxcnn.perfmodel.calibration import Sample, calibrate
+from jaxcnn.perfmodel.factors import Factors
+from jaxcnn.perfmodel.layer import ConvLayer
+from jaxcnn.perfmodel.model import BACKEND_IMPLS, predict
+from jaxcnn.perfmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
+from jaxcnn.perfmodel.traffic import ceil_div
+from jaxcnn.profile.gpu_specs import spec_by_name
+
+# Kernels XLA/cuDNN launch around the convolution itself.
+_GLUE = re.compile(
+    r"transpose|memset|_fusion|nhwcToNchw|nchwToNhwc|AddPadding|convertTensor", re.IGNORECASE
+)
+# Main kernels the model covers: one implicit GEMM (or a GEMM, for 1x1 convolutions).
+_IMPLICIT_GEMM = re.compile(r"implicit_gemm|conv2d_direct_kernel|nvjet|xmma_gemm")
+_OUT_OF_MODEL = (
+    (re.compile(r"fft|cf32"), "FFT algorithm"),
+    (re.compile(r"conv2d_c1_k1"), "XLA depthwise kernel"),
+    (re.compile(r"convolve_common_engine"), "cuDNN direct engine"),
+)
+# bench_layers.json timing keys -> (impl, XLA precision)
+BENCH_VARIANTS = {
+    "jaxcnn": ("jaxcnn_direct", "default"),
+    "xla_default": ("xla", "default"),
+    "xla_highest": ("xla", "highest"),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    label: str  # "<layer>/<dtype>/<variant>[/<source>]"
+    layer: ConvLayer
+    dtype: str  # as the bench names it: "bf16", "fp16", "fp32"
+    variant: str  # bench timing key: "jaxcnn", "xla_default", "xla_highest"
+    impl: str
+    precision: str
+    total_ms: float  # every kernel of the call
+    kernel_ms: float | None  # the convolution kernel(s); None when no kernel list was kept
+    main_kernel: str  # longest-running convolution kernel ("" if unknown)
+    scope_note: str = ""  # why the model does not cover it; "" when it does
+    source: str = "bench"
+    counters: dict[str, float] = field(default_factory=dict)  # ncu bytes by level
+
+    @property
+    def in_scope(self) -> bool:
+        return not self.scope_note
+
+    @property
+    def measured_ms(self) -> float:
+        return self.kernel_ms if self.kernel_ms is not None else self.total_ms
+
+    @property
+    def tiling(self) -> Tiling | str:
+        """The tiling the kernel name spells out, else "auto"."""
+        return parse_kernel_tiling(self.main_kernel) or "auto"
+
+    def sample(self) -> Sample:
+        return Sample(self.layer, self.measured_ms, self.impl, self.precision, self.tiling)
+
+
+def split_kernels(kernels: Iterable[tuple[str, float]]) -> tuple[float, str, str]:
+    """(convolution kernels' us, main kernel name, out-of-model note) of a call's kernels."""
+    conv = [(name, us) for name, us in kernels if not _GLUE.search(name)]
+    if not conv:
+        return 0.0, "", "no convolution kernel"
+    main = max(conv, key=lambda kv: kv[1])[0]
+    names = " ".join(name for name, _ in conv)
+    note = next((why for pattern, why in _OUT_OF_MODEL if pattern.search(names)), "")
+    if not note and not _IMPLICIT_GEMM.search(main):
+        note = "not an implicit-GEMM kernel"
+    return sum(us for _, us in conv), main, note
+
+
+def make_measurement(
+    layer: ConvLayer,
+    dtype: str,
+    variant: str,
+    total_ms: float,
+    kernels: Sequence[tuple[str, float]] | None,
+    source: str = "bench",
+) -> Measurement:
+    """A measurement of `variant` (a BENCH_VARIANTS key) with its call's (kernel, us) list;
+    kernels None or empty: only the total is known."""
+    impl, precision = BENCH_VARIANTS[variant]
+    conv_us, main, note = split_kernels(kernels) if kernels else (0.0, "", "")
+    suffix = "" if source == "bench" else f"/{source}"
+    return Measurement(
+        label=f"{layer.name}/{dtype}/{variant}{suffix}",
+        layer=layer,
+        dtype=dtype,
+        variant=variant,
+        impl=impl,
+        precision=precision,
+        total_ms=total_ms,
+        kernel_ms=conv_us * 1e-3 if kernels else None,
+        main_kernel=main,
+        scope_note=note,
+        source=source,
+    )
+
+
+def _kernel_list(kernels: Iterable[dict[str, Any]] | None) -> list[tuple[str, float]]:
+    return [(k["name"], k["us_per_call"]) for k in kernels or []]
+
+
+def measurements_from_bench(rows: Sequence[dict[str, Any]]) -> list[Measurement]:
+    """From bench_layers.json rows (schema: scripts/bench_layers.py)."""
+    found = []
+    for row in rows:
+        layer = ConvLayer.from_config(row["config"], row["dtype"], name=row["layer"])
+        for variant, timing in (row.get("timings") or {}).items():
+            if variant not in BENCH_VARIANTS or not timing or timing.get("median_ms") is None:
+                continue
+            kernels = _kernel_list(timing.get("kernels"))
+            time_ms = timing["median_ms"]
+            found.append(make_measurement(layer, row["dtype"], variant, time_ms, kernels))
+    return found
+
+
+# The baseline's (time key, kernel-list key, dtype, bench variant).
+_BASELINE_VARIANTS = (
+    ("bf16_ms", "kernels_bf16", "bf16", "xla_default"),
+    ("fp32_default_ms", None, "fp32", "xla_default"),
+    ("fp32_highest_ms", "kernels_fp32_highest", "fp32", "xla_highest"),
+)
+
+
+def measurements_from_baseline(
+    entries: Sequence[dict[str, Any]], configs: dict[str, dict[str, Any]]
+) -> list[Measurement]:
+    """From /work/shared/baseline/h200-xla-device-time-*.json (XLA only; names cut at 60
+    characters, so no tile sizes: the tiling is auto). Shapes come from `configs` (layer ->
+    bench config); entries without one (whole networks) are skipped."""
+    found = []
+    for entry in entries:
+        config = configs.get(entry.get("layer", ""))
+        if config is None:
+            continue
+        for time_key, kernels_key, dtype, variant in _BASELINE_VARIANTS:
+            if entry.get(time_key) is None:
+                continue
+            layer = ConvLayer.from_config(config, dtype, name=entry["layer"])
+            kernels = [tuple(k) for k in entry.get(kernels_key) or []] if kernels_key else None
+            found.append(
+                make_measurement(layer, dtype, variant, entry[time_key], kernels, "baseline")
+            )
+    return found
+
+
+def measurements_from_store(path: str | Path) -> list[Measurement]:
+    """Per-layer device times of conv2d layers in a profile store (scripts/profile_zoo.py):
+    backend "xla" -> XLA at default precision, "jaxcnn" -> our direct kernel."""
+    import pandas as pd  # the store's readers return DataFrames
+
+    from jaxcnn.store import Store
+
+    with Store(path) as store:
+        layers = store.layers()
+        times = store.measurements(metric="device_time_ms")
+    convs = {int(row.id): row for row in layers.itertuples() if row.op == "conv2d"}
+    found = []
+    for row in times.itertuples():
+        impl = BACKEND_IMPLS.get(row.backend)
+        layer_row = None if pd.isna(row.layer_id) else convs.get(int(row.layer_id))
+        if layer_row is None or impl is None:
+            continue
+        params = layer_row.params or {}
+        info = SimpleNamespace(
+            name=f"run{row.run_id}:{layer_row.name}",
+            input_shapes=layer_row.input_shapes,
+            weight_shape=layer_row.weight_shape,
+            **{key: params.get(key) for key in ("stride", "padding", "dilation", "groups")},
+            dtype=params.get("dtype", "float32"),
+        )
+        layer = ConvLayer.from_layer_info(info)
+        kernels = _kernel_list((row.extra or {}).get("kernels"))
+        variant = "jaxcnn" if impl == "jaxcnn_direct" else "xla_default"
+        time_ms = float(row.median)
+        found.append(make_measurement(layer, layer.dtype, variant, time_ms, kernels, "store"))
+    return found
+
+
+# ---------------------------------------------------------------- ncu counters
+
+NCU_METRICS = {"dram__bytes.sum": "dram", "lts__t_bytes.sum": "l2", "l1tex__t_bytes.sum": "l1"}
+_UNIT_BYTES = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+               "kibyte": 1024, "mibyte": 1024**2, "gibyte": 1024**3}
+
+
+@dataclass
+class NcuKernel:
+    """Byte counters of one kernel launch (raw ncu CSV) or of one kernel of one bench case
+    (the tidy CSV of scripts/ncu_collect.py: layer, dtype, variant, kernel, metric, unit, value)."""
+
+    name: str
+    grid: str = ""
+    layer: str = ""
+    dtype: str = ""
+    variant: str = ""
+    bytes: dict[str, float] = field(default_factory=dict)  # level -> bytes
+
+    @property
+    def case(self) -> tuple[str, str, str]:
+        return (self.layer, self.dtype, self.variant)
+
+
+def base_kernel_name(name: str) -> str:
+    """ "void ns::kern<float>(args)" -> "kern": what ncu's and the profiler's names share."""
+    name = name.strip().removeprefix("void ").split("(")[0].split("<")[0]
+    return name.split("::")[-1].strip()
+
+
+def _bytes(value: str, unit: str) -> float:
+    value = value.replace(",", "").strip()
+    if value in ("", "n/a"):
+        return 0.0
+    return float(value) * _UNIT_BYTES.get(unit.strip().lower() or "byte", 1)
+
+
+def read_ncu_csv(path: str | Path) -> list[NcuKernel]:
+    """Either `ncu --csv --metrics dram__bytes.sum,lts__t_bytes.sum,l1tex__t_bytes.sum` output
+    (one row per launch ID and metric) or scripts/ncu_collect.py's tidy CSV."""
+    with open(path, newline="") as handle:
+        text = [line for line in handle if line.strip() and not line.startswith("==")]
+    rows = list(csv.DictReader(text))
+    kernels: dict[tuple, NcuKernel] = {}
+    for row in rows:
+        tidy = "metric" in row
+        level = NCU_METRICS.get(row["metric"] if tidy else row.get("Metric Name", ""))
+        if level is None:
+            continue
+        if tidy:
+            key = (row["layer"], row["dtype"], row["variant"], row["kernel"])
+            kernel = kernels.setdefault(key, NcuKernel(row["kernel"], "", *key[:3]))
+            value = _bytes(row["value"], row.get("unit", "byte"))
+            kernel.bytes[level] = kernel.bytes.get(level, 0.0) + value  # repeated launches add up
+        else:
+            name, grid = row.get("Kernel Name", ""), row.get("Grid Size", "")
+            kernel = kernels.setdefault((row["ID"],), NcuKernel(name, grid))
+            value = _bytes(row.get("Metric Value", ""), row.get("Metric Unit", "byte"))
+            kernel.bytes[level] = value
+    return list(kernels.values())
+
+
+def _sum_bytes(kernels: Iterable[NcuKernel]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
+    for kernel in kernels:
+        for level, value in kernel.bytes.items():
+            total[level] += value
+    return dict(total)
+
+
+def _launch_runs(kernels: Sequence[NcuKernel]) -> dict[str, deque[list[NcuKernel]]]:
+    """Runs of consecutive launches of one kernel base name and grid (a layer's repeats)."""
+    runs: dict[str, deque[list[NcuKernel]]] = defaultdict(deque)
+    previous = None
+    for kernel in kernels:
+        key = (base_kernel_name(kernel.name), kernel.grid)
+        if key != previous:
+            runs[key[0]].append([])
+            previous = key
+        runs[key[0]][-1].append(kernel)
+    return runs
+
+
+def _direct_kernel_grid(layer: ConvLayer) -> str:
+    """The grid our direct kernel launches, (M tiles, groups x N tiles, 1), as ncu prints it."""
+    tiling = JAXCNN_DIRECT_64x64x16
+    tiles_n = layer.groups * ceil_div(layer.gemm_n, tiling.nt)
+    return f"({ceil_div(layer.gemm_m, tiling.mt)}, {tiles_n}, 1)"
+
+
+def _counters_in_order(m: Measurement, runs: dict[str, deque[list[NcuKernel]]]) -> dict[str, float]:
+    """Raw ncu CSV, no case columns: ncu is assumed to have profiled the bench in bench order,
+    so the k-th run of launches of a kernel goes to the k-th measurement whose main kernel it
+    is (for our direct kernel, the next run with the grid the layer implies); mean per launch."""
+    queue = runs.get(base_kernel_name(m.main_kernel))
+    if not queue:
+        return {}
+    wanted = _direct_kernel_grid(m.layer) if m.impl == "jaxcnn_direct" else None
+    index = next((i for i, run in enumerate(queue) if wanted in (None, run[0].grid)), None)
+    if index is None:
+        return {}
+    run = queue[index]
+    del queue[index]
+    return {level: value / len(run) for level, value in _sum_bytes(run).items()}
+
+
+def attach_counters(
+    measurements: Sequence[Measurement], kernels: Sequence[NcuKernel]
+) -> list[Measurement]:
+    """Measurements with ncu bytes of their convolution kernels (glue kernels left out).
+
+    Tidy CSV (scripts/ncu_collect.py): the kernels of the same (layer, dtype, variant) case.
+    Raw ncu CSV: matched in order (_counters_in_order).
+    """
+    by_case: dict[tuple, list[NcuKernel]] = defaultdict(list)
+    for kernel in kernels:
+        if kernel.layer and not _GLUE.search(kernel.name):
+            by_case[kernel.case].append(kernel)
+    runs = _launch_runs([k for k in kernels if not k.layer])
+    attached = []
+    for m in measurements:
+        if m.source != "bench":  # ncu profiles the bench suite
+            attached.append(m)
+            continue
+        case = (m.layer.name, m.dtype, m.variant)
+        counters = _sum_bytes(by_case[case]) if case in by_case else _counters_in_order(m, runs)
+        attached.append(dataclasses.replace(m, counters=counters))
+    return attached
+
+
+# ---------------------------------------------------------------- predicted vs measured
+
+
+def prediction_rows(
+    measurements: Sequence[Measurement], gpu: str = "H200", factors: Factors | None = None
+) -> list[dict[str, Any]]:
+    """One row per measurement: predicted traffic and time next to the measured ones."""
+    rows = []
+    for m in measurements:
+        p = predict(m.layer, gpu, m.tiling, m.impl, m.precision, factors)
+        row = dict(
+            label=m.label,
+            layer=m.layer.name,
+            dtype=m.dtype,
+            variant=m.variant,
+            impl=m.impl,
+            precision=m.precision,
+            source=m.source,
+            tiling=p.tiling.name,
+            kernel=m.main_kernel,
+            in_scope=m.in_scope,
+            scope_note=m.scope_note,
+            measured_ms=m.measured_ms,
+            measured_kind="kernel" if m.kernel_ms is not None else "total",
+            total_ms=m.total_ms,
+            predicted_ms=p.time_ms,
+            bound=p.bound,
+            bound_ms={k: v * 1e3 for k, v in p.times.bound_times().items()},
+            latency_ms=p.times.latency_s * 1e3,
+            ctas=p.traffic.grid.ctas,
+            waves=p.traffic.grid.waves,
+            predicted_bytes=dict(
+                l1=p.traffic.l1_bytes, l2=p.traffic.l2_bytes, dram=p.traffic.dram_bytes
+            ),
+            ncu_bytes=dict(m.counters),
+        )
+        rows.append(row)
+    return rows
+
+
+def cross_validated_ms(
+    measurements: Sequence[Measurement], gpu: str = "H200", initial: Factors | None = None
+) -> dict[str, float]:
+    """Leave-one-layer-out: each measurement predicted with factors fitted on the other layers
+    only (every dtype, impl and source of its layer left out together). label -> ms."""
+    spec = spec_by_name(gpu)
+    scored = [m for m in measurements if m.in_scope]
+    predicted = {}
+    for name in sorted({m.layer.name for m in scored}):
+        training = [m.sample() for m in scored if m.layer.name != name]
+        factors = calibrate(spec, training, initial).factors
+        for m in scored:
+            if m.layer.name == name:
+                held_out = predict(m.layer, spec, m.tiling, m.impl, m.precision, factors)
+                predicted[m.label] = held_out.time_ms
+    return predicted
+
+
+def _abs_rel(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+def _summary(errors: Sequence[float]) -> dict[str, Any]:
+    if not errors:
+        return dict(n=0, median_abs_rel_error=None, max_abs_rel_error=None)
+    return dict(
+        n=len(errors),
+        median_abs_rel_error=statistics.median(errors),
+        max_abs_rel_error=max(errors),
+        within_10pct=sum(e <= 0.10 for e in errors),
+    )
+
+
+def validate(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per row |predicted - measured| / measured (time, and bytes per level where ncu gave
+    them); the median / max over in-scope rows, overall and per impl."""
+    scored = []
+    for row in rows:
+        row = dict(row)
+        row["abs_rel_error"] = _abs_rel(row["predicted_ms"], row["measured_ms"])
+        measured_bytes = row.get("ncu_bytes") or {}
+        row["bytes_abs_rel_error"] = {
+            level: _abs_rel(row["predicted_bytes"][level], value)
+            for level, value in measured_bytes.items()
+            if value and level in row.get("predicted_bytes", {})
+        }
+        scored.append(row)
+    counted = [r for r in scored if r.get("in_scope", True)]
+    by_impl = defaultdict(list)
+    for r in counted:
+        by_impl[r.get("impl", "")].append(r["abs_rel_error"])
+    bytes_errors = defaultdict(list)
+    for r in counted:
+        for level, error in r["bytes_abs_rel_error"].items():
+            bytes_errors[level].append(error)
+    summary = _summary([r["abs_rel_error"] for r in counted])
+    summary["by_impl"] = {impl: _summary(errors) for impl, errors in sorted(by_impl.items())}
+    summary["bytes"] = {level: _summary(errors) for level, errors in sorted(bytes_errors.items())}
+    summary["out_of_scope"] = len(scored) - len(counted)
+    return dict(rows=scored, summary=summary)
+
+
+# ---------------------------------------------------------------- report
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _mb(value: float | None) -> str:
+    return "-" if not value else f"{value / 1e6:.1f}"
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def to_markdown(report: dict[str, Any], title: str = "DeLTA model vs measurements") -> str:
+    summary = report["summary"]
+    lines = [f"# {title}", ""]
+    if report.get("gpu"):
+        lines.append(f"GPU: {report['gpu']}; factors: {report.get('factors_source', '')}")
+        lines.append("")
+    lines += [
+        f"In-scope measurements: {summary['n']} (out of scope: {summary['out_of_scope']}); "
+        f"median abs error {_pct(summary['median_abs_rel_error'])}, "
+        f"max {_pct(summary['max_abs_rel_error'])}, "
+        f"within 10%: {summary.get('within_10pct', 0)}.",
+        "",
+        "| impl | n | median | max |",
+        "|---|---:|---:|---:|",
+    ]
+    summaries = dict(summary["by_impl"])
+    summaries |= {f"bytes {level} (ncu)": s for level, s in summary["bytes"].items()}
+    for what, s in summaries.items():
+        median, worst = _pct(s["median_abs_rel_error"]), _pct(s["max_abs_rel_error"])
+        lines.append(f"| {what} | {s['n']} | {median} | {worst} |")
+    held_out = report.get("cross_validation")
+    if held_out:
+        by_impl = ", ".join(
+            f"{impl} {_pct(s['median_abs_rel_error'])} / {_pct(s['max_abs_rel_error'])}"
+            for impl, s in held_out["by_impl"].items()
+        )
+        lines += [
+            "",
+            f"Leave-one-layer-out (factors refitted without the layer): median "
+            f"{_pct(held_out['median_abs_rel_error'])}, max {_pct(held_out['max_abs_rel_error'])} "
+            f"over {held_out['n']} ({by_impl}).",
+        ]
+    if report.get("factors"):
+        lines += ["", "Factors: `" + json.dumps(_rounded(report["factors"])) + "`"]
+    lines += [
+        "",
+        "Measured = the convolution kernel's device time (`total` = every kernel of the call "
+        "where no kernel list was kept). Bytes in MB: predicted (ncu).",
+        "",
+        "| measurement | tiling | measured ms | total ms | predicted ms | error | bound "
+        "| L1 MB | L2 MB | DRAM MB | note |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for r in report["rows"]:
+        ncu = r.get("ncu_bytes") or {}
+        cells = [
+            f"{_mb(r['predicted_bytes'][lvl])}" + (f" ({_mb(ncu[lvl])})" if ncu.get(lvl) else "")
+            for lvl in ("l1", "l2", "dram")
+        ]
+        note = r["scope_note"] or ("" if r["measured_kind"] == "kernel" else "total time")
+        lines.append(
+            f"| {r['label']} | {r['tiling']} | {r['measured_ms']:.4f} | {r['total_ms']:.4f} | "
+            f"{r['predicted_ms']:.4f} | {_pct(r['abs_rel_error'])} | {r['bound']} | "
+            + " | ".join(cells)
+            + f" | {note} |"
+        )
+    return "\n".join(lines) + "\n"
