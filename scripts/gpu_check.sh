@@ -80,7 +80,7 @@ if has zoo; then
 fi
 
 if has ncu; then
-  NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 alex_c2:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1_b1:bf16 vgg_c3_1:fp32"}
+  NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1:fp32"}
   cases=()
   for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
   step ncu $PY scripts/ncu_collect.py --out "$RAW/ncu.csv" "${cases[@]}"

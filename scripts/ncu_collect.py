@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Runs `ncu` on bench layers (scripts/ncu_layer.py: one call inside a profiler range) and
-writes one tidy CSV: layer, dtype, variant, kernel, metric, unit, value.
+"""Runs `ncu` once over many bench layer cases and writes one tidy CSV:
+layer, dtype, variant, kernel, metric, unit, value.
+
+A first plain run counts the kernels each case's call launches; the ncu run then profiles one
+call per case (scripts/ncu_layer.py), and its kernels are attributed to cases in launch order.
 
   python scripts/ncu_collect.py --out ncu.csv vgg_c3_1:bf16:jaxcnn vgg_c3_1:bf16:xla_default
 """
@@ -10,27 +13,36 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 METRICS = ("dram__bytes.sum", "lts__t_bytes.sum", "l1tex__t_bytes.sum", "gpu__time_duration.sum")
 SCRIPT = Path(__file__).resolve().parent / "ncu_layer.py"
+FIELDS = ["layer", "dtype", "variant", "kernel", "metric", "unit", "value"]
 
 
-def ncu_rows(layer: str, dtype: str, variant: str) -> list[dict[str, str]]:
+def kernel_counts(cases: list[str]) -> dict[str, int]:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--count", *cases],
+                          capture_output=True, text=True, timeout=900, check=True)
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    return {case: int(round(counts[case])) for case in cases}
+
+
+def ncu_kernel_rows(cases: list[str]) -> list[list[dict[str, str]]]:
+    """Metric rows grouped per profiled kernel, in launch order."""
     command = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
-               "--metrics", ",".join(METRICS), sys.executable, str(SCRIPT), layer, dtype, variant]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+               "--metrics", ",".join(METRICS), sys.executable, str(SCRIPT), *cases]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"ncu failed for {layer} {dtype} {variant}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"ncu failed: {done.stderr[-3000:]}")
     # ncu prints its own "==PROF==" lines and the program's output around the CSV.
     table = "\n".join(line for line in done.stdout.splitlines() if line.startswith('"'))
-    return [
-        dict(layer=layer, dtype=dtype, variant=variant, kernel=row["Kernel Name"],
-             metric=row["Metric Name"], unit=row["Metric Unit"], value=row["Metric Value"].replace(",", ""))
-        for row in csv.DictReader(io.StringIO(table))
-    ]
+    kernels: dict[str, list[dict[str, str]]] = {}
+    for row in csv.DictReader(io.StringIO(table)):
+        kernels.setdefault(row["ID"], []).append(row)
+    return [kernels[k] for k in sorted(kernels, key=int)]
 
 
 def main() -> int:
@@ -38,21 +50,25 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", help="layer:dtype:variant")
     args = parser.parse_args()
-    rows, failed = [], 0
+    counts = kernel_counts(args.cases)
+    kernels = ncu_kernel_rows(args.cases)
+    if len(kernels) != sum(counts.values()):
+        print(f"ncu profiled {len(kernels)} kernels, expected {sum(counts.values())} {counts}", file=sys.stderr)
+        return 1
+    out_rows, position = [], 0
     for case in args.cases:
-        try:
-            case_rows = ncu_rows(*case.split(":"))
-        except (RuntimeError, subprocess.TimeoutExpired) as err:
-            print(err, file=sys.stderr)
-            failed += 1
-            continue
-        rows += case_rows
-        print(f"{case}: {len(case_rows)} metric rows", flush=True)
+        layer, dtype, variant = case.split(":")
+        for kernel in kernels[position : position + counts[case]]:
+            out_rows += [dict(layer=layer, dtype=dtype, variant=variant, kernel=row["Kernel Name"],
+                              metric=row["Metric Name"], unit=row["Metric Unit"],
+                              value=row["Metric Value"].replace(",", "")) for row in kernel]
+        position += counts[case]
+        print(f"{case}: {counts[case]} kernel(s)", flush=True)
     with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["layer", "dtype", "variant", "kernel", "metric", "unit", "value"])
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
-    return 1 if failed else 0
+        writer.writerows(out_rows)
+    return 0
 
 
 if __name__ == "__main__":

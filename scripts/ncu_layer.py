@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Runs ONE bench layer variant once inside a CUDA profiler range, for
-`ncu --profile-from-start off` to read its memory counters (scripts/gpu_check.sh, section ncu).
+"""Runs bench layer variants for `ncu --profile-from-start off` (scripts/ncu_collect.py).
 
-Compiling and warming up happen before the range, so XLA's autotuning kernels stay out.
-  ncu --profile-from-start off --clock-control none --csv \
-      --metrics dram__bytes.sum,lts__t_bytes.sum,l1tex__t_bytes.sum \
-      python scripts/ncu_layer.py vgg_c3_1 bf16 jaxcnn
+Each case (layer:dtype:variant) is compiled and warmed up first, then called ONCE inside a
+CUDA profiler range, so XLA's compile-time autotuning kernels stay out of the counters.
+With --count it instead prints, per case, how many GPU kernels one call launches (from a
+jax.profiler trace; run it without ncu, both use CUPTI), so the profiled kernels can be
+attributed to cases in order.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
 from pathlib import Path
 
@@ -20,21 +21,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_layers import LAYERS_BY_NAME, make_inputs, variants  # noqa: E402
 
 from jaxcnn import _ffi  # noqa: E402
+from jaxcnn.profile import device_time  # noqa: E402
 
 
-def main(layer_name: str, dtype: str, variant: str) -> int:
+def prepared(case: str):
+    layer_name, dtype, variant = case.split(":")
     layer = LAYERS_BY_NAME[layer_name]
     fn = jax.jit(variants(layer, dtype)[variant])
     inputs = make_inputs(layer, dtype, seed=0)
-    jax.block_until_ready(fn(*inputs))
-    jax.block_until_ready(fn(*inputs))
+    for _ in range(2):
+        jax.block_until_ready(fn(*inputs))
+    return fn, inputs
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--count":
+        counts = {}
+        for case in argv[1:]:
+            fn, inputs = prepared(case)
+            counts[case] = device_time(fn, *inputs, iters=3).kernels_per_call
+
+        print(json.dumps(counts))
+        return 0
+    cases = [prepared(case) for case in argv]
     lib = ctypes.CDLL(_ffi.library_state().path)
-    if lib.jaxcnn_cuda_profiler_start() != 0:
-        raise RuntimeError("cudaProfilerStart failed")
-    jax.block_until_ready(fn(*inputs))
-    lib.jaxcnn_cuda_profiler_stop()
+    for fn, inputs in cases:
+        if lib.jaxcnn_cuda_profiler_start() != 0:
+            raise RuntimeError("cudaProfilerStart failed")
+        jax.block_until_ready(fn(*inputs))
+        lib.jaxcnn_cuda_profiler_stop()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(*sys.argv[1:4]))
+    raise SystemExit(main(sys.argv[1:]))
