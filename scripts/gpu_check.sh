@@ -76,6 +76,7 @@ if has zoo; then
   ZOO_BATCHES=${ZOO_BATCHES:-1,64}
   ZOO_MODELS=${ZOO_MODELS:-$($PY -c "from jaxcnn.models import list_models; print(','.join(list_models()))")}
   step zoo $PY scripts/profile_zoo.py --db "$RAW/zoo.sqlite" --batches "$ZOO_BATCHES" --models "$ZOO_MODELS" \
+    --iters "${ZOO_ITERS:-20}" \
     --export "$OUT/$GPU_SLUG-$(date +%F)-zoo_profiles.json"
 fi
 
