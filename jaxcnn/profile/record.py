@@ -19,9 +19,9 @@ def _layer_row(index: int, info) -> dict[str, Any]:
     params = dict(info.op_kwargs(), block=info.block, dtype=info.dtype)
     return dict(
         idx=index, name=info.name, op=info.op,
-        input_shapes=json.dumps([list(s) for s in info.input_shapes]),
-        weight_shape=None if info.weight_shape is None else json.dumps(list(info.weight_shape)),
-        output_shape=json.dumps(list(info.output_shape)),
+        input_shapes=[list(s) for s in info.input_shapes],
+        weight_shape=None if info.weight_shape is None else list(info.weight_shape),
+        output_shape=list(info.output_shape),
         params=json.loads(json.dumps(params, default=list)), flops=int(info.flops), bytes=int(info.bytes),
     )
 
