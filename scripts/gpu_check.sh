@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # An absolute path that keeps a venv's python a venv python (no symlink resolution).
 PY_ABS=$(cd "$(dirname "$(command -v "$PY")")" && pwd)/$(basename "$PY")
-LABEL=${REPORT_LABEL:-${SECTIONS//,/+}}
+LABEL=${REPORT_LABEL:-${SECTIONS//,/_}}
 RAW="$OUT/raw"
 LOG="$OUT/gpu_check.log"
 STEPS="$RAW/steps.tsv"
