@@ -57,7 +57,7 @@ inline ffi::Error CudaErrorToFfi(cudaError_t status, const char* where) {
       return ::jaxcnn::CudaErrorToFfi(jaxcnn_cuda_status_, where); \
   } while (0)
 
-// Maps a floating ffi::DataType to its CUDA storage type and float conversions.
+// Maps a floating ffi::DataType to its CUDA storage type (conversions: float_convert.cuh).
 template <ffi::DataType dtype>
 struct DTypeTraits;
 
@@ -65,32 +65,18 @@ template <>
 struct DTypeTraits<ffi::DataType::F32> {
   using type = float;
   static constexpr const char* kName = "float32";
-  static __host__ __device__ inline float to_float(type v) { return v; }
-  static __host__ __device__ inline type from_float(float v) { return v; }
 };
 
 template <>
 struct DTypeTraits<ffi::DataType::BF16> {
   using type = __nv_bfloat16;
   static constexpr const char* kName = "bfloat16";
-  static __host__ __device__ inline float to_float(type v) {
-    return __bfloat162float(v);
-  }
-  static __host__ __device__ inline type from_float(float v) {
-    return __float2bfloat16_rn(v);
-  }
 };
 
 template <>
 struct DTypeTraits<ffi::DataType::F16> {
   using type = __half;
   static constexpr const char* kName = "float16";
-  static __host__ __device__ inline float to_float(type v) {
-    return __half2float(v);
-  }
-  static __host__ __device__ inline type from_float(float v) {
-    return __float2half_rn(v);
-  }
 };
 
 inline bool IsSupportedFloatType(ffi::DataType dtype) {

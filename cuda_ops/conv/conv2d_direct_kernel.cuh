@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "common/float_convert.cuh"
+
 namespace jaxcnn {
 namespace conv2d_direct {
 
@@ -60,27 +62,6 @@ struct SharedStorage {
   float a[2][kTileK][kSmemStrideA];
   float b[2][kTileK][kTileN];
 };
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // Global -> register -> shared gather of the A (im2col) and B (weight) tiles.
 template <typename T>

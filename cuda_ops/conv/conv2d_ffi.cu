@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "common/ffi_common.h"
 #include "conv/conv2d_direct.h"
@@ -183,35 +184,34 @@ extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwdNoBias(
 
 // Command-buffer (CUDA graph) compatible: the handler only launches a kernel
 // on the given stream; no sync, no allocation, no device queries.
+namespace jaxcnn {
+// The conv attributes both handlers decode, in the order the implementations take them.
+template <typename Binding>
+auto WithConvAttrs(Binding binding) {
+  return std::move(binding).template Attr<int64_t>("stride_h")
+      .template Attr<int64_t>("stride_w")
+      .template Attr<int64_t>("pad_h")
+      .template Attr<int64_t>("pad_w")
+      .template Attr<int64_t>("dilation_h")
+      .template Attr<int64_t>("dilation_w")
+      .template Attr<int64_t>("groups")
+      .template Attr<int64_t>("activation");
+}
+}  // namespace jaxcnn
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                  .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                  .Arg<ffi::AnyBuffer>()  // bias [K]
-                                  .Ret<ffi::AnyBuffer>()  // y [N,P,Q,K]
-                                  .Attr<int64_t>("stride_h")
-                                  .Attr<int64_t>("stride_w")
-                                  .Attr<int64_t>("pad_h")
-                                  .Attr<int64_t>("pad_w")
-                                  .Attr<int64_t>("dilation_h")
-                                  .Attr<int64_t>("dilation_w")
-                                  .Attr<int64_t>("groups")
-                                  .Attr<int64_t>("activation"),
+                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                                        .Arg<ffi::AnyBuffer>()  // bias [K]
+                                                        .Ret<ffi::AnyBuffer>()),  // y [N,P,Q,K]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                  .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                  .Ret<ffi::AnyBuffer>()  // y [N,P,Q,K]
-                                  .Attr<int64_t>("stride_h")
-                                  .Attr<int64_t>("stride_w")
-                                  .Attr<int64_t>("pad_h")
-                                  .Attr<int64_t>("pad_w")
-                                  .Attr<int64_t>("dilation_h")
-                                  .Attr<int64_t>("dilation_w")
-                                  .Attr<int64_t>("groups")
-                                  .Attr<int64_t>("activation"),
+                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                                        .Ret<ffi::AnyBuffer>()),  // y [N,P,Q,K]
                               {ffi::Traits::kCmdBufferCompatible});
