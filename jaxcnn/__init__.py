@@ -1,8 +1,32 @@
-"""jaxcnn: memory-efficient CNN kernels for JAX (XLA FFI custom calls with lax fallbacks)."""
+"""jaxcnn: memory-efficient CNN kernels for JAX (XLA FFI custom calls with lax fallbacks).
 
-from jaxcnn._ffi import cuda_available, cuda_unavailable_reason, require_cuda
-from jaxcnn.ops import conv2d
+The top-level names load lazily, so `import jaxcnn.store` (the dashboard's path) does not
+import jax.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["conv2d", "cuda_available", "cuda_unavailable_reason", "require_cuda", "__version__"]
+_LAZY = {
+    "conv2d": "jaxcnn.ops",
+    "cuda_available": "jaxcnn._ffi",
+    "cuda_unavailable_reason": "jaxcnn._ffi",
+    "require_cuda": "jaxcnn._ffi",
+}
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'jaxcnn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +37,16 @@ from jaxcnn.perfmodel.calibration import calibrate  # noqa: E402
 from jaxcnn.perfmodel.factors import load_factors, save_factors  # noqa: E402
 from jaxcnn.perfmodel.validation import (  # noqa: E402
     attach_counters,
+    cross_validated_by_group,
     cross_validated_ms,
+    deduplicated_samples,
     measurements_from_baseline,
     measurements_from_bench,
     measurements_from_store,
     prediction_rows,
+    model_group,
     read_ncu_csv,
+    store_run_models,
     to_markdown,
     validate,
 )
@@ -76,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cross-validate", action="store_true", help="also leave-one-layer-out errors"
     )
+    parser.add_argument(
+        "--cross-validate-by",
+        choices=["model"],
+        help="model: leave-one-zoo-model-out errors (bench rows are one group; needs --store)",
+    )
     args = parser.parse_args(argv)
 
     data = json.loads(Path(args.bench).read_text())
@@ -94,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     factors, factors_source = load_factors(gpu), "stored (jaxcnn/perfmodel/calibration)"
     fit_info = None
     if args.fit:
-        in_scope = [m.sample() for m in measurements if m.in_scope]
+        in_scope = deduplicated_samples(measurements)
         fitted = calibrate(spec_by_name(gpu), in_scope)
         factors, factors_source = fitted.factors, f"fitted here on {fitted.n} measurements"
         fit_info = dict(
@@ -121,6 +132,31 @@ def main(argv: list[str] | None = None) -> int:
             fit_info["leave_one_layer_out"] = {
                 key: report["cross_validation"][key]
                 for key in ("n", "median_abs_rel_error", "max_abs_rel_error")
+            }
+    if args.cross_validate_by == "model":
+        run_models = store_run_models(args.store) if args.store else {}
+        groups = {m.label: model_group(m, run_models) for m in measurements}
+        held_out = cross_validated_by_group(measurements, groups, gpu)
+        cv_rows = [
+            dict(row, predicted_ms=held_out[row["label"]], group=groups[row["label"]])
+            for row in report["rows"]
+            if row["label"] in held_out
+        ]
+        cv = validate(cv_rows)
+        by_group = defaultdict(list)
+        for row in cv["rows"]:
+            by_group[row["group"]].append(row["abs_rel_error"])
+        cv["summary"]["by_group"] = {
+            group: dict(n=len(e), median_abs_rel_error=statistics.median(e), max_abs_rel_error=max(e))
+            for group, e in sorted(by_group.items())
+        }
+        report["cross_validation_by_model"] = cv["summary"]
+        for row in report["rows"]:
+            row["held_out_by_model_predicted_ms"] = held_out.get(row["label"])
+        if fit_info:
+            fit_info["leave_one_model_out"] = {
+                impl: {key: s[key] for key in ("n", "median_abs_rel_error", "max_abs_rel_error")}
+                for impl, s in cv["summary"]["by_impl"].items()
             }
     if args.fit and args.save_factors:
         save_factors(gpu, factors, fit_info)

@@ -194,7 +194,18 @@ def test_time_is_the_largest_bound_times_quantization_plus_latency():
     bounds = p.times.bound_times()
     assert p.bound == max(bounds, key=bounds.get)
     grid = p.traffic.grid
-    expected = max(bounds.values()) * grid.quantization + 1e-6 * (2.0 * grid.waves + 5.0)
+    q = grid.quantization
+    assert p.times.quantization == pytest.approx(q)
+    # Per-SM ceilings (math, L1) scale with the quantization; L2 / DRAM only as far as the
+    # busy SMs' L2 ports limit them.
+    ports = 64 * H200.sm_count * H200.boost_clock_hz
+    scaled = [
+        bounds["compute"] * q,
+        bounds["l1"] * q,
+        max(bounds["l2"], p.traffic.l2_bytes * q / ports) if q > 1 else bounds["l2"],
+        max(bounds["dram"], p.traffic.dram_bytes * q / ports) if q > 1 else bounds["dram"],
+    ]
+    expected = max(scaled) + 1e-6 * (2.0 * grid.waves + 5.0)
     assert p.times.time_s == pytest.approx(expected)
     assert p.times.compute_s == pytest.approx(p.traffic.work_flops / 708e12)
 
@@ -323,12 +334,30 @@ def _synthetic_layers() -> list[tuple[ConvLayer, str]]:
     return layers
 
 
+def test_partial_wave_quantization_with_latency_hiding():
+    from jaxcnn.perfmodel.traffic import make_grid
+
+    spec = H200
+    # our kernel: 8 warps, 2 CTAs per SM; 66 CTAs = one per SM on half the SMs
+    grid = make_grid(ConvLayer(1, 8, 66 * 8, 64, 64, 1, 1), JAXCNN_DIRECT_64x64x16, spec)
+    assert grid.occupancy == 2 and grid.ctas == 66
+    waves = grid.ctas / (spec.sm_count * 2)
+    h = 16.0
+    assert grid.quantization_with(h) == pytest.approx(((8 + h) / (16 + h)) / waves)
+    assert grid.quantization_with(None) == grid.quantization
+    assert grid.quantization_with(0.0) == pytest.approx(0.5 / waves)  # no latency: 1 of 2 CTAs
+    # exact whole waves cost nothing extra
+    full = make_grid(ConvLayer(1, 8, 264 * 8, 64, 64, 1, 1), JAXCNN_DIRECT_64x64x16, spec)
+    assert full.ctas == 264 and full.quantization_with(h) == pytest.approx(1.0)
+
+
 def test_calibration_recovers_the_factors_it_was_generated_with():
     truth = Factors(
         compute={"xla:bf16": 0.6, "jaxcnn_direct:bf16>fp32": 0.4},
         dram=0.9,
         wave_latency_us={"xla:tensor": 0.5, "jaxcnn_direct:fma": 3.0},
         launch_us={"xla:tensor": 4.0, "jaxcnn_direct:fma": 2.0},
+        hiding_warps=12.0,
     )
     samples = [
         Sample(layer, predict(layer, H200, "auto", impl, factors=truth).time_ms, impl)
@@ -339,6 +368,7 @@ def test_calibration_recovers_the_factors_it_was_generated_with():
     for key, value in truth.compute.items():
         assert fitted.factors.compute[key] == pytest.approx(value, rel=0.02)
     assert fitted.factors.dram == pytest.approx(0.9, rel=0.02)
+    assert fitted.factors.hiding_warps == pytest.approx(12.0, rel=0.05)
     for fitted_us, true_us in (
         (fitted.factors.wave_latency_us, truth.wave_latency_us),
         (fitted.factors.launch_us, truth.launch_us),
@@ -441,3 +471,32 @@ def test_validate_script_writes_reports(tmp_path, capsys):
     report = json.loads((tmp_path / "perfmodel_validation.json").read_text())
     assert report["gpu"] == "H200" and report["summary"]["n"] == 2
     assert (tmp_path / "perfmodel_validation.md").read_text() in capsys.readouterr().out
+
+
+def test_deduplication_and_leave_one_model_out_groups():
+    from jaxcnn.perfmodel.validation import (
+        cross_validated_by_group,
+        deduplicated_samples,
+        make_measurement,
+        model_group,
+    )
+
+    def measure(name, ms, source="store"):
+        layer = ConvLayer(1, 14, 14, 64, 64, 3, 3, padding=1, name=name)
+        kernels = [("conv2d_direct_kernel", ms * 1e3)]
+        return make_measurement(layer, "bf16", "jaxcnn", ms, kernels, source)
+
+    a, b = measure("run1:c1", 0.010), measure("run2:c1", 0.030)
+    other = make_measurement(
+        ConvLayer(1, 28, 28, 32, 64, 3, 3, padding=1, name="run3:c2"), "bf16", "jaxcnn", 0.02,
+        [("conv2d_direct_kernel", 20.0)], "store",
+    )
+    samples = deduplicated_samples([a, b, other])
+    assert len(samples) == 2  # a and b: one shape, one sample at their median
+    assert sorted(s.time_ms for s in samples) == pytest.approx([0.02, 0.02])
+    runs = {1: "vgg16", 2: "vgg19", 3: "alexnet"}
+    assert model_group(a, runs) == "vgg16" and model_group(measure("x", 1.0, "bench"), runs) == "bench"
+    groups = {m.label: model_group(m, runs) for m in (a, b, other)}
+    held = cross_validated_by_group([a, b, other], groups, "H200")
+    # vgg16 held out: its shape is removed from training too, leaving alexnet's row alone
+    assert set(held) == {a.label, b.label, other.label}

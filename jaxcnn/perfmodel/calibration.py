@@ -30,6 +30,9 @@ _LATENCY_START_US = 1.0
 # allow 2x. L1: 128 B/clk/SM is a hard limit.
 _FRACTION_BOUNDS = dict(compute=(0.01, 1.5), dram=(0.05, 1.1), l2=(0.05, 2.0), l1=(0.05, 1.0))
 _LATENCY_BOUNDS_US = (1e-3, 1e3)
+# Latency-hiding warps (Factors.hiding_warps): a few warps to several SMs' worth (64 max).
+_HIDING_START_WARPS = 16.0
+_HIDING_BOUNDS_WARPS = (0.5, 256.0)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class _Layout:
             + ["dram", "l2", "l1"]
             + [f"wave:{k}" for k in self.latency_keys]
             + [f"launch:{k}" for k in self.latency_keys]
+            + ["hiding_warps"]
         )
 
     def to_vector(self, factors: Factors) -> np.ndarray:
@@ -92,6 +96,7 @@ class _Layout:
             + [factors.dram, factors.l2, factors.l1]
             + [factors.wave_latency_us.get(k, _LATENCY_START_US) for k in self.latency_keys]
             + [factors.launch_us.get(k, _LATENCY_START_US) for k in self.latency_keys]
+            + [factors.hiding_warps or _HIDING_START_WARPS]
         )
         return np.log(np.maximum(values, 1e-3))
 
@@ -101,7 +106,7 @@ class _Layout:
         compute = dict(base.compute) | dict(zip(self.compute_keys, values[:nk]))
         dram, l2, l1 = values[nk : nk + 3]
         waves = values[nk + 3 : nk + 3 + ni]
-        launches = values[nk + 3 + ni :]
+        launches = values[nk + 3 + ni : nk + 3 + 2 * ni]
         return Factors(
             compute={k: float(v) for k, v in compute.items()},
             dram=float(dram),
@@ -109,12 +114,14 @@ class _Layout:
             l1=float(l1),
             wave_latency_us=dict(base.wave_latency_us) | _floats(self.latency_keys, waves),
             launch_us=dict(base.launch_us) | _floats(self.latency_keys, launches),
+            hiding_warps=float(values[-1]),
         )
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         kinds = ["compute"] * len(self.compute_keys) + ["dram", "l2", "l1"]
         ranges = [_FRACTION_BOUNDS[kind] for kind in kinds]
         ranges += [_LATENCY_BOUNDS_US] * (2 * len(self.latency_keys))
+        ranges += [_HIDING_BOUNDS_WARPS]
         low, high = zip(*ranges)
         return np.log(low), np.log(high)
 

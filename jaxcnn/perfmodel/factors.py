@@ -21,12 +21,17 @@ class Factors:
     l1: float = 1.0
     wave_latency_us: dict[str, float] = field(default_factory=dict)  # latency_key -> us/wave
     launch_us: dict[str, float] = field(default_factory=dict)  # latency_key -> us per kernel
+    # Warps of latency an SM hides (rate n/(n+h) with n resident warps): prices a partial last
+    # wave (traffic.Grid.quantization_with). None: the saturating-CTA rule.
+    hiding_warps: float | None = None
 
     def compute_fraction(self, key: str) -> float:
         """The fitted fraction; fp16 falls back to bf16's (same width and tensor rate), an
         unfitted key to 1."""
         if key not in self.compute and "fp16" in key:
             key = key.replace("fp16", "bf16")
+        if key not in self.compute and "/" in key:  # a kernel family unfitted: its impl's
+            return self.compute_fraction(key.split("/")[0])
         return self.compute.get(key, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -37,11 +42,11 @@ class Factors:
             l1=self.l1,
             wave_latency_us=dict(self.wave_latency_us),
             launch_us=dict(self.launch_us),
-        )
+        ) | ({} if self.hiding_warps is None else dict(hiding_warps=self.hiding_warps))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Factors:
-        keys = ("compute", "dram", "l2", "l1", "wave_latency_us", "launch_us")
+        keys = ("compute", "dram", "l2", "l1", "wave_latency_us", "launch_us", "hiding_warps")
         return cls(**{key: data[key] for key in keys if key in data})
 
 

@@ -1,15 +1,20 @@
 """Predicted time of one convolution kernel from its traffic and the GPU's ceilings.
 
-time = max(work / compute, (L1 + shared reads) / L1 bw, L2 / L2 bw, DRAM / DRAM bw)
-       * wave quantization + waves * wave latency + launch latency
+time = max(work / compute * q, (L1 + shared reads) / L1 bw * q,
+           L2 / L2 bw (or, with q > 1, L2 bytes * q / the SMs' L2 ports), likewise DRAM)
+       + waves * wave latency + launch latency
 
 Each ceiling is the GPU spec's number times an achieved fraction (factors.Factors, fitted per
-GPU by calibration.calibrate). The wave quantization ceil(CTAs/(SMs*c)) / (CTAs/(SMs*c))
-charges the idle SMs of the last wave, c being the co-resident CTAs it takes to saturate an SM
-(the occupancy for our kernel and for cuDNN's one-CTA-per-SM Hopper kernels; fewer than the
-occupancy for cuDNN's small FFMA CTAs, which share an SM's throughput). The per-wave latency is
-the part of a CTA's life that overlaps nothing (first loads before the pipeline fills, the
-epilogue), over waves = ceil(CTAs / (SMs * occupancy)); the launch latency is paid once.
+GPU by calibration.calibrate). q, the wave quantization, charges the idle SMs of a partial last
+wave: with Factors.hiding_warps set, traffic.Grid.quantization_with (an SM with n resident warps
+runs at n / (n + h), so a lone CTA of our 2-CTA kernel runs faster than half of a full SM);
+else ceil(CTAs/(SMs*c)) / (CTAs/(SMs*c)), c the co-resident CTAs that saturate an SM. Math and
+L1 are per SM, so they scale by q; L2 and DRAM are shared, and the busy SMs may take more than
+their share, up to their L2 ports (64 B/clk each). cuDNN's `implicit_gemm_indexed` kernels (few
+input channels) have a compute fraction of their own ("<impl>:<dtype>/indexed"). The per-wave
+latency is the part of a CTA's life that overlaps nothing (first loads before the pipeline
+fills, the epilogue), over waves = ceil(CTAs / (SMs * occupancy)); the launch latency is paid
+once.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from jaxcnn.perfmodel.factors import Factors
 from jaxcnn.perfmodel.traffic import Traffic
 from jaxcnn.perfmodel.tiling import Tiling
 from jaxcnn.profile.gpu_specs import GpuSpec
+
+INDEXED_SUFFIX = "/indexed"
+# Bytes per clock one SM's L1 can take from L2 (Hopper / Ampere: 64).
+L2_PORT_BYTES_PER_CLK = 64
+
 
 def math_precision(dtype: str, impl: str, precision: str = "default") -> str:
     """What the math runs in: our direct kernel always FMAs in float32; XLA runs float32 at
@@ -82,7 +92,13 @@ class Keys:
 
 def kernel_keys(tiling: Tiling, dtype: str, impl: str, precision: str) -> Keys:
     ceiling = ceiling_key(tiling, math_precision(dtype, impl, precision))
-    return Keys(ceiling, efficiency_key(impl, dtype, ceiling), latency_key(impl, tiling))
+    efficiency = efficiency_key(impl, dtype, ceiling)
+    if "implicit_gemm_indexed" in tiling.kernel:
+        # cuDNN's indexed implicit GEMM (what it picks for few input channels, e.g. C=3 stems)
+        # gathers A through a per-pixel offset table with sub-sector channel runs: it reaches a
+        # smaller share of the math ceiling than the TMA / dense kernels (a family, not a layer).
+        efficiency += INDEXED_SUFFIX
+    return Keys(ceiling, efficiency, latency_key(impl, tiling))
 
 
 def kernel_time(
@@ -100,23 +116,36 @@ def kernel_time(
     )
     l2_s = traffic.l2_bytes / (_per_s(spec.l2_bandwidth, "L2") * factors.l2)
     dram_s = traffic.dram_bytes / (spec.memory.per_s * factors.dram)
-    bounds = dict(compute=compute_s, l1=l1_s, l2=l2_s, dram=dram_s)
-    bound = max(bounds, key=bounds.__getitem__)
-    slowest_s = bounds[bound]
-    if smooth_p:
-        slowest_s *= sum((t / slowest_s) ** smooth_p for t in bounds.values()) ** (1 / smooth_p)
     grid = traffic.grid
+    quantization = grid.quantization_with(factors.hiding_warps)
+    # Math and L1 are per SM: idle SMs of a partial wave scale them by the quantization. L2 and
+    # DRAM are shared: the busy SMs can draw more than their share of them, up to what their
+    # L2 ports carry (L2_PORT_BYTES_PER_CLK each), so a launch of few CTAs is not charged
+    # 132/CTAs times the bandwidth time.
+    ports_per_s = L2_PORT_BYTES_PER_CLK * spec.sm_count * spec.boost_clock_hz
+    port_s = dict(l2=traffic.l2_bytes, dram=traffic.dram_bytes)
+    bounds = dict(
+        compute=compute_s * quantization,
+        l1=l1_s * quantization,
+        l2=max(l2_s, port_s["l2"] * quantization / ports_per_s) if quantization > 1 else l2_s,
+        dram=max(dram_s, port_s["dram"] * quantization / ports_per_s) if quantization > 1 else dram_s,
+    )
+    bound = max(bounds, key=bounds.__getitem__)
+    throughput_s = bounds[bound]
+    if smooth_p:
+        throughput_s *= sum((t / throughput_s) ** smooth_p for t in bounds.values()) ** (
+            1 / smooth_p
+        )
     latency_s = 1e-6 * (
         grid.waves * factors.wave_latency_us.get(keys.latency, 0.0)
         + factors.launch_us.get(keys.latency, 0.0)
     )
-    throughput_s = slowest_s * grid.quantization
     return TimeBreakdown(
         compute_s=compute_s,
         l1_s=l1_s,
         l2_s=l2_s,
         dram_s=dram_s,
-        quantization=grid.quantization,
+        quantization=quantization,
         latency_s=latency_s,
         time_s=throughput_s + latency_s,
         bound=bound if throughput_s >= latency_s else "latency",

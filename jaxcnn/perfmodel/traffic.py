@@ -36,6 +36,8 @@ class Grid:
     wave_ctas: int  # SMs x occupancy
     waves: int  # ceil(CTAs / wave_ctas)
     saturating_wave_ctas: int  # SMs x the co-resident CTAs that keep an SM busy
+    sm_count: int = 0  # 0: unknown (quantization_with falls back to `quantization`)
+    warps_per_cta: int = 1
 
     @property
     def quantization(self) -> float:
@@ -46,6 +48,28 @@ class Grid:
         """
         waves = self.ctas / self.saturating_wave_ctas
         return math.ceil(waves) / waves
+
+    def quantization_with(self, hiding_warps: float | None) -> float:
+        """The last wave's cost when an SM with n resident warps runs at a rate n / (n + h)
+        (Little's law: h warps' worth of latency to hide; h = hiding_warps, fitted per GPU).
+
+        full = CTAs // (SMs * occupancy) whole waves; the busiest SM of the partial last wave
+        holds k = ceil(rest / SMs) CTAs and takes (k w + h) / (occ w + h) of a whole wave's time
+        (w warps per CTA). Time / ideal = (full + that) / (CTAs / (SMs * occupancy)). With
+        occupancy 1 (cuDNN's Hopper kernels) this is ceil(waves) / waves; it charges a
+        one-CTA-per-SM launch of our 2-CTA kernel less than a whole wave, since a lone CTA
+        runs faster than half of two. None: `quantization` (the saturating-CTA rule).
+        """
+        if hiding_warps is None or not self.sm_count:
+            return self.quantization
+        per_wave = self.sm_count * self.occupancy
+        full, rest = divmod(self.ctas, per_wave)
+        last = 0.0
+        if rest:
+            k = math.ceil(rest / self.sm_count)
+            w = self.warps_per_cta
+            last = (k * w + hiding_warps) / (self.occupancy * w + hiding_warps)
+        return (full + last) / (self.ctas / per_wave)
 
 
 @dataclass(frozen=True)
@@ -87,6 +111,8 @@ def make_grid(layer: ConvLayer, tiling: Tiling, spec: GpuSpec) -> Grid:
         wave_ctas=wave_ctas,
         waves=ceil_div(ctas, wave_ctas),
         saturating_wave_ctas=spec.sm_count * tiling.saturating_ctas(occupancy),
+        sm_count=spec.sm_count,
+        warps_per_cta=tiling.warps,
     )
 
 

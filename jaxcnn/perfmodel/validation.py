@@ -483,6 +483,25 @@ def to_markdown(report: dict[str, Any], title: str = "DeLTA model vs measurement
             f"{_pct(held_out['median_abs_rel_error'])}, max {_pct(held_out['max_abs_rel_error'])} "
             f"over {held_out['n']} ({by_impl}).",
         ]
+    by_model = report.get("cross_validation_by_model")
+    if by_model:
+        lines += [
+            "",
+            "Leave-one-model-out (factors refitted on the bench rows and the other zoo models, "
+            "shapes of the held-out model removed): median "
+            f"{_pct(by_model['median_abs_rel_error'])}, max {_pct(by_model['max_abs_rel_error'])}, "
+            f"within 10%: {by_model.get('within_10pct', 0)} of {by_model['n']}.",
+            "",
+            "| held out | n | median | max |",
+            "|---|---:|---:|---:|",
+        ]
+        for what, s in list(by_model["by_impl"].items()) + [
+            (f"model {g}", s) for g, s in by_model.get("by_group", {}).items()
+        ]:
+            lines.append(
+                f"| {what} | {s['n']} | {_pct(s['median_abs_rel_error'])} | "
+                f"{_pct(s['max_abs_rel_error'])} |"
+            )
     if report.get("factors"):
         lines += ["", "Factors: `" + json.dumps(_rounded(report["factors"])) + "`"]
     lines += [
@@ -508,3 +527,80 @@ def to_markdown(report: dict[str, Any], title: str = "DeLTA model vs measurement
             + f" | {note} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- grouped cross-validation
+
+
+def shape_key(m: Measurement) -> tuple:
+    """What makes two measurements the same experiment: the layer's shapes (not its name), the
+    impl, the precision and the kernel's tiling (the zoo repeats shapes, e.g. vgg16 / vgg19)."""
+    layer = dataclasses.replace(m.layer, name="")
+    tiling = m.tiling
+    return (layer, m.impl, m.precision, tiling.name if isinstance(tiling, Tiling) else tiling)
+
+
+def deduplicated_samples(measurements: Sequence[Measurement]) -> list[Sample]:
+    """One Sample per shape_key (in-scope rows only), at the median of its measured times, so
+    that a shape the zoo repeats ten times does not weigh ten times in a fit."""
+    times: dict[tuple, list[float]] = defaultdict(list)
+    first: dict[tuple, Measurement] = {}
+    for m in measurements:
+        if not m.in_scope:
+            continue
+        key = shape_key(m)
+        times[key].append(m.measured_ms)
+        first.setdefault(key, m)
+    return [
+        dataclasses.replace(first[key].sample(), time_ms=statistics.median(ts))
+        for key, ts in times.items()
+    ]
+
+
+def store_run_models(path: str | Path) -> dict[int, str]:
+    """run id -> model name, from the profile store's runs table."""
+    import sqlite3
+
+    with sqlite3.connect(str(path)) as connection:
+        rows = connection.execute("SELECT id, model FROM runs").fetchall()
+    return {int(run_id): model or f"run{run_id}" for run_id, model in rows}
+
+
+_RUN_LABEL = re.compile(r"^run(\d+):")
+
+
+def model_group(m: Measurement, run_models: dict[int, str]) -> str:
+    """The zoo model a store measurement belongs to (from its `run{id}:` layer name); bench
+    and baseline rows form one group of their own ("bench")."""
+    found = _RUN_LABEL.match(m.layer.name)
+    if m.source != "store" or not found:
+        return "bench"
+    return run_models.get(int(found.group(1)), f"run{found.group(1)}")
+
+
+def cross_validated_by_group(
+    measurements: Sequence[Measurement],
+    groups: dict[str, str],
+    gpu: str = "H200",
+    initial: Factors | None = None,
+) -> dict[str, float]:
+    """Leave-one-group-out (e.g. one zoo model): every in-scope measurement predicted with
+    factors fitted on the other groups' deduplicated rows, with every shape the held-out group
+    has removed from the training set too (no leak through a shape two models share).
+    groups: label -> group. Returns label -> predicted ms."""
+    spec = spec_by_name(gpu)
+    scored = [m for m in measurements if m.in_scope]
+    predicted = {}
+    for group in sorted({groups[m.label] for m in scored}):
+        held = [m for m in scored if groups[m.label] == group]
+        held_keys = {shape_key(m) for m in held}
+        training = [
+            m for m in scored if groups[m.label] != group and shape_key(m) not in held_keys
+        ]
+        if not training:
+            continue
+        factors = calibrate(spec, deduplicated_samples(training), initial).factors
+        for m in held:
+            held_out = predict(m.layer, spec, m.tiling, m.impl, m.precision, factors)
+            predicted[m.label] = held_out.time_ms
+    return predicted
