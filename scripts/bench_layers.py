@@ -45,6 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxlib  # noqa: E402
 from jax import lax  # noqa: E402
 
+from jaxcnn.ops.conv_args import conv2d_flops, padding_pairs  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
 from jaxcnn.profile.environment import collect_environment, command_output  # noqa: E402
 from jaxcnn.profile.gpu_specs import (  # noqa: E402
@@ -87,6 +88,11 @@ class Layer:
     @property
     def w_shape(self) -> tuple[int, ...]:
         return (self.r, self.s, self.c // self.groups, self.k)
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The dilated filter's extent."""
+        return ((self.r - 1) * self.dilation + 1, (self.s - 1) * self.dilation + 1)
 
     @property
     def fan_in(self) -> int:
@@ -138,23 +144,12 @@ LAYERS_BY_NAME = {layer.name: layer for layer in SUITE + QUICK_LAYERS}
 # ---------------------------------------------------------------- the ops being compared
 
 
-def _lax_padding(padding: Any) -> Any:
-    """jaxcnn padding -> lax padding ("SAME"/"VALID" or ((top, bottom), (left, right)))."""
-    if isinstance(padding, str):
-        return padding
-    if isinstance(padding, int):
-        return ((padding, padding), (padding, padding))
-    if all(isinstance(p, int) for p in padding):  # (ph, pw)
-        return tuple((p, p) for p in padding)
-    return tuple(tuple(p) for p in padding)
-
-
 def xla_conv_bias_relu(x, w, b, *, layer: Layer, precision: lax.Precision):
     y = lax.conv_general_dilated(
         x,
         w,
         (layer.stride, layer.stride),
-        _lax_padding(layer.padding),
+        padding_pairs(layer.padding, (layer.h, layer.w), layer.window, (layer.stride, layer.stride)),
         rhs_dilation=(layer.dilation, layer.dilation),
         dimension_numbers=DIMENSION_NUMBERS,
         feature_group_count=layer.groups,
@@ -217,8 +212,7 @@ def output_shape(layer: Layer) -> tuple[int, ...]:
 
 
 def conv_flops(layer: Layer, out_shape: tuple[int, ...]) -> float:
-    n, p, q, k = out_shape
-    return 2.0 * n * p * q * k * layer.fan_in
+    return float(conv2d_flops(layer.x_shape, layer.w_shape, out_shape))
 
 
 def min_bytes(layer: Layer, out_shape: tuple[int, ...], dtype: str) -> int:

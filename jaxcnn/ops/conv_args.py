@@ -43,7 +43,8 @@ def _int_pair(value: Any, name: str, minimum: int) -> Pair:
     return pair
 
 
-def _padding_pairs(padding: Any, spatial: Pair, window: Pair, stride: Pair) -> tuple[Pair, Pair]:
+def padding_pairs(padding: Any, spatial: Pair, window: Pair, stride: Pair) -> tuple[Pair, Pair]:
+    """Any `conv2d` padding form as explicit ((top, bottom), (left, right)); SAME/VALID as lax."""
     if isinstance(padding, str):
         mode = padding.upper()
         if mode not in ("SAME", "VALID"):
@@ -84,7 +85,7 @@ def make_config(
     if len(w_shape) != 4:
         raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
     window = (dilation_[0] * (w_shape[0] - 1) + 1, dilation_[1] * (w_shape[1] - 1) + 1)
-    pads = _padding_pairs(padding, (x_shape[1], x_shape[2]), window, stride_)
+    pads = padding_pairs(padding, (x_shape[1], x_shape[2]), window, stride_)
     return Conv2dConfig(stride_, pads, dilation_, int(groups), activation)
 
 

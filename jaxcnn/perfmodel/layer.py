@@ -7,10 +7,10 @@ K = r*s*c/groups (filter taps x input channels of the group).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from jaxcnn.ops.conv_args import padding_pairs
 from jaxcnn.profile.gpu_specs import precision_class
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -21,12 +21,6 @@ def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
         return (value, value)
     first, second = value
     return (int(first), int(second))
-
-
-def _same_padding(size: int, stride: int, window: int) -> tuple[int, int]:
-    """XLA's "SAME": output ceil(size/stride), the extra padding element at the end."""
-    total = max((math.ceil(size / stride) - 1) * stride + window - size, 0)
-    return (total // 2, total - total // 2)
 
 
 @dataclass(frozen=True)
@@ -57,21 +51,9 @@ class ConvLayer:
             raise ValueError(f"empty output {self.p}x{self.q} for {self}")
 
     def _explicit_padding(self, padding: Any) -> tuple[tuple[int, int], tuple[int, int]]:
-        if isinstance(padding, str):
-            if padding.upper() == "VALID":
-                return ((0, 0), (0, 0))
-            if padding.upper() == "SAME":
-                (sh, sw), (dh, dw) = self.stride, self.dilation
-                return (
-                    _same_padding(self.h, sh, (self.r - 1) * dh + 1),
-                    _same_padding(self.w, sw, (self.s - 1) * dw + 1),
-                )
-            raise ValueError(f"unknown padding {padding!r}")
-        if isinstance(padding, int):
-            return ((padding, padding), (padding, padding))
-        if all(isinstance(p, int) for p in padding):  # (ph, pw)
-            return tuple((int(p), int(p)) for p in padding)  # type: ignore[return-value]
-        return tuple(_pair(p) for p in padding)  # type: ignore[return-value]
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        window = ((self.r - 1) * dh + 1, (self.s - 1) * dw + 1)
+        return padding_pairs(padding, (self.h, self.w), window, (sh, sw))
 
     @classmethod
     def from_config(cls, config: dict[str, Any], dtype: str, name: str = "") -> ConvLayer:
