@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,10 @@ def ncu_kernel_rows(cases: list[str]) -> list[list[dict[str, str]]]:
     """Metric rows grouped per profiled kernel, in launch order."""
     command = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
                "--metrics", ",".join(METRICS), sys.executable, str(SCRIPT), *cases]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    # ncu's kernel replay saves and restores the device memory a kernel can reach: with XLA's
+    # default arena (75% of the GPU preallocated) that is ~100 GB per replayed kernel.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"ncu failed: {done.stderr[-3000:]}")
     # ncu prints its own "==PROF==" lines and the program's output around the CSV.

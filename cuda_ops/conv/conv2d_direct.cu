@@ -33,6 +33,7 @@ const char* conv2d_direct_unsupported_reason(const Conv2dParams& q) {
   if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
       q.K < 0 || q.P < 0 || q.Q < 0)
     return "negative dimension";
+  if (q.layout != TensorLayout::kNHWC) return "the direct kernel reads NHWC only";
   if (q.groups < 1) return "groups must be >= 1";
   if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
   if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";

@@ -8,21 +8,9 @@
 
 #include <cstdint>
 
-namespace jaxcnn {
+#include "common/conv2d_params.h"
 
-// Matches lax.conv_general_dilated(..., ("NHWC","HWIO","NHWC"),
-// feature_group_count=groups) + bias, then optional ReLU.
-// Bottom/right padding is implied by P and Q, so only top/left pads are given.
-struct Conv2dParams {
-  int64_t N, H, W, C;  // input  [N,H,W,C]
-  int64_t R, S, K;     // weight [R,S,C/groups,K]
-  int64_t P, Q;        // output [N,P,Q,K]
-  int stride_h, stride_w;
-  int pad_h, pad_w;  // top and left padding
-  int dil_h, dil_w;  // rhs (kernel) dilation
-  int groups;
-  bool relu;
-};
+namespace jaxcnn {
 
 // nullptr if the launcher accepts `params`, else a static message saying why
 // (inconsistent shapes/attributes, or sizes past the kernel's int32 indexing).
