@@ -6,6 +6,8 @@ Each op is one subclass holding every rule of the op. Two primitives are made pe
 - the *inner* primitive is what each shard runs: its lowering is the lax reference on every
   platform, replaced on CUDA by the FFI custom call when the jaxcnn library is loaded.
 Operands may be optional (e.g. bias); `params["operand_names"]` says which are present.
+The batch dimension need not lead (a CHWN tensor has it last): `batch_axes(params)` says where
+it is in each operand and in the result.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class BatchShardedPrimitive:
     name: ClassVar[str]
     outer: ClassVar[Primitive]
     inner: ClassVar[Primitive]
-    # Shardy sharding rule per present-operand tuple, e.g. "n h w c, r s i k -> n p q k".
+    # Shardy sharding rule per present-operand tuple, e.g. "n h w c, r s i k -> n p q k";
+    # the batch factor is always named "n". Ops whose rule depends on params override
+    # sharding_rule() instead.
     sharding_rules: ClassVar[dict[tuple[str, ...], str]]
 
     # --- rules a subclass implements -------------------------------------------------------
@@ -54,6 +58,17 @@ class BatchShardedPrimitive:
     def batcher(cls, batched_args, batch_dims, **params):
         raise NotImplementedError
 
+    @classmethod
+    def batch_axes(cls, params) -> tuple[tuple[int | None, ...], int]:
+        """Batch axis of each present operand (None: not batched, e.g. weights) and of the
+        result. Default: the first operand's and the result's leading axis."""
+        n = len(params["operand_names"])
+        return (0,) + (None,) * (n - 1), 0
+
+    @classmethod
+    def sharding_rule(cls, params) -> str:
+        return cls.sharding_rules[params["operand_names"]]
+
     # --- shared machinery ------------------------------------------------------------------
     @classmethod
     def _cuda_or_reference(cls, ctx, *args, **params):
@@ -68,14 +83,24 @@ class BatchShardedPrimitive:
         )
 
     @classmethod
+    def _mesh_batch_axis(cls, params, arg_shapes):
+        """Mesh axes sharding the batch dim of the first batched operand, or None."""
+        operand_axes, _ = cls.batch_axes(params)
+        for shape, axis in zip(arg_shapes, operand_axes):
+            if axis is not None:
+                return _spec_entry(shape, axis)
+        return None
+
+    @classmethod
     def _partition(cls, params_key, mesh, arg_shapes, result_shape):
         params = dict(params_key)
-        batch = _batch_axis(arg_shapes[0])
+        batch = cls._mesh_batch_axis(params, arg_shapes)
+        operand_axes, out_axis = cls.batch_axes(params)
         arg_shardings = tuple(
-            NamedSharding(mesh, PartitionSpec(batch if i == 0 else None, *[None] * (len(a.shape) - 1)))
-            for i, a in enumerate(arg_shapes)
+            NamedSharding(mesh, _batch_spec(len(a.shape), axis, batch))
+            for a, axis in zip(arg_shapes, operand_axes)
         )
-        out_sharding = NamedSharding(mesh, PartitionSpec(batch, *[None] * (len(result_shape.shape) - 1)))
+        out_sharding = NamedSharding(mesh, _batch_spec(len(result_shape.shape), out_axis, batch))
 
         def lower(*args):
             return cls.inner.bind(*args, **params)
@@ -84,20 +109,21 @@ class BatchShardedPrimitive:
 
     @classmethod
     def _infer_sharding(cls, params_key, mesh, arg_shapes, result_shape):
-        batch = _batch_axis(arg_shapes[0])
-        return NamedSharding(mesh, PartitionSpec(batch, *[None] * (len(result_shape.shape) - 1)))
+        params = dict(params_key)
+        batch = cls._mesh_batch_axis(params, arg_shapes)
+        _, out_axis = cls.batch_axes(params)
+        return NamedSharding(mesh, _batch_spec(len(result_shape.shape), out_axis, batch))
 
     @classmethod
     @functools.cache
-    def _partitioned(cls, operand_names: tuple[str, ...]) -> Callable:
-        """The custom-partitioned implementation for one set of present operands."""
+    def _partitioned(cls, num_operands: int, rule: str) -> Callable:
+        """The custom-partitioned implementation for one operand count and sharding rule."""
 
         def impl(*args):
             *operands, params_key = args
             return cls.inner.bind(*operands, **dict(params_key))
 
-        partitioned = custom_partitioning(impl, static_argnums=(len(operand_names),))
-        rule = cls.sharding_rules[operand_names]
+        partitioned = custom_partitioning(impl, static_argnums=(num_operands,))
         # Shardy wants special factors in order of first appearance in the rule.
         factors = dict.fromkeys(rule.replace(",", " ").replace("->", " ").split())
         partitioned.def_partition(
@@ -115,7 +141,8 @@ class BatchShardedPrimitive:
             fun = functools.partial(cls.inner.bind, **params)
         else:
             key = tuple(sorted(params.items()))
-            fun = lambda *a: cls._partitioned(params["operand_names"])(*a, key)  # noqa: E731
+            partitioned = cls._partitioned(len(params["operand_names"]), cls.sharding_rule(params))
+            fun = lambda *a: partitioned(*a, key)  # noqa: E731
         return mlir.lower_fun(fun, multiple_results=False)(ctx, *args)
 
     @classmethod
@@ -143,11 +170,19 @@ def _single_device(ctx) -> bool:
     return False
 
 
-def _batch_axis(arg_shape: Any):
-    """Mesh axes that shard the leading (batch) dim of an operand, or None."""
+def _spec_entry(arg_shape: Any, axis: int):
+    """Mesh axes that shard dim `axis` of an operand, or None."""
     sharding = getattr(arg_shape, "sharding", None)
     spec = getattr(sharding, "spec", None)
-    return spec[0] if spec else None
+    return spec[axis] if spec is not None and len(spec) > axis else None
+
+
+def _batch_spec(rank: int, axis: int | None, mesh_axes) -> PartitionSpec:
+    """Sharded on `mesh_axes` along `axis` (if any), replicated elsewhere."""
+    entries = [None] * rank
+    if axis is not None:
+        entries[axis] = mesh_axes
+    return PartitionSpec(*entries)
 
 
 @functools.cache
