@@ -84,7 +84,7 @@ if has ncu; then
   NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1:fp32"}
   cases=()
   for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
-  step ncu timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --out "$RAW/ncu.csv" "${cases[@]}"
+  step ncu timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-layer --out "$RAW/ncu.csv" "${cases[@]}"
 fi
 
 if has perfmodel; then

@@ -49,18 +49,14 @@ def ncu_kernel_rows(cases: list[str]) -> list[list[dict[str, str]]]:
     return [kernels[k] for k in sorted(kernels, key=int)]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("cases", nargs="+", help="layer:dtype:variant")
-    args = parser.parse_args()
-    counts = kernel_counts(args.cases)
-    kernels = ncu_kernel_rows(args.cases)
+def collect(cases: list[str]) -> list[dict[str, str]]:
+    """Tidy rows for `cases`, profiled in one ncu process."""
+    counts = kernel_counts(cases)
+    kernels = ncu_kernel_rows(cases)
     if len(kernels) != sum(counts.values()):
-        print(f"ncu profiled {len(kernels)} kernels, expected {sum(counts.values())} {counts}", file=sys.stderr)
-        return 1
+        raise RuntimeError(f"ncu profiled {len(kernels)} kernels, expected {sum(counts.values())} {counts}")
     out_rows, position = [], 0
-    for case in args.cases:
+    for case in cases:
         layer, dtype, variant = case.split(":")
         for kernel in kernels[position : position + counts[case]]:
             out_rows += [dict(layer=layer, dtype=dtype, variant=variant, kernel=row["Kernel Name"],
@@ -68,11 +64,34 @@ def main() -> int:
                               value=row["Metric Value"].replace(",", "")) for row in kernel]
         position += counts[case]
         print(f"{case}: {counts[case]} kernel(s)", flush=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(out_rows)
-    return 0
+    return out_rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--per-layer", action="store_true",
+                        help="one ncu process per layer:dtype, the CSV rewritten after each, so a "
+                             "timeout keeps the layers already done")
+    parser.add_argument("cases", nargs="+", help="layer:dtype:variant")
+    args = parser.parse_args()
+    groups: dict[str, list[str]] = {}
+    for case in args.cases:
+        key = case.rsplit(":", 1)[0] if args.per_layer else ""
+        groups.setdefault(key, []).append(case)
+    out_rows: list[dict[str, str]] = []
+    failed = 0
+    for cases in groups.values():
+        try:
+            out_rows += collect(cases)
+        except (RuntimeError, subprocess.SubprocessError) as e:
+            failed += 1
+            print(f"{cases}: {e}", file=sys.stderr, flush=True)
+        with args.out.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(out_rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
