@@ -25,6 +25,12 @@ FFI_TARGETS: dict[str, str] = {
 }
 
 
+_LOADED: dict[str, ctypes.CDLL] = {}  # the library once its handlers are registered
+
+# Codes of cuda_ops' DType (common/conv2d_params.h) by numpy dtype name.
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
 @dataclass(frozen=True)
 class LibraryState:
     """What loading found: `registered` means the CUDA lowerings may emit custom calls."""
@@ -90,6 +96,7 @@ def _load(path: Path) -> LibraryState:
             jax.ffi.register_ffi_target(target, capsule, platform="CUDA")
     except Exception as e:  # registration errors come from several layers of jaxlib
         return LibraryState(str(path), False, f"registering FFI targets failed: {e}", info, built)
+    _LOADED["lib"] = lib
     return LibraryState(str(path), True, "", info, built)
 
 
@@ -139,3 +146,32 @@ def require_cuda() -> None:
     reason = cuda_unavailable_reason()
     if reason:
         raise RuntimeError(f"jaxcnn CUDA kernels unavailable: {reason}")
+
+
+def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
+    """Device scratch bytes the conv2d handler needs for these shapes and `cfg`
+    (the kernel family it will pick, its filter re-layout and fp32 splits). Asks the library,
+    so the size always matches the handler's own choice."""
+    if not handlers_registered():
+        return 0
+    from jaxcnn.ops.conv_args import ALGORITHMS, LAYOUTS, PRECISIONS
+
+    fn = _LOADED["lib"].jaxcnn_conv2d_workspace_bytes
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64] * 21 + [ctypes.POINTER(ctypes.c_char_p)]
+    reason = ctypes.c_char_p()
+    (pt, _), (pl, _) = cfg.padding
+    size = fn(
+        *x_nhwc, w_shape[0], w_shape[1], w_shape[3], y_nhwc[1], y_nhwc[2],
+        cfg.stride[0], cfg.stride[1], pt, pl, cfg.dilation[0], cfg.dilation[1], cfg.groups,
+        int(cfg.activation == "relu"), LAYOUTS.index(cfg.layout), PRECISIONS.index(cfg.precision),
+        ALGORITHMS.index(cfg.algorithm), DTYPE_CODES[jax.numpy.dtype(dtype).name],
+        ctypes.byref(reason),
+    )
+    if size < 0:
+        why = reason.value.decode() if reason.value else "unknown reason"
+        raise ValueError(
+            f"jaxcnn.conv2d: algorithm={cfg.algorithm!r} cannot run x {tuple(x_nhwc)} (NHWC "
+            f"order), w {tuple(w_shape)}, {jax.numpy.dtype(dtype).name}: {why}"
+        )
+    return int(size)

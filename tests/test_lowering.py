@@ -32,8 +32,30 @@ def test_cuda_lowering_is_ffi_custom_call(with_bias):
     assert len(call) == 1, text
     attrs = dict(re.findall(r"(\w+) = (-?\d+) : i64", call[0]))
     assert attrs == dict(activation="1", dilation_h="1", dilation_w="2", groups="2",
-                         pad_h="1", pad_w="0", stride_h="2", stride_w="2")
+                         pad_h="1", pad_w="0", stride_h="2", stride_w="2",
+                         layout="0", precision="0", algorithm="0")
+    # The second result is the scratch XLA allocates for the handler (u8).
+    assert re.search(r"-> \(tensor<2x5x4x8xbf16>, tensor<\d+xui8>\)", call[0]), call[0]
     assert "stablehlo.convolution" not in text
+
+
+@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@pytest.mark.parametrize(
+    "layout, x_shape, y_shape",
+    [("NCHW", (2, 6, 9, 10), "2x8x5x5"), ("CHWN", (6, 9, 10, 2), "8x5x5x2")],
+)
+def test_cuda_lowering_carries_layout_precision_algorithm(layout, x_shape, y_shape):
+    x = jax.ShapeDtypeStruct(x_shape, jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 6, 8), jnp.float32)
+    text = cuda_text(
+        lambda x, w: jaxcnn.conv2d(x, w, stride=2, layout=layout, precision="highest",
+                                   algorithm="direct"), x, w)
+    call = [line for line in text.splitlines() if "custom_call @jaxcnn_conv2d_fwd_nobias(" in line]
+    assert len(call) == 1, text
+    attrs = dict(re.findall(r"(\w+) = (-?\d+) : i64", call[0]))
+    assert (attrs["layout"], attrs["precision"], attrs["algorithm"]) == (
+        str(("NHWC", "NCHW", "CHWN").index(layout)), "1", "1")
+    assert f"tensor<{y_shape}xf32>" in call[0]
 
 
 @pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")

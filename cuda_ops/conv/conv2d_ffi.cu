@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "common/ffi_common.h"
-#include "conv/conv2d_direct.h"
+#include "conv/conv2d_dispatch.h"
 
 namespace jaxcnn {
 namespace {
@@ -36,19 +36,45 @@ bool IsEmpty(const ffi::AnyBuffer& buffer) {
   return false;
 }
 
+struct LogicalDims {
+  int64_t n, h, w, c;
+};
+
+// (N, H, W, C) of a rank-4 tensor stored in `layout`.
+LogicalDims ToLogical(ffi::AnyBuffer::Dimensions d, TensorLayout layout) {
+  switch (layout) {
+    case TensorLayout::kNCHW:
+      return {d[0], d[2], d[3], d[1]};
+    case TensorLayout::kCHWN:
+      return {d[3], d[1], d[2], d[0]};
+    case TensorLayout::kNHWC:
+    default:
+      return {d[0], d[1], d[2], d[3]};
+  }
+}
+
 // `bias` is null for the no-bias handler.
 ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
                          const ffi::AnyBuffer& w, const ffi::AnyBuffer* bias,
-                         ffi::AnyBuffer& y, int64_t stride_h, int64_t stride_w,
-                         int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                         int64_t dilation_w, int64_t groups,
-                         int64_t activation) {
+                         ffi::AnyBuffer& y, ffi::AnyBuffer& workspace,
+                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                         int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                         int64_t groups, int64_t activation, int64_t layout,
+                         int64_t precision, int64_t algorithm) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y.dimensions();
+  if (layout < 0 || layout > 2)
+    return Invalid("layout must be 0 (NHWC), 1 (NCHW) or 2 (CHWN), got " +
+                   std::to_string(layout));
+  if (precision != 0 && precision != 1)
+    return Invalid("precision must be 0 (default) or 1 (highest), got " +
+                   std::to_string(precision));
+  if (algorithm < 0 || algorithm > 3)
+    return Invalid("algorithm must be 0..3 (auto, direct, tensor_core, "
+                   "depthwise), got " + std::to_string(algorithm));
   if (x_dims.size() != 4)
-    return Invalid("x must be rank 4 (NHWC), got shape " +
-                   DimsToString(x_dims));
+    return Invalid("x must be rank 4, got shape " + DimsToString(x_dims));
   if (w_dims.size() != 4)
     return Invalid("w must be rank 4 (HWIO), got shape " +
                    DimsToString(w_dims));
@@ -56,7 +82,7 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
     return Invalid("bias must be rank 1 [K], got shape " +
                    DimsToString(bias->dimensions()));
   if (y_dims.size() != 4)
-    return Invalid("output y must be rank 4 (NHWC), got shape " +
+    return Invalid("output y must be rank 4, got shape " +
                    DimsToString(y_dims));
 
   const ffi::DataType dtype = x.element_type();
@@ -86,9 +112,12 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
     return Invalid("activation must be 0 (none) or 1 (relu), got " +
                    std::to_string(activation));
 
-  const int64_t N = x_dims[0], H = x_dims[1], W = x_dims[2], C = x_dims[3];
+  const auto tensor_layout = static_cast<TensorLayout>(layout);
+  const LogicalDims xd = ToLogical(x_dims, tensor_layout);
+  const LogicalDims yd = ToLogical(y_dims, tensor_layout);
+  const int64_t N = xd.n, H = xd.h, W = xd.w, C = xd.c;
   const int64_t R = w_dims[0], S = w_dims[1], w_in = w_dims[2], K = w_dims[3];
-  const int64_t P = y_dims[1], Q = y_dims[2];
+  const int64_t P = yd.h, Q = yd.w;
   if (C % groups != 0)
     return Invalid("input channels C=" + std::to_string(C) +
                    " not divisible by groups=" + std::to_string(groups));
@@ -102,11 +131,11 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   if (bias != nullptr && bias->dimensions()[0] != K)
     return Invalid("bias length " + std::to_string(bias->dimensions()[0]) +
                    " must equal output channels K=" + std::to_string(K));
-  if (y_dims[0] != N)
-    return Invalid("output y batch " + std::to_string(y_dims[0]) +
+  if (yd.n != N)
+    return Invalid("output y batch " + std::to_string(yd.n) +
                    " must equal x batch " + std::to_string(N));
-  if (y_dims[3] != K)
-    return Invalid("output y channels " + std::to_string(y_dims[3]) +
+  if (yd.c != K)
+    return Invalid("output y channels " + std::to_string(yd.c) +
                    " must equal w output channels K=" + std::to_string(K));
 
   // Nothing to write. A non-empty y with an empty x or window still launches:
@@ -134,21 +163,30 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   params.dil_w = static_cast<int>(dilation_w);
   params.groups = static_cast<int>(groups);
   params.relu = activation == 1;
-  if (const char* reason = conv2d_direct_unsupported_reason(params))
-    return Invalid(std::string("unsupported shape: ") + reason +
-                   " (x " + DimsToString(x_dims) + ", w " +
-                   DimsToString(w_dims) + ", y " + DimsToString(y_dims) + ")");
+  params.layout = tensor_layout;
+  params.precision = static_cast<MathPrecision>(precision);
 
   return DispatchFloatType(dtype, kOpName, [&](auto traits) -> ffi::Error {
     using T = typename decltype(traits)::type;
+    const Conv2dPlan plan =
+        plan_conv2d<T>(params, static_cast<Conv2dAlgorithm>(algorithm));
+    if (plan.unsupported != nullptr)
+      return Invalid(std::string("unsupported by the chosen kernel: ") +
+                     plan.unsupported + " (x " + DimsToString(x_dims) +
+                     ", w " + DimsToString(w_dims) + ", y " +
+                     DimsToString(y_dims) + ")");
+    if (workspace.size_bytes() < plan.workspace_bytes)
+      return Invalid("workspace of " + std::to_string(workspace.size_bytes()) +
+                     " bytes, the kernel needs " +
+                     std::to_string(plan.workspace_bytes));
     const T* bias_data =
         bias != nullptr ? static_cast<const T*>(bias->untyped_data()) : nullptr;
-    // The launcher returns cudaGetLastError() after the launch.
+    // The launchers return cudaGetLastError() after their launches.
     JAXCNN_RETURN_IF_CUDA_ERROR(
-        launch_conv2d_direct<T>(static_cast<const T*>(x.untyped_data()),
-                                static_cast<const T*>(w.untyped_data()),
-                                bias_data, static_cast<T*>(y.untyped_data()),
-                                params, stream),
+        run_conv2d<T>(plan, static_cast<const T*>(x.untyped_data()),
+                      static_cast<const T*>(w.untyped_data()), bias_data,
+                      static_cast<T*>(y.untyped_data()), params,
+                      workspace.untyped_data(), stream),
         "conv2d_fwd launch");
     return ffi::Error::Success();
   });
@@ -156,22 +194,29 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
 
 ffi::Error Conv2dFwdWithBias(cudaStream_t stream, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::AnyBuffer bias,
-                             ffi::Result<ffi::AnyBuffer> y, int64_t stride_h,
-                             int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                             int64_t dilation_h, int64_t dilation_w,
-                             int64_t groups, int64_t activation) {
-  return Conv2dFwdImpl(stream, x, w, &bias, *y, stride_h, stride_w, pad_h,
-                       pad_w, dilation_h, dilation_w, groups, activation);
+                             ffi::Result<ffi::AnyBuffer> y,
+                             ffi::Result<ffi::AnyBuffer> workspace,
+                             int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                             int64_t pad_w, int64_t dilation_h,
+                             int64_t dilation_w, int64_t groups,
+                             int64_t activation, int64_t layout,
+                             int64_t precision, int64_t algorithm) {
+  return Conv2dFwdImpl(stream, x, w, &bias, *y, *workspace, stride_h, stride_w,
+                       pad_h, pad_w, dilation_h, dilation_w, groups, activation,
+                       layout, precision, algorithm);
 }
 
 ffi::Error Conv2dFwdNoBias(cudaStream_t stream, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
+                           ffi::Result<ffi::AnyBuffer> workspace,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h,
                            int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, int64_t groups,
-                           int64_t activation) {
-  return Conv2dFwdImpl(stream, x, w, nullptr, *y, stride_h, stride_w, pad_h,
-                       pad_w, dilation_h, dilation_w, groups, activation);
+                           int64_t activation, int64_t layout,
+                           int64_t precision, int64_t algorithm) {
+  return Conv2dFwdImpl(stream, x, w, nullptr, *y, *workspace, stride_h,
+                       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                       activation, layout, precision, algorithm);
 }
 
 }  // namespace
@@ -195,7 +240,10 @@ auto WithConvAttrs(Binding binding) {
       .template Attr<int64_t>("dilation_h")
       .template Attr<int64_t>("dilation_w")
       .template Attr<int64_t>("groups")
-      .template Attr<int64_t>("activation");
+      .template Attr<int64_t>("activation")
+      .template Attr<int64_t>("layout")
+      .template Attr<int64_t>("precision")
+      .template Attr<int64_t>("algorithm");
 }
 }  // namespace jaxcnn
 
@@ -205,7 +253,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
                                                         .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
                                                         .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
                                                         .Arg<ffi::AnyBuffer>()  // bias [K]
-                                                        .Ret<ffi::AnyBuffer>()),  // y [N,P,Q,K]
+                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
@@ -213,5 +262,39 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
                                                         .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                                         .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
                                                         .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                                        .Ret<ffi::AnyBuffer>()),  // y [N,P,Q,K]
+                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
                               {ffi::Traits::kCmdBufferCompatible});
+
+// Scratch bytes the handler will need, for the Python lowering (which makes the
+// workspace a second result of the custom call). -1: the requested kernel
+// family cannot run these params; *reason then says why (the lowering raises).
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv2d_workspace_bytes(
+    int64_t n, int64_t h, int64_t w, int64_t c, int64_t r, int64_t s,
+    int64_t k, int64_t p, int64_t q, int64_t stride_h, int64_t stride_w,
+    int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+    int64_t relu, int64_t layout, int64_t precision, int64_t algorithm,
+    int64_t dtype, const char** reason) {
+  *reason = nullptr;
+  jaxcnn::Conv2dParams params{n, h, w, c, r, s, k, p, q,
+                              static_cast<int>(stride_h),
+                              static_cast<int>(stride_w),
+                              static_cast<int>(pad_h), static_cast<int>(pad_w),
+                              static_cast<int>(dil_h), static_cast<int>(dil_w),
+                              static_cast<int>(groups), relu != 0};
+  params.layout = static_cast<jaxcnn::TensorLayout>(layout);
+  params.precision = static_cast<jaxcnn::MathPrecision>(precision);
+  const auto requested = static_cast<jaxcnn::Conv2dAlgorithm>(algorithm);
+  jaxcnn::Conv2dPlan plan;
+  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+    case 0: plan = jaxcnn::plan_conv2d<float>(params, requested); break;
+    case 1: plan = jaxcnn::plan_conv2d<__nv_bfloat16>(params, requested); break;
+    case 2: plan = jaxcnn::plan_conv2d<__half>(params, requested); break;
+    default: *reason = "unknown dtype code"; return -1;
+  }
+  if (plan.unsupported != nullptr) {
+    *reason = plan.unsupported;
+    return -1;
+  }
+  return static_cast<int64_t>(plan.workspace_bytes);
+}

@@ -1,7 +1,9 @@
-"""`jaxcnn.conv2d`: NHWC/HWIO 2-D convolution (+bias, +ReLU) as a jax primitive.
+"""`jaxcnn.conv2d`: 2-D convolution (+bias, +ReLU) of NHWC/NCHW/CHWN activations with HWIO
+weights, as a jax primitive.
 
-CUDA runs the shared-memory tiled direct convolution of cuda_ops/conv through XLA FFI; every
-other platform runs the lax reference. Gradients use the reference's transposes.
+CUDA runs one of the kernel families of cuda_ops (tensor-core implicit GEMM, depthwise, or the
+CUDA-core direct kernel; `algorithm="auto"` lets the handler pick) through XLA FFI; every other
+platform runs the lax reference. Gradients use the reference's transposes.
 """
 
 from __future__ import annotations
@@ -13,19 +15,39 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
-from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape, make_config
+from jaxcnn import _ffi
+from jaxcnn.ops.conv_args import (
+    ALGORITHMS,
+    LAYOUTS,
+    PRECISIONS,
+    Conv2dConfig,
+    conv2d_output_shape,
+    make_config,
+    to_nhwc_shape,
+)
 from jaxcnn.ops.conv_reference import conv2d_reference, linear_conv2d
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
 ACTIVATION_CODES = {None: 0, "relu": 1}
+_IN_FACTORS = dict(zip("NHWC", "nhwc"))
+_OUT_FACTORS = dict(zip("NHWC", "npqk"))
 
 
 class Conv2dPrimitive(BatchShardedPrimitive):
     name = "jaxcnn_conv2d"
-    sharding_rules = {
-        ("x", "w"): "n h w c, r s i k -> n p q k",
-        ("x", "w", "bias"): "n h w c, r s i k, k -> n p q k",
-    }
+
+    @classmethod
+    def sharding_rule(cls, params) -> str:
+        layout = params["cfg"].layout
+        x = " ".join(_IN_FACTORS[d] for d in layout)
+        y = " ".join(_OUT_FACTORS[d] for d in layout)
+        bias = ", k" if "bias" in params["operand_names"] else ""
+        return f"{x}, r s i k{bias} -> {y}"
+
+    @classmethod
+    def batch_axes(cls, params):
+        n_axis = params["cfg"].layout.index("N")
+        return (n_axis,) + (None,) * (len(params["operand_names"]) - 1), n_axis
 
     @staticmethod
     def abstract(x, w, *bias, cfg: Conv2dConfig, operand_names):
@@ -43,13 +65,25 @@ class Conv2dPrimitive(BatchShardedPrimitive):
     @classmethod
     def cuda_lowering(cls, ctx, x, w, *bias, cfg: Conv2dConfig, operand_names):
         target = "jaxcnn_conv2d_fwd" if bias else "jaxcnn_conv2d_fwd_nobias"
-        return jax.ffi.ffi_lowering(target)(
+        x_aval, w_aval = ctx.avals_in[:2]
+        # Scratch (filter re-layout, fp32 splits) is a second result XLA allocates with the
+        # rest of the program's temporaries: no allocation inside the handler, CUDA-graph safe.
+        scratch = _ffi.conv2d_workspace_bytes(
+            to_nhwc_shape(x_aval.shape, cfg.layout), w_aval.shape,
+            to_nhwc_shape(ctx.avals_out[0].shape, cfg.layout), x_aval.dtype, cfg,
+        )
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, ShapedArray((scratch,), np.uint8)])
+        y, _ = jax.ffi.ffi_lowering(target)(
             ctx, x, w, *bias,
             stride_h=np.int64(cfg.stride[0]), stride_w=np.int64(cfg.stride[1]),
             pad_h=np.int64(cfg.padding[0][0]), pad_w=np.int64(cfg.padding[1][0]),
             dilation_h=np.int64(cfg.dilation[0]), dilation_w=np.int64(cfg.dilation[1]),
             groups=np.int64(cfg.groups), activation=np.int64(ACTIVATION_CODES[cfg.activation]),
+            layout=np.int64(LAYOUTS.index(cfg.layout)),
+            precision=np.int64(PRECISIONS.index(cfg.precision)),
+            algorithm=np.int64(ALGORITHMS.index(cfg.algorithm)),
         )
+        return [y]
 
     @classmethod
     def batcher(cls, batched_args, batch_dims, *, cfg: Conv2dConfig, operand_names):
@@ -62,10 +96,12 @@ class Conv2dPrimitive(BatchShardedPrimitive):
 
 def _batch_x_only(cls, x, xd, w, bias, cfg, operand_names):
     """vmap over x alone folds into the batch dimension: one launch for all of it."""
-    x = jnp.moveaxis(x, xd, 0)
-    b, n = x.shape[:2]
-    y = cls.outer.bind(x.reshape(b * n, *x.shape[2:]), w, *bias, cfg=cfg, operand_names=operand_names)
-    return y.reshape(b, n, *y.shape[1:]), 0
+    n_axis = cfg.layout.index("N")
+    x = jnp.moveaxis(x, xd, n_axis)  # the vmapped axis just before N
+    b, n = x.shape[n_axis], x.shape[n_axis + 1]
+    folded = x.reshape(*x.shape[:n_axis], b * n, *x.shape[n_axis + 2 :])
+    y = cls.outer.bind(folded, w, *bias, cfg=cfg, operand_names=operand_names)
+    return y.reshape(*y.shape[:n_axis], b, n, *y.shape[n_axis + 1 :]), n_axis
 
 
 def _batch_as_groups(cls, x, xd, w, wd, bias, bd, cfg, operand_names):
@@ -76,15 +112,20 @@ def _batch_as_groups(cls, x, xd, w, wd, bias, bd, cfg, operand_names):
         return jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
 
     x, w = lead(x, xd), lead(w, wd)
+    layout = cfg.layout
+    if layout != "NHWC":  # regroup channels in NHWC, then back
+        x = jnp.moveaxis(x, [1 + layout.index(d) for d in "NHWC"], [1, 2, 3, 4])
     bsz, n, h, wdt, c = x.shape
     _, r, s, cg, k = w.shape
     x = jnp.moveaxis(x, 0, 3).reshape(n, h, wdt, bsz * c)
     w = jnp.moveaxis(w, 0, 3).reshape(r, s, cg, bsz * k)
     bias = [lead(bias[0], bd[0]).reshape(bsz * k)] if bias else []
-    grouped = Conv2dConfig(cfg.stride, cfg.padding, cfg.dilation, cfg.groups * bsz, cfg.activation)
+    grouped = cfg.replace(groups=cfg.groups * bsz, layout="NHWC")
     y = cls.outer.bind(x, w, *bias, cfg=grouped, operand_names=operand_names)
-    y = y.reshape(*y.shape[:3], bsz, k)
-    return jnp.moveaxis(y, 3, 0), 0
+    y = jnp.moveaxis(y.reshape(*y.shape[:3], bsz, k), 3, 0)
+    if layout != "NHWC":
+        y = jnp.moveaxis(y, [1, 2, 3, 4], [1 + layout.index(d) for d in "NHWC"])
+    return y, 0
 
 
 Conv2dPrimitive.register()
@@ -112,7 +153,8 @@ def _conv2d_bwd(cfg, residuals, g):
         g = jnp.where(y > 0, g, jnp.zeros_like(g))
     _, conv_vjp = jax.vjp(lambda x_, w_: linear_conv2d(x_, w_, cfg), x, w)
     dx, dw = conv_vjp(g)
-    db = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=(0, 1, 2)).astype(bias.dtype)
+    not_channels = tuple(i for i, d in enumerate(cfg.layout) if d != "C")
+    db = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=not_channels).astype(bias.dtype)
     return dx, dw, db
 
 
@@ -129,26 +171,34 @@ def conv2d(
     dilation=1,
     groups=1,
     activation=None,
+    layout="NHWC",
+    precision=None,
+    algorithm="auto",
 ):
-    """2-D convolution of NHWC `x` with HWIO `w`, plus optional `bias` and ReLU.
+    """2-D convolution of `x` with HWIO `w`, plus optional `bias` and ReLU.
 
     Args:
-      x: [N, H, W, C] float32, bfloat16 or float16.
+      x: [N, H, W, C] (or the same dims in `layout` order) float32, bfloat16 or float16.
       w: [R, S, C // groups, K], same dtype as x.
       bias: optional [K], same dtype as x.
       stride, dilation: int or (h, w) pair, >= 1 (dilation applies to the kernel).
       padding: "SAME", "VALID", an int, an (h, w) pair, or ((top, bottom), (left, right)).
       groups: feature groups (groups == C is depthwise).
       activation: None or "relu", applied after the bias.
+      layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result.
+      precision: float32 math. None/"default" may use TF32 tensor cores (like XLA's DEFAULT on
+        GPUs); "highest" (or lax.Precision.HIGHEST) is fp32-accurate (3xTF32 or FMA).
+      algorithm: "auto" (the handler picks), "tensor_core", "direct" or "depthwise".
 
     Returns:
-      [N, P, Q, K] in x's dtype, accumulated in float32.
+      [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32.
     """
     x, w = jnp.asarray(x), jnp.asarray(w)
     bias = None if bias is None else jnp.asarray(bias)
     cfg = make_config(
         x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
-        groups=groups, activation=activation,
+        groups=groups, activation=activation, layout=layout, precision=precision,
+        algorithm=algorithm,
     )
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
     conv2d_output_shape(

@@ -6,6 +6,7 @@ runs, with an error that names the argument.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -14,6 +15,13 @@ from jax import lax
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 ACTIVATIONS = (None, "relu")
+# Memory order of x and y (weights are always HWIO). Codes match cuda_ops' TensorLayout.
+LAYOUTS = ("NHWC", "NCHW", "CHWN")
+# fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is
+# fp32-accurate. Codes match cuda_ops' MathPrecision.
+PRECISIONS = ("default", "highest")
+# Kernel family; "auto" lets the CUDA handler pick. Codes match cuda_ops' Conv2dAlgorithm.
+ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise")
 
 Pair = tuple[int, int]
 
@@ -27,6 +35,35 @@ class Conv2dConfig:
     dilation: Pair
     groups: int
     activation: str | None
+    layout: str = "NHWC"
+    precision: str = "default"
+    algorithm: str = "auto"
+
+    def replace(self, **changes: Any) -> "Conv2dConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def to_nhwc_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
+    """Logical (N, H, W, C) of a 4-D shape stored in `layout`."""
+    return tuple(int(shape[layout.index(d)]) for d in "NHWC")  # type: ignore[return-value]
+
+
+def from_nhwc_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
+    """The `layout` shape of a logical (N, H, W, C) shape."""
+    return tuple(int(shape["NHWC".index(d)]) for d in layout)  # type: ignore[return-value]
+
+
+def normalize_precision(precision: Any) -> str:
+    """None / "default" / "highest" / a lax.Precision -> "default" | "highest".
+
+    lax's HIGH (bf16x3 on TPUs) is treated as "highest": on GPUs it is not cheaper."""
+    if precision is None:
+        return "default"
+    if isinstance(precision, lax.Precision):
+        return "default" if precision == lax.Precision.DEFAULT else "highest"
+    if isinstance(precision, str) and precision.lower() in ("default", "high", "highest", "fastest"):
+        return "default" if precision.lower() in ("default", "fastest") else "highest"
+    raise ValueError(f"precision must be None, 'default', 'highest' or a lax.Precision, got {precision!r}")
 
 
 def _int_pair(value: Any, name: str, minimum: int) -> Pair:
@@ -70,8 +107,16 @@ def make_config(
     dilation: Any = 1,
     groups: Any = 1,
     activation: str | None = None,
+    layout: str = "NHWC",
+    precision: Any = None,
+    algorithm: str = "auto",
 ) -> Conv2dConfig:
     """Normalizes the keyword arguments of `conv2d`; SAME/VALID become explicit pads."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    precision_ = normalize_precision(precision)
     stride_ = _int_pair(stride, "stride", 1)
     dilation_ = _int_pair(dilation, "dilation", 1)
     if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool):
@@ -81,12 +126,13 @@ def make_config(
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if len(x_shape) != 4:
-        raise ValueError(f"x must be rank 4 (NHWC), got shape {tuple(x_shape)}")
+        raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
         raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
+    _, h, wd, _ = to_nhwc_shape(x_shape, layout)
     window = (dilation_[0] * (w_shape[0] - 1) + 1, dilation_[1] * (w_shape[1] - 1) + 1)
-    pads = padding_pairs(padding, (x_shape[1], x_shape[2]), window, stride_)
-    return Conv2dConfig(stride_, pads, dilation_, int(groups), activation)
+    pads = padding_pairs(padding, (h, wd), window, stride_)
+    return Conv2dConfig(stride_, pads, dilation_, int(groups), activation, layout, precision_, algorithm)
 
 
 def _check_dtype(name: str, dtype: Any) -> None:
@@ -104,9 +150,9 @@ def conv2d_output_shape(
     bias_dtype: Any,
     cfg: Conv2dConfig,
 ) -> tuple[int, int, int, int]:
-    """Validates operands against `cfg` and returns the NHWC output shape."""
+    """Validates operands against `cfg` and returns the output shape (in cfg.layout)."""
     if len(x_shape) != 4:
-        raise ValueError(f"x must be rank 4 (NHWC), got shape {tuple(x_shape)}")
+        raise ValueError(f"x must be rank 4 ({cfg.layout}), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
         raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
     if 0 in x_shape:
@@ -116,7 +162,7 @@ def conv2d_output_shape(
     _check_dtype("x", x_dtype)
     if np.dtype(w_dtype) != np.dtype(x_dtype):
         raise TypeError(f"w dtype {np.dtype(w_dtype).name} must match x dtype {np.dtype(x_dtype).name}")
-    n, h, wd, c = x_shape
+    n, h, wd, c = to_nhwc_shape(x_shape, cfg.layout)
     r, s, cg, k = w_shape
     g = cfg.groups
     if c % g:
@@ -146,7 +192,9 @@ def conv2d_output_shape(
             f"the dilated window {(r, s)} (dilation {cfg.dilation}) does not fit the padded input "
             f"{(h + pt + pb, wd + pl + pr)}: output would be {(p, q)}"
         )
-    return (n, p, q, k)
+    if cfg.algorithm == "depthwise" and cg != 1:
+        raise ValueError(f"algorithm='depthwise' needs groups == x channels ({c}), got groups={g}")
+    return from_nhwc_shape((n, p, q, k), cfg.layout)
 
 
 def conv2d_flops(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int]) -> int:

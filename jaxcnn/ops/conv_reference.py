@@ -7,22 +7,22 @@ from jax import lax
 
 from jaxcnn.ops.conv_args import Conv2dConfig
 
-DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
-
 
 def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
     """The convolution alone (no bias, no activation), in `x.dtype` unless `out_dtype`.
 
-    fp32 asks for HIGHEST (true fp32, like the kernel); half types need no upcast.
+    x and the result are in cfg.layout, w is HWIO. fp32 follows cfg.precision (XLA may use TF32
+    for "default" on GPUs, as our tensor-core kernel does); half types need no upcast.
     """
-    precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
+    highest = x.dtype == jnp.float32 and cfg.precision == "highest"
+    precision = lax.Precision.HIGHEST if highest else lax.Precision.DEFAULT
     return lax.conv_general_dilated(
         x,
         w,
         window_strides=cfg.stride,
         padding=cfg.padding,
         rhs_dilation=cfg.dilation,
-        dimension_numbers=DIMENSION_NUMBERS,
+        dimension_numbers=(cfg.layout, "HWIO", cfg.layout),
         feature_group_count=cfg.groups,
         precision=precision,
         preferred_element_type=out_dtype,
@@ -33,7 +33,8 @@ def conv2d_reference(x, w, bias, cfg: Conv2dConfig):
     """Same semantics as the CUDA kernel: fp32 accumulate, bias and ReLU in fp32, one rounding."""
     y = linear_conv2d(x, w, cfg, out_dtype=jnp.float32)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        channel_axis = cfg.layout.index("C")
+        y = y + jnp.expand_dims(bias.astype(jnp.float32), tuple(range(channel_axis + 1 - 4, 0)))
     if cfg.activation == "relu":
         y = jnp.maximum(y, 0.0)
     return y.astype(x.dtype)

@@ -1,0 +1,53 @@
+// Kernel-family choice for conv2d (see conv2d_dispatch.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "conv/conv2d_direct.h"
+#include "conv/conv2d_dispatch.h"
+
+namespace jaxcnn {
+
+template <typename T>
+Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
+  Conv2dPlan plan;
+  switch (requested) {
+    case Conv2dAlgorithm::kAuto:
+    case Conv2dAlgorithm::kDirect:
+      plan.algorithm = Conv2dAlgorithm::kDirect;
+      plan.unsupported = conv2d_direct_unsupported_reason(params);
+      return plan;
+    case Conv2dAlgorithm::kTensorCore:
+    case Conv2dAlgorithm::kDepthwise:
+      plan.algorithm = requested;
+      plan.unsupported = "this kernel family is not built into the library";
+      return plan;
+  }
+  plan.unsupported = "unknown algorithm";
+  return plan;
+}
+
+template <typename T>
+cudaError_t run_conv2d(const Conv2dPlan& plan, const T* x, const T* w,
+                       const T* bias, T* y, const Conv2dParams& params,
+                       void* workspace, cudaStream_t stream) {
+  (void)workspace;
+  if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
+  switch (plan.algorithm) {
+    case Conv2dAlgorithm::kDirect:
+      return launch_conv2d_direct<T>(x, w, bias, y, params, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+#define JAXCNN_INSTANTIATE_DISPATCH(T)                                        \
+  template Conv2dPlan plan_conv2d<T>(const Conv2dParams&, Conv2dAlgorithm);  \
+  template cudaError_t run_conv2d<T>(const Conv2dPlan&, const T*, const T*,  \
+                                     const T*, T*, const Conv2dParams&,      \
+                                     void*, cudaStream_t);
+JAXCNN_INSTANTIATE_DISPATCH(float)
+JAXCNN_INSTANTIATE_DISPATCH(__nv_bfloat16)
+JAXCNN_INSTANTIATE_DISPATCH(__half)
+#undef JAXCNN_INSTANTIATE_DISPATCH
+
+}  // namespace jaxcnn
