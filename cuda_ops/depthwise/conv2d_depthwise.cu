@@ -76,6 +76,13 @@ int64_t TileCost(int64_t in_bytes, int64_t out_bytes, int64_t threads,
          RoundUp(threads, 32) * outputs_per_thread * taps / 4 + 2048;
 }
 
+// Bytes a contiguous run of `bytes` really moves: whole 32-byte sectors, plus
+// one when the run is not sector-aligned (narrow channel slices and short
+// plane rows waste bandwidth; the cost model must see it).
+int64_t SectorBytes(int64_t bytes) {
+  return RoundUp(bytes, 32) + (bytes % 32 != 0 ? 32 : 0);
+}
+
 // Busiest SM: tiles are spread evenly over the SMs.
 int64_t Score(int64_t tiles, int64_t tile_cost) {
   return CeilDiv(tiles, kNumSms) * tile_cost;
@@ -136,8 +143,8 @@ bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
             tiles > kInt32Max)
           continue;
         const int64_t cost = Score(
-            tiles, TileCost(IH * IW * lanes * elem_size,
-                            int64_t{TP} * TQ * lanes * elem_size, threads,
+            tiles, TileCost(IH * IW * SectorBytes(lanes * elem_size),
+                            int64_t{TP} * TQ * SectorBytes(lanes * elem_size), threads,
                             int64_t{TH} * V, q.R * q.S));
         if (found && cost >= best) continue;
         found = true;
@@ -205,8 +212,9 @@ bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
       const int64_t threads = PL * strips;
       // Scalar loads with index decode and conversion: count input bytes twice.
       const int64_t cost =
-          Score(tiles, TileCost(2 * PL * IH * IW * elem_size,
-                                PL * TP * TQ * elem_size, threads, TH, q.R * q.S));
+          Score(tiles, TileCost(2 * PL * IH * SectorBytes(IW * elem_size),
+                                PL * TP * SectorBytes(TQ * elem_size), threads, TH,
+                                q.R * q.S));
       if (found && cost >= best) continue;
       found = true;
       best = cost;
