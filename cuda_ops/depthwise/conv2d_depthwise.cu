@@ -1,0 +1,476 @@
+// Launcher for the depthwise conv2d kernels: validate, pick the kernel and its
+// tile with a small cost model, launch. Host arithmetic only: no allocation,
+// synchronization or device query (CUDA-graph capturable).
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+
+#include "depthwise/conv2d_depthwise.h"
+#include "depthwise/conv2d_depthwise_kernel.cuh"
+
+namespace jaxcnn {
+namespace {
+
+namespace dw = conv2d_depthwise;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// H100/H200 SXM. Only sizes the persistent grid and the cost model's waves;
+// a different count costs some balance, never correctness.
+constexpr int64_t kNumSms = 132;
+// Dynamic shared memory per CTA; staying under 48 KiB needs no opt-in
+// attribute call in the launch path.
+constexpr int64_t kSmemBudget = 48 * 1024;
+constexpr int64_t kSmemPerSm = 227 * 1024;
+// Registers per thread for the residency estimate: the vec kernels are capped
+// at 80 by __launch_bounds__ (kVecMinBlocks), the plane kernels use ~32.
+constexpr int64_t kRegsPerThread = 80;
+constexpr int kVec = 4;  // elements per thread of the vectorized layouts
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
+  int64_t acc = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(acc, f, &acc)) return false;
+  *product = acc;
+  return true;
+}
+
+enum class Shape { k3x3s1, k3x3s2, kGeneric };
+
+Shape FastShape(const Conv2dParams& q) {
+  if (q.R == 3 && q.S == 3 && q.dil_h == 1 && q.dil_w == 1 &&
+      q.stride_h == q.stride_w) {
+    if (q.stride_h == 1) return Shape::k3x3s1;
+    if (q.stride_h == 2) return Shape::k3x3s2;
+  }
+  return Shape::kGeneric;
+}
+
+// Output rows per thread: 8 where the sliding window reuses rows well
+// (stride 1), 4 elsewhere (smaller halo tiles, fewer accumulators).
+int StripRows(Shape shape) { return shape == Shape::k3x3s1 ? 8 : 4; }
+
+// NCHW, and CHWN with N == 1 (the same memory order), use the plane kernel.
+bool UsesPlaneKernel(const Conv2dParams& q) {
+  return q.layout == TensorLayout::kNCHW ||
+         (q.layout == TensorLayout::kCHWN && q.N == 1);
+}
+
+// Candidate extents: `cap` values limited to `n`, then balanced so the tiles
+// split n evenly (56 with cap 32 -> 28, not 32 + 24).
+int Balanced(int64_t n, int64_t cap) {
+  const int64_t c = std::max<int64_t>(1, std::min(cap, n));
+  return static_cast<int>(CeilDiv(n, CeilDiv(n, c)));
+}
+
+// Estimated cost of one tile in bytes-equivalents: bytes moved into shared
+// memory and out to global, FMAs of every launched lane (partial warps
+// included) at ~1/4 byte each, and a fixed per-tile overhead (decode,
+// barriers, pipeline bubbles).
+int64_t TileCost(int64_t in_bytes, int64_t out_bytes, int64_t threads,
+                 int64_t outputs_per_thread, int64_t taps) {
+  return in_bytes + out_bytes +
+         RoundUp(threads, 32) * outputs_per_thread * taps / 4 + 2048;
+}
+
+// Bytes a contiguous run of `bytes` really moves: whole 32-byte sectors, plus
+// one when the run is not sector-aligned (narrow channel slices and short
+// plane rows waste bandwidth; the cost model must see it).
+int64_t SectorBytes(int64_t bytes) {
+  return RoundUp(bytes, 32) + (bytes % 32 != 0 ? 32 : 0);
+}
+
+// Busiest SM: tiles are spread evenly over the SMs.
+int64_t Score(int64_t tiles, int64_t tile_cost) {
+  return CeilDiv(tiles, kNumSms) * tile_cost;
+}
+
+int64_t Residency(int64_t threads, int64_t smem) {
+  const int64_t t = RoundUp(threads, 32);
+  int64_t ctas = std::min<int64_t>(32, 2048 / t);
+  ctas = std::min(ctas, 65536 / (t * kRegsPerThread));
+  ctas = std::min(ctas, kSmemPerSm / (smem + 1024));
+  return std::max<int64_t>(1, ctas);
+}
+
+struct VecPlan {
+  int V, TH, tcv, slices, TQ, TP, IH, IW, IWs, lanes, threads;
+  int64_t stage_elems, smem, tiles_q, tiles_p, num_tiles, grid;
+};
+
+// Channel-last kernel: inner slice (tcv threads x V elements), output tile
+// TP x TQ (one thread per strip of TH rows). Returns false if nothing fits.
+bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
+  const bool chan_inner = q.layout == TensorLayout::kNHWC;
+  const int64_t inner = chan_inner ? q.K : q.N;
+  const int64_t outer = chan_inner ? q.N : q.K;
+  const Shape shape = V == 1 ? Shape::kGeneric : FastShape(q);
+  const int TH = StripRows(shape);
+  const int64_t CV = CeilDiv(inner, V);
+  const int64_t s0 = CeilDiv(CV, 32);
+
+  bool found = false;
+  int64_t best = 0;
+  const int64_t slice_mults[] = {1, 2, 3, 4, 8, 16, 32, 64};
+  int last_tcv = -1;
+  for (int64_t m : slice_mults) {
+    const int tcv = static_cast<int>(CeilDiv(CV, std::min(CV, s0 * m)));
+    if (tcv == last_tcv) continue;
+    last_tcv = tcv;
+    const int64_t slices = CeilDiv(CV, tcv);
+    for (int64_t tq_cap : {32, 16, 8, 4, 2, 1}) {
+      const int TQ = Balanced(q.Q, tq_cap);
+      for (int64_t tps_cap : {8, 4, 2, 1}) {
+        const int TPs = Balanced(CeilDiv(q.P, TH), tps_cap);
+        const int64_t threads = int64_t{tcv} * TQ * TPs;
+        if (threads > dw::kMaxThreads) continue;
+        const int TP = TPs * TH;
+        const int64_t IH = int64_t{TP - 1} * q.stride_h + (q.R - 1) * q.dil_h + 1;
+        const int64_t IW = int64_t{TQ - 1} * q.stride_w + (q.S - 1) * q.dil_w + 1;
+        const int64_t IWs = CeilDiv(IW, q.stride_w);
+        const int64_t lanes = int64_t{tcv} * V;
+        const int64_t stage_elems =
+            RoundUp(IH * IWs * q.stride_w * lanes * elem_size, 16) / elem_size;
+        const int64_t w_bytes = q.R * q.S * (chan_inner ? lanes : 1) * 4;
+        const int64_t smem = 2 * stage_elems * elem_size + w_bytes;
+        if (smem > kSmemBudget) continue;
+        const int64_t tiles_q = CeilDiv(q.Q, TQ), tiles_p = CeilDiv(q.P, TP);
+        int64_t tiles;
+        if (!CheckedProduct({outer, tiles_p, tiles_q, slices}, &tiles) ||
+            tiles > kInt32Max)
+          continue;
+        const int64_t cost = Score(
+            tiles, TileCost(IH * IW * SectorBytes(lanes * elem_size),
+                            int64_t{TP} * TQ * SectorBytes(lanes * elem_size), threads,
+                            int64_t{TH} * V, q.R * q.S));
+        if (found && cost >= best) continue;
+        found = true;
+        best = cost;
+        VecPlan& v = *out;
+        v.V = V;
+        v.TH = TH;
+        v.tcv = tcv;
+        v.slices = static_cast<int>(slices);
+        v.TQ = TQ;
+        v.TP = TP;
+        v.IH = static_cast<int>(IH);
+        v.IW = static_cast<int>(IW);
+        v.IWs = static_cast<int>(IWs);
+        v.lanes = static_cast<int>(lanes);
+        v.threads = static_cast<int>(threads);
+        v.stage_elems = stage_elems;
+        v.smem = smem;
+        v.tiles_q = tiles_q;
+        v.tiles_p = tiles_p;
+        v.num_tiles = tiles;
+        // Persistent grid: what fits on the GPU at once, a multiple of the
+        // slice count so every CTA keeps one slice (NHWC: one weight set).
+        int64_t grid = std::min(tiles, kNumSms * Residency(threads, smem));
+        if (grid >= slices) grid -= grid % slices;
+        v.grid = grid;
+      }
+    }
+  }
+  return found;
+}
+
+struct PlanePlan {
+  int TH, PL, TQ, TP, IH, IW, IWs, threads, strips;
+  int64_t smem, tiles_q, tiles_p, num_tiles;
+};
+
+bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
+  const Shape shape = FastShape(q);
+  const int TH = StripRows(shape);
+  const int64_t planes = q.N * q.K;
+  bool found = false;
+  int64_t best = 0;
+  for (int64_t tq_cap : {32, 16, 8, 4, 2, 1}) {
+    const int TQ = Balanced(q.Q, tq_cap);
+    for (int64_t tps_cap : {8, 4, 2, 1}) {
+      const int TPs = Balanced(CeilDiv(q.P, TH), tps_cap);
+      const int64_t strips = int64_t{TQ} * TPs;
+      if (strips > dw::kMaxThreads) continue;
+      const int TP = TPs * TH;
+      const int64_t IH = int64_t{TP - 1} * q.stride_h + (q.R - 1) * q.dil_h + 1;
+      const int64_t IW = int64_t{TQ - 1} * q.stride_w + (q.S - 1) * q.dil_w + 1;
+      const int64_t IWs = CeilDiv(IW, q.stride_w);
+      const int64_t plane_bytes =
+          IH * IWs * q.stride_w * 4 + (shape == Shape::kGeneric ? q.R * q.S * 4 : 0);
+      int64_t PL = std::min<int64_t>(planes, dw::kMaxThreads / strips);
+      PL = std::min(PL, kSmemBudget / plane_bytes);
+      if (PL < 1) continue;
+      PL = CeilDiv(planes, CeilDiv(planes, PL));  // even plane groups
+      const int64_t tiles_q = CeilDiv(q.Q, TQ), tiles_p = CeilDiv(q.P, TP);
+      int64_t tiles;
+      if (!CheckedProduct({CeilDiv(planes, PL), tiles_p, tiles_q}, &tiles) ||
+          tiles > kInt32Max)
+        continue;
+      const int64_t threads = PL * strips;
+      // Scalar loads with index decode and conversion: count input bytes twice.
+      const int64_t cost =
+          Score(tiles, TileCost(2 * PL * IH * SectorBytes(IW * elem_size),
+                                PL * TP * SectorBytes(TQ * elem_size), threads, TH,
+                                q.R * q.S));
+      if (found && cost >= best) continue;
+      found = true;
+      best = cost;
+      PlanePlan& v = *out;
+      v.TH = TH;
+      v.PL = static_cast<int>(PL);
+      v.TQ = TQ;
+      v.TP = TP;
+      v.IH = static_cast<int>(IH);
+      v.IW = static_cast<int>(IW);
+      v.IWs = static_cast<int>(IWs);
+      v.threads = static_cast<int>(threads);
+      v.strips = static_cast<int>(strips);
+      v.smem = PL * plane_bytes;
+      v.tiles_q = tiles_q;
+      v.tiles_p = tiles_p;
+      v.num_tiles = tiles;
+    }
+  }
+  return found;
+}
+
+bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
+
+// Vector width the channel-last kernel can use, ignoring pointer alignment.
+int VecWidth(const Conv2dParams& q) {
+  if (q.layout == TensorLayout::kNHWC)
+    return (q.K == q.C && q.C % kVec == 0) ? kVec : 1;
+  return q.N % kVec == 0 ? kVec : 1;
+}
+
+bool Aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+template <typename T, bool kChanInner, int V>
+void LaunchVec(Shape shape, const VecPlan& v, const T* x, const T* w,
+               const T* bias, T* y, const dw::VecParams& kp,
+               cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(v.grid));
+  const dim3 block(static_cast<unsigned>(v.threads));
+  const size_t smem = static_cast<size_t>(v.smem);
+  if constexpr (V > 1) {
+    if (shape == Shape::k3x3s1) {
+      dw::dw_vec_kernel<T, kChanInner, V, 8, 3, 3, 1>
+          <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      return;
+    }
+    if (shape == Shape::k3x3s2) {
+      dw::dw_vec_kernel<T, kChanInner, V, 4, 3, 3, 2>
+          <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      return;
+    }
+  }
+  dw::dw_vec_kernel<T, kChanInner, V, 4, 0, 0, 0>
+      <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+}
+
+template <typename T>
+cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
+                   const Conv2dParams& q, cudaStream_t stream) {
+  const bool chan_inner = q.layout == TensorLayout::kNHWC;
+  int V = VecWidth(q);
+  if (V > 1 && !(Aligned(x, V * sizeof(T)) && Aligned(y, V * sizeof(T)))) V = 1;
+  VecPlan v{};
+  if (!PlanVec(q, sizeof(T), V, &v)) {
+    if (V == 1 || !PlanVec(q, sizeof(T), 1, &v)) return cudaErrorInvalidValue;
+  }
+  const Shape shape = v.V == 1 ? Shape::kGeneric : FastShape(q);
+
+  dw::VecParams kp{};
+  kp.H = static_cast<int>(q.H);
+  kp.W = static_cast<int>(q.W);
+  kp.P = static_cast<int>(q.P);
+  kp.Q = static_cast<int>(q.Q);
+  kp.inner = static_cast<int>(chan_inner ? q.K : q.N);
+  kp.x_inner = static_cast<int>(chan_inner ? q.C : q.N);
+  kp.K = static_cast<int>(q.K);
+  kp.R = static_cast<int>(q.R);
+  kp.S = static_cast<int>(q.S);
+  kp.stride_h = q.stride_h;
+  kp.stride_w = q.stride_w;
+  kp.pad_h = q.pad_h;
+  kp.pad_w = q.pad_w;
+  kp.dil_h = q.dil_h;
+  kp.dil_w = q.dil_w;
+  kp.TP = v.TP;
+  kp.TQ = v.TQ;
+  kp.IH = v.IH;
+  kp.IW = v.IW;
+  kp.IWs = v.IWs;
+  kp.row_pitch = v.IWs * q.stride_w * v.lanes;
+  kp.phase_pitch = v.IWs * v.lanes;
+  kp.lanes = v.lanes;
+  kp.tcv = v.tcv;
+  kp.strips = v.threads / v.tcv;
+  kp.stage_elems = static_cast<int>(v.stage_elems);
+  kp.num_tiles = static_cast<int>(v.num_tiles);
+  kp.div_tcv = dw::FastDivmod(v.tcv);
+  kp.div_iw = dw::FastDivmod(v.IW);
+  kp.div_slices = dw::FastDivmod(v.slices);
+  kp.div_tiles_q = dw::FastDivmod(static_cast<uint32_t>(v.tiles_q));
+  kp.div_tiles_p = dw::FastDivmod(static_cast<uint32_t>(v.tiles_p));
+  kp.div_tq = dw::FastDivmod(v.TQ);
+  kp.div_stride_w = dw::FastDivmod(q.stride_w);
+  kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
+  kp.relu = q.relu;
+
+  if (chan_inner) {
+    if (v.V == kVec)
+      LaunchVec<T, true, kVec>(shape, v, x, w, bias, y, kp, stream);
+    else
+      LaunchVec<T, true, 1>(shape, v, x, w, bias, y, kp, stream);
+  } else {
+    if (v.V == kVec)
+      LaunchVec<T, false, kVec>(shape, v, x, w, bias, y, kp, stream);
+    else
+      LaunchVec<T, false, 1>(shape, v, x, w, bias, y, kp, stream);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t RunPlane(const T* x, const T* w, const T* bias, T* y,
+                     const Conv2dParams& q, cudaStream_t stream) {
+  PlanePlan v{};
+  if (!PlanPlane(q, sizeof(T), &v)) return cudaErrorInvalidValue;
+  const Shape shape = FastShape(q);
+
+  dw::PlaneParams kp{};
+  kp.H = static_cast<int>(q.H);
+  kp.W = static_cast<int>(q.W);
+  kp.P = static_cast<int>(q.P);
+  kp.Q = static_cast<int>(q.Q);
+  kp.C = static_cast<int>(q.C);
+  kp.K = static_cast<int>(q.K);
+  kp.R = static_cast<int>(q.R);
+  kp.S = static_cast<int>(q.S);
+  kp.stride_h = q.stride_h;
+  kp.stride_w = q.stride_w;
+  kp.pad_h = q.pad_h;
+  kp.pad_w = q.pad_w;
+  kp.dil_h = q.dil_h;
+  kp.dil_w = q.dil_w;
+  kp.planes = static_cast<int>(q.N * q.K);
+  kp.PL = v.PL;
+  kp.TP = v.TP;
+  kp.TQ = v.TQ;
+  kp.IH = v.IH;
+  kp.IW = v.IW;
+  kp.IWs = v.IWs;
+  kp.row_pitch = v.IWs * q.stride_w;
+  kp.plane_pitch = v.IH * kp.row_pitch;
+  kp.strips = v.strips;
+  kp.num_tiles = static_cast<int>(v.num_tiles);
+  kp.div_iw = dw::FastDivmod(v.IW);
+  kp.div_ih = dw::FastDivmod(v.IH);
+  kp.div_tq = dw::FastDivmod(v.TQ);
+  kp.div_strips = dw::FastDivmod(v.strips);
+  kp.div_tiles_q = dw::FastDivmod(static_cast<uint32_t>(v.tiles_q));
+  kp.div_tiles_p = dw::FastDivmod(static_cast<uint32_t>(v.tiles_p));
+  kp.div_K = dw::FastDivmod(static_cast<uint32_t>(q.K));
+  kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
+  kp.div_stride_w = dw::FastDivmod(q.stride_w);
+  kp.relu = q.relu;
+
+  const dim3 grid(static_cast<unsigned>(v.num_tiles));
+  const dim3 block(static_cast<unsigned>(v.threads));
+  const size_t smem = static_cast<size_t>(v.smem);
+  switch (shape) {
+    case Shape::k3x3s1:
+      dw::dw_plane_kernel<T, 8, 3, 3, 1><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      break;
+    case Shape::k3x3s2:
+      dw::dw_plane_kernel<T, 4, 3, 3, 2><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      break;
+    case Shape::kGeneric:
+      dw::dw_plane_kernel<T, 4, 0, 0, 0><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* conv2d_depthwise_unsupported_reason(const Conv2dParams& q) {
+  if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
+      q.K < 0 || q.P < 0 || q.Q < 0)
+    return "negative dimension";
+  if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
+      q.layout != TensorLayout::kCHWN)
+    return "unknown layout";
+  if (q.C < 1 || q.groups != q.C)
+    return "not depthwise: the depthwise kernel needs groups == C >= 1";
+  if (q.K < q.C || q.K % q.C != 0)
+    return "not depthwise: K must be C * multiplier with multiplier >= 1";
+  if (q.R < 1 || q.S < 1) return "empty filter window";
+  if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
+  if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";
+  if (q.pad_h < 0 || q.pad_w < 0) return "pads must be >= 0";
+  // int32 coordinates and FastDivmod dividends (< 2^31) in the kernels;
+  // int64 global offsets.
+  if (!FitsInt32(q.N) || !FitsInt32(q.H) || !FitsInt32(q.W) ||
+      !FitsInt32(q.C) || !FitsInt32(q.K) || !FitsInt32(q.R) ||
+      !FitsInt32(q.S) || !FitsInt32(q.P) || !FitsInt32(q.Q))
+    return "a dimension exceeds int32";
+  if (q.R > 1024 || q.S > 1024) return "filter window larger than 1024";
+  if (q.P * q.stride_h + (q.R - 1) * q.dil_h + q.pad_h > kInt32Max ||
+      q.Q * q.stride_w + (q.S - 1) * q.dil_w + q.pad_w > kInt32Max)
+    return "receptive field coordinates exceed int32";
+  int64_t unused;
+  if (!CheckedProduct({q.N, q.H, q.W, q.C}, &unused) ||
+      !CheckedProduct({q.N, q.P, q.Q, q.K}, &unused) ||
+      !CheckedProduct({q.R, q.S, q.K}, &unused))
+    return "element count overflows int64";
+  if (q.N * q.K > kInt32Max) return "N * K exceeds int32";
+  if (q.N * q.P * q.Q * q.K == 0) return nullptr;  // nothing to launch
+  // fp32 is the largest element: a plan that fits for it fits for all types.
+  if (UsesPlaneKernel(q)) {
+    PlanePlan plan;
+    if (!PlanPlane(q, 4, &plan))
+      return "receptive field too large for the shared-memory tile";
+  } else {
+    VecPlan plan;
+    if (!PlanVec(q, 4, VecWidth(q), &plan) && !PlanVec(q, 4, 1, &plan))
+      return "receptive field too large for the shared-memory tile";
+  }
+  return nullptr;
+}
+
+template <typename T>
+cudaError_t launch_conv2d_depthwise(const T* x, const T* w, const T* bias,
+                                    T* y, const Conv2dParams& params,
+                                    cudaStream_t stream) {
+  if (conv2d_depthwise_unsupported_reason(params) != nullptr)
+    return cudaErrorInvalidValue;
+  if (params.N * params.P * params.Q * params.K == 0) return cudaSuccess;
+  if (y == nullptr || w == nullptr) return cudaErrorInvalidValue;
+  // An empty input is legal (the output is then bias, +ReLU), but a
+  // non-empty one needs a pointer.
+  if (x == nullptr && params.H * params.W > 0) return cudaErrorInvalidValue;
+  return UsesPlaneKernel(params) ? RunPlane(x, w, bias, y, params, stream)
+                                 : RunVec(x, w, bias, y, params, stream);
+}
+
+template cudaError_t launch_conv2d_depthwise<float>(const float*, const float*,
+                                                    const float*, float*,
+                                                    const Conv2dParams&,
+                                                    cudaStream_t);
+template cudaError_t launch_conv2d_depthwise<__nv_bfloat16>(
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
+template cudaError_t launch_conv2d_depthwise<__half>(const __half*,
+                                                     const __half*,
+                                                     const __half*, __half*,
+                                                     const Conv2dParams&,
+                                                     cudaStream_t);
+
+}  // namespace jaxcnn
