@@ -56,12 +56,15 @@ fi
 
 if has sanitizer; then
   SELFTEST_BUILD=build/selftest
-  step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
-  SELFTEST=$SELFTEST_BUILD/conv2d_selftest
-  step selftest "$SELFTEST"
-  for tool in memcheck racecheck synccheck initcheck; do
-    extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
-    step "$tool" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$SELFTEST"
+  SELFTESTS=${SELFTESTS:-conv2d_selftest depthwise_selftest}
+  step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target ${SELFTESTS// / --target }"
+  for name in $SELFTESTS; do
+    SELFTEST=$SELFTEST_BUILD/$name
+    step "$name" "$SELFTEST"
+    for tool in memcheck racecheck synccheck initcheck; do
+      extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
+      step "$name-$tool" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$SELFTEST"
+    done
   done
 fi
 

@@ -42,21 +42,33 @@ def junit_counts(path: Path) -> dict | None:
     return counts
 
 
-def sanitizer_summaries(log: str) -> dict[str, str]:
-    """The summary line each compute-sanitizer tool printed, by step name."""
+def _step_block(log: str, step: str) -> str | None:
+    block = re.search(rf"=== {re.escape(step)}: .*?(?==== {re.escape(step)}: rc=)", log, re.S)
+    return block.group(0) if block else None
+
+
+def sanitizer_summaries(log: str, steps: list[dict]) -> dict[str, str]:
+    """The summary line each compute-sanitizer run printed, by step name (<selftest>-<tool>)."""
     out = {}
-    for tool in SANITIZER_STEPS:
-        block = re.search(rf"=== {tool}: .*?(?==== {tool}: rc=)", log, re.S)
-        if not block:
+    for step in (s["step"] for s in steps):
+        if not step.endswith(tuple(f"-{tool}" for tool in SANITIZER_STEPS)):
             continue
-        lines = re.findall(r"========= (?:ERROR|RACECHECK|LEAK)? ?SUMMARY: .*", block.group(0))
-        out[tool] = "; ".join(line.replace("========= ", "") for line in lines) or "no summary line"
+        block = _step_block(log, step)
+        if block is None:
+            continue
+        lines = re.findall(r"========= (?:ERROR|RACECHECK|LEAK)? ?SUMMARY: .*", block)
+        out[step] = "; ".join(line.replace("========= ", "") for line in lines) or "no summary line"
     return out
 
 
-def selftest_lines(log: str) -> list[str]:
-    block = re.search(r"=== selftest: .*?(?==== selftest: rc=)", log, re.S)
-    return block.group(0).splitlines()[1:] if block else []
+def selftest_lines(log: str, steps: list[dict]) -> list[str]:
+    """Output of each self-test program (steps named *_selftest)."""
+    lines = []
+    for step in (s["step"] for s in steps if s["step"].endswith("_selftest")):
+        block = _step_block(log, step)
+        if block:
+            lines += block.splitlines()
+    return lines
 
 
 def gpu_slug(env: dict) -> str:
@@ -106,15 +118,16 @@ def main() -> int:
     bench = json.loads(bench_json.read_text()) if bench_json.exists() else {}
     env = bench.get("environment") or _environment()
     date = dt.date.today().isoformat()
+    steps = read_steps(args.steps)
     report = dict(
         gpu=gpu_slug(env),
         date=date,
         label=args.label,
         environment=env,
-        steps=read_steps(args.steps),
+        steps=steps,
         pytest={name: junit_counts(args.raw / f"{name}.xml") for name in ("pytest_gpu", "pytest_default")},
-        sanitizer=sanitizer_summaries(log),
-        selftest=selftest_lines(log),
+        sanitizer=sanitizer_summaries(log, steps),
+        selftest=selftest_lines(log, steps),
         bench_rows=bench.get("rows", []),
         sections={path.stem: json.loads(path.read_text()) for path in args.extra if path.exists()},
     )

@@ -4,6 +4,7 @@
 
 #include "conv/conv2d_direct.h"
 #include "conv/conv2d_dispatch.h"
+#include "depthwise/conv2d_depthwise.h"
 
 namespace jaxcnn {
 
@@ -12,12 +13,23 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
   Conv2dPlan plan;
   switch (requested) {
     case Conv2dAlgorithm::kAuto:
+      // Depthwise is memory-bound: its own kernel beats any GEMM view of it.
+      if (conv2d_depthwise_unsupported_reason(params) == nullptr) {
+        plan.algorithm = Conv2dAlgorithm::kDepthwise;
+        return plan;
+      }
+      plan.algorithm = Conv2dAlgorithm::kDirect;
+      plan.unsupported = conv2d_direct_unsupported_reason(params);
+      return plan;
     case Conv2dAlgorithm::kDirect:
       plan.algorithm = Conv2dAlgorithm::kDirect;
       plan.unsupported = conv2d_direct_unsupported_reason(params);
       return plan;
-    case Conv2dAlgorithm::kTensorCore:
     case Conv2dAlgorithm::kDepthwise:
+      plan.algorithm = Conv2dAlgorithm::kDepthwise;
+      plan.unsupported = conv2d_depthwise_unsupported_reason(params);
+      return plan;
+    case Conv2dAlgorithm::kTensorCore:
       plan.algorithm = requested;
       plan.unsupported = "this kernel family is not built into the library";
       return plan;
@@ -35,6 +47,8 @@ cudaError_t run_conv2d(const Conv2dPlan& plan, const T* x, const T* w,
   switch (plan.algorithm) {
     case Conv2dAlgorithm::kDirect:
       return launch_conv2d_direct<T>(x, w, bias, y, params, stream);
+    case Conv2dAlgorithm::kDepthwise:
+      return launch_conv2d_depthwise<T>(x, w, bias, y, params, stream);
     default:
       return cudaErrorInvalidValue;
   }
