@@ -7,7 +7,8 @@
 #     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
-#     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA
+#     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
+#                NCU_TIMEOUT, NCU_XLA_FLAGS)
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
 #   REPORT_LABEL names the report (default: the sections joined by '+').
 set -uo pipefail
@@ -87,7 +88,8 @@ if has ncu; then
   NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1:fp32"}
   cases=()
   for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
-  step ncu timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-layer --out "$RAW/ncu.csv" "${cases[@]}"
+  # NCU_XLA_FLAGS (e.g. --xla_gpu_autotune_level=0) for the profiled processes only.
+  step ncu env XLA_FLAGS="${NCU_XLA_FLAGS:-${XLA_FLAGS:-}}" timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-layer --out "$RAW/ncu.csv" "${cases[@]}"
 fi
 
 if has perfmodel; then
