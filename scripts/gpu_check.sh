@@ -5,7 +5,9 @@
 #   SECTIONS (comma list, default tests,sanitizer,bench):
 #     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too)
 #     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
+#                (conv2d_selftest and layout_selftest)
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
+#     layout     scripts/bench_layout_transform.py: jaxcnn.to_layout vs XLA transpose vs copy
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
@@ -56,12 +58,17 @@ fi
 
 if has sanitizer; then
   SELFTEST_BUILD=build/selftest
-  step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest"
+  step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target conv2d_selftest layout_selftest"
   SELFTEST=$SELFTEST_BUILD/conv2d_selftest
   step selftest "$SELFTEST"
   for tool in memcheck racecheck synccheck initcheck; do
     extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
     step "$tool" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$SELFTEST"
+  done
+  LAYOUT_SELFTEST=$SELFTEST_BUILD/layout_selftest
+  step layout_selftest "$LAYOUT_SELFTEST"
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "layout_$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 "$LAYOUT_SELFTEST"
   done
 fi
 
@@ -69,6 +76,13 @@ if has bench; then
   BENCH_ARGS=(--out "$RAW")
   [ "$QUICK" = "--quick" ] && BENCH_ARGS+=(--quick)
   step bench $PY scripts/bench_layers.py "${BENCH_ARGS[@]}"
+fi
+
+if has layout; then
+  LAYOUT_ARGS=(--out "$RAW")
+  [ "$QUICK" = "--quick" ] && LAYOUT_ARGS+=(--quick)
+  step layout_bench $PY scripts/bench_layout_transform.py "${LAYOUT_ARGS[@]}"
+  [ -f "$RAW/bench_layout_transform.md" ] && cp "$RAW/bench_layout_transform.md" "$OUT/"
 fi
 
 if has zoo; then

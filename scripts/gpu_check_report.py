@@ -14,6 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 SANITIZER_STEPS = ("memcheck", "racecheck", "synccheck", "initcheck")
+# The same tools on the layout-transform self-test.
+SANITIZER_STEPS += tuple(f"layout_{tool}" for tool in SANITIZER_STEPS)
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -54,8 +56,8 @@ def sanitizer_summaries(log: str) -> dict[str, str]:
     return out
 
 
-def selftest_lines(log: str) -> list[str]:
-    block = re.search(r"=== selftest: .*?(?==== selftest: rc=)", log, re.S)
+def selftest_lines(log: str, step: str = "selftest") -> list[str]:
+    block = re.search(rf"=== {step}: .*?(?==== {step}: rc=)", log, re.S)
     return block.group(0).splitlines()[1:] if block else []
 
 
@@ -87,7 +89,10 @@ def render_md(report: dict, bench_md: str) -> str:
             lines += [f"  - FAILED {t}" for t in counts["failed_tests"]]
     lines += ["", "## compute-sanitizer on cuda_ops/selftest", ""]
     lines += [f"- {tool}: {summary}" for tool, summary in report["sanitizer"].items()]
-    lines += ["", "Self-test output:", "", "```", *report["selftest"], "```", "", "## Layer benchmark", "", bench_md]
+    lines += ["", "Self-test output:", "", "```", *report["selftest"], "```"]
+    layout = report.get("layout_selftest") or []
+    lines += ["", f"Layout self-test ({len(layout) - 1} cases): {layout[-1] if layout else 'not run'}"]
+    lines += ["", "## Layer benchmark", "", bench_md]
     return "\n".join(lines) + "\n"
 
 
@@ -115,6 +120,7 @@ def main() -> int:
         pytest={name: junit_counts(args.raw / f"{name}.xml") for name in ("pytest_gpu", "pytest_default")},
         sanitizer=sanitizer_summaries(log),
         selftest=selftest_lines(log),
+        layout_selftest=selftest_lines(log, "layout_selftest"),
         bench_rows=bench.get("rows", []),
         sections={path.stem: json.loads(path.read_text()) for path in args.extra if path.exists()},
     )
