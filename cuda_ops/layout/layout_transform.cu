@@ -53,10 +53,26 @@ struct TileShape {
   int log_tb, log_ti, log_tj;
 };
 
+int64_t CountTiles(const LayoutTransformPlan& plan, const TileShape& t) {
+  auto tiles = [](int64_t extent, int log) {
+    return (extent + (int64_t{1} << log) - 1) >> log;
+  };
+  return tiles(plan.B, t.log_tb) * tiles(plan.I, t.log_ti) *
+         tiles(plan.J, t.log_tj);
+}
+
+// Small tensors (batch 1) would give a few dozen blocks: shrink tiles down to
+// 1024 elements until there are enough blocks to spread the requests over
+// all SMs (132 on H100, several blocks each).
+constexpr int64_t kMinTiles = 512;
+constexpr int kLogMinTileElems = 10;
+
 // Both sides need long contiguous runs: TJ covers j (the input's contiguous
 // axis), TI covers i (the output's). A short extent is covered whole and the
 // freed tile budget goes to the other axis, then to the batch.
-TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems) {
+// log_load_w / log_store_w: vector widths the tile sides must keep.
+TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems,
+                     int log_load_w, int log_store_w) {
   const int log_cap = Log2Ceil(tile_elems);
   const int log_max_dim = Log2Ceil(lt::kMaxTileDim);
   int log_tj = std::min(Log2Ceil(plan.J), log_max_dim);
@@ -67,9 +83,26 @@ TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems) {
     log_tj = std::min(Log2Ceil(plan.J), log_cap - log_ti);
   // Halved tiles (scalar loads, 8-byte elements) shorten the longer side.
   while (log_ti + log_tj > log_cap) (log_ti >= log_tj ? log_ti : log_tj) -= 1;
-  const int log_tb =
-      std::max(0, std::min(Log2Ceil(plan.B), log_cap - log_ti - log_tj));
-  return {log_tb, log_ti, log_tj};
+  TileShape t{0, log_ti, log_tj};
+  t.log_tb = std::max(0, std::min(Log2Ceil(plan.B), log_cap - log_ti - log_tj));
+  // Runs stay >= 16 elements (and >= a vector) on both sides.
+  const int log_min_ti = std::min(log_ti, std::max(4, log_store_w));
+  const int log_min_tj = std::min(log_tj, std::max(4, log_load_w));
+  while (CountTiles(plan, t) < kMinTiles &&
+         t.log_tb + t.log_ti + t.log_tj > kLogMinTileElems) {
+    if (t.log_tb > 0) {
+      --t.log_tb;
+    } else if (t.log_ti >= t.log_tj && t.log_ti > log_min_ti) {
+      --t.log_ti;
+    } else if (t.log_tj > log_min_tj) {
+      --t.log_tj;
+    } else if (t.log_ti > log_min_ti) {
+      --t.log_ti;
+    } else {
+      break;
+    }
+  }
+  return t;
 }
 
 template <typename E, bool kVecLoad, bool kVecStore>
@@ -105,8 +138,10 @@ cudaError_t LaunchForType(const void* x_raw, void* y_raw,
                         plan.in_stride_b % kV == 0 && IsAligned(x, 16);
   const bool vec_store = plan.I % kV == 0 && plan.out_stride_j % kV == 0 &&
                          plan.out_stride_b % kV == 0 && IsAligned(y, 16);
+  const int log_v = Log2Ceil(kV);
   const TileShape tile = ChooseTile(
-      plan, vec_load ? lt::TileElems<E, true>() : lt::TileElems<E, false>());
+      plan, vec_load ? lt::TileElems<E, true>() : lt::TileElems<E, false>(),
+      vec_load ? log_v : 0, vec_store ? log_v : 0);
   lt::TransposeParams p;
   p.B = plan.B;
   p.I = plan.I;
@@ -119,10 +154,9 @@ cudaError_t LaunchForType(const void* x_raw, void* y_raw,
   p.log_ti = tile.log_ti;
   p.log_tj = tile.log_tj;
   p.batch_middle = plan.batch_middle;
-  const int64_t tiles_b = (plan.B + (int64_t{1} << tile.log_tb) - 1) >> tile.log_tb;
   p.tiles_i = (plan.I + (int64_t{1} << tile.log_ti) - 1) >> tile.log_ti;
   p.tiles_j = (plan.J + (int64_t{1} << tile.log_tj) - 1) >> tile.log_tj;
-  p.num_tiles = tiles_b * p.tiles_i * p.tiles_j;
+  p.num_tiles = CountTiles(plan, tile);
   if (vec_load && vec_store) return LaunchTranspose<E, true, true>(x, y, p, stream);
   if (vec_load) return LaunchTranspose<E, true, false>(x, y, p, stream);
   if (vec_store) return LaunchTranspose<E, false, true>(x, y, p, stream);
