@@ -11,7 +11,9 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
+    "LAYOUTS": "jaxcnn.ops.layouts",
     "conv2d": "jaxcnn.ops",
+    "to_layout": "jaxcnn.ops",
     "cuda_available": "jaxcnn._ffi",
     "cuda_unavailable_reason": "jaxcnn._ffi",
     "require_cuda": "jaxcnn._ffi",

@@ -22,6 +22,7 @@ LIBRARY_ENV = "JAXCNN_LIBRARY"
 FFI_TARGETS: dict[str, str] = {
     "jaxcnn_conv2d_fwd": "JaxcnnConv2dFwd",
     "jaxcnn_conv2d_fwd_nobias": "JaxcnnConv2dFwdNoBias",
+    "jaxcnn_layout_transform": "JaxcnnLayoutTransform",
 }
 
 

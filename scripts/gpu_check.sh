@@ -5,7 +5,9 @@
 #   SECTIONS (comma list, default tests,sanitizer,bench):
 #     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too)
 #     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
+#                (SELFTESTS: conv2d_selftest depthwise_selftest layout_selftest)
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
+#     layout     scripts/bench_layout_transform.py: jaxcnn.to_layout vs XLA transpose vs copy
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
@@ -57,7 +59,7 @@ fi
 
 if has sanitizer; then
   SELFTEST_BUILD=build/selftest
-  SELFTESTS=${SELFTESTS:-conv2d_selftest depthwise_selftest}
+  SELFTESTS=${SELFTESTS:-conv2d_selftest depthwise_selftest layout_selftest}
   step selftest_build bash -c "cmake -S . -B $SELFTEST_BUILD -G Ninja -DJAXCNN_CUDA=ON -DJAXCNN_BUILD_SELFTEST=ON -DPython_EXECUTABLE=$PY_ABS -DCMAKE_BUILD_TYPE=Release && cmake --build $SELFTEST_BUILD --target ${SELFTESTS// / --target }"
   for name in $SELFTESTS; do
     SELFTEST=$SELFTEST_BUILD/$name
@@ -73,6 +75,13 @@ if has bench; then
   BENCH_ARGS=(--out "$RAW")
   [ "$QUICK" = "--quick" ] && BENCH_ARGS+=(--quick)
   step bench $PY scripts/bench_layers.py "${BENCH_ARGS[@]}"
+fi
+
+if has layout; then
+  LAYOUT_ARGS=(--out "$RAW")
+  [ "$QUICK" = "--quick" ] && LAYOUT_ARGS+=(--quick)
+  step layout_bench $PY scripts/bench_layout_transform.py "${LAYOUT_ARGS[@]}"
+  [ -f "$RAW/bench_layout_transform.md" ] && cp "$RAW/bench_layout_transform.md" "$OUT/"
 fi
 
 if has zoo; then

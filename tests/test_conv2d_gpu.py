@@ -30,7 +30,7 @@ def run_poisoned(x, w, b, **kw):
     assert 'custom_call_target="jaxcnn_conv2d' in text, text
     root = [line for line in text.splitlines() if "ROOT" in line][-1]
     assert "get-tuple-element" in root or "custom-call" in root, root
-    assert "input_output_alias" in text, "the poisoned output buffer must be donated"
+    assert "input_output_alias" in text, "the poisoned output buffer must be donated: " + text[:2000]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
         return compiled(poison, *args)
@@ -117,9 +117,13 @@ def test_vmap_on_gpu():
 def test_handler_errors_become_python_exceptions():
     """The FFI handler validates too: a bad attribute reaches Python as an exception."""
     x, w, _ = random_operands(16, (1, 8, 8, 4), (3, 3, 4, 6), with_bias=False)
-    call = jax.ffi.ffi_call("jaxcnn_conv2d_fwd_nobias", jax.ShapeDtypeStruct((1, 8, 8, 6), x.dtype))
+    call = jax.ffi.ffi_call(
+        "jaxcnn_conv2d_fwd_nobias",
+        (jax.ShapeDtypeStruct((1, 8, 8, 6), x.dtype), jax.ShapeDtypeStruct((0,), jnp.uint8)),
+    )
     attrs = dict(stride_h=np.int64(1), stride_w=np.int64(1), pad_h=np.int64(1), pad_w=np.int64(1),
-                 dilation_h=np.int64(1), dilation_w=np.int64(1), activation=np.int64(0))
+                 dilation_h=np.int64(1), dilation_w=np.int64(1), activation=np.int64(0),
+                 layout=np.int64(0), precision=np.int64(1), algorithm=np.int64(0))
     with pytest.raises(Exception, match="groups"):
         jax.block_until_ready(jax.jit(lambda x, w: call(x, w, groups=np.int64(3), **attrs))(x, w))
     # The process is still healthy afterwards.

@@ -27,13 +27,25 @@ bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Element strides of logical [N, C, H, W] (or y's [N, K, P, Q]) in `layout`.
+void SetStrides(TensorLayout layout, int64_t N, int64_t C, int64_t H, int64_t W,
+                int64_t* sn, int64_t* sc, int64_t* sh, int64_t* sw) {
+  switch (layout) {
+    case TensorLayout::kNHWC: *sc = 1; *sw = C; *sh = W * C; *sn = H * W * C; return;
+    case TensorLayout::kNCHW: *sw = 1; *sh = W; *sc = H * W; *sn = C * H * W; return;
+    case TensorLayout::kCHWN: *sn = 1; *sw = N; *sh = W * N; *sc = H * W * N; return;
+  }
+}
+
 }  // namespace
 
 const char* conv2d_direct_unsupported_reason(const Conv2dParams& q) {
   if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
       q.K < 0 || q.P < 0 || q.Q < 0)
     return "negative dimension";
-  if (q.layout != TensorLayout::kNHWC) return "the direct kernel reads NHWC only";
+  if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
+      q.layout != TensorLayout::kCHWN)
+    return "unknown tensor layout";
   if (q.groups < 1) return "groups must be >= 1";
   if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
   if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";
@@ -105,6 +117,11 @@ cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
   p.tiles_n_per_group = static_cast<int>(CeilDiv(Kg, cd::kTileN));
   p.PQ = params.P * params.Q;
   p.HWC = params.H * params.W * params.C;
+  p.N = params.N;
+  SetStrides(params.layout, params.N, params.C, params.H, params.W,
+             &p.x_stride_n, &p.x_stride_c, &p.x_stride_h, &p.x_stride_w);
+  SetStrides(params.layout, params.N, params.K, params.P, params.Q,
+             &p.y_stride_n, &p.y_stride_k, &p.y_stride_p, &p.y_stride_q);
   p.gemm_m = gemm_m;
   p.num_tiles_m = CeilDiv(gemm_m, cd::kTileM);
   p.num_tiles_gn = static_cast<int64_t>(params.groups) * p.tiles_n_per_group;
@@ -112,8 +129,20 @@ cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
 
   const dim3 grid(static_cast<unsigned>(std::min(p.num_tiles_m, kInt32Max)),
                   static_cast<unsigned>(std::min(p.num_tiles_gn, kMaxGridY)));
-  cd::conv2d_direct_kernel<T><<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y,
-                                                                  p);
+  switch (params.layout) {
+    case TensorLayout::kNHWC:
+      cd::conv2d_direct_kernel<T, TensorLayout::kNHWC>
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+      break;
+    case TensorLayout::kNCHW:
+      cd::conv2d_direct_kernel<T, TensorLayout::kNCHW>
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+      break;
+    case TensorLayout::kCHWN:
+      cd::conv2d_direct_kernel<T, TensorLayout::kCHWN>
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+      break;
+  }
   return cudaGetLastError();
 }
 

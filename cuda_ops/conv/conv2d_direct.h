@@ -1,4 +1,5 @@
-// Direct (implicit-GEMM, CUDA-core) NHWC x HWIO -> NHWC conv2d launcher.
+// Direct (implicit-GEMM, CUDA-core) conv2d launcher: x and y in params.layout
+// (NHWC, NCHW or CHWN), weights HWIO.
 // Plain C++ interface so it can be used without XLA (e.g. by the selftest).
 #pragma once
 

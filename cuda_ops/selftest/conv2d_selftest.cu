@@ -1,4 +1,6 @@
-// Standalone check of launch_conv2d_direct against a float64 CPU reference.
+// Standalone check of launch_conv2d_direct against a float64 CPU reference,
+// every case in every activation layout (NHWC, NCHW, CHWN: the reference runs
+// in NHWC, inputs and outputs are converted on the host).
 // Small shapes so it finishes in seconds under compute-sanitizer
 // (memcheck / racecheck). Exit status: 0 all pass, 1 a case failed, 2 CUDA error.
 #include <cuda_bf16.h>
@@ -27,6 +29,41 @@
 namespace {
 
 using jaxcnn::Conv2dParams;
+using jaxcnn::TensorLayout;
+
+const char* LayoutName(TensorLayout layout) {
+  switch (layout) {
+    case TensorLayout::kNHWC: return "NHWC";
+    case TensorLayout::kNCHW: return "NCHW";
+    case TensorLayout::kCHWN: return "CHWN";
+  }
+  return "?";
+}
+
+// Offset of logical (n, c, h, w) in a [N, C, H, W] tensor laid out as `layout`.
+int64_t LayoutOffset(TensorLayout layout, int64_t N, int64_t C, int64_t H,
+                     int64_t W, int64_t n, int64_t c, int64_t h, int64_t w) {
+  switch (layout) {
+    case TensorLayout::kNHWC: return ((n * H + h) * W + w) * C + c;
+    case TensorLayout::kNCHW: return ((n * C + c) * H + h) * W + w;
+    case TensorLayout::kCHWN: return ((c * H + h) * W + w) * N + n;
+  }
+  return 0;
+}
+
+// Copies `in` (laid out as `from`) into `out` laid out as `to`.
+template <typename V>
+void ConvertLayout(const std::vector<V>& in, TensorLayout from, TensorLayout to,
+                   int64_t N, int64_t C, int64_t H, int64_t W,
+                   std::vector<V>* out) {
+  out->resize(in.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t w = 0; w < W; ++w)
+          (*out)[LayoutOffset(to, N, C, H, W, n, c, h, w)] =
+              in[LayoutOffset(from, N, C, H, W, n, c, h, w)];
+}
 
 enum class DType { kF32, kBF16, kF16 };
 
@@ -115,7 +152,7 @@ void Reference(const std::vector<float>& x, const std::vector<float>& w,
 }
 
 template <typename T>
-bool RunCase(const Case& tc, uint64_t seed) {
+bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
   Conv2dParams p{};
   p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
   p.R = tc.R; p.S = tc.S; p.K = tc.K;
@@ -126,6 +163,7 @@ bool RunCase(const Case& tc, uint64_t seed) {
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
   p.groups = tc.groups;
   p.relu = tc.relu;
+  p.layout = layout;
 
   const size_t x_count = p.N * p.H * p.W * p.C;
   const size_t w_count = p.R * p.S * (p.C / p.groups) * p.K;
@@ -152,7 +190,11 @@ bool RunCase(const Case& tc, uint64_t seed) {
   CHECK_CUDA(cudaMalloc(&w_dev, w_count * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&b_dev, p.K * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&y_dev, y_count * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(x_dev, x_host.data(), x_count * sizeof(T),
+  // x_host is NHWC (the reference's layout); the kernel reads p.layout.
+  std::vector<T> x_in_layout;
+  ConvertLayout(x_host, TensorLayout::kNHWC, layout, p.N, p.C, p.H, p.W,
+                &x_in_layout);
+  CHECK_CUDA(cudaMemcpy(x_dev, x_in_layout.data(), x_count * sizeof(T),
                         cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(w_dev, w_host.data(), w_count * sizeof(T),
                         cudaMemcpyHostToDevice));
@@ -166,9 +208,11 @@ bool RunCase(const Case& tc, uint64_t seed) {
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaGetLastError());
 
-  std::vector<T> y_host(y_count);
-  CHECK_CUDA(cudaMemcpy(y_host.data(), y_dev, y_count * sizeof(T),
+  std::vector<T> y_in_layout(y_count), y_host;
+  CHECK_CUDA(cudaMemcpy(y_in_layout.data(), y_dev, y_count * sizeof(T),
                         cudaMemcpyDeviceToHost));
+  ConvertLayout(y_in_layout, layout, TensorLayout::kNHWC, p.N, p.K, p.P, p.Q,
+                &y_host);
   CHECK_CUDA(cudaFree(x_dev));
   CHECK_CUDA(cudaFree(w_dev));
   CHECK_CUDA(cudaFree(b_dev));
@@ -190,10 +234,10 @@ bool RunCase(const Case& tc, uint64_t seed) {
   const double rel_err = max_abs_err / std::fmax(max_ref, 1e-30);
   const bool pass = nan_count == 0 && rel_err <= Tolerance(tc.dtype);
   std::printf(
-      "%-4s %-5s N=%lld H=%lld W=%lld C=%lld RxS=%lldx%lld K=%lld s=%d,%d "
+      "%-4s %-5s %s N=%lld H=%lld W=%lld C=%lld RxS=%lldx%lld K=%lld s=%d,%d "
       "pad=%d/%d,%d/%d d=%d,%d G=%d bias=%d relu=%d -> P=%lld Q=%lld  "
       "max_rel_err=%.3e nan=%zu  %s\n",
-      tc.name, DTypeName(tc.dtype), (long long)p.N, (long long)p.H,
+      tc.name, DTypeName(tc.dtype), LayoutName(layout), (long long)p.N, (long long)p.H,
       (long long)p.W, (long long)p.C, (long long)p.R, (long long)p.S,
       (long long)p.K, tc.stride_h, tc.stride_w, tc.pad_top, tc.pad_bottom,
       tc.pad_left, tc.pad_right, tc.dil_h, tc.dil_w, tc.groups, tc.bias,
@@ -247,18 +291,27 @@ int main() {
       {"c14", DType::kF16, 1, 9, 9, 10, 1, 1, 6, 2, 2, 0, 0, 0, 0, 1, 1, 2, true, false},
       {"c15", DType::kF16, 2, 13, 15, 40, 3, 3, 72, 2, 2, 2, 2, 2, 2, 2, 2, 1, true, true},
       {"c16", DType::kF16, 3, 8, 8, 24, 3, 3, 24, 1, 1, 1, 1, 1, 1, 1, 1, 24, false, false},
+      // Batches past one M tile: CHWN rows run over n first, so tiles mix
+      // images and output pixels; NCHW tiles cross image rows.
+      {"c17", DType::kF32, 67, 5, 6, 8, 3, 3, 12, 1, 1, 1, 1, 1, 1, 1, 1, 1, true, true},
+      {"c18", DType::kBF16, 33, 7, 5, 6, 3, 3, 10, 2, 2, 1, 1, 1, 1, 1, 1, 2, false, true},
+      {"c19", DType::kF16, 70, 4, 4, 3, 2, 2, 5, 1, 1, 0, 1, 0, 1, 1, 1, 1, true, false},
   };
+  const TensorLayout layouts[] = {TensorLayout::kNHWC, TensorLayout::kNCHW,
+                                  TensorLayout::kCHWN};
 
   int failures = 0;
   uint64_t seed = 12345;
   for (const Case& tc : cases) {
-    bool pass = false;
-    switch (tc.dtype) {
-      case DType::kF32: pass = RunCase<float>(tc, seed); break;
-      case DType::kBF16: pass = RunCase<__nv_bfloat16>(tc, seed); break;
-      case DType::kF16: pass = RunCase<__half>(tc, seed); break;
+    for (TensorLayout layout : layouts) {
+      bool pass = false;
+      switch (tc.dtype) {
+        case DType::kF32: pass = RunCase<float>(tc, layout, seed); break;
+        case DType::kBF16: pass = RunCase<__nv_bfloat16>(tc, layout, seed); break;
+        case DType::kF16: pass = RunCase<__half>(tc, layout, seed); break;
+      }
+      if (!pass) ++failures;
     }
-    if (!pass) ++failures;
     seed += 7919;
   }
   if (!CheckRejectsBadParams()) ++failures;

@@ -23,8 +23,8 @@ from jaxcnn.ops.conv_args import (
     Conv2dConfig,
     conv2d_output_shape,
     make_config,
-    to_nhwc_shape,
 )
+from jaxcnn.ops.layouts import convert_shape
 from jaxcnn.ops.conv_reference import conv2d_reference, linear_conv2d
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
@@ -69,8 +69,8 @@ class Conv2dPrimitive(BatchShardedPrimitive):
         # Scratch (filter re-layout, fp32 splits) is a second result XLA allocates with the
         # rest of the program's temporaries: no allocation inside the handler, CUDA-graph safe.
         scratch = _ffi.conv2d_workspace_bytes(
-            to_nhwc_shape(x_aval.shape, cfg.layout), w_aval.shape,
-            to_nhwc_shape(ctx.avals_out[0].shape, cfg.layout), x_aval.dtype, cfg,
+            convert_shape(x_aval.shape, cfg.layout, "NHWC"), w_aval.shape,
+            convert_shape(ctx.avals_out[0].shape, cfg.layout, "NHWC"), x_aval.dtype, cfg,
         )
         ctx = ctx.replace(avals_out=[*ctx.avals_out, ShapedArray((scratch,), np.uint8)])
         y, _ = jax.ffi.ffi_lowering(target)(

@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import numpy as np
 from jax import lax
 
+from jaxcnn.ops.layouts import LAYOUTS, convert_shape  # x and y memory orders; weights are HWIO
+
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 ACTIVATIONS = (None, "relu")
-# Memory order of x and y (weights are always HWIO). Codes match cuda_ops' TensorLayout.
-LAYOUTS = ("NHWC", "NCHW", "CHWN")
 # fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is
 # fp32-accurate. Codes match cuda_ops' MathPrecision.
 PRECISIONS = ("default", "highest")
@@ -41,16 +41,6 @@ class Conv2dConfig:
 
     def replace(self, **changes: Any) -> "Conv2dConfig":
         return dataclasses.replace(self, **changes)
-
-
-def to_nhwc_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
-    """Logical (N, H, W, C) of a 4-D shape stored in `layout`."""
-    return tuple(int(shape[layout.index(d)]) for d in "NHWC")  # type: ignore[return-value]
-
-
-def from_nhwc_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
-    """The `layout` shape of a logical (N, H, W, C) shape."""
-    return tuple(int(shape["NHWC".index(d)]) for d in layout)  # type: ignore[return-value]
 
 
 def normalize_precision(precision: Any) -> str:
@@ -129,7 +119,7 @@ def make_config(
         raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
         raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
-    _, h, wd, _ = to_nhwc_shape(x_shape, layout)
+    _, h, wd, _ = convert_shape(x_shape, layout, "NHWC")
     window = (dilation_[0] * (w_shape[0] - 1) + 1, dilation_[1] * (w_shape[1] - 1) + 1)
     pads = padding_pairs(padding, (h, wd), window, stride_)
     return Conv2dConfig(stride_, pads, dilation_, int(groups), activation, layout, precision_, algorithm)
@@ -162,7 +152,7 @@ def conv2d_output_shape(
     _check_dtype("x", x_dtype)
     if np.dtype(w_dtype) != np.dtype(x_dtype):
         raise TypeError(f"w dtype {np.dtype(w_dtype).name} must match x dtype {np.dtype(x_dtype).name}")
-    n, h, wd, c = to_nhwc_shape(x_shape, cfg.layout)
+    n, h, wd, c = convert_shape(x_shape, cfg.layout, "NHWC")
     r, s, cg, k = w_shape
     g = cfg.groups
     if c % g:
@@ -194,7 +184,7 @@ def conv2d_output_shape(
         )
     if cfg.algorithm == "depthwise" and cg != 1:
         raise ValueError(f"algorithm='depthwise' needs groups == x channels ({c}), got groups={g}")
-    return from_nhwc_shape((n, p, q, k), cfg.layout)
+    return convert_shape((n, p, q, k), "NHWC", cfg.layout)
 
 
 def conv2d_flops(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int]) -> int:

@@ -1,0 +1,301 @@
+// Layout-transform launcher: reduce the direction to a copy or a batched
+// transpose, pick the tile and the vector widths, launch.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "layout/layout_transform.h"
+#include "layout/layout_transform_kernel.cuh"
+
+namespace jaxcnn {
+namespace {
+
+namespace lt = layout_transform;
+
+// Logical axes of the reduced problem (H and W merge into S).
+enum Axis : int { kAxisN = 0, kAxisC = 1, kAxisS = 2 };
+
+// Outermost to innermost.
+void AxisOrder(TensorLayout layout, int order[3]) {
+  switch (layout) {
+    case TensorLayout::kNHWC: order[0] = kAxisN; order[1] = kAxisS; order[2] = kAxisC; return;
+    case TensorLayout::kNCHW: order[0] = kAxisN; order[1] = kAxisC; order[2] = kAxisS; return;
+    case TensorLayout::kCHWN: order[0] = kAxisC; order[1] = kAxisS; order[2] = kAxisN; return;
+  }
+}
+
+// One axis of the reduced problem: a run of original axes merged together.
+struct Group {
+  int first;     // original axis leading the run (in the source order)
+  int64_t size;  // product of the merged sizes
+};
+
+int Log2Ceil(int64_t v) {
+  int log = 0;
+  while ((int64_t{1} << log) < v) ++log;
+  return log;
+}
+
+bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
+  int64_t acc = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(acc, f, &acc)) return false;
+  }
+  *product = acc;
+  return true;
+}
+
+bool IsAligned(const void* ptr, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+struct TileShape {
+  int log_tb, log_ti, log_tj;
+};
+
+int64_t CountTiles(const LayoutTransformPlan& plan, const TileShape& t) {
+  auto tiles = [](int64_t extent, int log) {
+    return (extent + (int64_t{1} << log) - 1) >> log;
+  };
+  return tiles(plan.B, t.log_tb) * tiles(plan.I, t.log_ti) *
+         tiles(plan.J, t.log_tj);
+}
+
+// Small tensors (batch 1) would give a few dozen blocks: shrink tiles down to
+// 1024 elements until there are enough blocks to spread the requests over
+// all SMs (132 on H100, several blocks each).
+constexpr int64_t kMinTiles = 512;
+constexpr int kLogMinTileElems = 10;
+
+// Both sides need long contiguous runs: TJ covers j (the input's contiguous
+// axis), TI covers i (the output's). A short extent is covered whole and the
+// freed tile budget goes to the other axis, then to the batch.
+// log_load_w / log_store_w: vector widths the tile sides must keep.
+TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems,
+                     int log_load_w, int log_store_w) {
+  const int log_cap = Log2Ceil(tile_elems);
+  const int log_max_dim = Log2Ceil(lt::kMaxTileDim);
+  int log_tj = std::min(Log2Ceil(plan.J), log_max_dim);
+  int log_ti = std::min(Log2Ceil(plan.I), log_max_dim);
+  if (log_tj < log_max_dim)
+    log_ti = std::min(Log2Ceil(plan.I), log_cap - log_tj);
+  else if (log_ti < log_max_dim)
+    log_tj = std::min(Log2Ceil(plan.J), log_cap - log_ti);
+  // Halved tiles (scalar loads, 8-byte elements) shorten the longer side.
+  while (log_ti + log_tj > log_cap) (log_ti >= log_tj ? log_ti : log_tj) -= 1;
+  TileShape t{0, log_ti, log_tj};
+  t.log_tb = std::max(0, std::min(Log2Ceil(plan.B), log_cap - log_ti - log_tj));
+  // Runs stay >= 16 elements (and >= a vector) on both sides.
+  const int log_min_ti = std::min(log_ti, std::max(4, log_store_w));
+  const int log_min_tj = std::min(log_tj, std::max(4, log_load_w));
+  while (CountTiles(plan, t) < kMinTiles &&
+         t.log_tb + t.log_ti + t.log_tj > kLogMinTileElems) {
+    if (t.log_tb > 0) {
+      --t.log_tb;
+    } else if (t.log_ti >= t.log_tj && t.log_ti > log_min_ti) {
+      --t.log_ti;
+    } else if (t.log_tj > log_min_tj) {
+      --t.log_tj;
+    } else if (t.log_ti > log_min_ti) {
+      --t.log_ti;
+    } else {
+      break;
+    }
+  }
+  return t;
+}
+
+template <typename E, bool kVecLoad, bool kVecStore>
+cudaError_t LaunchTranspose(const E* x, E* y, const lt::TransposeParams& p,
+                            cudaStream_t stream) {
+  const size_t smem_bytes =
+      (size_t{1} << (p.log_tb + p.log_ti)) *
+      ((size_t{1} << p.log_tj) + lt::SmemPad<E>()) * sizeof(E);
+  // Enough blocks to fill the GPU several times over; larger problems loop.
+  constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>(p.num_tiles, kMaxBlocks));
+  lt::transpose_kernel<E, kVecLoad, kVecStore>
+      <<<blocks, lt::kThreads, smem_bytes, stream>>>(x, y, p);
+  return cudaGetLastError();
+}
+
+template <typename E>
+cudaError_t LaunchForType(const void* x_raw, void* y_raw,
+                          const LayoutTransformPlan& plan,
+                          cudaStream_t stream) {
+  const E* x = static_cast<const E*>(x_raw);
+  E* y = static_cast<E*>(y_raw);
+  if (plan.kind == LayoutTransformPlan::Kind::kCopy) {
+    return cudaMemcpyAsync(y, x, plan.elements * sizeof(E),
+                           cudaMemcpyDeviceToDevice, stream);
+  }
+  // 16-byte accesses need every vector start aligned: the extent along the
+  // vector and the other strides (multiples of it here) divisible by the
+  // width, and the base pointer 16-byte aligned.
+  constexpr int kV = lt::VecWidth<E>();
+  const bool vec_load = plan.J % kV == 0 && plan.in_stride_i % kV == 0 &&
+                        plan.in_stride_b % kV == 0 && IsAligned(x, 16);
+  const bool vec_store = plan.I % kV == 0 && plan.out_stride_j % kV == 0 &&
+                         plan.out_stride_b % kV == 0 && IsAligned(y, 16);
+  const int log_v = Log2Ceil(kV);
+  const TileShape tile = ChooseTile(
+      plan, vec_load ? lt::TileElems<E, true>() : lt::TileElems<E, false>(),
+      vec_load ? log_v : 0, vec_store ? log_v : 0);
+  lt::TransposeParams p;
+  p.B = plan.B;
+  p.I = plan.I;
+  p.J = plan.J;
+  p.in_stride_b = plan.in_stride_b;
+  p.in_stride_i = plan.in_stride_i;
+  p.out_stride_b = plan.out_stride_b;
+  p.out_stride_j = plan.out_stride_j;
+  p.log_tb = tile.log_tb;
+  p.log_ti = tile.log_ti;
+  p.log_tj = tile.log_tj;
+  p.batch_middle = plan.batch_middle;
+  p.tiles_i = (plan.I + (int64_t{1} << tile.log_ti) - 1) >> tile.log_ti;
+  p.tiles_j = (plan.J + (int64_t{1} << tile.log_tj) - 1) >> tile.log_tj;
+  p.num_tiles = CountTiles(plan, tile);
+  if (vec_load && vec_store) return LaunchTranspose<E, true, true>(x, y, p, stream);
+  if (vec_load) return LaunchTranspose<E, true, false>(x, y, p, stream);
+  if (vec_store) return LaunchTranspose<E, false, true>(x, y, p, stream);
+  return LaunchTranspose<E, false, false>(x, y, p, stream);
+}
+
+}  // namespace
+
+bool is_valid_layout(int64_t code) {
+  return code == static_cast<int64_t>(TensorLayout::kNHWC) ||
+         code == static_cast<int64_t>(TensorLayout::kNCHW) ||
+         code == static_cast<int64_t>(TensorLayout::kCHWN);
+}
+
+void layout_dims(TensorLayout layout, int64_t N, int64_t C, int64_t H,
+                 int64_t W, int64_t dims[4]) {
+  switch (layout) {
+    case TensorLayout::kNHWC: dims[0] = N; dims[1] = H; dims[2] = W; dims[3] = C; return;
+    case TensorLayout::kNCHW: dims[0] = N; dims[1] = C; dims[2] = H; dims[3] = W; return;
+    case TensorLayout::kCHWN: dims[0] = C; dims[1] = H; dims[2] = W; dims[3] = N; return;
+  }
+}
+
+LayoutTransformPlan plan_layout_transform(TensorLayout src, TensorLayout dst,
+                                          int64_t N, int64_t C, int64_t H,
+                                          int64_t W) {
+  LayoutTransformPlan plan;
+  plan.elements = N * C * H * W;
+  if (plan.elements == 0) return plan;  // kEmpty
+  const int64_t size[3] = {N, C, H * W};
+  int src_order[3], dst_order[3];
+  AxisOrder(src, src_order);
+  AxisOrder(dst, dst_order);
+
+  // Drop size-1 axes (they do not move data), then merge runs of axes that
+  // are adjacent and in the same order in both layouts.
+  int src_kept[3], dst_kept[3], kept = 0, dst_count = 0;
+  for (int a : src_order)
+    if (size[a] > 1) src_kept[kept++] = a;
+  for (int a : dst_order)
+    if (size[a] > 1) dst_kept[dst_count++] = a;
+  auto dst_pos = [&](int axis) {
+    for (int k = 0; k < dst_count; ++k)
+      if (dst_kept[k] == axis) return k;
+    return -1;
+  };
+  Group groups[3];
+  int num_groups = 0;
+  for (int k = 0; k < kept; ++k) {
+    const int a = src_kept[k];
+    if (num_groups > 0 && dst_pos(a) == dst_pos(src_kept[k - 1]) + 1) {
+      groups[num_groups - 1].size *= size[a];
+    } else {
+      groups[num_groups++] = {a, size[a]};
+    }
+  }
+  if (num_groups <= 1) {
+    plan.kind = LayoutTransformPlan::Kind::kCopy;
+    return plan;
+  }
+  // Group order in dst: rank of each group's leading axis among the groups.
+  int dst_rank[3];
+  for (int g = 0; g < num_groups; ++g) {
+    dst_rank[g] = 0;
+    for (int h = 0; h < num_groups; ++h)
+      if (dst_pos(groups[h].first) < dst_pos(groups[g].first)) ++dst_rank[g];
+  }
+  plan.kind = LayoutTransformPlan::Kind::kTranspose;
+  if (num_groups == 2) {
+    // [I, J] -> [J, I]
+    plan.I = groups[0].size;
+    plan.J = groups[1].size;
+    plan.in_stride_i = plan.J;
+    plan.out_stride_j = plan.I;
+    plan.in_stride_b = plan.out_stride_b = plan.elements;
+    return plan;
+  }
+  // Three groups with no adjacent pair kept: dst is [g0, g2, g1] or
+  // [g2, g1, g0]. ([g1, g0, g2] keeps the innermost axis, which no pair of
+  // these layouts does: their innermost axes C, S, N all differ.)
+  if (dst_rank[0] == 0) {
+    plan.B = groups[0].size;
+    plan.I = groups[1].size;
+    plan.J = groups[2].size;
+    plan.in_stride_i = plan.J;
+    plan.in_stride_b = plan.I * plan.J;
+    plan.out_stride_j = plan.I;
+    plan.out_stride_b = plan.I * plan.J;
+  } else if (dst_rank[0] == 2 && dst_rank[1] == 1) {
+    plan.I = groups[0].size;
+    plan.B = groups[1].size;
+    plan.J = groups[2].size;
+    plan.batch_middle = true;
+    plan.in_stride_b = plan.J;
+    plan.in_stride_i = plan.B * plan.J;
+    plan.out_stride_b = plan.I;
+    plan.out_stride_j = plan.B * plan.I;
+  } else {
+    plan.kind = LayoutTransformPlan::Kind::kUnsupported;
+  }
+  return plan;
+}
+
+const char* layout_transform_unsupported_reason(TensorLayout src,
+                                                TensorLayout dst, int64_t N,
+                                                int64_t C, int64_t H, int64_t W,
+                                                size_t element_bytes) {
+  if (!is_valid_layout(static_cast<int64_t>(src)) ||
+      !is_valid_layout(static_cast<int64_t>(dst)))
+    return "unknown layout";
+  if (N < 0 || C < 0 || H < 0 || W < 0) return "negative dimension";
+  if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4 &&
+      element_bytes != 8)
+    return "element size must be 1, 2, 4 or 8 bytes";
+  int64_t bytes;
+  if (!CheckedProduct({N, C, H, W, static_cast<int64_t>(element_bytes)}, &bytes))
+    return "tensor size overflows int64";
+  return nullptr;
+}
+
+cudaError_t launch_layout_transform(const void* x, void* y,
+                                    size_t element_bytes, TensorLayout src,
+                                    TensorLayout dst, int64_t N, int64_t C,
+                                    int64_t H, int64_t W, cudaStream_t stream) {
+  if (layout_transform_unsupported_reason(src, dst, N, C, H, W,
+                                          element_bytes) != nullptr)
+    return cudaErrorInvalidValue;
+  const LayoutTransformPlan plan = plan_layout_transform(src, dst, N, C, H, W);
+  if (plan.kind == LayoutTransformPlan::Kind::kEmpty) return cudaSuccess;
+  if (plan.kind == LayoutTransformPlan::Kind::kUnsupported)
+    return cudaErrorNotSupported;
+  if (x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  switch (element_bytes) {
+    case 1: return LaunchForType<uint8_t>(x, y, plan, stream);
+    case 2: return LaunchForType<uint16_t>(x, y, plan, stream);
+    case 4: return LaunchForType<uint32_t>(x, y, plan, stream);
+    case 8: return LaunchForType<uint64_t>(x, y, plan, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jaxcnn
