@@ -23,7 +23,8 @@ def run_poisoned(x, w, b, **kw):
     kw = {"precision": "highest", **kw}  # fp32 checks are against float64 at 1e-5
     out = jax.eval_shape(lambda *a: jaxcnn.conv2d(*a, **kw), *args)
     poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    fn = jax.jit(lambda p, *a: jaxcnn.conv2d(*a, **kw), donate_argnums=0)
+    # keep_unused: the poison is not read, and jit would otherwise drop it (and the aliasing).
+    fn = jax.jit(lambda p, *a: jaxcnn.conv2d(*a, **kw), donate_argnums=0, keep_unused=True)
     compiled = fn.lower(poison, *args).compile()
     text = compiled.as_text()
     # The custom call's first result (the second is its scratch) is the program's output.
