@@ -16,6 +16,7 @@ import io
 import json
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -24,20 +25,29 @@ SCRIPT = Path(__file__).resolve().parent / "ncu_layer.py"
 FIELDS = ["layer", "dtype", "variant", "kernel", "metric", "unit", "value"]
 
 
-def kernel_counts(cases: list[str]) -> dict[str, int]:
+def _with_xla_flags(*flags: str) -> dict[str, str]:
+    return dict(os.environ, XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip())
+
+
+def kernel_counts(cases: list[str], autotune_file: Path) -> dict[str, int]:
+    """Kernels per call of each case, from a plain run that also saves XLA's autotuning
+    choices, so the ncu run compiles the same kernels without autotuning under ncu (slow,
+    and with autotuning off XLA picks far slower convolutions)."""
+    env = _with_xla_flags(f"--xla_gpu_dump_autotune_results_to={autotune_file}")
     done = subprocess.run([sys.executable, str(SCRIPT), "--count", *cases],
-                          capture_output=True, text=True, timeout=900, check=True)
+                          capture_output=True, text=True, timeout=900, check=True, env=env)
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     return {case: int(round(counts[case])) for case in cases}
 
 
-def ncu_kernel_rows(cases: list[str]) -> list[list[dict[str, str]]]:
+def ncu_kernel_rows(cases: list[str], autotune_file: Path) -> list[list[dict[str, str]]]:
     """Metric rows grouped per profiled kernel, in launch order."""
     command = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
                "--metrics", ",".join(METRICS), sys.executable, str(SCRIPT), *cases]
     # ncu's kernel replay saves and restores the device memory a kernel can reach: with XLA's
     # default arena (75% of the GPU preallocated) that is ~100 GB per replayed kernel.
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    env = dict(_with_xla_flags(f"--xla_gpu_load_autotune_results_from={autotune_file}"),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"ncu failed: {done.stderr[-3000:]}")
@@ -51,8 +61,10 @@ def ncu_kernel_rows(cases: list[str]) -> list[list[dict[str, str]]]:
 
 def collect(cases: list[str]) -> list[dict[str, str]]:
     """Tidy rows for `cases`, profiled in one ncu process."""
-    counts = kernel_counts(cases)
-    kernels = ncu_kernel_rows(cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        autotune_file = Path(tmp) / "autotune.textproto"
+        counts = kernel_counts(cases, autotune_file)
+        kernels = ncu_kernel_rows(cases, autotune_file)
     if len(kernels) != sum(counts.values()):
         raise RuntimeError(f"ncu profiled {len(kernels)} kernels, expected {sum(counts.values())} {counts}")
     out_rows, position = [], 0
