@@ -134,6 +134,10 @@ def measurements_from_bench(rows: Sequence[dict[str, Any]]) -> list[Measurement]
             if variant not in BENCH_VARIANTS or not timing or timing.get("median_ms") is None:
                 continue
             kernels = _kernel_list(timing.get("kernels"))
+            if variant == "jaxcnn" and kernels and not any(
+                "conv2d_direct" in name for name, *_ in kernels
+            ):
+                continue  # "auto" ran another family (tensor-core, depthwise): not modelled
             time_ms = timing["median_ms"]
             found.append(make_measurement(layer, row["dtype"], variant, time_ms, kernels))
     return found
