@@ -98,7 +98,7 @@ if has ncu; then
   cases=()
   for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
   # NCU_XLA_FLAGS (e.g. --xla_gpu_autotune_level=0) for the profiled processes only.
-  step ncu env XLA_FLAGS="${NCU_XLA_FLAGS:-${XLA_FLAGS:-}}" timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-layer --out "$RAW/ncu.csv" "${cases[@]}"
+  step ncu env XLA_FLAGS="${NCU_XLA_FLAGS:-${XLA_FLAGS:-}}" timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-case --out "$RAW/ncu.csv" "${cases[@]}"
 fi
 
 if has perfmodel; then

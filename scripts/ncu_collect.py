@@ -65,6 +65,10 @@ def collect(cases: list[str]) -> list[dict[str, str]]:
         autotune_file = Path(tmp) / "autotune.textproto"
         counts = kernel_counts(cases, autotune_file)
         kernels = ncu_kernel_rows(cases, autotune_file)
+    if len(cases) == 1:
+        # Alone in its process, every profiled kernel is the case's (ncu can see fewer launches
+        # than the profiler trace counts, e.g. a memset node of XLA's command buffer).
+        counts = {cases[0]: len(kernels)}
     if len(kernels) != sum(counts.values()):
         raise RuntimeError(f"ncu profiled {len(kernels)} kernels, expected {sum(counts.values())} {counts}")
     out_rows, position = [], 0
@@ -85,11 +89,13 @@ def main() -> int:
     parser.add_argument("--per-layer", action="store_true",
                         help="one ncu process per layer:dtype, the CSV rewritten after each, so a "
                              "timeout keeps the layers already done")
+    parser.add_argument("--per-case", action="store_true",
+                        help="one ncu process per case: no attribution by kernel counts")
     parser.add_argument("cases", nargs="+", help="layer:dtype:variant")
     args = parser.parse_args()
     groups: dict[str, list[str]] = {}
     for case in args.cases:
-        key = case.rsplit(":", 1)[0] if args.per_layer else ""
+        key = case if args.per_case else case.rsplit(":", 1)[0] if args.per_layer else ""
         groups.setdefault(key, []).append(case)
     out_rows: list[dict[str, str]] = []
     failed = 0

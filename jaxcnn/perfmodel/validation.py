@@ -62,6 +62,7 @@ class Measurement:
     scope_note: str = ""  # why the model does not cover it; "" when it does
     source: str = "bench"
     counters: dict[str, float] = field(default_factory=dict)  # ncu bytes by level
+    counters_kernel: str = ""  # the kernel ncu profiled (its run may have picked another)
 
     @property
     def in_scope(self) -> bool:
@@ -331,8 +332,12 @@ def attach_counters(
             attached.append(m)
             continue
         case = (m.layer.name, m.dtype, m.variant)
-        counters = _sum_bytes(by_case[case]) if case in by_case else _counters_in_order(m, runs)
-        attached.append(dataclasses.replace(m, counters=counters))
+        if case in by_case:
+            counters = _sum_bytes(by_case[case])
+            profiled = max(by_case[case], key=lambda k: k.bytes.get("l2", 0.0)).name
+        else:
+            counters, profiled = _counters_in_order(m, runs), ""
+        attached.append(dataclasses.replace(m, counters=counters, counters_kernel=profiled))
     return attached
 
 
@@ -346,6 +351,9 @@ def prediction_rows(
     rows = []
     for m in measurements:
         p = predict(m.layer, gpu, m.tiling, m.impl, m.precision, factors)
+        # Bytes are predicted for the kernel ncu profiled (autotuning may differ between runs).
+        ncu_tiling = parse_kernel_tiling(m.counters_kernel) if m.counters_kernel else None
+        bytes_p = predict(m.layer, gpu, ncu_tiling, m.impl, m.precision, factors) if ncu_tiling else p
         row = dict(
             label=m.label,
             layer=m.layer.name,
@@ -367,9 +375,9 @@ def prediction_rows(
             latency_ms=p.times.latency_s * 1e3,
             ctas=p.traffic.grid.ctas,
             waves=p.traffic.grid.waves,
-            predicted_bytes=dict(
-                l1=p.traffic.l1_bytes, l2=p.traffic.l2_bytes, dram=p.traffic.dram_bytes
-            ),
+            # As ncu counts them (in-kernel: TMA past L1TEX, dirty output left in L2).
+            predicted_bytes=dict(bytes_p.traffic.ncu_bytes),
+            bytes_tiling=bytes_p.tiling.name,
             ncu_bytes=dict(m.counters),
         )
         rows.append(row)
