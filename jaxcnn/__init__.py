@@ -12,6 +12,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "conv2d": "jaxcnn.ops",
+    "max_pool2d": "jaxcnn.ops",
+    "avg_pool2d": "jaxcnn.ops",
+    "softmax": "jaxcnn.ops",
+    "log_softmax": "jaxcnn.ops",
     "cuda_available": "jaxcnn._ffi",
     "cuda_unavailable_reason": "jaxcnn._ffi",
     "require_cuda": "jaxcnn._ffi",

@@ -1,5 +1,7 @@
 """One module per primitive; each exposes its public function."""
 
 from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
+from jaxcnn.ops.softmax import log_softmax, softmax
 
-__all__ = ["conv2d"]
+__all__ = ["avg_pool2d", "conv2d", "log_softmax", "max_pool2d", "softmax"]
