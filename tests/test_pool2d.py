@@ -252,3 +252,10 @@ def test_primitive_bind_validates_too():
     with pytest.raises(TypeError, match="x dtype"):
         jax.eval_shape(lambda x: Pool2dPrimitive.outer.bind(x, cfg=cfg, operand_names=("x",)),
                        sds((2, 8, 8, 4), jnp.int32))
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_grad_under_jit(mode):
+    x = random_x(12, (2, 3, 9, 8))
+    fn = lambda x: jnp.sum(POOLS[mode](x, 3, 2, padding=1, layout="NCHW") ** 2)  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.grad(fn))(x), jax.grad(fn)(x), rtol=1e-6, atol=1e-7)

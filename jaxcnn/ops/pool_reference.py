@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxcnn.ops.pool_args import Pool2dConfig, avg_divisors
@@ -25,7 +26,9 @@ def pool2d_reference(x, cfg: Pool2dConfig):
     propagates), avg summed in fp32 and divided once, then rounded to x's dtype."""
     dims, strides, pads = _window_args(cfg)
     if cfg.mode == "max":
-        init = jnp.array(-jnp.inf, x.dtype)
+        # A concrete (NumPy) init: under a trace jnp.array would be a tracer and lax would
+        # take its generic reduce_window, which has no reverse-mode derivative.
+        init = np.array(-np.inf, x.dtype)
         return lax.reduce_window(x, init, lax.max, dims, strides, pads)
     total = lax.reduce_window(x.astype(jnp.float32), 0.0, lax.add, dims, strides, pads)
     if cfg.count_include_pad:
