@@ -104,7 +104,8 @@ RowsPlan PlanRows(const Geometry& g, int64_t B, int64_t elem_bytes) {
   const int64_t plane_bytes = hw * elem_bytes;
   if (2 * plane_bytes <= kTileBytes) {
     // Small planes: several whole planes per CTA, as long as enough CTAs remain.
-    const int64_t ppc = std::max<int64_t>(1, std::min(kTileBytes / plane_bytes, B / kMinCtas));
+    int64_t ppc = std::max<int64_t>(1, std::min(kTileBytes / plane_bytes, B / kMinCtas));
+    ppc = CeilDiv(B, CeilDiv(B, ppc));  // same CTA count, planes spread evenly
     plan.planes_per_cta = static_cast<int>(ppc);
     plan.rows_per_cta = g.P;
     plan.row_blocks = 1;
@@ -117,6 +118,7 @@ RowsPlan PlanRows(const Geometry& g, int64_t B, int64_t elem_bytes) {
     int64_t tp = rows_fit >= g.R ? (rows_fit - g.R) / g.sh + 1 : 1;
     tp = std::min<int64_t>(tp, g.P);
     while (tp > 1 && B * CeilDiv(g.P, tp) < kMinCtas) tp = (tp + 1) / 2;
+    tp = CeilDiv(g.P, CeilDiv(g.P, tp));  // same tile count, rows spread evenly
     const int64_t in_rows = std::min<int64_t>(g.H, (tp - 1) * g.sh + g.R);
     plan.rows_per_cta = static_cast<int>(tp);
     plan.row_blocks = static_cast<int>(CeilDiv(g.P, tp));
