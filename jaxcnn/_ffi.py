@@ -23,6 +23,9 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_conv2d_fwd": "JaxcnnConv2dFwd",
     "jaxcnn_conv2d_fwd_nobias": "JaxcnnConv2dFwdNoBias",
     "jaxcnn_layout_transform": "JaxcnnLayoutTransform",
+    "jaxcnn_max_pool2d_fwd": "JaxcnnMaxPool2dFwd",
+    "jaxcnn_avg_pool2d_fwd": "JaxcnnAvgPool2dFwd",
+    "jaxcnn_softmax_fwd": "JaxcnnSoftmaxFwd",
 }
 
 
