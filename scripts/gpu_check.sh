@@ -8,6 +8,7 @@
 #                (SELFTESTS: conv2d_selftest depthwise_selftest layout_selftest)
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
 #     layout     scripts/bench_layout_transform.py: jaxcnn.to_layout vs XLA transpose vs copy
+#     poolsoftmax scripts/bench_pool_softmax.py: pooling and softmax vs XLA vs copy
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
@@ -80,8 +81,16 @@ fi
 if has layout; then
   LAYOUT_ARGS=(--out "$RAW")
   [ "$QUICK" = "--quick" ] && LAYOUT_ARGS+=(--quick)
-  step layout_bench $PY scripts/bench_layout_transform.py "${LAYOUT_ARGS[@]}"
-  [ -f "$RAW/bench_layout_transform.md" ] && cp "$RAW/bench_layout_transform.md" "$OUT/"
+  # LAYOUT_BENCH_ARGS narrows the suite, e.g. "--batches 64 --dtypes bf16".
+  # shellcheck disable=SC2086
+  step layout_bench $PY scripts/bench_layout_transform.py "${LAYOUT_ARGS[@]}" ${LAYOUT_BENCH_ARGS:-}
+fi
+
+if has poolsoftmax; then
+  POOL_ARGS=(--out "$RAW")
+  [ "$QUICK" = "--quick" ] && POOL_ARGS+=(--quick)
+  # shellcheck disable=SC2086
+  step pool_softmax_bench $PY scripts/bench_pool_softmax.py "${POOL_ARGS[@]}" ${POOL_BENCH_ARGS:-}
 fi
 
 if has zoo; then
