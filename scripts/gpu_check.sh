@@ -2,6 +2,8 @@
 # GPU check for a machine with no network: build against the local jaxlib, then run the chosen
 # sections and write a report (<gpu>-<date>-<label>.{json,md}) into the directory given as $1.
 #   usage: bash scripts/gpu_check.sh OUTDIR [SECTIONS] [--quick]
+#   --quick skips the default (non-GPU-marked) test suite; benchmarks take their own *_ARGS
+#   (BENCH_LAYERS_ARGS="--quick" for the smoke-test conv bench).
 #   SECTIONS (comma list, default tests,sanitizer,bench):
 #     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too)
 #     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
@@ -73,14 +75,12 @@ if has sanitizer; then
 fi
 
 if has bench; then
-  BENCH_ARGS=(--out "$RAW")
-  [ "$QUICK" = "--quick" ] && BENCH_ARGS+=(--quick)
-  step bench $PY scripts/bench_layers.py "${BENCH_ARGS[@]}"
+  # shellcheck disable=SC2086
+  step bench $PY scripts/bench_layers.py --out "$RAW" ${BENCH_LAYERS_ARGS:-}
 fi
 
 if has layout; then
   LAYOUT_ARGS=(--out "$RAW")
-  [ "$QUICK" = "--quick" ] && LAYOUT_ARGS+=(--quick)
   # LAYOUT_BENCH_ARGS narrows the suite, e.g. "--batches 64 --dtypes bf16".
   # shellcheck disable=SC2086
   step layout_bench $PY scripts/bench_layout_transform.py "${LAYOUT_ARGS[@]}" ${LAYOUT_BENCH_ARGS:-}
@@ -88,7 +88,6 @@ fi
 
 if has poolsoftmax; then
   POOL_ARGS=(--out "$RAW")
-  [ "$QUICK" = "--quick" ] && POOL_ARGS+=(--quick)
   # shellcheck disable=SC2086
   step pool_softmax_bench $PY scripts/bench_pool_softmax.py "${POOL_ARGS[@]}" ${POOL_BENCH_ARGS:-}
 fi

@@ -225,7 +225,8 @@ def test_softmax_matches_xla(log):
     x = random_x(34, (256, 1000), scale=5.0)
     ref = jax.nn.log_softmax if log else jax.nn.softmax
     ours = (jaxcnn.log_softmax if log else jaxcnn.softmax)(x)
-    np.testing.assert_allclose(ours, jax.jit(ref)(x), rtol=2e-5, atol=1e-7)
+    # log_softmax near 0 is (x - max) - log(sum): rounding of terms of size |x| (~20) in fp32.
+    np.testing.assert_allclose(ours, jax.jit(ref)(x), rtol=2e-5, atol=4e-6)
 
 
 def test_softmax_grad_and_vmap_on_gpu():
