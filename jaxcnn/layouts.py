@@ -893,13 +893,14 @@ def autotune_transforms(shapes: Iterable[Sequence[int]], dtype: Any, *,
     for src, dst in pairs:
         check_layout(src, "src")
         check_layout(dst, "dst")
+    store = _check_cache_and_gpu(cache, gpu)
     wanted = [(s, a, b) for s in shapes for a, b in pairs if a != b]
     out: dict[tuple[Shape, str, str], tuple[float, str]] = {(s, a, a): (0.0, "model") for s in shapes for a in LAYOUTS}
     if not _should_measure(measure):
         spec, _ = _resolve_spec(gpu, measured=False)
         out.update({(s, a, b): (transform_ms(s, dtype, a, b, spec), "model") for s, a, b in wanted})
         return out
-    store, device = _as_cache(cache), _device_kind()
+    device = _device_kind()
     entries = store.load() if store else {}
     missing = []
     for s, a, b in wanted:
@@ -914,7 +915,7 @@ def autotune_transforms(shapes: Iterable[Sequence[int]], dtype: Any, *,
         if a not in inputs[s]:
             inputs[s][a] = _random(i, convert_shape(s, "NHWC", a), dtype)
         cases.append(((s, a, b), _transform_fn(a, b), (inputs[s][a],)))
-    measured = _measure(cases, iters, warmup)
+    measured = _measure(cases, iters, warmup) if cases else {}
     records = {}
     for (s, a, b), entry in measured.items():
         out[(s, a, b)] = (entry["time_ms"], "measured" if entry["measured"] else "wall")
@@ -943,9 +944,18 @@ def autotune_conv(x_shape, w_shape, dtype="bfloat16", *, stride=1, padding="SAME
                        groups=groups, activation=activation, precision=precision, bias=bias, name=name)
     cands = _check_candidates(candidates) if candidates is not None else default_conv_candidates(layer)
     rule = _rule_conv_layer(layer)
+    store = _check_cache_and_gpu(cache, gpu)
     if not _should_measure(measure):
         return _model_conv_choice(layer, cands, rule, gpu)
-    return _measured_conv_choice(layer, cands, rule, _as_cache(cache), iters, warmup, refresh)
+    return _measured_conv_choice(layer, cands, rule, store, iters, warmup, refresh)
+
+
+def _check_cache_and_gpu(cache: Any, gpu: Any) -> "AutotuneCache | None":
+    """Validate both up front, so a bad argument fails the same way with or without a GPU."""
+    store = _as_cache(cache)
+    if gpu is not None:
+        _resolve_spec(gpu, measured=False)
+    return store
 
 
 def _model_conv_choice(layer: Layer, cands, rule: RuleChoice, gpu) -> ConvChoice:
@@ -1104,6 +1114,7 @@ def autotune_pool(x_shape, dtype="bfloat16", *, op="maxpool", window=2, stride=N
 
 def _pool_choice(layer, cache, iters, warmup, measure, refresh, gpu, neighbour_layout=None) -> PoolChoice:
     rule = rule_pool(layer.x_shape, layer.dtype, neighbour_layout=neighbour_layout, name=layer.name)
+    store = _check_cache_and_gpu(cache, gpu)
     if not _should_measure(measure):
         spec, spec_note = _resolve_spec(gpu, measured=False)
         results = _model_uniform(layer, spec, "xla")
@@ -1113,7 +1124,7 @@ def _pool_choice(layer, cache, iters, warmup, measure, refresh, gpu, neighbour_l
         note = spec_note
         return PoolChoice(layer, tuple(results), results[0].time_ms, transforms, rule, "model",
                           spec.name, False, note, "sector bytes / DRAM bw")
-    store, device = _as_cache(cache), _device_kind()
+    device = _device_kind()
     key = AutotuneCache.key(device=device, op=layer.op, x=list(layer.x_shape), dtype=layer.dtype,
                             window=list(layer.window), stride=list(layer.stride),
                             padding=[list(p) for p in layer.padding])
