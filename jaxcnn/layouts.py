@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import itertools
 import json
 import math
 import os
@@ -49,7 +48,6 @@ from jaxcnn.ops.conv_args import (
     conv2d_output_shape,
     make_config,
     normalize_precision,
-    padding_pairs,
 )
 from jaxcnn.ops.layouts import LAYOUTS, check_layout, convert_shape, permutation
 from jaxcnn.profile.gpu_specs import GpuSpec, lookup_gpu_spec, spec_by_name
@@ -1168,6 +1166,9 @@ class LayerCost:
     source: str = "given"
     xla_ms: float | None = None
     op: str = ""
+    # The same time in every layout (elementwise ops): it cannot sway the choice, so its
+    # source does not count toward the plan's.
+    layout_independent: bool = False
 
     def __post_init__(self) -> None:
         _shape4(self.x_shape, f"{self.name or 'layer'} x_shape")
@@ -1200,12 +1201,13 @@ def layer_cost(item: Any, *, costs: str = "auto", cache: Any = None, iters: int 
         if not layouts:
             raise ValueError(f"block {item.name!r}: no layout in which every layer can run")
         xla = sum(p.xla_ms for p in parts) if all(p.xla_ms is not None for p in parts) else None
-        sources = {p.source for p in parts}
+        sources = {p.source for p in parts if not p.layout_independent} or {parts[0].source}
         return LayerCost(item.name, item.x_shape, item.y_shape, item.dtype,
                          {lay: float(sum(p.times[lay] for p in parts)) for lay in layouts},
                          {lay: tuple(a for p in parts for a in p.algorithms[lay]) for lay in layouts},
                          tuple(m for p in parts for m in p.members),
-                         sources.pop() if len(sources) == 1 else "mixed", xla, "block")
+                         sources.pop() if len(sources) == 1 else "mixed", xla, "block",
+                         all(p.layout_independent for p in parts))
     if not isinstance(item, Layer):
         if hasattr(item, "input_shapes") and hasattr(item, "op"):
             item = Layer.from_layer_info(item)
@@ -1226,7 +1228,7 @@ def layer_cost(item: Any, *, costs: str = "auto", cache: Any = None, iters: int 
     spec, _ = _resolve_spec(gpu, measured=False)
     t = _memory_ms(item.bytes, spec)
     return LayerCost(item.name, item.x_shape, item.y_shape, item.dtype, {lay: t for lay in LAYOUTS},
-                     {lay: ("xla",) for lay in LAYOUTS}, (item.name,), "model", t, item.op)
+                     {lay: ("xla",) for lay in LAYOUTS}, (item.name,), "model", t, item.op, True)
 
 
 def _cost_from_choice(choice: _Choice) -> LayerCost:
@@ -1466,7 +1468,8 @@ def choose_chain(layers: Sequence[Any], *, input_layout: str = "NHWC", output_la
                     + sum(float(n.times["NHWC"]) for n in nodes)
                     + trans(nodes[-1].y_shape, nodes[-1].dtype, "NHWC", output_layout))
     xla = float(sum(n.xla_ms for n in nodes)) if all(n.xla_ms is not None for n in nodes) else None
-    sources = {n.source for n in nodes} | {tsource}
+    sources = {n.source for n in nodes if not n.layout_independent} or {nodes[0].source}
+    sources |= {tsource}
     return ChainPlan(tuple(steps), tuple(transforms), float(total), all_nhwc, xla, input_layout,
                      output_layout, sources.pop() if len(sources) == 1 else "mixed")
 
@@ -1587,7 +1590,8 @@ def plan_model_layouts(model_name: str, batch: int = 1, dtype: Any = "bfloat16",
     chain = model_chain(model_name, batch, dtype, precision=precision, split_blocks=split_blocks)
     plan = choose_chain(chain, costs=costs, layouts=layouts, cache=cache, iters=iters,
                         warmup=warmup, gpu=gpu)
-    note = "blocks run in one layout" if not split_blocks else "blocks split (approximation)"
+    note = ("blocks run in one layout" if not split_blocks else "blocks split (approximation)")
+    note += "; relu6/add/concat modelled (same bytes in every layout)"
     return dataclasses.replace(plan, model=model_name, batch=int(batch), dtype=_dtype_name(dtype),
                                note=note)
 
