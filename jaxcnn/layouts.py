@@ -84,6 +84,9 @@ KERNEL_FLOOR_MS = 0.002
 # 3xTF32 (fp32-accurate tensor-core math) issues three TF32 MMAs per product.
 TF32X3_FACTOR = 3.0
 
+# Inputs held at once while timing transforms (see autotune_transforms).
+TRANSFORM_BATCH_BYTES = 4 << 30
+
 CACHE_ENV = "JAXCNN_AUTOTUNE_CACHE"
 CACHE_VERSION = 1
 POOL_OPS = ("maxpool", "avgpool")
@@ -907,13 +910,24 @@ def autotune_transforms(shapes: Iterable[Sequence[int]], dtype: Any, *,
             out[(s, a, b)] = (float(hit["time_ms"]), "measured")
         else:
             missing.append((s, a, b))
-    inputs = {s: {} for s, _, _ in missing}
-    cases = []
+    # A batch of traces of up to TRANSFORM_BATCH_BYTES of inputs each: one trace for small
+    # chains, bounded memory for big activations (a VGG N=64 chain holds tens of GB of them).
+    measured: dict[Any, dict[str, Any]] = {}
+    batch: list[tuple[Any, Callable, tuple]] = []
+    inputs: dict[tuple[Shape, str], Any] = {}
+    held = 0
     for i, (s, a, b) in enumerate(missing):
-        if a not in inputs[s]:
-            inputs[s][a] = _random(i, convert_shape(s, "NHWC", a), dtype)
-        cases.append(((s, a, b), _transform_fn(a, b), (inputs[s][a],)))
-    measured = _measure(cases, iters, warmup) if cases else {}
+        if (s, a) not in inputs:
+            size = _prod(s) * _itemsize(dtype)
+            if batch and held + size > TRANSFORM_BATCH_BYTES:
+                measured.update(_measure(batch, iters, warmup))
+                batch, inputs, held = [], {}, 0
+            inputs[(s, a)] = _random(i, convert_shape(s, "NHWC", a), dtype)
+            held += size
+        batch.append(((s, a, b), _transform_fn(a, b), (inputs[(s, a)],)))
+    if batch:
+        measured.update(_measure(batch, iters, warmup))
+    del batch, inputs
     records = {}
     for (s, a, b), entry in measured.items():
         out[(s, a, b)] = (entry["time_ms"], "measured" if entry["measured"] else "wall")

@@ -466,3 +466,17 @@ def test_cli_layouts(capsys, tmp_path):
     if jax.default_backend() != "gpu":
         assert cli.main(["layouts", "lenet5", "--autotune"]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_autotune_transforms_batches_and_caches(fake_gpu, tmp_path, monkeypatch):
+    # 3 inputs of the first shape fit a trace, 1 of the second (twice the size).
+    monkeypatch.setattr(L, "TRANSFORM_BATCH_BYTES", 3 * 2 * 4 * 4 * 8 * 4)
+    shapes = [(2, 4, 4, 8), (2, 4, 4, 16)]
+    cache = tmp_path / "autotune.json"
+    got = L.autotune_transforms(shapes, "float32", cache=cache, iters=2, warmup=1)
+    assert [len(c) for c in fake_gpu] == [6, 2, 2, 2]  # 2 shapes x 6 directions
+    assert all(got[(tuple(s), a, b)] == (0.01, "measured") for s in shapes for a in LAYOUTS
+               for b in LAYOUTS if a != b)
+    assert got[((2, 4, 4, 8), "NHWC", "NHWC")] == (0.0, "model")
+    L.autotune_transforms(shapes, "float32", cache=cache, iters=2, warmup=1)
+    assert len(fake_gpu) == 4  # all from the cache
