@@ -1,5 +1,5 @@
-"""`jaxcnn` command line: profile zoo models into the store, show layer tables and memory
-bounds, compare runs, start the dashboard."""
+"""`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds
+and layout plans, compare runs, start the dashboard."""
 
 from __future__ import annotations
 
@@ -118,6 +118,28 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_layouts(args) -> int:
+    import json
+
+    from jaxcnn import layouts
+
+    costs = "measured" if args.autotune else "model" if args.model_only else "auto"
+    try:
+        plan = layouts.plan_model_layouts(
+            _model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype), costs=costs,
+            cache=args.cache if args.cache else None, iters=args.iters,
+            split_blocks=args.split_blocks,
+        )
+    except RuntimeError as err:  # --autotune without the CUDA kernels
+        raise CliError(str(err)) from None
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+        print(f"wrote the plan to {args.json}")
+    print(plan.explain())
+    return 0
+
+
 def cmd_compare(args) -> int:
     import pandas as pd
 
@@ -175,6 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(p)
     p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
     p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("layouts", help="choose the activation layout (and kernel) of every layer")
+    model_args(p)
+    p.add_argument("--autotune", action="store_true",
+                   help="measure every candidate on the GPU (cached); default: measured where the "
+                        "CUDA kernels run, else model estimates")
+    p.add_argument("--model-only", action="store_true", help="model estimates even on a GPU")
+    p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
+                                   "~/.cache/jaxcnn/autotune.json)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+    p.add_argument("--split-blocks", action="store_true",
+                   help="let each layer of a block pick its own layout (linear approximation)")
+    p.add_argument("--json", help="also write the plan as JSON to this file")
+    p.set_defaults(run=cmd_layouts)
 
     p = sub.add_parser("compare", help="per-layer device time of two stored runs")
     p.add_argument("run_a", type=int)
