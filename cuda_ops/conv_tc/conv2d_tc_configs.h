@@ -42,8 +42,8 @@ struct TcProblem {
 //   3 pp_128x64_c1     ping-pong, tile 128x64: K <= 64 outputs, memory-bound layers.
 //   4 pp_64x64_c1      ping-pong, tile 64x64: few output pixels (batch 1).
 //   5 pp_128x64_smallc ping-pong, tile 128x64, 32-byte K tile (16 bf16/fp16,
-//                      8 fp32): C <= 16 (TMA zero-fills channels past C, a 64-wide
-//                      K tile would be mostly zeros there).
+//                      8 fp32): few channels (C*bytes <= 64); TMA zero-fills the
+//                      channels past C, which would be most of a 128-byte K tile.
 enum TcConfig : int {
   kCoop128x256C2 = 0,
   kCoop256x128C2 = 1,

@@ -44,8 +44,8 @@ struct TcDTypeOf<__half> {
 // static message saying why (the caller then falls back to the direct kernel).
 // Requires: NHWC, groups == 1, C and K multiples of 8 (16-bit) or 4 (fp32)
 // (16-byte TMA rows), strides <= 8, pads/dilated window within the TMA im2col
-// corner ranges, N*P*Q < 2^31, a library built with sm_90a. The device itself
-// (compute capability 9.0) is checked at launch.
+// corner ranges, N*P*Q < 2^31, non-empty input and window. The device
+// (compute capability 9.0; the kernels are sm_90a code) is checked at launch.
 const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& params,
                                                  TcDType dtype);
 
