@@ -4,6 +4,7 @@
 
 #include "conv/conv2d_direct.h"
 #include "conv/conv2d_dispatch.h"
+#include "conv_tc/conv2d_tensorcore.h"
 #include "depthwise/conv2d_depthwise.h"
 
 namespace jaxcnn {
@@ -18,6 +19,14 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
         plan.algorithm = Conv2dAlgorithm::kDepthwise;
         return plan;
       }
+      // Tensor cores wherever the family takes the shape; the direct kernel for the rest
+      // (grouped, NCHW/CHWN, channels not a multiple of the TMA row).
+      if (conv2d_tensorcore_unsupported_reason(params, TcDTypeOf<T>::value) == nullptr) {
+        plan.algorithm = Conv2dAlgorithm::kTensorCore;
+        plan.workspace_bytes =
+            conv2d_tensorcore_workspace_bytes(params, TcDTypeOf<T>::value);
+        return plan;
+      }
       plan.algorithm = Conv2dAlgorithm::kDirect;
       plan.unsupported = conv2d_direct_unsupported_reason(params);
       return plan;
@@ -30,8 +39,12 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
       plan.unsupported = conv2d_depthwise_unsupported_reason(params);
       return plan;
     case Conv2dAlgorithm::kTensorCore:
-      plan.algorithm = requested;
-      plan.unsupported = "this kernel family is not built into the library";
+      plan.algorithm = Conv2dAlgorithm::kTensorCore;
+      plan.unsupported =
+          conv2d_tensorcore_unsupported_reason(params, TcDTypeOf<T>::value);
+      if (plan.unsupported == nullptr)
+        plan.workspace_bytes =
+            conv2d_tensorcore_workspace_bytes(params, TcDTypeOf<T>::value);
       return plan;
   }
   plan.unsupported = "unknown algorithm";
@@ -42,13 +55,15 @@ template <typename T>
 cudaError_t run_conv2d(const Conv2dPlan& plan, const T* x, const T* w,
                        const T* bias, T* y, const Conv2dParams& params,
                        void* workspace, cudaStream_t stream) {
-  (void)workspace;
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   switch (plan.algorithm) {
     case Conv2dAlgorithm::kDirect:
       return launch_conv2d_direct<T>(x, w, bias, y, params, stream);
     case Conv2dAlgorithm::kDepthwise:
       return launch_conv2d_depthwise<T>(x, w, bias, y, params, stream);
+    case Conv2dAlgorithm::kTensorCore:
+      return launch_conv2d_tensorcore<T>(x, w, bias, y, params, workspace,
+                                         plan.workspace_bytes, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -1,0 +1,385 @@
+// Assembly of the tensor-core conv kernels from CUTLASS 3.x parts:
+//   mainloop  CUTLASS's sm90 implicit-GEMM fprop collective (im2col TMA for x,
+//             tiled TMA for KRSC weights, wgmma, multi-stage mbarrier pipeline);
+//   kernel    CUTLASS's persistent warp-specialized sm90 GEMM kernels
+//             (cooperative / ping-pong). CUTLASS only pairs the conv
+//             collective with its non-persistent kernel, so PersistentConvMainloop
+//             below re-exposes it with the linearized GEMM problem
+//             (M = N*P*Q, N = K, K = (C,S,R), L = 1) those kernels expect;
+//   epilogue  ours: an EVT node y = act(acc + bias) (fp32), one rounding to the
+//             output type, TMA store.
+// Included only by the per-dtype instantiation files.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"  // before the conv headers, which use it
+#include "cutlass/conv/collective/collective_builder.hpp"
+#include "cutlass/conv/convnd_problem_shape.hpp"
+#include "cutlass/conv/detail.hpp"
+#include "cutlass/device_kernel.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+
+#include "conv_tc/conv2d_tc_configs.h"
+
+namespace jaxcnn {
+namespace conv_tc {
+
+// ---------------------------------------------------------------------------
+// Epilogue: bias add + optional ReLU, in fp32.
+
+struct BiasReluArgs {
+  int relu = 0;
+};
+
+// Sm90Compute instantiates the functor on ElementCompute (for its Arguments)
+// and on Array<ElementCompute, N> (to compute). `v < 0 ? 0 : v` keeps NaN,
+// like jnp.maximum(v, 0); fmaxf would turn it into 0.
+template <class T>
+struct BiasAddRelu {
+  using Arguments = BiasReluArgs;
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias,
+                                   Arguments const& args) const {
+    const T v = acc + bias;
+    return (args.relu && v < T(0)) ? T(0) : v;
+  }
+};
+
+template <class T, int N>
+struct BiasAddRelu<cutlass::Array<T, N>> {
+  using Arguments = BiasReluArgs;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(
+      cutlass::Array<T, N> const& acc, cutlass::Array<T, N> const& bias,
+      Arguments const& args) const {
+    cutlass::Array<T, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) {
+      const T v = acc[i] + bias[i];
+      out[i] = (args.relu && v < T(0)) ? T(0) : v;
+    }
+    return out;
+  }
+};
+
+// y = BiasAddRelu(acc, bias[n]) -> ElementD. A null bias pointer reads as 0.
+template <class ElementD, class ElementBias, class TileShape>
+using BiasReluEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<
+        BiasAddRelu, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90RowBroadcast<
+        0, TileShape, ElementBias, float,
+        cute::Stride<cute::_0, cute::_1, cute::_0>>>;
+
+// ---------------------------------------------------------------------------
+// Mainloop adapter: CUTLASS's conv collective under a persistent GEMM kernel.
+
+template <class ConvCollective, class KernelSchedule>
+struct PersistentConvMainloop : ConvCollective {
+  using Base = ConvCollective;
+  using ConvShape = typename Base::ProblemShape;  // ConvProblemShape<kFprop, 2>
+  using Params = typename Base::Params;
+  using MainloopPipeline = typename Base::MainloopPipeline;
+  using PipelineState = typename Base::PipelineState;
+  using TensorStorage = typename Base::TensorStorage;
+
+  // The persistent kernels dispatch on DispatchPolicy::Schedule; everything
+  // else (stages, cluster, arch) stays the collective's own.
+  struct DispatchPolicy : Base::DispatchPolicy {
+    using Schedule = KernelSchedule;
+  };
+  static constexpr int NumProducerThreadEvents = 1;  // one TMA-issuing thread
+  // The GEMM kernels only check that these are rank 3 ([M|N, K, L]).
+  using StrideA = decltype(cute::append(typename Base::StrideA{}, int64_t{}));
+  using StrideB = decltype(cute::append(typename Base::StrideB{}, int64_t{}));
+
+  // The TMA descriptors are built from the conv shape, not the GEMM one.
+  struct Arguments {
+    typename Base::ElementA const* ptr_A = nullptr;
+    typename Base::ElementB const* ptr_B = nullptr;
+    ConvShape problem{};
+  };
+
+  template <class GemmShape>
+  static Params to_underlying_arguments(GemmShape const&, Arguments const& args,
+                                        void* workspace) {
+    return Base::to_underlying_arguments(
+        args.problem, typename Base::Arguments{args.ptr_A, args.ptr_B},
+        workspace);
+  }
+
+  template <class GemmShape>
+  static bool can_implement(GemmShape const&, Arguments const& args) {
+    return Base::can_implement(
+        args.problem, typename Base::Arguments{args.ptr_A, args.ptr_B});
+  }
+
+  // The persistent kernels index (BLK,BLK_K,m|n,k,l); the collective has no
+  // l mode, so a unit one is appended here and dropped again in load().
+  template <class ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_mnkl,
+                                Params const& params) {
+    auto inputs = Base::load_init(problem_shape_mnkl, params);
+    auto gA = cute::get<0>(inputs);
+    auto gB = cute::get<1>(inputs);
+    return cute::make_tuple(append_unit_mode(gA), append_unit_mode(gB));
+  }
+
+  // x's im2col TMA tensor has a composed layout (TMA basis o offset o GEMM
+  // coordinates): the unit mode goes on the GEMM-coordinate side. The weight
+  // tensor's layout is a plain basis-strided one.
+  template <class TmaTensor>
+  CUTLASS_DEVICE static auto append_unit_mode(TmaTensor const& t) {
+    auto const& layout = t.layout();
+    auto unit = cute::make_layout(cute::_1{}, cute::_0{});
+    if constexpr (cute::is_composed_layout<cute::remove_cvref_t<decltype(layout)>>::value) {
+      return cute::make_tensor(
+          t.data(), cute::make_composed_layout(layout.layout_a(), layout.offset(),
+                                               cute::append(layout.layout_b(), unit)));
+    } else {
+      return cute::make_tensor(t.data(), cute::append(layout, unit));
+    }
+  }
+
+  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
+                           PipelineState smem_pipe_producer_state,
+                           cute::tuple<TensorA, TensorB> const& inputs,
+                           BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count,
+                           int thread_idx, uint32_t block_rank_in_cluster,
+                           TensorStorage& shared_tensors) {
+    using cute::_;
+    Base::load(params, pipeline, smem_pipe_producer_state,
+               cute::make_tuple(cute::get<0>(inputs)(_, _, _, _, 0),
+                                cute::get<1>(inputs)(_, _, _, _, 0)),
+               blk_coord, k_tile_iter, k_tile_count, thread_idx,
+               block_rank_in_cluster, shared_tensors);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// One kernel configuration. Element: cutlass::bfloat16_t, cutlass::half_t or
+// float (TF32 tensor cores; TMA hands the wgmma the fp32 bits, which it reads
+// as TF32).
+
+template <class Element, int TileM, int TileN, int TileKBytes, int ClusterM,
+          bool Cooperative>
+struct TcConvKernel {
+  using ElementMma =
+      std::conditional_t<std::is_same_v<Element, float>, cutlass::tfloat32_t,
+                         Element>;
+  static constexpr int kTileK = TileKBytes / int(sizeof(Element));
+  static constexpr int kAlign = 16 / int(sizeof(Element));  // 16-byte TMA rows
+
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>,
+                                cute::Shape<cute::Int<kTileK>>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
+  using KernelSchedule =
+      std::conditional_t<Cooperative,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                         cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using EpilogueSchedule =
+      std::conditional_t<Cooperative,
+                         cutlass::epilogue::TmaWarpSpecializedCooperative,
+                         cutlass::epilogue::TmaWarpSpecialized>;
+
+  // y is [N*P*Q, K] row-major; no source tensor C.
+  using CollectiveEpilogue =
+      typename cutlass::epilogue::collective::CollectiveBuilder<
+          cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape,
+          ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float,
+          float, void, cutlass::layout::RowMajor, kAlign, Element,
+          cutlass::layout::RowMajor, kAlign, EpilogueSchedule,
+          BiasReluEpilogueOp<Element, Element, TileShape>>::CollectiveOp;
+
+  // As many stages as fit beside the epilogue's shared memory (the
+  // persistent kernels keep both alive), capped: past ~8 more stages only
+  // add barrier traffic.
+  static constexpr int kStagesFit =
+      cutlass::conv::collective::detail::compute_stage_count_or_override<
+          cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+          ElementMma, ElementMma, TileShape>(
+          cutlass::conv::collective::StageCountAutoCarveout<
+              int(sizeof(typename CollectiveEpilogue::SharedStorage)) + 1024>{});
+  static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
+  static_assert(kStages >= 2, "tile too large for shared memory");
+
+  // What conv::collective::CollectiveBuilder does for its own schedule, with
+  // the cooperative kernel's two consumer warpgroups split along M.
+  using AtomLayout =
+      std::conditional_t<Cooperative, cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>,
+                         cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>>;
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<ElementMma, ElementMma, float, TileShape,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+      AtomLayout{}));
+  // x: im2col TMA, no multicast (CTAs of the 2x1 cluster read different
+  // pixels); w: multicast to the cluster (same output channels).
+  using GmemTiledCopyA = decltype(
+      cutlass::conv::collective::detail::sm90_cluster_shape_to_im2col_tma_atom(
+          cute::shape<1>(ClusterShape{})));
+  using GmemTiledCopyB =
+      decltype(cutlass::gemm::collective::detail::sm90_cluster_shape_to_tma_atom(
+          cute::shape<0>(ClusterShape{})));
+  using SmemLayoutAtomA =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+               cute::GMMA::Major::K, ElementMma,
+               decltype(cute::get<0>(TileShape{})),
+               decltype(cute::get<2>(TileShape{}))>());
+  using SmemLayoutAtomB =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+               cute::GMMA::Major::K, ElementMma,
+               decltype(cute::get<1>(TileShape{})),
+               decltype(cute::get<2>(TileShape{}))>());
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      SmemLayoutAtomA{},
+      cute::make_shape(cute::shape<0>(TileShape{}), cute::shape<2>(TileShape{}),
+                       cute::Int<kStages>{}),
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      SmemLayoutAtomB{},
+      cute::make_shape(cute::shape<1>(TileShape{}), cute::shape<2>(TileShape{}),
+                       cute::Int<kStages>{}),
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using ConvPolicy = cutlass::conv::MainloopSm90TmaGmmaWarpSpecializedImplicitGemm<
+      cutlass::conv::Operator::kFprop, kStages, /*NumSpatialDims=*/2,
+      ClusterShape, cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>;
+  using ConvCollective = cutlass::conv::collective::CollectiveConv<
+      ConvPolicy, TileShape, Element, Element, TiledMma,
+      cutlass::conv::collective::detail::Sm90ImplicitGemmTileTraits<
+          GmemTiledCopyA, SmemLayoutA>,
+      cutlass::conv::collective::detail::Sm90ImplicitGemmTileTraits<
+          GmemTiledCopyB, SmemLayoutB>>;
+  using CollectiveMainloop = PersistentConvMainloop<ConvCollective, KernelSchedule>;
+  using ConvShape = typename ConvCollective::ProblemShape;
+  // (M = N*P*Q, N = K, K = (C,S,R), L); L stays dynamic because the
+  // epilogue's TMA descriptor type is declared with a dynamic batch mode.
+  using ProblemShape =
+      cute::Shape<int, int, cute::Shape<int, int, int>, int>;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      ProblemShape, CollectiveMainloop, CollectiveEpilogue, void>;
+  static_assert(Kernel::SharedStorageSize <=
+                    cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "kernel shared memory exceeds the sm90 limit");
+};
+
+// ---------------------------------------------------------------------------
+// Host side: TcProblem -> CUTLASS arguments -> launch.
+
+template <class Config>
+struct TcConvRunner {
+  using Kernel = typename Config::Kernel;
+  using Element = std::conditional_t<
+      std::is_same_v<typename Config::ElementMma, cutlass::tfloat32_t>, float,
+      typename Config::ElementMma>;
+  using ConvShape = typename Config::ConvShape;
+
+  // Fills `args`; false if CUTLASS's output extents differ from ours.
+  static bool make_arguments(const TcProblem& p, typename Kernel::Arguments* args) {
+    typename ConvShape::TensorExtent shape_act{};
+    typename ConvShape::TensorStride stride_act{};
+    typename ConvShape::TensorExtent shape_flt{};
+    typename ConvShape::TensorStride stride_flt{};
+    shape_act[0] = p.N; shape_act[1] = p.H_eff; shape_act[2] = p.W_eff; shape_act[3] = p.C;
+    stride_act[0] = p.x_stride_n; stride_act[1] = p.x_stride_h;
+    stride_act[2] = p.x_stride_w; stride_act[3] = 1;
+    shape_flt[0] = p.K; shape_flt[1] = p.R; shape_flt[2] = p.S; shape_flt[3] = p.C;
+    stride_flt[0] = int64_t(p.R) * p.S * p.C; stride_flt[1] = int64_t(p.S) * p.C;
+    stride_flt[2] = p.C; stride_flt[3] = 1;
+    typename ConvShape::ShapePadding lower{}, upper{};
+    typename ConvShape::TraversalStride tstride{};
+    typename ConvShape::ShapeDilation dilation{};
+    lower[0] = p.pad_top; lower[1] = p.pad_left;
+    upper[0] = p.pad_bottom; upper[1] = p.pad_right;
+    tstride[0] = p.stride_h; tstride[1] = p.stride_w;
+    dilation[0] = p.dil_h; dilation[1] = p.dil_w;
+    const ConvShape conv(cutlass::conv::Mode::kCrossCorrelation, shape_act,
+                         stride_act, shape_flt, stride_flt, lower, upper,
+                         tstride, dilation, /*groups=*/1);
+    if (conv.shape_C[0] != p.N || conv.shape_C[1] != p.P ||
+        conv.shape_C[2] != p.Q || conv.shape_C[3] != p.K)
+      return false;
+
+    const int64_t gemm_m = int64_t(p.N) * p.P * p.Q;
+    args->mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args->problem_shape = typename Config::ProblemShape{
+        static_cast<int>(gemm_m), p.K, cute::make_shape(p.C, p.S, p.R), 1};
+    args->mainloop.ptr_A = static_cast<Element const*>(p.x);
+    args->mainloop.ptr_B = static_cast<Element const*>(p.w);
+    args->mainloop.problem = conv;
+    auto& epi = args->epilogue;
+    // EVT arguments: children (acc, bias) first, then the node's own.
+    epi.thread = {{},
+                  {static_cast<Element const*>(p.bias), Element(0), {}},
+                  BiasReluArgs{p.relu ? 1 : 0}};
+    epi.ptr_C = nullptr;
+    epi.ptr_D = static_cast<Element*>(p.y);
+    epi.dD = typename Kernel::StrideD{int64_t(p.K), cute::_1{}, gemm_m * p.K};
+    args->hw_info.device_id = p.device;
+    args->hw_info.sm_count = p.sm_count;
+    return true;
+  }
+
+  static size_t workspace_bytes(const TcProblem& p) {
+    typename Kernel::Arguments args{};
+    if (!make_arguments(p, &args)) return 0;
+    return Kernel::get_workspace_size(args);
+  }
+
+  static cudaError_t run(const TcProblem& p, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+    typename Kernel::Arguments args{};
+    if (!make_arguments(p, &args)) return cudaErrorInvalidValue;
+    if (!Kernel::can_implement(args)) return cudaErrorInvalidValue;
+    if (Kernel::get_workspace_size(args) > workspace_bytes)
+      return cudaErrorInvalidValue;
+    if (Kernel::initialize_workspace(args, workspace, stream) !=
+        cutlass::Status::kSuccess)
+      return cudaErrorInvalidValue;
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+
+    const void* kernel_fn =
+        reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+    const int smem_bytes = Kernel::SharedStorageSize;
+    // Opt in to > 48 KiB of dynamic shared memory once per device.
+    static std::atomic<uint64_t> configured_devices{0};
+    const uint64_t bit = p.device < 64 ? (uint64_t{1} << p.device) : 0;
+    if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+      const cudaError_t st = cudaFuncSetAttribute(
+          kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+      if (st != cudaSuccess) return st;
+      configured_devices.fetch_or(bit, std::memory_order_acq_rel);
+    }
+
+    cudaLaunchConfig_t config{};
+    config.gridDim = Kernel::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cute::size<0>(typename Config::ClusterShape{});
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    void* kernel_args[] = {&params};
+    return cudaLaunchKernelExC(&config, kernel_fn, kernel_args);
+  }
+
+  static constexpr TcKernelOps ops() { return {&workspace_bytes, &run}; }
+};
+
+}  // namespace conv_tc
+}  // namespace jaxcnn
