@@ -160,7 +160,7 @@ def xla_conv_bias_relu(x, w, b, *, layer: Layer, precision: lax.Precision):
     return jnp.maximum(y + b, 0)
 
 
-def jaxcnn_conv_bias_relu(x, w, b, *, layer: Layer, precision=None):
+def jaxcnn_conv_bias_relu(x, w, b, *, layer: Layer, precision=None, algorithm="auto"):
     return jaxcnn.conv2d(
         x,
         w,
@@ -171,10 +171,14 @@ def jaxcnn_conv_bias_relu(x, w, b, *, layer: Layer, precision=None):
         groups=layer.groups,
         activation="relu",
         precision=precision,
+        algorithm=algorithm,
     )
 
 
-def variants(layer: Layer, dtype: str) -> dict[str, Callable]:
+EXTRA_VARIANTS = ("jaxcnn_direct",)  # on request (--extra-variants): the CUDA-core kernel
+
+
+def variants(layer: Layer, dtype: str, extra: tuple[str, ...] = ()) -> dict[str, Callable]:
     """The functions to time, by name; all compute relu(conv(x, w) + b)."""
     fns = {
         "jaxcnn": functools.partial(jaxcnn_conv_bias_relu, layer=layer),
@@ -182,6 +186,10 @@ def variants(layer: Layer, dtype: str) -> dict[str, Callable]:
             xla_conv_bias_relu, layer=layer, precision=lax.Precision.DEFAULT
         ),
     }
+    if "jaxcnn_direct" in extra:
+        fns["jaxcnn_direct"] = functools.partial(
+            jaxcnn_conv_bias_relu, layer=layer, precision="highest", algorithm="direct"
+        )
     if dtype == "fp32":
         fns["jaxcnn_highest"] = functools.partial(
             jaxcnn_conv_bias_relu, layer=layer, precision="highest"
@@ -317,7 +325,8 @@ def _floor(
 
 
 def bench_row(
-    layer: Layer, dtype: str, *, iters: int, warmup: int, seed: int, spec: GpuSpec | None
+    layer: Layer, dtype: str, *, iters: int, warmup: int, seed: int, spec: GpuSpec | None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Accuracy and timings of one layer in one dtype."""
     out_shape = output_shape(layer)
@@ -325,7 +334,7 @@ def bench_row(
     bytes_moved = min_bytes(layer, out_shape, dtype)
     floor = _floor(flops, bytes_moved, spec, dtype)
     inputs = make_inputs(layer, dtype, seed)
-    fns = variants(layer, dtype)
+    fns = variants(layer, dtype, extra)
     accuracy = check_accuracy(layer, dtype, inputs, fns)
     timings = {}
     for name, fn in fns.items():
@@ -615,6 +624,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="tiny layers and few iterations: a smoke test"
     )
+    parser.add_argument("--extra-variants", type=_csv_choice(EXTRA_VARIANTS, "variant"),
+                        default=[], help="also time these (jaxcnn_direct: the CUDA-core kernel)")
     args = parser.parse_args(argv)
     args.layers = (
         [LAYERS_BY_NAME[n] for n in args.layers]
@@ -637,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     for layer in args.layers:
         for dtype in args.dtypes:
             row = bench_row(
-                layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec
+                layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec,
+                extra=tuple(args.extra_variants),
             )
             rows.append(row)
             print(progress_line(row), flush=True)

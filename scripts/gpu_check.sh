@@ -106,7 +106,8 @@ fi
 if has ncu; then
   NCU_LAYERS=${NCU_LAYERS:-"vgg_c3_1:bf16 vgg_c5_1:bf16 sq_fire_sq:bf16 sq_fire_ex3:bf16 resnet_1x1_b64:bf16 vgg_c3_1:fp32"}
   cases=()
-  for layer in $NCU_LAYERS; do cases+=("$layer:jaxcnn" "$layer:xla_default"); done
+  # Our modelled kernel (the CUDA-core direct conv) and XLA's choice.
+  for layer in $NCU_LAYERS; do cases+=("$layer:${NCU_OURS:-jaxcnn_direct}" "$layer:xla_default"); done
   # NCU_XLA_FLAGS (e.g. --xla_gpu_autotune_level=0) for the profiled processes only.
   step ncu env XLA_FLAGS="${NCU_XLA_FLAGS:-${XLA_FLAGS:-}}" timeout "${NCU_TIMEOUT:-300}" $PY scripts/ncu_collect.py --per-case --out "$RAW/ncu.csv" "${cases[@]}"
 fi

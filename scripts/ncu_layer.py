@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_layers import LAYERS_BY_NAME, make_inputs, variants  # noqa: E402
+from bench_layers import EXTRA_VARIANTS, LAYERS_BY_NAME, make_inputs, variants  # noqa: E402
 
 from jaxcnn import _ffi  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
@@ -27,7 +27,7 @@ from jaxcnn.profile import device_time  # noqa: E402
 def prepared(case: str):
     layer_name, dtype, variant = case.split(":")
     layer = LAYERS_BY_NAME[layer_name]
-    fn = jax.jit(variants(layer, dtype)[variant])
+    fn = jax.jit(variants(layer, dtype, EXTRA_VARIANTS)[variant])
     inputs = make_inputs(layer, dtype, seed=0)
     for _ in range(2):
         jax.block_until_ready(fn(*inputs))

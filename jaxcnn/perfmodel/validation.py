@@ -43,6 +43,7 @@ _OUT_OF_MODEL = (
 # bench_layers.json timing keys -> (impl, XLA precision)
 BENCH_VARIANTS = {
     "jaxcnn": ("jaxcnn_direct", "default"),
+    "jaxcnn_direct": ("jaxcnn_direct", "default"),  # algorithm="direct" forced
     "xla_default": ("xla", "default"),
     "xla_highest": ("xla", "highest"),
 }
