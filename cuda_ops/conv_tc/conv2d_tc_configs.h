@@ -61,14 +61,31 @@ struct TcConfigInfo {
   int cluster_m;
 };
 
-inline const TcConfigInfo& config_info(int c) {
+// The 3xTF32 family (fp32 kHighest) keeps two accumulator fragments per
+// thread (two-level accumulation, see conv2d_tc_cutlass.cuh), so its tiles are
+// capped at 64x128 fp32 accumulators per consumer warpgroup (64 registers,
+// 128 with the copy; the 128-register tiles of configs 0-2 would spill):
+//   0 coop_128x128_c2  cooperative, tile 128x128, 2x1 cluster: big layers.
+//   1 coop_256x64_c2   cooperative, tile 256x64, 2x1 cluster: big layers, K <= 64.
+//   2 pp_64x128_c1     ping-pong, tile 64x128: mid-size layers.
+//   3-5                as above (their accumulators are small enough).
+inline const TcConfigInfo& config_info(int c, bool split3 = false) {
   static const TcConfigInfo kInfo[kNumConfigs] = {
       {"coop_128x256_c2", 128, 256, 128, 2}, {"coop_256x128_c2", 256, 128, 128, 2},
       {"pp_128x128_c1", 128, 128, 128, 1},   {"pp_128x64_c1", 128, 64, 128, 1},
       {"pp_64x64_c1", 64, 64, 128, 1},       {"pp_128x64_smallc", 128, 64, 32, 1},
   };
-  return kInfo[c];
+  static const TcConfigInfo kInfoSplit3[kNumConfigs] = {
+      {"coop_128x128_c2", 128, 128, 128, 2}, {"coop_256x64_c2", 256, 64, 128, 2},
+      {"pp_64x128_c1", 64, 128, 128, 1},     {"pp_128x64_c1", 128, 64, 128, 1},
+      {"pp_64x64_c1", 64, 64, 128, 1},       {"pp_128x64_smallc", 128, 64, 32, 1},
+  };
+  return split3 ? kInfoSplit3[c] : kInfo[c];
 }
+
+// GEMM-K elements the 3xTF32 wgmmas sum before each promotion into the fp32
+// accumulator (4 k-tiles of 32; 16 of the small-C config's 8).
+constexpr int kSplit3PromoteK = 128;
 
 // One kernel instantiation: its extra CUTLASS workspace and its launch.
 // `run` returns cudaErrorInvalidValue if CUTLASS refuses the problem.
@@ -86,6 +103,9 @@ extern const TcKernelOps kF16KernelsA[3];
 extern const TcKernelOps kF16KernelsB[3];
 extern const TcKernelOps kTf32KernelsA[3];
 extern const TcKernelOps kTf32KernelsB[3];
+// fp32 kHighest (3xTF32, two-level accumulation): conv2d_tc_tf32x3_{a,b}_sm90a.cu.
+extern const TcKernelOps kTf32x3KernelsA[3];
+extern const TcKernelOps kTf32x3KernelsB[3];
 
 }  // namespace conv_tc
 }  // namespace jaxcnn

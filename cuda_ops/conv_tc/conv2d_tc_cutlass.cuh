@@ -83,7 +83,16 @@ using BiasReluEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
 // ---------------------------------------------------------------------------
 // Mainloop adapter: CUTLASS's conv collective under a persistent GEMM kernel.
 
-template <class ConvCollective, class KernelSchedule>
+// kPromoteKTiles > 0: two-level accumulation (what CUTLASS's FP8 mainloop
+// does with GmmaFP8Accumulation). Hopper's wgmma adds into its fp32
+// accumulator with truncated alignment, so its error grows ~linearly with the
+// GEMM-K length (3xTF32: ~7e-9 * K relative, 3e-5 at K = 4608). Here the
+// wgmmas accumulate kPromoteKTiles k-tiles into a zeroed temporary, which is
+// then added into the real accumulator with ordinary round-to-nearest FP32
+// adds: the wgmma error is that of a kPromoteKTiles-long sum, the long sum is
+// fp32 RN. Costs a second accumulator fragment (the tiles of the promoted
+// family are sized for it) and one wgmma drain per promotion.
+template <class ConvCollective, class KernelSchedule, int kPromoteKTiles = 0>
 struct PersistentConvMainloop : ConvCollective {
   using Base = ConvCollective;
   using ConvShape = typename Base::ProblemShape;  // ConvProblemShape<kFprop, 2>
@@ -165,6 +174,101 @@ struct PersistentConvMainloop : ConvCollective {
                blk_coord, k_tile_iter, k_tile_count, thread_idx,
                block_rank_in_cluster, shared_tensors);
   }
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
+                          FrgTensorC& accum, int k_tile_count, int thread_idx,
+                          TensorStorage& shared_tensors, Params const& params) {
+    if constexpr (kPromoteKTiles == 0) {
+      Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx,
+                shared_tensors, params);
+    } else {
+      mma_promoted(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx,
+                   shared_tensors);
+    }
+  }
+
+  CUTLASS_DEVICE void mma_tail(MainloopPipeline pipeline,
+                               PipelineState smem_pipe_release, int k_tile_count) {
+    if constexpr (kPromoteKTiles == 0) {
+      Base::mma_tail(pipeline, smem_pipe_release, k_tile_count);
+    } else {
+      // mma_promoted drained its wgmmas and released every stage it read.
+      cute::warpgroup_wait<0>();
+    }
+  }
+
+  // One k-tile of wgmmas in flight (its stage is released once the next
+  // k-tile's batch is issued and the older one retired), except at a promotion:
+  // drain, accum += temp, zero temp (ScaleOut::Zero on its next wgmma),
+  // release every stage still held.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma_promoted(MainloopPipeline pipeline,
+                                   PipelineState smem_pipe_read, FrgTensorC& accum,
+                                   int k_tile_count, int thread_idx,
+                                   TensorStorage& shared_tensors) {
+    using namespace cute;
+    static_assert(is_rmem<FrgTensorC>::value, "C tensor must be rmem resident.");
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()),
+                            typename Base::SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
+                            typename Base::SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    typename Base::TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor tCsA = thread_mma.partition_A(sA);
+    Tensor tCsB = thread_mma.partition_B(sB);
+    Tensor tCrA = thread_mma.make_fragment_A(tCsA);  // (MMA,MMA_M,MMA_K,PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(tCsB);  // (MMA,MMA_N,MMA_K,PIPE)
+    CUTE_STATIC_ASSERT_V(size<1>(tCsA) == size<1>(accum));
+    CUTE_STATIC_ASSERT_V(size<1>(tCsB) == size<2>(accum));
+
+    Tensor accum_mma = make_fragment_like(accum);  // what the wgmmas add into
+    clear(accum);
+    PipelineState smem_pipe_release = smem_pipe_read;
+    int held = 0;      // stages read and not yet released
+    int in_group = 0;  // k-tiles summed in accum_mma since the last promotion
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(accum);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.consumer_wait(smem_pipe_read);
+      const int read_stage = smem_pipe_read.index();
+      warpgroup_fence_operand(accum_mma);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, _, k_block, read_stage),
+                   tCrB(_, _, k_block, read_stage), accum_mma);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      ++smem_pipe_read;
+      ++held;
+      if (++in_group == kPromoteKTiles || k_tile_count == 1) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(accum_mma);
+        warpgroup_fence_operand(accum);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += accum_mma(i);
+        warpgroup_fence_operand(accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        in_group = 0;
+        for (; held > 0; --held) {
+          pipeline.consumer_release(smem_pipe_release);
+          ++smem_pipe_release;
+        }
+      } else {
+        warpgroup_wait<1>();  // the previous k-tile's batch has retired
+        warpgroup_fence_operand(accum_mma);
+        for (; held > 1; --held) {
+          pipeline.consumer_release(smem_pipe_release);
+          ++smem_pipe_release;
+        }
+      }
+    }
+    warpgroup_fence_operand(accum);
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -172,8 +276,10 @@ struct PersistentConvMainloop : ConvCollective {
 // float (TF32 tensor cores; TMA hands the wgmma the fp32 bits, which it reads
 // as TF32).
 
+// PromoteK > 0 (GEMM-K elements): two-level accumulation every
+// max(1, PromoteK / TileK) k-tiles (see PersistentConvMainloop).
 template <class Element, int TileM, int TileN, int TileKBytes, int ClusterM,
-          bool Cooperative>
+          bool Cooperative, int PromoteK = 0>
 struct TcConvKernel {
   using ElementMma =
       std::conditional_t<std::is_same_v<Element, float>, cutlass::tfloat32_t,
@@ -260,7 +366,10 @@ struct TcConvKernel {
           GmemTiledCopyA, SmemLayoutA>,
       cutlass::conv::collective::detail::Sm90ImplicitGemmTileTraits<
           GmemTiledCopyB, SmemLayoutB>>;
-  using CollectiveMainloop = PersistentConvMainloop<ConvCollective, KernelSchedule>;
+  static constexpr int kPromoteKTiles =
+      PromoteK == 0 ? 0 : (PromoteK / kTileK > 0 ? PromoteK / kTileK : 1);
+  using CollectiveMainloop =
+      PersistentConvMainloop<ConvCollective, KernelSchedule, kPromoteKTiles>;
   using ConvShape = typename ConvCollective::ProblemShape;
   // (M = N*P*Q, N = K, K = (C,S,R), L); L stays dynamic because the
   // epilogue's TMA descriptor type is declared with a dynamic batch mode.

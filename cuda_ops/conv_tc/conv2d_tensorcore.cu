@@ -79,12 +79,16 @@ const DeviceInfo* GetDeviceInfo(int device) {
   return &infos[device];
 }
 
-const TcKernelOps& KernelOps(TcDType dtype, int config) {
+// split3: fp32 kHighest, the 3xTF32 family (two-level accumulation).
+const TcKernelOps& KernelOps(TcDType dtype, bool split3, int config) {
   const TcKernelOps* a = conv_tc::kBf16KernelsA;
   const TcKernelOps* b = conv_tc::kBf16KernelsB;
   if (dtype == TcDType::kF16) {
     a = conv_tc::kF16KernelsA;
     b = conv_tc::kF16KernelsB;
+  } else if (dtype == TcDType::kF32 && split3) {
+    a = conv_tc::kTf32x3KernelsA;
+    b = conv_tc::kTf32x3KernelsB;
   } else if (dtype == TcDType::kF32) {
     a = conv_tc::kTf32KernelsA;
     b = conv_tc::kTf32KernelsB;
@@ -148,7 +152,8 @@ WorkspaceLayout GetWorkspaceLayout(const Conv2dParams& p, TcDType dtype) {
   l.cutlass_offset = l.weights + l.activations;
   const TcProblem problem = MakeProblem(p, dtype);
   for (int c = 0; c < conv_tc::kNumConfigs; ++c)
-    l.cutlass = std::max(l.cutlass, KernelOps(dtype, c).workspace_bytes(problem));
+    l.cutlass = std::max(l.cutlass,
+                         KernelOps(dtype, split3, c).workspace_bytes(problem));
   l.cutlass = AlignUp(l.cutlass, kWorkspaceAlign);
   l.total = l.cutlass_offset + l.cutlass;
   return l;
@@ -156,8 +161,8 @@ WorkspaceLayout GetWorkspaceLayout(const Conv2dParams& p, TcDType dtype) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t NumTiles(int64_t m, int64_t n, int config) {
-  const conv_tc::TcConfigInfo& c = conv_tc::config_info(config);
+int64_t NumTiles(int64_t m, int64_t n, int config, bool split3) {
+  const conv_tc::TcConfigInfo& c = conv_tc::config_info(config, split3);
   return CeilDiv(m, c.tile_m) * CeilDiv(n, c.tile_n);
 }
 
@@ -261,7 +266,14 @@ const char* conv2d_tensorcore_config_name(int config) {
   return conv_tc::config_info(config).name;
 }
 
-// GEMM view: M = N*P*Q, N = K, K = R*S*C (C tripled for 3xTF32).
+const char* conv2d_tensorcore_config_name(int config, const Conv2dParams& params,
+                                          TcDType dtype) {
+  if (config < 0 || config >= conv_tc::kNumConfigs) return nullptr;
+  return conv_tc::config_info(config, IsSplit3(params, dtype)).name;
+}
+
+// GEMM view: M = N*P*Q, N = K, K = R*S*C (C tripled for 3xTF32, whose
+// kernels have their own tile table, see conv2d_tc_configs.h).
 //  * few channels (C*bytes <= 64): 32-byte K tiles; a 128-byte tile would be
 //    mostly TMA zero fill;
 //  * otherwise the largest tile whose tile count still fills the GPU with at
@@ -287,6 +299,17 @@ int conv2d_tensorcore_pick_config(const Conv2dParams& p, TcDType dtype) {
 
   if (c_gemm * ElementBytes(dtype) <= 64) return kPingpong128x64SmallC;
 
+  if (split3) {
+    // 3xTF32 table: 0 coop_128x128_c2, 1 coop_256x64_c2, 2 pp_64x128_c1.
+    // Compute-bound (3x the MMAs): the cooperative tiles when they fill the
+    // GPU twice, else the ping-pong ones down to one wave.
+    const int big = n > 64 ? 0 : 1;
+    if (NumTiles(m, n, big, true) >= 2 * sm_count) return big;
+    if (NumTiles(m, n, kPingpong128x64, true) >= sm_count) return kPingpong128x64;
+    if (n > 64 && NumTiles(m, n, 2, true) >= sm_count) return 2;
+    return kPingpong64x64;
+  }
+
   const bool long_k = k_bytes >= 1024;  // >= 8 k-tiles of 128 bytes
   int preferred[4];
   int count = 0;
@@ -295,9 +318,9 @@ int conv2d_tensorcore_pick_config(const Conv2dParams& p, TcDType dtype) {
   if (n > 64) preferred[count++] = kPingpong128x128;
   preferred[count++] = kPingpong128x64;
   for (int i = 0; i < count; ++i)
-    if (NumTiles(m, n, preferred[i]) >= 2 * sm_count) return preferred[i];
+    if (NumTiles(m, n, preferred[i], false) >= 2 * sm_count) return preferred[i];
   // Small problems: the smallest tile that still fills one wave, else 64x64.
-  if (NumTiles(m, n, kPingpong128x64) >= sm_count) return kPingpong128x64;
+  if (NumTiles(m, n, kPingpong128x64, false) >= sm_count) return kPingpong128x64;
   return kPingpong64x64;
 }
 
@@ -361,7 +384,7 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
   problem.y = y;
   problem.device = device;
   problem.sm_count = info->sm_count;
-  return KernelOps(dtype, config)
+  return KernelOps(dtype, split3, config)
       .run(problem, ws + layout.cutlass_offset, layout.cutlass, stream);
 }
 

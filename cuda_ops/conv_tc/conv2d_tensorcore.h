@@ -7,7 +7,10 @@
 //   fp32, MathPrecision::kDefault: TF32 tensor cores.
 //   fp32, MathPrecision::kHighest: 3xTF32 (x = big + small, both exact TF32;
 //     y = big_x*big_w + big_x*small_w + small_x*big_w in one fp32-accumulated
-//     GEMM over 3*C channels), fp32-accurate (~1e-6 relative).
+//     GEMM over 3*C channels), fp32-accurate (~1e-6 relative): the wgmma
+//     partial sums are promoted into an fp32 register accumulator every 128
+//     GEMM-K elements (the wgmma accumulator alone truncates, and its error
+//     grows linearly with K).
 //   Epilogue: y = act(acc + float(bias)), act = ReLU that keeps NaN, or identity.
 #pragma once
 
@@ -54,10 +57,14 @@ const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& params,
 size_t conv2d_tensorcore_workspace_bytes(const Conv2dParams& params,
                                          TcDType dtype);
 
-// Kernel configs (tile, cluster, schedule), the same list for every dtype.
+// Kernel configs (tile, cluster, schedule): the same count for every dtype.
 int conv2d_tensorcore_num_configs();
 // Short name of config `config`, e.g. "coop_128x256_c2"; nullptr if out of range.
+// The first form names the bf16/fp16/TF32 tiles; fp32 kHighest (3xTF32) has
+// its own tiles for configs 0-2, which the second form names.
 const char* conv2d_tensorcore_config_name(int config);
+const char* conv2d_tensorcore_config_name(int config, const Conv2dParams& params,
+                                          TcDType dtype);
 // The config the heuristic picks (what config = -1 runs).
 int conv2d_tensorcore_pick_config(const Conv2dParams& params, TcDType dtype);
 
