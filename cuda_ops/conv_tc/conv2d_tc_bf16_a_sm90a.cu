@@ -10,11 +10,11 @@ using Element = cutlass::bfloat16_t;
 
 const TcKernelOps kBf16KernelsA[3] = {
     // coop_128x256_c2
-    TcConvRunner<TcConvKernel<Element, 128, 256, 128, 2, true, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 128, 256, 128, 2, true, 0, kHalfBFromHwio>>::ops(),
     // coop_256x128_c2
-    TcConvRunner<TcConvKernel<Element, 256, 128, 128, 2, true, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 256, 128, 128, 2, true, 0, kHalfBFromHwio>>::ops(),
     // pp_128x128_c1
-    TcConvRunner<TcConvKernel<Element, 128, 128, 128, 1, false, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 128, 128, 128, 1, false, 0, kHalfBFromHwio>>::ops(),
 };
 
 }  // namespace conv_tc

@@ -10,11 +10,11 @@ using Element = cutlass::half_t;
 
 const TcKernelOps kF16KernelsB[3] = {
     // pp_128x64_c1
-    TcConvRunner<TcConvKernel<Element, 128, 64, 128, 1, false, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 128, 64, 128, 1, false, 0, kHalfBFromHwio>>::ops(),
     // pp_64x64_c1
-    TcConvRunner<TcConvKernel<Element, 64, 64, 128, 1, false, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 64, 64, 128, 1, false, 0, kHalfBFromHwio>>::ops(),
     // pp_128x64_smallc
-    TcConvRunner<TcConvKernel<Element, 128, 64, 32, 1, false, 0, true>>::ops(),
+    TcConvRunner<TcConvKernel<Element, 128, 64, 32, 1, false, 0, kHalfBFromHwio>>::ops(),
 };
 
 }  // namespace conv_tc

@@ -147,7 +147,9 @@ bool OutputEmpty(const Conv2dParams& p) {
 
 // bf16/fp16 kernels read the HWIO weights directly (MN-major B); fp32 needs
 // them K-major (wgmma TF32 operands), so it keeps the KRSC copy.
-bool WeightsNeedKrsc(TcDType d) { return d == TcDType::kF32; }
+bool WeightsNeedKrsc(TcDType d) {
+  return d == TcDType::kF32 || !conv_tc::kHalfBFromHwio;
+}
 
 struct WorkspaceLayout {
   // fp32: KRSC weights (3*Cp wide for 3xTF32); bf16/fp16: the HWIO weights
