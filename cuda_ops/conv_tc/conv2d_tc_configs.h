@@ -83,6 +83,11 @@ inline const TcConfigInfo& config_info(int c, bool split3 = false) {
   return split3 ? kInfoSplit3[c] : kInfo[c];
 }
 
+// bf16/fp16 kernels read the weights straight from HWIO (MN-major wgmma B).
+// false: they read a KRSC copy the launcher makes per call, like fp32 does
+// (a one-line switch back, should the HWIO path misbehave on some shape).
+constexpr bool kHalfBFromHwio = true;
+
 // GEMM-K elements the 3xTF32 wgmmas sum before each promotion into the fp32
 // accumulator (4 k-tiles of 32; 16 of the small-C config's 8).
 constexpr int kSplit3PromoteK = 128;

@@ -92,14 +92,28 @@ using BiasReluEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
 // adds: the wgmma error is that of a kPromoteKTiles-long sum, the long sum is
 // fp32 RN. Costs a second accumulator fragment (the tiles of the promoted
 // family are sized for it) and one wgmma drain per promotion.
-template <class ConvCollective, class KernelSchedule, int kPromoteKTiles = 0>
+//
+// kBMnMajor: the weights are read straight from HWIO [R,S,C,K] (GEMM B with
+// its N mode, the output channels, contiguous: "MN-major"), 16-bit types only
+// (wgmma transposes 16-bit B operands from shared memory; TF32 needs K-major,
+// so fp32 keeps the KRSC copy). CUTLASS's conv collective hard-codes a K-major
+// filter (StrideB (k, (_1, s, r))), so for this case the adapter builds its
+// own B TMA descriptor (and with it Params, load_init, load, mma); the
+// collective's A side (im2col TMA), shared storage and pipeline are reused.
+template <class ConvCollective, class KernelSchedule, int kPromoteKTiles = 0,
+          bool kBMnMajor = false>
 struct PersistentConvMainloop : ConvCollective {
   using Base = ConvCollective;
   using ConvShape = typename Base::ProblemShape;  // ConvProblemShape<kFprop, 2>
-  using Params = typename Base::Params;
   using MainloopPipeline = typename Base::MainloopPipeline;
   using PipelineState = typename Base::PipelineState;
   using TensorStorage = typename Base::TensorStorage;
+  using TileShape = typename Base::TileShape;
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+  using InternalElementA = typename Base::InternalElementA;
+  using InternalElementB = typename Base::InternalElementB;
+  // Own mma for promotion or MN-major B (the collective's takes its Params).
+  static constexpr bool kOwnMma = kPromoteKTiles > 0 || kBMnMajor;
 
   // The persistent kernels dispatch on DispatchPolicy::Schedule; everything
   // else (stages, cluster, arch) stays the collective's own.
@@ -111,7 +125,63 @@ struct PersistentConvMainloop : ConvCollective {
   using StrideA = decltype(cute::append(typename Base::StrideA{}, int64_t{}));
   using StrideB = decltype(cute::append(typename Base::StrideB{}, int64_t{}));
 
+  // HWIO filter as GEMM B (k, (c, s, r)): k contiguous.
+  using StrideBMn = cute::Stride<cute::_1, cute::Stride<int64_t, int64_t, int64_t>>;
+
+  // The collective's im2col TMA for x (its own builder is private).
+  template <class TensorA>
+  static constexpr auto make_tma_a(TensorA const& tensor_a,
+                                   ConvShape const& problem_shape) {
+    using namespace cute;
+    namespace cdetail = cutlass::conv::collective::detail;
+    constexpr int kSpatial = 2;
+    auto lower_corner_whd = cdetail::compute_lower_corner_whd(problem_shape);
+    auto upper_corner_whd = cdetail::compute_upper_corner_whd(problem_shape);
+    auto lower_srt = cdetail::compute_lower_srt(problem_shape);
+    cute::array<int32_t, kSpatial> stride_srt{};
+    for (int i = 0; i < kSpatial; ++i)
+      stride_srt[i] = problem_shape.dilation[kSpatial - 1 - i];
+    return make_im2col_tma_copy(
+        typename Base::GmemTiledCopyA{}, tensor_a,
+        typename Base::SmemLayoutA{}(_, _, _0{}),
+        product_each(shape(typename Base::SmemLayoutA{}(_, _, _0{}))),
+        size<1>(ClusterShape{}), shape(lower_corner_whd), shape(upper_corner_whd),
+        cute::reverse(shape(problem_shape.lower_padding)),
+        cute::reverse(shape(problem_shape.upper_padding)),
+        cute::reverse(shape(problem_shape.traversal_stride)), shape(lower_srt),
+        shape(stride_srt));
+  }
+
+  // Tiled TMA for the HWIO weights, multicast across the cluster's M.
+  template <class TensorB>
+  static constexpr auto make_tma_b_mn(TensorB const& tensor_b) {
+    using namespace cute;
+    return make_tma_copy(typename Base::GmemTiledCopyB{}, tensor_b,
+                         typename Base::SmemLayoutB{}(_, _, _0{}),
+                         make_shape(shape<1>(TileShape{}), shape<2>(TileShape{})),
+                         size<0>(ClusterShape{}));
+  }
+
+  struct ParamsMn {
+    using SubmodeA = decltype(cute::take<0, 3>(typename ConvShape::TensorExtent{}));
+    using TensorShapeA = decltype(cute::make_shape(SubmodeA{}, int(0)));
+    using TensorShapeB = decltype(cute::repeat_like(StrideBMn{}, int32_t(0)));
+    using TMA_A = decltype(make_tma_a(
+        cute::make_tensor(cute::make_gmem_ptr(static_cast<InternalElementA const*>(nullptr)),
+                          cute::make_layout(TensorShapeA{}, typename Base::StrideA{})),
+        ConvShape{}));
+    using TMA_B = decltype(make_tma_b_mn(cute::make_tensor(
+        cute::make_gmem_ptr(static_cast<InternalElementB const*>(nullptr)),
+        cute::make_layout(TensorShapeB{}, StrideBMn{}))));
+    TMA_A tma_load_a;
+    TMA_B tma_load_b;
+    uint32_t tma_transaction_bytes = Base::TmaTransactionBytes;
+  };
+  using Params = std::conditional_t<kBMnMajor, ParamsMn, typename Base::Params>;
+
   // The TMA descriptors are built from the conv shape, not the GEMM one.
+  // With kBMnMajor, ptr_B is HWIO [R,S,C,K] (the shape is problem.shape_B,
+  // KRSC-ordered as CUTLASS keeps it; its strides are not used).
   struct Arguments {
     typename Base::ElementA const* ptr_A = nullptr;
     typename Base::ElementB const* ptr_B = nullptr;
@@ -121,15 +191,49 @@ struct PersistentConvMainloop : ConvCollective {
   template <class GemmShape>
   static Params to_underlying_arguments(GemmShape const&, Arguments const& args,
                                         void* workspace) {
-    return Base::to_underlying_arguments(
-        args.problem, typename Base::Arguments{args.ptr_A, args.ptr_B},
-        workspace);
+    if constexpr (kBMnMajor) {
+      using namespace cute;
+      auto dA = cutlass::make_cute_packed_stride(typename Base::StrideA{}, args.problem.stride_A,
+                                        cutlass::conv::Operator::kFprop);
+      Tensor tensor_a = make_tensor(
+          make_gmem_ptr(reinterpret_cast<InternalElementA const*>(args.ptr_A)),
+          make_layout(args.problem.get_shape_A(), dA));
+      const auto& f = args.problem.shape_B;  // [K, R, S, C]
+      const int32_t k = f[0], r = f[1], s = f[2], c = f[3];
+      (void)r;
+      StrideBMn dB{};
+      get<1, 0>(dB) = int64_t(k);
+      get<1, 1>(dB) = int64_t(c) * k;
+      get<1, 2>(dB) = int64_t(s) * c * k;
+      typename ParamsMn::TensorShapeB shape_b{};
+      get<0>(shape_b) = k;
+      get<1, 0>(shape_b) = c;
+      get<1, 1>(shape_b) = s;
+      get<1, 2>(shape_b) = r;
+      Tensor tensor_b = make_tensor(
+          make_gmem_ptr(reinterpret_cast<InternalElementB const*>(args.ptr_B)),
+          make_layout(shape_b, dB));
+      (void)workspace;
+      return ParamsMn{make_tma_a(tensor_a, args.problem), make_tma_b_mn(tensor_b),
+                      Base::TmaTransactionBytes};
+    } else {
+      return Base::to_underlying_arguments(
+          args.problem, typename Base::Arguments{args.ptr_A, args.ptr_B},
+          workspace);
+    }
   }
 
+  // For kBMnMajor the collective checks the KRSC strides the problem carries
+  // (C-aligned); the launcher also requires K % 8 == 0 (16-byte HWIO rows).
   template <class GemmShape>
   static bool can_implement(GemmShape const&, Arguments const& args) {
     return Base::can_implement(
         args.problem, typename Base::Arguments{args.ptr_A, args.ptr_B});
+  }
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
+    cute::prefetch_tma_descriptor(params.tma_load_a.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_load_b.get_tma_descriptor());
   }
 
   // The persistent kernels index (BLK,BLK_K,m|n,k,l); the collective has no
@@ -137,10 +241,21 @@ struct PersistentConvMainloop : ConvCollective {
   template <class ProblemShapeMNKL>
   CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_mnkl,
                                 Params const& params) {
-    auto inputs = Base::load_init(problem_shape_mnkl, params);
-    auto gA = cute::get<0>(inputs);
-    auto gB = cute::get<1>(inputs);
-    return cute::make_tuple(append_unit_mode(gA), append_unit_mode(gB));
+    if constexpr (kBMnMajor) {
+      using namespace cute;
+      using X = Underscore;
+      auto [M, N, K, L] = problem_shape_mnkl;
+      Tensor mA_mk = params.tma_load_a.get_tma_tensor(make_shape(M, K));
+      Tensor mB_nk = params.tma_load_b.get_tma_tensor(make_shape(N, K));
+      Tensor gA_mk = local_tile(mA_mk, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+      Tensor gB_nk = local_tile(mB_nk, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+      return cute::make_tuple(append_unit_mode(gA_mk), append_unit_mode(gB_nk));
+    } else {
+      auto inputs = Base::load_init(problem_shape_mnkl, params);
+      auto gA = cute::get<0>(inputs);
+      auto gB = cute::get<1>(inputs);
+      return cute::make_tuple(append_unit_mode(gA), append_unit_mode(gB));
+    }
   }
 
   // x's im2col TMA tensor has a composed layout (TMA basis o offset o GEMM
@@ -168,47 +283,113 @@ struct PersistentConvMainloop : ConvCollective {
                            int thread_idx, uint32_t block_rank_in_cluster,
                            TensorStorage& shared_tensors) {
     using cute::_;
-    Base::load(params, pipeline, smem_pipe_producer_state,
-               cute::make_tuple(cute::get<0>(inputs)(_, _, _, _, 0),
-                                cute::get<1>(inputs)(_, _, _, _, 0)),
-               blk_coord, k_tile_iter, k_tile_count, thread_idx,
-               block_rank_in_cluster, shared_tensors);
+    if constexpr (kBMnMajor) {
+      load_mn(params, pipeline, smem_pipe_producer_state, cute::get<0>(inputs)(_, _, _, _, 0),
+              cute::get<1>(inputs)(_, _, _, _, 0), blk_coord, k_tile_iter,
+              k_tile_count, block_rank_in_cluster, shared_tensors);
+    } else {
+      Base::load(params, pipeline, smem_pipe_producer_state,
+                 cute::make_tuple(cute::get<0>(inputs)(_, _, _, _, 0),
+                                  cute::get<1>(inputs)(_, _, _, _, 0)),
+                 blk_coord, k_tile_iter, k_tile_count, thread_idx,
+                 block_rank_in_cluster, shared_tensors);
+    }
+  }
+
+  // The collective's producer loop, on ParamsMn.
+  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load_mn(Params const& params, MainloopPipeline pipeline,
+                              PipelineState smem_pipe_producer_state,
+                              TensorA const& gA_mk, TensorB const& gB_nk,
+                              BlockCoord const& blk_coord, KTileIterator k_tile_iter,
+                              int k_tile_count, uint32_t block_rank_in_cluster,
+                              TensorStorage& shared_tensors) {
+    using namespace cute;
+    if (!cute::elect_one_sync()) return;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()),
+                            typename Base::SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
+                            typename Base::SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    constexpr uint32_t cluster_shape_x = get<0>(ClusterShape());
+    uint2 cluster_local_block_id = {block_rank_in_cluster % cluster_shape_x,
+                                    block_rank_in_cluster / cluster_shape_x};
+    auto block_tma_a = params.tma_load_a.get_slice(cluster_local_block_id.y);
+    auto block_tma_b = params.tma_load_b.get_slice(cluster_local_block_id.x);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor gA = gA_mk(_, _, m_coord, _);  // (BLK_M,BLK_K,k)
+    Tensor gB = gB_nk(_, _, n_coord, _);  // (BLK_N,BLK_K,k)
+    Tensor tAgA = block_tma_a.partition_S(gA);
+    Tensor tAsA = block_tma_a.partition_D(sA);
+    Tensor tBgB = block_tma_b.partition_S(gB);
+    Tensor tBsB = block_tma_b.partition_D(sB);
+
+    uint16_t mcast_mask_a = 0;
+    uint16_t mcast_mask_b = 0;
+    using GmemTiledCopyA = typename Base::GmemTiledCopyA;
+    using GmemTiledCopyB = typename Base::GmemTiledCopyB;
+    if constexpr (cute::is_same_v<GmemTiledCopyA, SM90_TMA_LOAD_IM2COL_MULTICAST> ||
+                  cute::is_same_v<GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
+      auto block_layout = Layout<ClusterShape>{};
+      for (int n = 0; n < size<1>(block_layout); ++n)
+        mcast_mask_a |= (uint16_t(1) << block_layout(cluster_local_block_id.x, n, Int<0>{}));
+    }
+    if constexpr (cute::is_same_v<GmemTiledCopyB, SM90_TMA_LOAD_IM2COL_MULTICAST> ||
+                  cute::is_same_v<GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      auto block_layout = Layout<ClusterShape>{};
+      for (int m = 0; m < size<0>(block_layout); ++m)
+        mcast_mask_b |= (uint16_t(1) << block_layout(m, cluster_local_block_id.y, Int<0>{}));
+    }
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(smem_pipe_producer_state);
+      using BarrierType = typename MainloopPipeline::ProducerBarrierType;
+      BarrierType* tma_barrier = pipeline.producer_get_barrier(smem_pipe_producer_state);
+      const int write_stage = smem_pipe_producer_state.index();
+      copy(params.tma_load_a.with(*tma_barrier, mcast_mask_a),
+           tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, write_stage));
+      copy(params.tma_load_b.with(*tma_barrier, mcast_mask_b),
+           tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, write_stage));
+      ++k_tile_iter;
+      ++smem_pipe_producer_state;
+    }
   }
 
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
                           FrgTensorC& accum, int k_tile_count, int thread_idx,
                           TensorStorage& shared_tensors, Params const& params) {
-    if constexpr (kPromoteKTiles == 0) {
+    if constexpr (!kOwnMma) {
       Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx,
                 shared_tensors, params);
     } else {
-      mma_promoted(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx,
-                   shared_tensors);
+      mma_own(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx,
+              shared_tensors);
     }
   }
 
   CUTLASS_DEVICE void mma_tail(MainloopPipeline pipeline,
                                PipelineState smem_pipe_release, int k_tile_count) {
-    if constexpr (kPromoteKTiles == 0) {
+    if constexpr (!kOwnMma) {
       Base::mma_tail(pipeline, smem_pipe_release, k_tile_count);
     } else {
-      // mma_promoted drained its wgmmas and released every stage it read.
+      // mma_own drained its wgmmas and released every stage it read.
       cute::warpgroup_wait<0>();
     }
   }
 
   // One k-tile of wgmmas in flight (its stage is released once the next
-  // k-tile's batch is issued and the older one retired), except at a promotion:
-  // drain, accum += temp, zero temp (ScaleOut::Zero on its next wgmma),
-  // release every stage still held.
+  // k-tile's batch is issued and the older one retired). With promotion
+  // (kPromoteKTiles > 0) the wgmmas sum into a temporary and every
+  // kPromoteKTiles k-tiles (and at the end): drain, accum += temp, zero temp
+  // (ScaleOut::Zero on its next wgmma), release every stage still held.
   template <class FrgTensorC>
-  CUTLASS_DEVICE void mma_promoted(MainloopPipeline pipeline,
-                                   PipelineState smem_pipe_read, FrgTensorC& accum,
-                                   int k_tile_count, int thread_idx,
-                                   TensorStorage& shared_tensors) {
+  CUTLASS_DEVICE void mma_own(MainloopPipeline pipeline, PipelineState smem_pipe_read,
+                              FrgTensorC& accum, int k_tile_count, int thread_idx,
+                              TensorStorage& shared_tensors) {
     using namespace cute;
     static_assert(is_rmem<FrgTensorC>::value, "C tensor must be rmem resident.");
+    constexpr bool kPromote = kPromoteKTiles > 0;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()),
                             typename Base::SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
@@ -221,9 +402,14 @@ struct PersistentConvMainloop : ConvCollective {
     Tensor tCrB = thread_mma.make_fragment_B(tCsB);  // (MMA,MMA_N,MMA_K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCsA) == size<1>(accum));
     CUTE_STATIC_ASSERT_V(size<1>(tCsB) == size<2>(accum));
+    CUTE_STATIC_ASSERT_V(size<2>(tCsA) == size<2>(tCsB));
 
-    Tensor accum_mma = make_fragment_like(accum);  // what the wgmmas add into
-    clear(accum);
+    // What the wgmmas add into: a temporary with promotion, else accum.
+    decltype(auto) accum_mma = [&]() -> decltype(auto) {
+      if constexpr (kPromote) return make_fragment_like(accum);
+      else return (accum);
+    }();
+    if constexpr (kPromote) clear(accum);
     PipelineState smem_pipe_release = smem_pipe_read;
     int held = 0;      // stages read and not yet released
     int in_group = 0;  // k-tiles summed in accum_mma since the last promotion
@@ -245,15 +431,17 @@ struct PersistentConvMainloop : ConvCollective {
       warpgroup_commit_batch();
       ++smem_pipe_read;
       ++held;
-      if (++in_group == kPromoteKTiles || k_tile_count == 1) {
+      if (k_tile_count == 1 || (kPromote && ++in_group == kPromoteKTiles)) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(accum_mma);
-        warpgroup_fence_operand(accum);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += accum_mma(i);
-        warpgroup_fence_operand(accum);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-        in_group = 0;
+        if constexpr (kPromote) {
+          warpgroup_fence_operand(accum);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(accum); ++i) accum(i) += accum_mma(i);
+          warpgroup_fence_operand(accum);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+          in_group = 0;
+        }
         for (; held > 0; --held) {
           pipeline.consumer_release(smem_pipe_release);
           ++smem_pipe_release;
@@ -278,14 +466,20 @@ struct PersistentConvMainloop : ConvCollective {
 
 // PromoteK > 0 (GEMM-K elements): two-level accumulation every
 // max(1, PromoteK / TileK) k-tiles (see PersistentConvMainloop).
+// BMnMajor: B read from HWIO directly (16-bit types only, see
+// PersistentConvMainloop).
 template <class Element, int TileM, int TileN, int TileKBytes, int ClusterM,
-          bool Cooperative, int PromoteK = 0>
+          bool Cooperative, int PromoteK = 0, bool BMnMajor = false>
 struct TcConvKernel {
   using ElementMma =
       std::conditional_t<std::is_same_v<Element, float>, cutlass::tfloat32_t,
                          Element>;
   static constexpr int kTileK = TileKBytes / int(sizeof(Element));
   static constexpr int kAlign = 16 / int(sizeof(Element));  // 16-byte TMA rows
+  static_assert(!BMnMajor || sizeof(Element) == 2,
+                "wgmma reads MN-major B only for 16-bit types");
+  static constexpr cute::GMMA::Major kMajorB =
+      BMnMajor ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
 
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>,
                                 cute::Shape<cute::Int<kTileK>>>;
@@ -327,7 +521,7 @@ struct TcConvKernel {
                          cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>>;
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<ElementMma, ElementMma, float, TileShape,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+                                 cute::GMMA::Major::K, kMajorB>(),
       AtomLayout{}));
   // x: im2col TMA, no multicast (CTAs of the 2x1 cluster read different
   // pixels); w: multicast to the cluster (same output channels).
@@ -344,7 +538,7 @@ struct TcConvKernel {
                decltype(cute::get<2>(TileShape{}))>());
   using SmemLayoutAtomB =
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-               cute::GMMA::Major::K, ElementMma,
+               kMajorB, ElementMma,
                decltype(cute::get<1>(TileShape{})),
                decltype(cute::get<2>(TileShape{}))>());
   using SmemLayoutA = decltype(cute::tile_to_shape(
@@ -369,7 +563,7 @@ struct TcConvKernel {
   static constexpr int kPromoteKTiles =
       PromoteK == 0 ? 0 : (PromoteK / kTileK > 0 ? PromoteK / kTileK : 1);
   using CollectiveMainloop =
-      PersistentConvMainloop<ConvCollective, KernelSchedule, kPromoteKTiles>;
+      PersistentConvMainloop<ConvCollective, KernelSchedule, kPromoteKTiles, BMnMajor>;
   using ConvShape = typename ConvCollective::ProblemShape;
   // (M = N*P*Q, N = K, K = (C,S,R), L); L stays dynamic because the
   // epilogue's TMA descriptor type is declared with a dynamic batch mode.

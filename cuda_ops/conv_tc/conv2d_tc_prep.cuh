@@ -1,6 +1,8 @@
 // Operand preparation for the tensor-core conv (plain CUDA, no CUTLASS):
-//   * weights HWIO [R,S,C,K] -> KRSC [K,R,S,C]: the TMA B operand must be
-//     K-major (c contiguous per output channel);
+//   * fp32 weights HWIO [R,S,C,K] -> KRSC [K,R,S,C]: the TF32 wgmma B operand
+//     must be K-major (c contiguous per output channel);
+//   * channel padding C -> Cp (16-byte rows) of x and w for few-channel
+//     inputs (RGB stems);
 //   * 3xTF32 split for fp32 kHighest: v = big + small with big = tf32_rn(v),
 //     small = tf32_rn(v - big), both exactly representable in TF32 so the
 //     tensor core reads them without further rounding. x gets channel blocks
@@ -44,14 +46,15 @@ __device__ __forceinline__ Tf32Split split_tf32(float v) {
   return {big, small};
 }
 
-// out[k][rs][c] = w[rs][c][k] (kSplit3: out row has 3*C entries,
-// [big | small | big] of w[rs][c][k]). Grid (ceil(K/32), ceil(C/32), R*S),
-// block (32, 8); a shared tile makes both the read (along k) and the write
-// (along c) coalesced.
+// out[k][rs][c] = w[rs][c][k] (kSplit3: out row has 3*Cp entries,
+// [big | small | big] of w[rs][c][k]). Rows are Cp >= C wide (channel
+// padding); columns c >= C are not written (the launcher zeroes them).
+// Grid (ceil(K/32), ceil(C/32), R*S), block (32, 8); a shared tile makes both
+// the read (along k) and the write (along c) coalesced.
 template <typename T, bool kSplit3>
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     weights_hwio_to_krsc(const T* __restrict__ w, T* __restrict__ out, int RS,
-                         int C, int K) {
+                         int C, int K, int Cp) {
   __shared__ T tile[kTransposeTile][kTransposeTile + 1];
   const int rs = blockIdx.z;
   const int c0 = blockIdx.y * kTransposeTile;
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
   }
   __syncthreads();
 
-  const int c_out_row = kSplit3 ? 3 * C : C;
+  const int c_out_row = kSplit3 ? 3 * Cp : Cp;
   for (int i = ty; i < kTransposeTile; i += kTransposeRows) {
     const int k = k0 + i, c = c0 + tx;
     if (k >= K || c >= C) continue;
@@ -73,8 +76,8 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     if constexpr (kSplit3) {
       const Tf32Split s = split_tf32(tile[tx][i]);
       out[base] = s.big;
-      out[base + C] = s.small;
-      out[base + 2 * C] = s.big;
+      out[base + Cp] = s.small;
+      out[base + 2 * Cp] = s.big;
     } else {
       out[base] = tile[tx][i];
     }
@@ -101,6 +104,60 @@ __global__ void __launch_bounds__(256)
     *reinterpret_cast<float4*>(row) = big;
     *reinterpret_cast<float4*>(row + C) = big;
     *reinterpret_cast<float4*>(row + 2 * C) = small;
+  }
+}
+
+// Channel padding for inputs whose rows are not 16-byte multiples (e.g. RGB,
+// C = 3): out [rows, Cp] = [in [rows, C] | zeros], Cp > C. Used for x
+// ([N*H*W, C]) and, for bf16/fp16, the HWIO weights viewed as [R*S, C*K]
+// Grid-stride over rows * Cp elements; the HWIO weights use
+// pad_hwio_channels below.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    pad_channels(const T* __restrict__ in, T* __restrict__ out, int64_t rows,
+                 int C, int Cp) {
+  const int64_t total = rows * Cp;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / Cp;
+    const int c = static_cast<int>(i - row * Cp);
+    out[i] = c < C ? in[row * C + c] : T(0.0f);
+  }
+}
+
+// HWIO [RS, C, K] -> [RS, Cp, K], zero rows for c >= C.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    pad_hwio_channels(const T* __restrict__ w, T* __restrict__ out, int RS,
+                      int C, int Cp, int K) {
+  const int64_t total = static_cast<int64_t>(RS) * Cp * K;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t rsc = i / K;
+    const int k = static_cast<int>(i - rsc * K);
+    const int64_t rs = rsc / Cp;
+    const int c = static_cast<int>(rsc - rs * Cp);
+    out[i] = c < C ? w[(rs * C + c) * K + k] : T(0.0f);
+  }
+}
+
+// 3xTF32 split with channel padding (C % 4 != 0): x [pixels, C] ->
+// out [pixels, 3*Cp] with blocks [big | big | small], zeros for c >= C.
+__global__ void __launch_bounds__(256)
+    activations_split3_tf32_padded(const float* __restrict__ x,
+                                   float* __restrict__ out, int64_t pixels,
+                                   int C, int Cp) {
+  const int64_t total = pixels * Cp;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pixel = i / Cp;
+    const int c = static_cast<int>(i - pixel * Cp);
+    Tf32Split s{0.0f, 0.0f};
+    if (c < C) s = split_tf32(x[pixel * C + c]);
+    float* row = out + pixel * (3 * static_cast<int64_t>(Cp)) + c;
+    row[0] = s.big;
+    row[Cp] = s.big;
+    row[2 * Cp] = s.small;
   }
 }
 

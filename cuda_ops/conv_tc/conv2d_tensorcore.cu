@@ -1,6 +1,7 @@
 // Launcher for the tensor-core conv: validate, map the conv to what CUTLASS's
-// im2col TMA accepts, pick a config, prepare the operands (weights to KRSC,
-// 3xTF32 split), launch. No CUTLASS headers here: the kernels live in
+// im2col TMA accepts, pick a config, prepare the operands (fp32: weights to
+// KRSC, 3xTF32 split; bf16/fp16 read x and the HWIO weights as they are),
+// launch. No CUTLASS headers here: the kernels live in
 // conv2d_tc_<dtype>_{a,b}_sm90a.cu behind conv2d_tc_configs.h.
 #include <algorithm>
 #include <type_traits>
@@ -35,6 +36,20 @@ int ElementBytes(TcDType d) { return d == TcDType::kF32 ? 4 : 2; }
 
 bool IsSplit3(const Conv2dParams& p, TcDType d) {
   return d == TcDType::kF32 && p.precision == MathPrecision::kHighest;
+}
+
+// Channels the kernels see: C rounded up to a 16-byte row (TMA). Few-channel
+// inputs (RGB, C = 3) get x and w zero-padded to Cp in the workspace.
+int64_t PaddedC(const Conv2dParams& p, TcDType d) {
+  const int64_t align = 16 / ElementBytes(d);
+  return (p.C + align - 1) / align * align;
+}
+
+bool NeedsChannelPad(const Conv2dParams& p, TcDType d) { return PaddedC(p, d) != p.C; }
+
+// GEMM-K channels per filter tap: Cp, tripled for 3xTF32.
+int64_t GemmC(const Conv2dParams& p, TcDType d) {
+  return (IsSplit3(p, d) ? 3 : 1) * PaddedC(p, d);
 }
 
 // Input rows (or cols) the windows touch and the bottom (right) pad that makes
@@ -98,8 +113,7 @@ const TcKernelOps& KernelOps(TcDType dtype, bool split3, int config) {
 
 // Everything except pointers and the device.
 TcProblem MakeProblem(const Conv2dParams& p, TcDType dtype) {
-  const bool split3 = IsSplit3(p, dtype);
-  const int64_t c_gemm = split3 ? 3 * p.C : p.C;
+  const int64_t c_gemm = GemmC(p, dtype);
   const AxisMap h = MapAxis(p.H, p.R, p.P, p.stride_h, p.pad_h, p.dil_h);
   const AxisMap w = MapAxis(p.W, p.S, p.Q, p.stride_w, p.pad_w, p.dil_w);
   TcProblem t;
@@ -131,9 +145,18 @@ bool OutputEmpty(const Conv2dParams& p) {
   return p.N == 0 || p.P == 0 || p.Q == 0 || p.K == 0;
 }
 
+// bf16/fp16 kernels read the HWIO weights directly (MN-major B); fp32 needs
+// them K-major (wgmma TF32 operands), so it keeps the KRSC copy.
+bool WeightsNeedKrsc(TcDType d) {
+  return d == TcDType::kF32 || !conv_tc::kHalfBFromHwio;
+}
+
 struct WorkspaceLayout {
-  size_t weights = 0;      // KRSC weights (3*C wide for 3xTF32)
-  size_t activations = 0;  // 3xTF32 split of x, else 0
+  // fp32: KRSC weights (3*Cp wide for 3xTF32); bf16/fp16: the HWIO weights
+  // channel-padded to Cp when C is not a 16-byte row, else 0.
+  size_t weights = 0;
+  // 3xTF32 split of x (3*Cp wide), else x channel-padded to Cp if needed, else 0.
+  size_t activations = 0;
   size_t cutlass_offset = 0;
   size_t cutlass = 0;  // max over configs
   size_t total = 0;
@@ -142,11 +165,13 @@ struct WorkspaceLayout {
 WorkspaceLayout GetWorkspaceLayout(const Conv2dParams& p, TcDType dtype) {
   WorkspaceLayout l;
   const bool split3 = IsSplit3(p, dtype);
+  const bool pad = NeedsChannelPad(p, dtype);
   const size_t elem = static_cast<size_t>(ElementBytes(dtype));
-  const size_t c_gemm = static_cast<size_t>(split3 ? 3 * p.C : p.C);
-  l.weights = AlignUp(static_cast<size_t>(p.K * p.R * p.S) * c_gemm * elem,
-                      kWorkspaceAlign);
-  if (split3)
+  const size_t c_gemm = static_cast<size_t>(GemmC(p, dtype));
+  if (WeightsNeedKrsc(dtype) || pad)
+    l.weights = AlignUp(static_cast<size_t>(p.K * p.R * p.S) * c_gemm * elem,
+                        kWorkspaceAlign);
+  if (split3 || pad)
     l.activations = AlignUp(
         static_cast<size_t>(p.N * p.H * p.W) * c_gemm * elem, kWorkspaceAlign);
   l.cutlass_offset = l.weights + l.activations;
@@ -172,21 +197,21 @@ bool Aligned16(const void* p) {
 
 template <typename T>
 void LaunchWeightTransform(const T* w, T* out, const Conv2dParams& p,
-                           bool split3, cudaStream_t stream) {
+                           bool split3, int64_t cpad, cudaStream_t stream) {
   const dim3 block(conv_tc::kTransposeTile, conv_tc::kTransposeRows);
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.K, conv_tc::kTransposeTile)),
                   static_cast<unsigned>(CeilDiv(p.C, conv_tc::kTransposeTile)),
                   static_cast<unsigned>(p.R * p.S));
   const int rs = static_cast<int>(p.R * p.S), c = static_cast<int>(p.C),
-            k = static_cast<int>(p.K);
+            k = static_cast<int>(p.K), cp = static_cast<int>(cpad);
   if constexpr (std::is_same_v<T, float>) {
     if (split3) {
       conv_tc::weights_hwio_to_krsc<float, true>
-          <<<grid, block, 0, stream>>>(w, out, rs, c, k);
+          <<<grid, block, 0, stream>>>(w, out, rs, c, k, cp);
       return;
     }
   }
-  conv_tc::weights_hwio_to_krsc<T, false><<<grid, block, 0, stream>>>(w, out, rs, c, k);
+  conv_tc::weights_hwio_to_krsc<T, false><<<grid, block, 0, stream>>>(w, out, rs, c, k, cp);
 }
 
 }  // namespace
@@ -207,10 +232,8 @@ const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& q,
   if (q.H == 0 || q.W == 0 || q.C == 0 || q.R == 0 || q.S == 0)
     return "empty input or window (output is bias only)";
 
+  // C needs no alignment: other channel counts are zero-padded to Cp.
   const int align = 16 / ElementBytes(dtype);
-  if (q.C % align != 0)
-    return dtype == TcDType::kF32 ? "C must be a multiple of 4 (16-byte TMA rows)"
-                                  : "C must be a multiple of 8 (16-byte TMA rows)";
   if (q.K % align != 0)
     return dtype == TcDType::kF32 ? "K must be a multiple of 4 (16-byte TMA rows)"
                                   : "K must be a multiple of 8 (16-byte TMA rows)";
@@ -235,7 +258,7 @@ const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& q,
       upper_h > kCornerMax || upper_w < kCornerMin || upper_w > kCornerMax)
     return "bottom/right padding outside the TMA im2col corner range";
 
-  const int64_t c_gemm = IsSplit3(q, dtype) ? 3 * q.C : q.C;
+  const int64_t c_gemm = GemmC(q, dtype);
   if (c_gemm > kInt32Max) return "C exceeds int32";
   // GEMM M is an int in CUTLASS; TMA byte strides must stay below 2^40.
   int64_t m = 0, x_elems = 0, w_elems = 0;
@@ -285,7 +308,7 @@ const char* conv2d_tensorcore_config_name(int config, const Conv2dParams& params
 int conv2d_tensorcore_pick_config(const Conv2dParams& p, TcDType dtype) {
   using namespace conv_tc;
   const bool split3 = IsSplit3(p, dtype);
-  const int64_t c_gemm = split3 ? 3 * p.C : p.C;
+  const int64_t c_gemm = GemmC(p, dtype);
   const int64_t m = p.N * p.P * p.Q, n = p.K;
   const int64_t k_bytes = p.R * p.S * c_gemm * ElementBytes(dtype);
   int sm_count = 132;  // H100 SXM / H200
@@ -334,10 +357,13 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
     return cudaErrorInvalidValue;
   if (config < -1 || config >= conv_tc::kNumConfigs) return cudaErrorInvalidValue;
   if (OutputEmpty(params)) return cudaSuccess;
-  if (x == nullptr || w == nullptr || y == nullptr || workspace == nullptr)
-    return cudaErrorInvalidValue;
-  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y) ||
-      (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign) != 0)
+  if (x == nullptr || w == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y)) return cudaErrorInvalidValue;
+  // bf16/fp16 usually need no workspace at all (then `workspace` may be null).
+  const WorkspaceLayout layout = GetWorkspaceLayout(params, dtype);
+  if (layout.total > 0 &&
+      (workspace == nullptr || workspace_bytes < layout.total ||
+       (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign) != 0))
     return cudaErrorInvalidValue;
 
   int device = 0;
@@ -349,43 +375,78 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
   if (info->cc_major != 9 || info->cc_minor != 0)
     return cudaErrorNoKernelImageForDevice;
 
-  const WorkspaceLayout layout = GetWorkspaceLayout(params, dtype);
-  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   if (config < 0) config = conv2d_tensorcore_pick_config(params, dtype);
 
   const bool split3 = IsSplit3(params, dtype);
+  const bool pad = NeedsChannelPad(params, dtype);
+  const int64_t cpad = PaddedC(params, dtype);
+  const int c_in = static_cast<int>(params.C), cp = static_cast<int>(cpad);
   char* ws = static_cast<char*>(workspace);
-  T* w_krsc = reinterpret_cast<T*>(ws);
-  LaunchWeightTransform<T>(w, w_krsc, params, split3, stream);
-  status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
+  auto grid_for = [&](int64_t elements) {
+    return static_cast<unsigned>(std::max<int64_t>(
+        1, std::min<int64_t>(CeilDiv(elements, 256), int64_t{info->sm_count} * 16)));
+  };
+
+  const T* w_gemm = w;  // HWIO as it is for bf16/fp16 without padding
+  if (WeightsNeedKrsc(dtype)) {
+    T* w_krsc = reinterpret_cast<T*>(ws);
+    // The pad columns (c >= C) of the KRSC rows are not written by the
+    // transpose: zero them (0 * garbage could be NaN).
+    if (pad) {
+      status = cudaMemsetAsync(w_krsc, 0, layout.weights, stream);
+      if (status != cudaSuccess) return status;
+    }
+    LaunchWeightTransform<T>(w, w_krsc, params, split3, cpad, stream);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    w_gemm = w_krsc;
+  } else if (pad) {
+    T* w_pad = reinterpret_cast<T*>(ws);
+    const int rs = static_cast<int>(params.R * params.S), k = static_cast<int>(params.K);
+    conv_tc::pad_hwio_channels<T><<<grid_for(int64_t{rs} * cp * k), 256, 0, stream>>>(
+        w, w_pad, rs, c_in, cp, k);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    w_gemm = w_pad;
+  }
 
   const void* x_gemm = x;
+  const int64_t pixels = params.N * params.H * params.W;
+  T* x_ws = reinterpret_cast<T*>(ws + layout.weights);
   if constexpr (std::is_same_v<T, float>) {
-    if (split3) {
-      float* x3 = reinterpret_cast<float*>(ws + layout.weights);
-      const int64_t num_vec4 = params.N * params.H * params.W * params.C / 4;
-      const int64_t blocks = std::min<int64_t>(CeilDiv(num_vec4, 256),
-                                               int64_t{info->sm_count} * 16);
-      conv_tc::activations_split3_tf32<<<static_cast<unsigned>(blocks), 256, 0,
-                                         stream>>>(
-          reinterpret_cast<const float4*>(x), x3, num_vec4,
-          static_cast<int>(params.C));
+    if (split3 && !pad) {
+      const int64_t num_vec4 = pixels * params.C / 4;
+      conv_tc::activations_split3_tf32<<<grid_for(num_vec4), 256, 0, stream>>>(
+          reinterpret_cast<const float4*>(x), x_ws, num_vec4, c_in);
       status = cudaGetLastError();
       if (status != cudaSuccess) return status;
-      x_gemm = x3;
+      x_gemm = x_ws;
+    } else if (split3) {
+      conv_tc::activations_split3_tf32_padded<<<grid_for(pixels * cp), 256, 0,
+                                                stream>>>(x, x_ws, pixels, c_in, cp);
+      status = cudaGetLastError();
+      if (status != cudaSuccess) return status;
+      x_gemm = x_ws;
     }
+  }
+  if (pad && !split3) {
+    conv_tc::pad_channels<T><<<grid_for(pixels * cp), 256, 0, stream>>>(
+        x, x_ws, pixels, c_in, cp);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    x_gemm = x_ws;
   }
 
   TcProblem problem = MakeProblem(params, dtype);
   problem.x = x_gemm;
-  problem.w = w_krsc;
+  problem.w = w_gemm;
   problem.bias = bias;
   problem.y = y;
   problem.device = device;
   problem.sm_count = info->sm_count;
   return KernelOps(dtype, split3, config)
-      .run(problem, ws + layout.cutlass_offset, layout.cutlass, stream);
+      .run(problem, layout.cutlass > 0 ? ws + layout.cutlass_offset : nullptr,
+            layout.cutlass, stream);
 }
 
 template cudaError_t launch_conv2d_tensorcore<float>(

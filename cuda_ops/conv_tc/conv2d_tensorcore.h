@@ -52,8 +52,11 @@ struct TcDTypeOf<__half> {
 const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& params,
                                                  TcDType dtype);
 
-// Device scratch bytes the launch needs (weights HWIO -> KRSC, plus the 3xTF32
-// split of x and w for fp32 kHighest). Enough for every config index.
+// Device scratch bytes the launch needs: fp32 only, the weights HWIO -> KRSC
+// (TF32 wgmma operands must be K-major) plus the 3xTF32 split of x and w for
+// kHighest; bf16/fp16 read the HWIO weights directly (MN-major wgmma B), so
+// they need only CUTLASS's own workspace (0 for the current configs). Enough
+// for every config index. A launch whose workspace_bytes is 0 may pass null.
 size_t conv2d_tensorcore_workspace_bytes(const Conv2dParams& params,
                                          TcDType dtype);
 
@@ -71,7 +74,8 @@ int conv2d_tensorcore_pick_config(const Conv2dParams& params, TcDType dtype);
 // Runs y = act(conv(x, w) + bias). `bias` may be null. `config` = -1 picks by
 // heuristic, otherwise 0 <= config < conv2d_tensorcore_num_configs().
 // `workspace` must hold conv2d_tensorcore_workspace_bytes(params, dtype)
-// bytes, 256-byte aligned; x, w, y, bias must be 16-byte aligned.
+// bytes, 256-byte aligned (may be null when that is 0); x, w, y, bias must be
+// 16-byte aligned.
 // Returns cudaErrorInvalidValue for unsupported params / bad pointers / small
 // workspace / bad config, cudaErrorNoKernelImageForDevice on a device other
 // than compute capability 9.0, cudaSuccess without launching when y is empty,

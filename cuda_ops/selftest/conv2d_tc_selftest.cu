@@ -354,12 +354,15 @@ bool CheckRejects() {
               nullptr, nullptr, nullptr, nullptr, p, nullptr, 0, 0, -1) ==
           cudaErrorInvalidValue;
   p.groups = 1;
-  p.C = 3;  // 6-byte rows: not TMA-aligned
-  pass &= jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kBF16) != nullptr;
-  p.C = 12;  // fp32: 48-byte rows fine, bf16: 24-byte rows not
+  p.C = 3;  // 6-byte rows: zero-padded to 8 channels in the workspace
+  pass &= jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kBF16) == nullptr;
+  pass &= jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kF32) == nullptr;
+  pass &= jaxcnn::conv2d_tensorcore_workspace_bytes(p, TcDType::kBF16) > 0;
+  p.C = 16;
+  p.K = 12;  // output rows: fp32 48 bytes fine, bf16 24 bytes not (TMA store)
   pass &= jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kF32) == nullptr;
   pass &= jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kBF16) != nullptr;
-  p.C = 16;
+  p.K = 16;
   pass &= jaxcnn::launch_conv2d_tensorcore<__nv_bfloat16>(
               nullptr, nullptr, nullptr, nullptr, p, nullptr, 0, 0, 99) ==
           cudaErrorInvalidValue;  // bad config index
@@ -429,6 +432,10 @@ int main(int argc, char** argv) {
       // Long reduction (K = 1800, 3xTF32 GEMM-K 5400: a partial last k-tile
       // and promotion group), every config checked in full.
       {"c13", 2, 7, 7, 200, 3, 3, 80, 1, 1, 1, 1, 1, 1, 1, 1, true, false, false, false},
+      // Channel counts that are not 16-byte rows (x and w zero-padded to Cp
+      // in the workspace): RGB 7x7 stride-2 stem, and C = 5 (fp32 Cp = 8).
+      {"c14", 2, 30, 30, 3, 7, 7, 64, 2, 2, 3, 3, 3, 3, 1, 1, true, true, false, false},
+      {"c15", 2, 9, 11, 5, 3, 3, 24, 1, 1, 1, 1, 1, 1, 1, 1, true, false, false, true},
       // Layers named in the performance goals (sampled check).
       // SqueezeNet fire expand 3x3.
       {"L1", 64, 55, 55, 16, 3, 3, 64, 1, 1, 1, 1, 1, 1, 1, 1, true, true, true, false},
@@ -439,6 +446,8 @@ int main(int argc, char** argv) {
       {"L4", 64, 56, 56, 64, 1, 1, 256, 1, 1, 0, 0, 0, 0, 1, 1, true, true, true, false},
       // Long reductions (3xTF32 accuracy at large GEMM-K): VGG-style 3x3 over
       // 512 channels (K = 4608) and 5x5 over 384 channels (K = 9600).
+      // RGB stem at ImageNet size (padded C = 3 -> 8 / 4).
+      {"L7", 16, 224, 224, 3, 7, 7, 64, 2, 2, 3, 3, 3, 3, 1, 1, true, true, true, false},
       {"L5", 4, 14, 14, 512, 3, 3, 512, 1, 1, 1, 1, 1, 1, 1, 1, true, false, true, false},
       {"L6", 2, 13, 13, 384, 5, 5, 192, 1, 1, 2, 2, 2, 2, 1, 1, false, false, true, false},
   };
