@@ -63,10 +63,22 @@ int64_t CountTiles(const LayoutTransformPlan& plan, const TileShape& t) {
 }
 
 // Small tensors (batch 1) would give a few dozen blocks: shrink tiles down to
-// 1024 elements until there are enough blocks to spread the requests over
-// all SMs (132 on H100, several blocks each).
-constexpr int64_t kMinTiles = 512;
+// 1024 elements while the halved tiles still fit in one wave of resident
+// blocks (SMs x kMinBlocksPerSm), so every SM gets work without a tail wave
+// (a fixed 512-tile target overshot 528 resident blocks on 132 SMs: 784
+// tiles, two rounds of latency).
 constexpr int kLogMinTileElems = 10;
+
+int64_t ResidentBlocks() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  return int64_t{sms} * lt::kMinBlocksPerSm;
+}
 
 // Both sides need long contiguous runs: TJ covers j (the input's contiguous
 // axis), TI covers i (the output's). A short extent is covered whole and the
@@ -89,7 +101,8 @@ TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems,
   // Runs stay >= 16 elements (and >= a vector) on both sides.
   const int log_min_ti = std::min(log_ti, std::max(4, log_store_w));
   const int log_min_tj = std::min(log_tj, std::max(4, log_load_w));
-  while (CountTiles(plan, t) < kMinTiles &&
+  const int64_t resident = ResidentBlocks();
+  while (2 * CountTiles(plan, t) <= resident &&
          t.log_tb + t.log_ti + t.log_tj > kLogMinTileElems) {
     if (t.log_tb > 0) {
       --t.log_tb;
