@@ -1,6 +1,7 @@
 // Layout-transform launcher: reduce the direction to a copy or a batched
 // transpose, pick the tile and the vector widths, launch.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -62,10 +63,22 @@ int64_t CountTiles(const LayoutTransformPlan& plan, const TileShape& t) {
 }
 
 // Small tensors (batch 1) would give a few dozen blocks: shrink tiles down to
-// 1024 elements until there are enough blocks to spread the requests over
-// all SMs (132 on H100, several blocks each).
-constexpr int64_t kMinTiles = 512;
+// 1024 elements while the halved tiles still fit in one wave of resident
+// blocks (SMs x kMinBlocksPerSm), so every SM gets work without a tail wave
+// (a fixed 512-tile target overshot 528 resident blocks on 132 SMs: 784
+// tiles, two rounds of latency).
 constexpr int kLogMinTileElems = 10;
+
+int64_t ResidentBlocks() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  return int64_t{sms} * lt::kMinBlocksPerSm;
+}
 
 // Both sides need long contiguous runs: TJ covers j (the input's contiguous
 // axis), TI covers i (the output's). A short extent is covered whole and the
@@ -88,7 +101,8 @@ TileShape ChooseTile(const LayoutTransformPlan& plan, int tile_elems,
   // Runs stay >= 16 elements (and >= a vector) on both sides.
   const int log_min_ti = std::min(log_ti, std::max(4, log_store_w));
   const int log_min_tj = std::min(log_tj, std::max(4, log_load_w));
-  while (CountTiles(plan, t) < kMinTiles &&
+  const int64_t resident = ResidentBlocks();
+  while (2 * CountTiles(plan, t) <= resident &&
          t.log_tb + t.log_ti + t.log_tj > kLogMinTileElems) {
     if (t.log_tb > 0) {
       --t.log_tb;
@@ -120,6 +134,101 @@ cudaError_t LaunchTranspose(const E* x, E* y, const lt::TransposeParams& p,
   return cudaGetLastError();
 }
 
+// Blocks of the packed kernel resident on the whole GPU at once for a given
+// dynamic shared-memory size (cached per element size and tile size).
+template <int kBytes>
+int64_t PackedResidentBlocks(size_t smem_bytes) {
+  static std::atomic<int> per_sm_cache[16];  // by log2(smem_bytes)
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  const int slot = std::min(15, Log2Ceil(static_cast<int64_t>(smem_bytes)));
+  int per_sm = per_sm_cache[slot].load(std::memory_order_relaxed);
+  if (per_sm <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, lt::transpose_packed_kernel<kBytes>, lt::kPackedThreads,
+            smem_bytes) != cudaSuccess ||
+        per_sm <= 0) {
+      cudaGetLastError();
+      per_sm = 4;
+    }
+    per_sm_cache[slot].store(per_sm, std::memory_order_relaxed);
+  }
+  return int64_t{per_sm} * sms;
+}
+
+// Packed kernel: 1-, 2- or 4-byte elements, 16-byte vectors on both sides,
+// both extents >= 128 bytes' worth. Tiles are TI x TJ (batch 1), each side
+// >= 128 bytes (the swizzle spans 8 chunks) and <= 16 KB in all. Returns
+// cudaErrorNotSupported (nothing launched) when the shape does not fit.
+template <typename E>
+cudaError_t LaunchPacked(const E* x, E* y, const LayoutTransformPlan& plan,
+                         cudaStream_t stream) {
+  constexpr int kBytes = sizeof(E);
+  constexpr int kLogBytes = kBytes == 1 ? 0 : (kBytes == 2 ? 1 : 2);
+  const int log_min = 7 - kLogBytes;  // 128 bytes' worth of elements
+  const int log_max_tile = 14 - kLogBytes;
+  const int log_i = Log2Ceil(plan.I), log_j = Log2Ceil(plan.J);
+  if (log_i < log_min || log_j < log_min) return cudaErrorNotSupported;
+  // Grow from the minimum, the smaller side first, while it still has
+  // elements to cover: square tiles for large extents, the whole extent
+  // (and the rest of the budget on the other side) for short ones.
+  int log_ti = log_min, log_tj = log_min;
+  while (log_ti + log_tj < log_max_tile) {
+    const bool grow_i = log_ti < log_i, grow_j = log_tj < log_j;
+    if (grow_i && (!grow_j || log_ti <= log_tj)) {
+      ++log_ti;
+    } else if (grow_j) {
+      ++log_tj;
+    } else {
+      break;
+    }
+  }
+  auto count_tiles = [&](int lti, int ltj) {
+    return ((plan.I + (int64_t{1} << lti) - 1) >> lti) *
+           ((plan.J + (int64_t{1} << ltj) - 1) >> ltj) * plan.B;
+  };
+  auto smem_for = [&](int lti, int ltj) {
+    return size_t{1} << (lti + ltj + kLogBytes);
+  };
+  // Small tensors: split into smaller tiles while the result still fits in
+  // one wave of resident blocks, so every SM gets work and no tail wave
+  // follows.
+  while (log_ti + log_tj > 2 * log_min) {
+    const int nti = log_ti >= log_tj && log_ti > log_min ? log_ti - 1 : log_ti;
+    const int ntj = nti == log_ti ? log_tj - 1 : log_tj;
+    if (count_tiles(nti, ntj) >
+        PackedResidentBlocks<kBytes>(smem_for(nti, ntj)))
+      break;
+    log_ti = nti;
+    log_tj = ntj;
+  }
+  const int64_t num_tiles = count_tiles(log_ti, log_tj);
+  if (num_tiles >= (int64_t{1} << 31)) return cudaErrorNotSupported;
+  lt::PackedParams p;
+  p.I = plan.I;
+  p.J = plan.J;
+  p.in_stride_b = plan.in_stride_b;
+  p.in_stride_i = plan.in_stride_i;
+  p.out_stride_b = plan.out_stride_b;
+  p.out_stride_j = plan.out_stride_j;
+  p.tiles_i = static_cast<uint32_t>((plan.I + (int64_t{1} << log_ti) - 1) >> log_ti);
+  p.tiles_j = static_cast<uint32_t>((plan.J + (int64_t{1} << log_tj) - 1) >> log_tj);
+  p.num_tiles = static_cast<uint32_t>(num_tiles);
+  p.log_ti = log_ti;
+  p.log_tj = log_tj;
+  const unsigned blocks = static_cast<unsigned>(num_tiles);
+  lt::transpose_packed_kernel<kBytes>
+      <<<blocks, lt::kPackedThreads, smem_for(log_ti, log_tj), stream>>>(
+          reinterpret_cast<const unsigned char*>(x),
+          reinterpret_cast<unsigned char*>(y), p);
+  return cudaGetLastError();
+}
+
 template <typename E>
 cudaError_t LaunchForType(const void* x_raw, void* y_raw,
                           const LayoutTransformPlan& plan,
@@ -138,6 +247,12 @@ cudaError_t LaunchForType(const void* x_raw, void* y_raw,
                         plan.in_stride_b % kV == 0 && IsAligned(x, 16);
   const bool vec_store = plan.I % kV == 0 && plan.out_stride_j % kV == 0 &&
                          plan.out_stride_b % kV == 0 && IsAligned(y, 16);
+  if constexpr (sizeof(E) <= 4) {
+    if (vec_load && vec_store) {
+      const cudaError_t status = LaunchPacked<E>(x, y, plan, stream);
+      if (status != cudaErrorNotSupported) return status;
+    }
+  }
   const int log_v = Log2Ceil(kV);
   const TileShape tile = ChooseTile(
       plan, vec_load ? lt::TileElems<E, true>() : lt::TileElems<E, false>(),

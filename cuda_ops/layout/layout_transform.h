@@ -13,7 +13,9 @@
 //                                    (NHWC <-> NCHW: per image [S,C] <-> [C,S])
 //   a batched transpose, batch in the middle [I, B, J] -> [J, B, I]
 //                                    (NHWC <-> CHWN: [N, S, C] <-> [C, S, N])
-// and all transposes run one shared-memory tiled kernel (layout_transform_kernel.cuh).
+// and all transposes run a shared-memory tiled kernel (layout_transform_kernel.cuh):
+// the packed-word kernel when 1/2/4-byte elements take 16-byte vectors on both
+// sides and both extents span >= 128 bytes, else the general scalar/vector one.
 #pragma once
 
 #include <cuda_runtime_api.h>

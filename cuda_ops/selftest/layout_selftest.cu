@@ -121,6 +121,9 @@ int main() {
       {1, 1, 1, 1}, {2, 3, 5, 7}, {5, 1, 7, 3},   {1, 8, 1, 1},  {3, 17, 9, 13},
       {2, 130, 3, 3}, {65, 33, 1, 1}, {8, 16, 4, 4}, {64, 3, 7, 7}, {2, 3, 32, 32},
       {16, 64, 8, 8}, {33, 24, 13, 11}, {0, 3, 4, 4},
+      // Packed-word kernel (16-byte vectors both sides, extents >= 128 bytes):
+      // partial tiles for 1/2/4-byte elements, batch outermost and in the middle.
+      {2, 144, 16, 9}, {144, 128, 1, 16}, {2, 200, 12, 16}, {3, 64, 16, 20},
   };
   int failures = 0, cases = 0;
   for (const auto& s : shapes)
