@@ -1,5 +1,5 @@
-// Launcher for the pooling kernels: validate, pick the kernel and vector width per
-// layout, size the NCHW shared-memory tiles, launch.
+// Launcher for the pooling kernels: validate, view the tensor as [B, H, W, L] with L
+// contiguous, pick the kernel (vec / plane / split) and its vector width, launch.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -15,14 +15,11 @@ using pool2d::Geometry;
 using pool2d::kThreads;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-// Enough CTAs for two waves on an H100/H200 (132 SMs): fewer leave SMs idle.
-constexpr int64_t kMinCtas = 2 * 132;
-// Staged input per NCHW CTA: ~8 resident CTAs per SM fit Hopper's 228 KB of shared memory.
-constexpr int64_t kTileBytes = 24 * 1024;
-// Dynamic shared memory available without a cudaFuncSetAttribute opt-in.
-constexpr int64_t kMaxTileBytes = 48 * 1024;
 // Grid-stride loops past this many CTAs (plenty to fill any GPU).
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+// Threads that fill an H100/H200 (132 SMs x 2048): the split kernel adds lanes per output
+// until it has about this many.
+constexpr int64_t kFillThreads = 132 * 2048;
 
 bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
 
@@ -41,114 +38,140 @@ bool Aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// Calls fn(integral_constant R, integral_constant S): 2x2 and 3x3 (the CNN pools) get
-// fully unrolled kernels, anything else the runtime-window one (0, 0).
-template <typename Fn>
-cudaError_t DispatchWindow(int R, int S, Fn&& fn) {
-  using I = std::integral_constant<int, 0>;
-  if (R == 2 && S == 2)
-    return fn(std::integral_constant<int, 2>{}, std::integral_constant<int, 2>{});
-  if (R == 3 && S == 3)
-    return fn(std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{});
-  return fn(I{}, I{});
+unsigned Blocks(int64_t threads) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(threads, kThreads), kMaxBlocks)));
 }
 
-template <typename T, PoolMode kMode, int kR, int kS, int VEC>
-cudaError_t LaunchVec(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
-                      cudaStream_t stream) {
-  const int64_t LV = L / VEC;
-  const int64_t total = B * g.P * g.Q * LV;
-  const unsigned blocks =
-      static_cast<unsigned>(std::min(CeilDiv(total, kThreads), kMaxBlocks));
-  // 32-bit index math where it cannot wrap (the grid-stride sum stays below 2^32).
-  if (total <= kInt32Max) {
-    pool2d::pool2d_vec_kernel<T, kMode, VEC, kR, kS, uint32_t>
-        <<<blocks, kThreads, 0, stream>>>(x, y, g, static_cast<int>(LV),
-                                          static_cast<uint32_t>(total));
-  } else {
-    pool2d::pool2d_vec_kernel<T, kMode, VEC, kR, kS, int64_t>
-        <<<blocks, kThreads, 0, stream>>>(x, y, g, static_cast<int>(LV), total);
-  }
-  return cudaGetLastError();
+pool2d::VecIndex<true> MakeIndex(const Geometry& g, int64_t LV) {
+  pool2d::VecIndex<true> d;
+  d.lv = pool2d::FastDiv(static_cast<uint32_t>(LV));
+  d.q = pool2d::FastDiv(static_cast<uint32_t>(g.Q));
+  d.p = pool2d::FastDiv(static_cast<uint32_t>(g.P));
+  return d;
 }
 
-// [B, H, W, L] with L contiguous: the widest vector that divides L and keeps every
-// access aligned (16 bytes, else 4 bytes for half types, else one element).
-template <typename T, PoolMode kMode, int kR, int kS>
-cudaError_t LaunchVecAnyWidth(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
-                              cudaStream_t stream) {
+// The widest vector (elements) that divides L and keeps every access aligned: 16 bytes,
+// else 4 bytes for half types, else one element; calls fn(integral_constant VEC).
+template <typename T, typename Fn>
+cudaError_t DispatchVecWidth(const T* x, const T* y, int64_t L, Fn&& fn) {
   constexpr int kWide = 16 / sizeof(T);
   constexpr int kNarrow = 4 / sizeof(T);
   if (L % kWide == 0 && Aligned(x, 16) && Aligned(y, 16))
-    return LaunchVec<T, kMode, kR, kS, kWide>(x, y, g, B, L, stream);
+    return fn(std::integral_constant<int, kWide>{});
   if constexpr (kNarrow > 1) {
     if (L % kNarrow == 0 && Aligned(x, 4) && Aligned(y, 4))
-      return LaunchVec<T, kMode, kR, kS, kNarrow>(x, y, g, B, L, stream);
+      return fn(std::integral_constant<int, kNarrow>{});
   }
-  return LaunchVec<T, kMode, kR, kS, 1>(x, y, g, B, L, stream);
+  return fn(std::integral_constant<int, 1>{});
 }
 
-// Tile sizes of the NCHW shared-memory kernel; ok=false when it does not apply.
-struct RowsPlan {
-  bool ok = false;
-  int planes_per_cta = 1, rows_per_cta = 1, row_blocks = 1;
-  int64_t ctas = 0;
-  size_t smem_bytes = 0;
-};
-
-RowsPlan PlanRows(const Geometry& g, int64_t B, int64_t elem_bytes) {
-  RowsPlan plan;
-  const int64_t hw = int64_t{g.H} * g.W;
-  if (hw == 0 || hw > kInt32Max) return plan;
-  const int64_t pad = 16 / elem_bytes;  // room for the 16-byte phase shift ("lead")
-  const int64_t plane_bytes = hw * elem_bytes;
-  if (2 * plane_bytes <= kTileBytes) {
-    // Small planes: several whole planes per CTA, as long as enough CTAs remain.
-    int64_t ppc = std::max<int64_t>(1, std::min(kTileBytes / plane_bytes, B / kMinCtas));
-    ppc = CeilDiv(B, CeilDiv(B, ppc));  // same CTA count, planes spread evenly
-    plan.planes_per_cta = static_cast<int>(ppc);
-    plan.rows_per_cta = g.P;
-    plan.row_blocks = 1;
-    plan.ctas = CeilDiv(B, ppc);
-    plan.smem_bytes = static_cast<size_t>((ppc * hw + pad) * elem_bytes);
-  } else {
-    // Large planes: blocks of output rows of one plane; halve them until there are
-    // enough CTAs for the GPU.
-    const int64_t rows_fit = kTileBytes / (int64_t{g.W} * elem_bytes);
-    int64_t tp = rows_fit >= g.R ? (rows_fit - g.R) / g.sh + 1 : 1;
-    tp = std::min<int64_t>(tp, g.P);
-    while (tp > 1 && B * CeilDiv(g.P, tp) < kMinCtas) tp = (tp + 1) / 2;
-    tp = CeilDiv(g.P, CeilDiv(g.P, tp));  // same tile count, rows spread evenly
-    const int64_t in_rows = std::min<int64_t>(g.H, (tp - 1) * g.sh + g.R);
-    plan.rows_per_cta = static_cast<int>(tp);
-    plan.row_blocks = static_cast<int>(CeilDiv(g.P, tp));
-    plan.ctas = B * plan.row_blocks;
-    plan.smem_bytes = static_cast<size_t>((in_rows * g.W + pad) * elem_bytes);
-  }
-  plan.ok = plan.smem_bytes <= static_cast<size_t>(kMaxTileBytes) && FitsInt32(plan.ctas);
-  return plan;
-}
-
+// L > 1, window 2x2 or 3x3: one output vector per thread.
 template <typename T, PoolMode kMode, int kR, int kS>
+cudaError_t LaunchVec(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
+                      cudaStream_t stream) {
+  return DispatchVecWidth(x, y, L, [&](auto vec) -> cudaError_t {
+    constexpr int VEC = decltype(vec)::value;
+    const int64_t LV = L / VEC;
+    const int64_t total = B * g.P * g.Q * LV;
+    const unsigned blocks = Blocks(total);
+    if (total <= kInt32Max) {
+      pool2d::pool2d_vec_kernel<T, kMode, VEC, kR, kS, true>
+          <<<blocks, kThreads, 0, stream>>>(x, y, g, static_cast<int>(LV), total,
+                                            MakeIndex(g, LV));
+    } else {
+      pool2d::pool2d_vec_kernel<T, kMode, VEC, kR, kS, false>
+          <<<blocks, kThreads, 0, stream>>>(x, y, g, static_cast<int>(LV), total,
+                                            pool2d::VecIndex<false>{});
+    }
+    return cudaGetLastError();
+  });
+}
+
+// Any window, any L: G lanes per output vector, G growing (a power of two <= 32, at most
+// a quarter of the taps per lane) until the grid fills the GPU.
+template <typename T, PoolMode kMode>
+cudaError_t LaunchSplit(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
+                        cudaStream_t stream) {
+  return DispatchVecWidth(x, y, L, [&](auto vec) -> cudaError_t {
+    constexpr int VEC = decltype(vec)::value;
+    const int64_t LV = L / VEC;
+    const int64_t total = B * g.P * g.Q * LV;
+    const int64_t taps = int64_t{g.R} * g.S;
+    int log_g = 0;
+    while (log_g < 5 && (int64_t{4} << log_g) <= taps && (total << log_g) < kFillThreads)
+      ++log_g;
+    const bool fast = total <= kInt32Max;
+    const pool2d::VecIndex<true> d = fast ? MakeIndex(g, LV) : pool2d::VecIndex<true>{};
+    pool2d::pool2d_split_kernel<T, kMode, VEC>
+        <<<Blocks(CeilDiv(total << log_g, 32) * 32), kThreads, 0, stream>>>(
+            x, y, g, static_cast<int>(LV), total, log_g, /*k_minor=*/LV == 1, d, fast);
+    return cudaGetLastError();
+  });
+}
+
+// L == 1 with one of the compiled windows: OQ outputs along W per thread (16 bytes of
+// output), loads of VB bytes where every row start is VB-aligned.
+template <typename T, PoolMode kMode, int kR, int kS, int kSW, int kPL>
+cudaError_t LaunchPlane(const T* x, T* y, const Geometry& g, int64_t B, cudaStream_t stream) {
+  constexpr int OQ = 16 / sizeof(T);
+  constexpr int E = sizeof(T);
+  const int64_t qcs = CeilDiv(g.Q, OQ);
+  const int64_t rows = B * g.P;
+  const int64_t total = rows * qcs;
+  if (!FitsInt32(total)) return LaunchSplit<T, kMode>(x, y, g, B, 1, stream);
+  const pool2d::FastDiv qc_div(static_cast<uint32_t>(qcs)), p_div(static_cast<uint32_t>(g.P));
+  const bool vec_store = g.Q % OQ == 0 && Aligned(y, 16);
+  const int64_t row_bytes = int64_t{g.W} * E;
+  const unsigned blocks = Blocks(total);
+  auto go = [&](auto vb) -> cudaError_t {
+    constexpr int VB = decltype(vb)::value;
+    pool2d::pool2d_plane_kernel<T, kMode, kR, kS, kSW, kPL, OQ, VB>
+        <<<blocks, kThreads, 0, stream>>>(x, y, g, total, qc_div, p_div, vec_store);
+    return cudaGetLastError();
+  };
+  if (row_bytes % 16 == 0 && Aligned(x, 16)) return go(std::integral_constant<int, 16>{});
+  if (row_bytes % 8 == 0 && Aligned(x, 8)) return go(std::integral_constant<int, 8>{});
+  if constexpr (E < 4) {
+    if (row_bytes % 4 == 0 && Aligned(x, 4)) return go(std::integral_constant<int, 4>{});
+  }
+  return go(std::integral_constant<int, E>{});
+}
+
+template <typename T, PoolMode kMode>
+cudaError_t LaunchPlaneOrSplit(const T* x, T* y, const Geometry& g, int64_t B,
+                               cudaStream_t stream) {
+  if (g.R == 2 && g.S == 2 && g.sw == 2 && g.pl == 0)
+    return LaunchPlane<T, kMode, 2, 2, 2, 0>(x, y, g, B, stream);
+  if (g.R == 3 && g.S == 3 && g.sw == 2 && g.pl == 0)
+    return LaunchPlane<T, kMode, 3, 3, 2, 0>(x, y, g, B, stream);
+  if (g.R == 3 && g.S == 3 && g.sw == 2 && g.pl == 1)
+    return LaunchPlane<T, kMode, 3, 3, 2, 1>(x, y, g, B, stream);
+  if (g.R == 3 && g.S == 3 && g.sw == 1 && g.pl == 1)
+    return LaunchPlane<T, kMode, 3, 3, 1, 1>(x, y, g, B, stream);
+  return LaunchSplit<T, kMode>(x, y, g, B, 1, stream);
+}
+
+template <typename T, PoolMode kMode>
 cudaError_t LaunchLayout(const T* x, T* y, const Pool2dParams& q, const Geometry& g,
                          cudaStream_t stream) {
+  int64_t B = 0, L = 0;
   switch (q.layout) {
     case TensorLayout::kNHWC:
-      return LaunchVecAnyWidth<T, kMode, kR, kS>(x, y, g, q.N, q.C, stream);
+      B = q.N, L = q.C;
+      break;
     case TensorLayout::kCHWN:
-      return LaunchVecAnyWidth<T, kMode, kR, kS>(x, y, g, q.C, q.N, stream);
-    case TensorLayout::kNCHW: {
-      const int64_t B = q.N * q.C;
-      const RowsPlan plan = PlanRows(g, B, sizeof(T));
-      if (!plan.ok)  // rows too long to stage: one thread per output, L = 1
-        return LaunchVec<T, kMode, kR, kS, 1>(x, y, g, B, 1, stream);
-      pool2d::pool2d_rows_kernel<T, kMode, kR, kS>
-          <<<static_cast<unsigned>(plan.ctas), kThreads, plan.smem_bytes, stream>>>(
-              x, y, g, B, plan.planes_per_cta, plan.rows_per_cta, plan.row_blocks);
-      return cudaGetLastError();
-    }
+      B = q.C, L = q.N;
+      break;
+    case TensorLayout::kNCHW:
+      B = q.N * q.C, L = 1;
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
+  if (L == 1) return LaunchPlaneOrSplit<T, kMode>(x, y, g, B, stream);
+  if (g.R == 2 && g.S == 2) return LaunchVec<T, kMode, 2, 2>(x, y, g, B, L, stream);
+  if (g.R == 3 && g.S == 3) return LaunchVec<T, kMode, 3, 3>(x, y, g, B, L, stream);
+  return LaunchSplit<T, kMode>(x, y, g, B, L, stream);
 }
 
 }  // namespace
@@ -188,13 +211,8 @@ cudaError_t launch_pool2d(const T* x, T* y, const Pool2dParams& q, cudaStream_t 
                    static_cast<int>(q.Q), q.window_h,             q.window_w,
                    q.stride_h,            q.stride_w,             q.pad_top,
                    q.pad_left,            q.count_include_pad};
-  return DispatchWindow(q.window_h, q.window_w, [&](auto kr, auto ks) -> cudaError_t {
-    constexpr int kR = decltype(kr)::value;
-    constexpr int kS = decltype(ks)::value;
-    if (q.mode == PoolMode::kMax)
-      return LaunchLayout<T, PoolMode::kMax, kR, kS>(x, y, q, g, stream);
-    return LaunchLayout<T, PoolMode::kAvg, kR, kS>(x, y, q, g, stream);
-  });
+  if (q.mode == PoolMode::kMax) return LaunchLayout<T, PoolMode::kMax>(x, y, q, g, stream);
+  return LaunchLayout<T, PoolMode::kAvg>(x, y, q, g, stream);
 }
 
 template cudaError_t launch_pool2d<float>(const float*, float*, const Pool2dParams&,

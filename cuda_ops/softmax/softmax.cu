@@ -84,10 +84,15 @@ cudaError_t LaunchWithVec(const T* x, T* y, const SoftmaxParams& q, cudaStream_t
       });
     }
     case SoftmaxKernel::kBlock: {
-      // Long rows: the smallest register tile whose CTA (<= 1024 threads) covers the row,
-      // i.e. as many threads per row as possible.
+      // Long rows: the largest register tile (32 floats per thread) that still leaves the
+      // CTA >= 128 threads. Small CTAs with much of the row per thread keep the most bytes
+      // in flight per SM (1024-thread CTAs holding 4 floats each fit only 2 rows per SM)
+      // and make the two block-wide reductions cheap.
       const int64_t per_thread_max = sm::kMaxElemsPerThread / VEC;
-      int needed = 1;
+      // Scalar rows (VEC == 1) stop at 8 per thread: 32 scalars spill under the 64
+      // registers a 1024-thread CTA allows.
+      int needed = static_cast<int>(VEC == 1 ? std::min<int64_t>(8, per_thread_max) : per_thread_max);
+      while (needed > 1 && CeilDiv(nv, needed) < 128) needed /= 2;
       while (needed < per_thread_max && CeilDiv(nv, needed) > sm::kMaxBlockThreads) needed *= 2;
       const int threads = static_cast<int>(CeilDiv(CeilDiv(nv, needed), 32) * 32);
       const unsigned blocks = static_cast<unsigned>(std::min(q.rows, kMaxBlocks));

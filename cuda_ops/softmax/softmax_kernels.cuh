@@ -92,25 +92,27 @@ __device__ __forceinline__ void store_row(T* __restrict__ yrow, const float (&v)
 }
 
 // Loads this thread's NVEC vectors of the row (vector j at element (j*step + first)*VEC)
-// as floats; columns past the row read as -inf. Returns the thread's max. Converting at
-// once keeps no raw copy live (registers are the limit at 32 floats per thread); the loads
-// still issue back to back. cols % VEC == 0 whenever VEC > 1.
+// as floats; columns past the row read as -inf. Returns the thread's max. Every load is
+// issued unconditionally (a vector past the row re-reads the row's first one and is then
+// replaced by -inf), so all NVEC loads are in flight before the first is used: a branch
+// per load would serialize their latencies. cols % VEC == 0 whenever VEC > 1.
 template <typename T, int VEC, int NVEC>
 __device__ __forceinline__ float load_row(const T* __restrict__ xrow, float (&v)[NVEC * VEC],
                                           int first, int step, int cols) {
   using Raw = RawVecOf<T, VEC>;
+  const Raw* __restrict__ src = reinterpret_cast<const Raw*>(xrow);
+  Raw raw[NVEC];
 #pragma unroll
   for (int j = 0; j < NVEC; ++j) {
     const int col = (j * step + first) * VEC;
-    if (col < cols) {
-      const Raw raw = reinterpret_cast<const Raw*>(xrow)[col / VEC];
-      const T* e = reinterpret_cast<const T*>(&raw);
+    raw[j] = __ldg(src + (col < cols ? col / VEC : 0));
+  }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[j * VEC + k] = to_float(e[k]);
-    } else {
+  for (int j = 0; j < NVEC; ++j) {
+    const bool in_row = (j * step + first) * VEC < cols;
+    const T* e = reinterpret_cast<const T*>(&raw[j]);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[j * VEC + k] = neg_inf();
-    }
+    for (int k = 0; k < VEC; ++k) v[j * VEC + k] = in_row ? to_float(e[k]) : neg_inf();
   }
   float m = neg_inf();
 #pragma unroll
@@ -172,31 +174,49 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
 }
 
+// Pass 1 takes kUnroll vectors per thread per step (all loads in flight together) and
+// merges their (max, sum) into the running pair once; pass 2 walks the row backwards so
+// the part of it pass 1 read last is re-read while it is still in L2.
 template <typename T, int VEC, bool kLog>
 __global__ void __launch_bounds__(kMaxBlockThreads)
     softmax_online_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
                           int64_t cols) {
   using Raw = RawVecOf<T, VEC>;
+  constexpr int kUnroll = 4;
   __shared__ float scratch_m[32], scratch_s[32];
-  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  const int64_t nv = cols / VEC;  // cols % VEC == 0 whenever VEC > 1
+  const int64_t step = blockDim.x;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Raw* xrow = reinterpret_cast<const Raw*>(x + row * cols);
+    const Raw* __restrict__ xrow = reinterpret_cast<const Raw*>(x + row * cols);
     float m = neg_inf(), s = 0.0f;
-    for (int64_t col = threadIdx.x * int64_t{VEC}; col < cols; col += step) {
-      const Raw raw = xrow[col / VEC];
-      const T* e = reinterpret_cast<const T*>(&raw);
+    for (int64_t base = threadIdx.x; base < nv; base += kUnroll * step) {
+      Raw raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = base + u * step;
+        raw[u] = __ldg(xrow + (j < nv ? j : nv - 1));
+      }
       float vm = m;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) vm = max_nan(vm, to_float(e[k]));
+      for (int u = 0; u < kUnroll; ++u) {
+        const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) vm = max_nan(vm, to_float(e[k]));
+      }
       float vs = 0.0f;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float xv = to_float(e[k]);
-        // -inf adds 0 (not exp(-inf - -inf) = NaN before any finite value is seen);
-        // +inf gives exp(inf - inf) = NaN, as jax does.
-        vs += xv == neg_inf() ? 0.0f : exp_for<T>(xv - vm);
+      for (int u = 0; u < kUnroll; ++u) {
+        if (base + u * step >= nv) continue;  // a duplicate of vector `base`
+        const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float xv = to_float(e[k]);
+          // -inf adds 0 (not exp(-inf - -inf) = NaN before any finite value is seen);
+          // +inf gives exp(inf - inf) = NaN, as jax does.
+          vs += xv == neg_inf() ? 0.0f : exp_for<T>(xv - vm);
+        }
       }
       online_merge(m, s, vm, vs);
     }
@@ -220,18 +240,31 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
       online_merge(m, s, m2, s2);
     }
     const float scale = kLog ? logf(s) : 1.0f / s;
-    Raw* yrow = reinterpret_cast<Raw*>(y + row * cols);
-    for (int64_t col = threadIdx.x * int64_t{VEC}; col < cols; col += step) {
-      const Raw raw = xrow[col / VEC];
-      const T* e = reinterpret_cast<const T*>(&raw);
-      Raw out;
-      T* o = reinterpret_cast<T*>(&out);
+    Raw* __restrict__ yrow = reinterpret_cast<Raw*>(y + row * cols);
+    // Backwards, kUnroll vectors per step: chunk c covers vectors [c*kUnroll*step, ...).
+    const int64_t chunk = kUnroll * step;
+    for (int64_t c = (nv - 1) / chunk; c >= 0; --c) {
+      const int64_t base = c * chunk + threadIdx.x;
+      Raw raw[kUnroll];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float d = to_float(e[k]) - m;
-        o[k] = from_float<T>(kLog ? d - scale : exp_for<T>(d) * scale);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = base + u * step;
+        raw[u] = __ldg(xrow + (j < nv ? j : nv - 1));
       }
-      yrow[col / VEC] = out;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = base + u * step;
+        if (j >= nv) continue;
+        const T* e = reinterpret_cast<const T*>(&raw[u]);
+        Raw out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = to_float(e[k]) - m;
+          o[k] = from_float<T>(kLog ? d - scale : exp_for<T>(d) * scale);
+        }
+        yrow[j] = out;
+      }
     }
   }
 }
