@@ -69,7 +69,7 @@ if has sanitizer; then
     step "$name" "$SELFTEST"
     # The tensor-core selftest's large layers take minutes under the sanitizers.
     args=(); [ "$name" = conv2d_tc_selftest ] && args=(--skip-large)
-    for tool in memcheck racecheck synccheck initcheck; do
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
       extra=(); [ "$tool" = memcheck ] && extra=(--leak-check full)
       step "$name-$tool" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$SELFTEST" "${args[@]}"
     done
