@@ -42,6 +42,21 @@ namespace ffi = xla::ffi;
 
 namespace jaxcnn {
 
+// "[2, 56, 56, 64]": shapes in error messages.
+inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(dims[i]);
+  }
+  return out + "]";
+}
+
+// InvalidArgument error prefixed with the op, e.g. "jaxcnn: conv2d: ...".
+inline ffi::Error InvalidArgumentFor(const char* op, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string("jaxcnn: ") + op + ": " + message);
+}
+
 inline ffi::Error CudaErrorToFfi(cudaError_t status, const char* where) {
   if (status == cudaSuccess) return ffi::Error::Success();
   return ffi::Error(ffi::ErrorCode::kInternal, std::string("jaxcnn: ") + where +

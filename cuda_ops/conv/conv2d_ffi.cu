@@ -12,17 +12,8 @@ namespace {
 
 constexpr const char* kOpName = "conv2d";
 
-std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(dims[i]);
-  }
-  return out + "]";
-}
-
 ffi::Error Invalid(const std::string& message) {
-  return ffi::Error::InvalidArgument(std::string("jaxcnn: conv2d: ") + message);
+  return InvalidArgumentFor("conv2d", message);
 }
 
 bool FitsInt(int64_t v) {

@@ -17,17 +17,8 @@ const char* LayoutName(int64_t code) {
   return "?";
 }
 
-std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(dims[i]);
-  }
-  return out + "]";
-}
-
 ffi::Error Invalid(const std::string& message) {
-  return ffi::Error::InvalidArgument("jaxcnn: layout_transform: " + message);
+  return InvalidArgumentFor("layout_transform", message);
 }
 
 ffi::Error LayoutTransformImpl(cudaStream_t stream, ffi::AnyBuffer x,

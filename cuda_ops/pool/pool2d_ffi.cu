@@ -10,15 +10,6 @@
 namespace jaxcnn {
 namespace {
 
-std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
-  std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(dims[i]);
-  }
-  return out + "]";
-}
-
 bool FitsInt(int64_t v) {
   return v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max();
 }
@@ -49,9 +40,7 @@ ffi::Error Pool2dImpl(const char* op, PoolMode mode, cudaStream_t stream,
                       int64_t window_h, int64_t window_w, int64_t stride_h,
                       int64_t stride_w, int64_t pad_top, int64_t pad_bottom,
                       int64_t pad_left, int64_t pad_right, int64_t count_include_pad) {
-  auto invalid = [op](const std::string& message) {
-    return ffi::Error::InvalidArgument(std::string("jaxcnn: ") + op + ": " + message);
-  };
+  auto invalid = [op](const std::string& message) { return InvalidArgumentFor(op, message); };
   const auto x_dims = x.dimensions();
   const auto y_dims = y.dimensions();
   AxisMap ax;

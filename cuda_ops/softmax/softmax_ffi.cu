@@ -9,7 +9,7 @@ namespace jaxcnn {
 namespace {
 
 ffi::Error Invalid(const std::string& message) {
-  return ffi::Error::InvalidArgument("jaxcnn: softmax: " + message);
+  return InvalidArgumentFor("softmax", message);
 }
 
 ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
