@@ -64,8 +64,8 @@ Shape = tuple[int, ...]
 
 # --------------------------------------------------------------------------- constants
 
-# Tensor-core MMA fragments are 8 wide along GEMM N and K (16 bytes of bf16, 32 of fp32): the
-# tensor-core family wants C/groups and K/groups to be multiples of this.
+# The tensor-core family (cuda_ops/conv_tc) runs groups == 1 with K a multiple of 8 (16-byte TMA
+# rows of the output; fp32 needs 4, 8 covers both); any C (it zero-pads C to the row width).
 TENSOR_CORE_CHANNEL_MULTIPLE = 8
 # Depthwise NHWC loads 4 channels per vector; CHWN vectorizes over the batch when a warp's worth
 # of images is there.
@@ -397,15 +397,15 @@ def _rule_conv_layer(layer: Layer) -> RuleChoice:
         return RuleChoice("NHWC", "depthwise", f"depthwise, memory-bound: neither C={c} nor N={n} "
                           "vectorizes; NHWC avoids transforms", layer.name)
     m = TENSOR_CORE_CHANNEL_MULTIPLE
-    if (c // g) % m == 0 and (k // g) % m == 0:
-        return RuleChoice("NHWC", "tensor_core", f"C/groups={c // g} and K/groups={k // g} are "
-                          f"multiples of {m}: tensor-core implicit GEMM with GEMM-K (channels) "
-                          "contiguous in NHWC", layer.name)
+    if g == 1 and k % m == 0:
+        return RuleChoice("NHWC", "tensor_core", f"groups=1 and K={k} a multiple of {m}: "
+                          "tensor-core implicit GEMM with GEMM-K (channels) contiguous in NHWC",
+                          layer.name)
     if n >= SEED_CHWN_MIN_N and c < SEED_CHWN_MAX_C:
-        return RuleChoice("CHWN", "direct", f"channels not multiples of {m}: CUDA-core direct; seed "
+        return RuleChoice("CHWN", "direct", f"grouped or K not a multiple of {m}: CUDA-core direct; seed "
                           f"rule N={n} >= {SEED_CHWN_MIN_N} and C={c} < {SEED_CHWN_MAX_C}: CHWN "
                           "coalesces over the batch", layer.name)
-    return RuleChoice("NCHW", "direct", f"channels not multiples of {m}: CUDA-core direct; seed rule "
+    return RuleChoice("NCHW", "direct", f"grouped or K not a multiple of {m}: CUDA-core direct; seed rule "
                       f"(N={n} < {SEED_CHWN_MIN_N} or C={c} >= {SEED_CHWN_MAX_C}): NCHW", layer.name)
 
 
@@ -543,8 +543,8 @@ def _model_gemm_candidate(layer: Layer, layout: str, algorithm: str, spec: GpuSp
         if layout != "NHWC":
             return None, "modelled in NHWC only (GEMM-K contiguous)"
         g = layer.groups
-        if (layer.x_shape[3] // g) % TENSOR_CORE_CHANNEL_MULTIPLE or (layer.w_shape[3] // g) % TENSOR_CORE_CHANNEL_MULTIPLE:
-            return None, f"cannot run: C/groups and K/groups must be multiples of {TENSOR_CORE_CHANNEL_MULTIPLE}"
+        if g != 1 or layer.w_shape[3] % TENSOR_CORE_CHANNEL_MULTIPLE:
+            return None, f"cannot run: needs groups == 1 and K a multiple of {TENSOR_CORE_CHANNEL_MULTIPLE}"
         pred = predict(_perf_layer(layer), spec, impl="xla", precision="default")
         time = pred.time_ms
         how = f"perfmodel implicit GEMM ({pred.tiling.name})"

@@ -28,9 +28,10 @@ LAYOUTS = ("NHWC", "NCHW", "CHWN")
 @pytest.mark.parametrize("x,w,kw,want", [
     ((64, 56, 56, 64), (3, 3, 64, 128), {}, ("NHWC", "tensor_core")),
     ((1, 28, 28, 256), (1, 1, 256, 512), dict(dtype="float32"), ("NHWC", "tensor_core")),
-    ((8, 28, 28, 64), (3, 3, 16, 64), dict(groups=4), ("NHWC", "tensor_core")),  # 16 per group
-    ((1, 224, 224, 3), (3, 3, 3, 64), {}, ("NCHW", "direct")),       # stem, small N: seed NCHW
-    ((256, 224, 224, 3), (3, 3, 3, 64), {}, ("CHWN", "direct")),     # stem, large N, small C
+    ((8, 28, 28, 64), (3, 3, 16, 64), dict(groups=4), ("NCHW", "direct")),  # grouped: no TC
+    ((1, 224, 224, 3), (7, 7, 3, 64), {}, ("NHWC", "tensor_core")),  # stem: C zero-padded to 8
+    ((1, 224, 224, 3), (3, 3, 3, 20), {}, ("NCHW", "direct")),       # K=20, small N: seed NCHW
+    ((256, 224, 224, 3), (3, 3, 3, 20), {}, ("CHWN", "direct")),     # K=20, large N, small C
     ((256, 27, 27, 36), (3, 3, 36, 20), {}, ("NCHW", "direct")),     # large N but C >= 32
     ((8, 56, 56, 32), (3, 3, 1, 32), dict(groups=32), ("NHWC", "depthwise")),
     ((64, 56, 56, 6), (3, 3, 1, 6), dict(groups=6), ("CHWN", "depthwise")),   # odd C, N >= 32
@@ -185,7 +186,7 @@ def test_model_candidates_that_cannot_run():
                              candidates=[("NHWC", "tensor_core"), ("NCHW", "tensor_core"),
                                          ("NHWC", "depthwise"), ("NCHW", "direct")])
     by = {(c.layout, c.algorithm): c for c in choice.candidates}
-    assert not by[("NHWC", "tensor_core")].ok and "multiples of 8" in by[("NHWC", "tensor_core")].error
+    assert not by[("NHWC", "tensor_core")].ok and "multiple of 8" in by[("NHWC", "tensor_core")].error
     assert not by[("NCHW", "tensor_core")].ok and not by[("NHWC", "depthwise")].ok
     assert choice.layout == "NCHW" and choice.algorithm == "direct"
 
@@ -370,17 +371,17 @@ def test_cache_concurrent_writers(tmp_path):
 
 
 def test_explain_contents():
-    choice = L.autotune_conv((8, 28, 28, 3), (3, 3, 3, 16), "float32", padding="SAME", name="stem")
+    choice = L.autotune_conv((8, 28, 28, 3), (3, 3, 3, 12), "float32", padding="SAME", name="stem")
     text = choice.explain()
     for needle in ("stem", "NHWC", "NCHW", "CHWN", "direct", "tensor_core", "winner", "rule:",
                    "xla", "XLA/winner", "model", "transforms"):
         assert needle in text, needle
-    assert "multiples of 8" in text  # the tensor-core candidate's reason it cannot run
+    assert "multiple of 8" in text  # the tensor-core candidate's reason it cannot run (K=12)
     d = choice.to_dict()
     json.dumps(d)
     assert d["winner"]["layout"] == choice.layout and d["rule"]["layout"] == "NCHW"
     assert L.explain(choice) == text
-    assert "winner" in L.explain((8, 28, 28, 3), (3, 3, 3, 16), "float32")
+    assert "winner" in L.explain((8, 28, 28, 3), (3, 3, 3, 12), "float32")
 
     plan = L.plan_model_layouts("lenet5", batch=4, dtype="float32")
     ptext = plan.explain()
