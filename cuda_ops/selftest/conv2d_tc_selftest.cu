@@ -23,19 +23,15 @@
 #include <vector>
 
 #include "conv_tc/conv2d_tensorcore.h"
+#include "selftest/selftest_util.h"
 
-#define CHECK_CUDA(expr)                                                  \
-  do {                                                                    \
-    const cudaError_t status_ = (expr);                                   \
-    if (status_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n",                \
-                   cudaGetErrorName(status_), __FILE__, __LINE__, #expr); \
-      std::fprintf(stderr, "  %s\n", cudaGetErrorString(status_));        \
-      std::exit(2);                                                       \
-    }                                                                     \
-  } while (0)
 
 namespace {
+
+using selftest::ToFloat;
+using selftest::FromFloat;
+using selftest::Lcg;
+using selftest::OutSize;
 
 using jaxcnn::Conv2dParams;
 using jaxcnn::MathPrecision;
@@ -69,28 +65,7 @@ double Tolerance(Mode m) {
   return 0.0;
 }
 
-float ToFloat(float v) { return v; }
-float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-float ToFloat(__half v) { return __half2float(v); }
-template <typename T> T FromFloat(float v);
-template <> float FromFloat<float>(float v) { return v; }
-template <> __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __half FromFloat<__half>(float v) { return __float2half_rn(v); }
 
-// Fixed-seed LCG; uniform in [-1, 1).
-struct Lcg {
-  uint64_t state;
-  uint64_t next_u64() {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return state;
-  }
-  float next() {
-    return static_cast<float>((next_u64() >> 40) * (1.0 / 16777216.0)) * 2.0f -
-           1.0f;
-  }
-};
 
 struct Case {
   const char* name;
@@ -104,11 +79,6 @@ struct Case {
   bool nan_input;  // one NaN in x: the outputs it reaches must be NaN
 };
 
-int64_t OutSize(int64_t in, int64_t window, int stride, int pad_lo, int pad_hi,
-                int dil) {
-  const int64_t span = dil * (window - 1) + 1;
-  return (in + pad_lo + pad_hi - span) / stride + 1;
-}
 
 Conv2dParams MakeParams(const Case& tc, Mode mode) {
   Conv2dParams p{};

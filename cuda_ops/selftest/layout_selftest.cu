@@ -14,18 +14,11 @@
 #include <vector>
 
 #include "layout/layout_transform.h"
+#include "selftest/selftest_util.h"
 
-#define CHECK_CUDA(expr)                                                  \
-  do {                                                                    \
-    const cudaError_t status_ = (expr);                                   \
-    if (status_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n",                \
-                   cudaGetErrorName(status_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                       \
-    }                                                                     \
-  } while (0)
 
 namespace {
+
 
 using jaxcnn::TensorLayout;
 
