@@ -1,5 +1,14 @@
 """Buffer lifetimes and memory bounds (the packing planner builds on these)."""
 
+from jaxcnn.planner.hlo import compiled_buffers, hlo_buffer_roles, hlo_buffers, memory_stats
 from jaxcnn.planner.lifetimes import Buffer, jaxpr_buffers, live_bytes_lower_bound
 
-__all__ = ["Buffer", "jaxpr_buffers", "live_bytes_lower_bound"]
+__all__ = [
+    "Buffer",
+    "compiled_buffers",
+    "hlo_buffer_roles",
+    "hlo_buffers",
+    "jaxpr_buffers",
+    "live_bytes_lower_bound",
+    "memory_stats",
+]
