@@ -9,46 +9,46 @@
 
 namespace jaxcnn {
 
+namespace {
+
+// The plan for one family: why it cannot run, else its scratch size.
 template <typename T>
-Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
+Conv2dPlan PlanFamily(const Conv2dParams& params, Conv2dAlgorithm family) {
   Conv2dPlan plan;
-  switch (requested) {
-    case Conv2dAlgorithm::kAuto:
-      // Depthwise is memory-bound: its own kernel beats any GEMM view of it.
-      if (conv2d_depthwise_unsupported_reason(params) == nullptr) {
-        plan.algorithm = Conv2dAlgorithm::kDepthwise;
-        return plan;
-      }
-      // Tensor cores wherever the family takes the shape; the direct kernel for the rest
-      // (grouped, NCHW/CHWN, channels not a multiple of the TMA row).
-      if (conv2d_tensorcore_unsupported_reason(params, TcDTypeOf<T>::value) == nullptr) {
-        plan.algorithm = Conv2dAlgorithm::kTensorCore;
-        plan.workspace_bytes =
-            conv2d_tensorcore_workspace_bytes(params, TcDTypeOf<T>::value);
-        return plan;
-      }
-      plan.algorithm = Conv2dAlgorithm::kDirect;
-      plan.unsupported = conv2d_direct_unsupported_reason(params);
-      return plan;
+  plan.algorithm = family;
+  switch (family) {
     case Conv2dAlgorithm::kDirect:
-      plan.algorithm = Conv2dAlgorithm::kDirect;
       plan.unsupported = conv2d_direct_unsupported_reason(params);
-      return plan;
+      break;
     case Conv2dAlgorithm::kDepthwise:
-      plan.algorithm = Conv2dAlgorithm::kDepthwise;
       plan.unsupported = conv2d_depthwise_unsupported_reason(params);
-      return plan;
+      break;
     case Conv2dAlgorithm::kTensorCore:
-      plan.algorithm = Conv2dAlgorithm::kTensorCore;
       plan.unsupported =
           conv2d_tensorcore_unsupported_reason(params, TcDTypeOf<T>::value);
       if (plan.unsupported == nullptr)
         plan.workspace_bytes =
             conv2d_tensorcore_workspace_bytes(params, TcDTypeOf<T>::value);
-      return plan;
+      break;
+    default:
+      plan.unsupported = "unknown algorithm";
   }
-  plan.unsupported = "unknown algorithm";
   return plan;
+}
+
+}  // namespace
+
+template <typename T>
+Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
+  if (requested != Conv2dAlgorithm::kAuto) return PlanFamily<T>(params, requested);
+  // Depthwise is memory-bound: its own kernel beats any GEMM view of it. Then tensor cores
+  // wherever that family takes the shape; the direct kernel runs the rest (grouped,
+  // NCHW/CHWN, K not a multiple of the TMA row).
+  for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kTensorCore}) {
+    Conv2dPlan plan = PlanFamily<T>(params, family);
+    if (plan.unsupported == nullptr) return plan;
+  }
+  return PlanFamily<T>(params, Conv2dAlgorithm::kDirect);
 }
 
 template <typename T>
