@@ -16,9 +16,13 @@
 #include "conv/conv2d_direct.h"
 #include "selftest/selftest_util.h"
 
-
 namespace {
 
+using selftest::DType;
+using selftest::DTypeName;
+using selftest::LayoutName;
+using selftest::LayoutOffset;
+using selftest::Tolerance;
 using selftest::ToFloat;
 using selftest::FromFloat;
 using selftest::Lcg;
@@ -26,26 +30,6 @@ using selftest::OutSize;
 
 using jaxcnn::Conv2dParams;
 using jaxcnn::TensorLayout;
-
-const char* LayoutName(TensorLayout layout) {
-  switch (layout) {
-    case TensorLayout::kNHWC: return "NHWC";
-    case TensorLayout::kNCHW: return "NCHW";
-    case TensorLayout::kCHWN: return "CHWN";
-  }
-  return "?";
-}
-
-// Offset of logical (n, c, h, w) in a [N, C, H, W] tensor laid out as `layout`.
-int64_t LayoutOffset(TensorLayout layout, int64_t N, int64_t C, int64_t H,
-                     int64_t W, int64_t n, int64_t c, int64_t h, int64_t w) {
-  switch (layout) {
-    case TensorLayout::kNHWC: return ((n * H + h) * W + w) * C + c;
-    case TensorLayout::kNCHW: return ((n * C + c) * H + h) * W + w;
-    case TensorLayout::kCHWN: return ((c * H + h) * W + w) * N + n;
-  }
-  return 0;
-}
 
 // Copies `in` (laid out as `from`) into `out` laid out as `to`.
 template <typename V>
@@ -61,28 +45,6 @@ void ConvertLayout(const std::vector<V>& in, TensorLayout from, TensorLayout to,
               in[LayoutOffset(from, N, C, H, W, n, c, h, w)];
 }
 
-enum class DType { kF32, kBF16, kF16 };
-
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-  }
-  return "?";
-}
-
-double Tolerance(DType d) {
-  switch (d) {
-    case DType::kF32: return 1e-5;
-    case DType::kBF16: return 2e-2;
-    case DType::kF16: return 2e-3;
-  }
-  return 0.0;
-}
-
-
-
 struct Case {
   const char* name;
   DType dtype;
@@ -94,7 +56,6 @@ struct Case {
   bool bias;
   bool relu;
 };
-
 
 // Float64 reference on the already-rounded T inputs.
 void Reference(const std::vector<float>& x, const std::vector<float>& w,

@@ -17,9 +17,13 @@
 #include "depthwise/conv2d_depthwise.h"
 #include "selftest/selftest_util.h"
 
-
 namespace {
 
+using selftest::DType;
+using selftest::DTypeName;
+using selftest::LayoutName;
+using selftest::LayoutOffset;
+using selftest::Tolerance;
 using selftest::ToFloat;
 using selftest::FromFloat;
 using selftest::Lcg;
@@ -28,39 +32,9 @@ using selftest::OutSize;
 using jaxcnn::Conv2dParams;
 using jaxcnn::TensorLayout;
 
-enum class DType { kF32, kBF16, kF16 };
 constexpr TensorLayout NHWC = TensorLayout::kNHWC;
 constexpr TensorLayout NCHW = TensorLayout::kNCHW;
 constexpr TensorLayout CHWN = TensorLayout::kCHWN;
-
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-  }
-  return "?";
-}
-
-const char* LayoutName(TensorLayout l) {
-  switch (l) {
-    case TensorLayout::kNHWC: return "NHWC";
-    case TensorLayout::kNCHW: return "NCHW";
-    case TensorLayout::kCHWN: return "CHWN";
-  }
-  return "?";
-}
-
-double Tolerance(DType d) {
-  switch (d) {
-    case DType::kF32: return 1e-5;
-    case DType::kBF16: return 2e-2;
-    case DType::kF16: return 2e-3;
-  }
-  return 0.0;
-}
-
-
 
 struct Case {
   const char* name;
@@ -75,18 +49,6 @@ struct Case {
   bool misalign;  // x and y start one element past an aligned address
   int nan_inputs;  // number of input elements set to NaN
 };
-
-
-// Offset of logical element (n, h, w, c) of a [N, H, W, C] tensor.
-int64_t Offset(TensorLayout l, int64_t N, int64_t H, int64_t W, int64_t C,
-               int64_t n, int64_t h, int64_t w, int64_t c) {
-  switch (l) {
-    case TensorLayout::kNHWC: return ((n * H + h) * W + w) * C + c;
-    case TensorLayout::kNCHW: return ((n * C + c) * H + h) * W + w;
-    case TensorLayout::kCHWN: return ((c * H + h) * W + w) * N + n;
-  }
-  return 0;
-}
 
 // Float64 reference on the already-rounded T inputs; NaN propagates, and
 // ReLU keeps NaN (like jnp.maximum).
@@ -108,12 +70,12 @@ void Reference(const std::vector<float>& x, const std::vector<float>& w,
               const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dil_w;
               if (iw < 0 || iw >= p.W) continue;
               acc += static_cast<double>(
-                         x[Offset(p.layout, p.N, p.H, p.W, p.C, n, ih, iw, c)]) *
+                         x[LayoutOffset(p.layout, p.N, p.C, p.H, p.W, n, c, ih, iw)]) *
                      w[(r * p.S + s) * p.K + k];
             }
           }
           if (p.relu && acc < 0.0) acc = 0.0;
-          (*y)[Offset(p.layout, p.N, p.P, p.Q, p.K, n, oh, ow, k)] = acc;
+          (*y)[LayoutOffset(p.layout, p.N, p.K, p.P, p.Q, n, k, oh, ow)] = acc;
         }
 }
 

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/conv2d_params.h"
+
 // Exit status 2 on any CUDA error, with where and what.
 #define CHECK_CUDA(expr)                                                  \
   do {                                                                    \
@@ -53,6 +55,48 @@ inline int64_t OutSize(int64_t in, int64_t window, int stride, int pad_lo,
                        int pad_hi, int dil) {
   const int64_t span = dil * (window - 1) + 1;
   return (in + pad_lo + pad_hi - span) / stride + 1;
+}
+
+// Storage types of the conv selftests and their max-rel-error bounds vs float64.
+enum class DType { kF32, kBF16, kF16 };
+
+inline const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+
+inline double Tolerance(DType d) {
+  switch (d) {
+    case DType::kF32: return 1e-5;
+    case DType::kBF16: return 2e-2;
+    case DType::kF16: return 2e-3;
+  }
+  return 0.0;
+}
+
+inline const char* LayoutName(jaxcnn::TensorLayout layout) {
+  switch (layout) {
+    case jaxcnn::TensorLayout::kNHWC: return "NHWC";
+    case jaxcnn::TensorLayout::kNCHW: return "NCHW";
+    case jaxcnn::TensorLayout::kCHWN: return "CHWN";
+  }
+  return "?";
+}
+
+// Offset of logical (n, c, h, w) in a [N, C, H, W] tensor laid out as `layout`.
+inline int64_t LayoutOffset(jaxcnn::TensorLayout layout, int64_t N, int64_t C,
+                            int64_t H, int64_t W, int64_t n, int64_t c,
+                            int64_t h, int64_t w) {
+  switch (layout) {
+    case jaxcnn::TensorLayout::kNHWC: return ((n * H + h) * W + w) * C + c;
+    case jaxcnn::TensorLayout::kNCHW: return ((n * C + c) * H + h) * W + w;
+    case jaxcnn::TensorLayout::kCHWN: return ((c * H + h) * W + w) * N + n;
+  }
+  return 0;
 }
 
 }  // namespace selftest
