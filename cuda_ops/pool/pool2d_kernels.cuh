@@ -87,6 +87,30 @@ struct VecIndex<false> {
   int dummy;
 };
 
+// Output vector index i -> (image b, row p, column q, vector lv along the contiguous axis),
+// i = ((b * P + p) * Q + q) * LV + lv; 32-bit magic-number division when `fast`.
+__device__ __forceinline__ void DecomposeOutput(int64_t i, bool fast, const VecIndex<true>& div,
+                                                int LV, const Geometry& g, int64_t* b, int* p,
+                                                int* q, int* lv) {
+  if (fast) {
+    const uint32_t ii = static_cast<uint32_t>(i);
+    const uint32_t pix = div.lv.div(ii);
+    *lv = static_cast<int>(ii - pix * div.lv.d);
+    const uint32_t row = div.q.div(pix);
+    *q = static_cast<int>(pix - row * div.q.d);
+    const uint32_t bb = div.p.div(row);
+    *p = static_cast<int>(row - bb * div.p.d);
+    *b = bb;
+  } else {
+    const int64_t pix = i / LV;
+    *lv = static_cast<int>(i - pix * LV);
+    const int64_t row = pix / g.Q;
+    *q = static_cast<int>(pix - row * g.Q);
+    *b = row / g.P;
+    *p = static_cast<int>(row - *b * g.P);
+  }
+}
+
 template <typename T, PoolMode kMode, int VEC, int kR, int kS, bool kFast>
 __global__ void __launch_bounds__(kThreads)
     pool2d_vec_kernel(const T* __restrict__ x, T* __restrict__ y, Geometry g, int LV,
@@ -100,21 +124,9 @@ __global__ void __launch_bounds__(kThreads)
     int64_t b;
     int p, q, lv;
     if constexpr (kFast) {
-      const uint32_t ii = static_cast<uint32_t>(i);
-      const uint32_t pix = div.lv.div(ii);
-      lv = static_cast<int>(ii - pix * div.lv.d);
-      const uint32_t row = div.q.div(pix);
-      q = static_cast<int>(pix - row * div.q.d);
-      const uint32_t bb = div.p.div(row);
-      p = static_cast<int>(row - bb * div.p.d);
-      b = bb;
+      DecomposeOutput(i, true, div, LV, g, &b, &p, &q, &lv);
     } else {
-      const int64_t pix = i / LV;
-      lv = static_cast<int>(i - pix * LV);
-      const int64_t row = pix / g.Q;
-      q = static_cast<int>(pix - row * g.Q);
-      b = row / g.P;
-      p = static_cast<int>(row - b * g.P);
+      DecomposeOutput(i, false, VecIndex<true>{}, LV, g, &b, &p, &q, &lv);
     }
     const int h0 = p * g.sh - g.pt;
     const int w0 = q * g.sw - g.pl;
@@ -288,23 +300,7 @@ __global__ void __launch_bounds__(kThreads)
     int64_t b;
     int p, q, lv;
     const int64_t ic = live ? i : 0;
-    if (fast) {
-      const uint32_t ii = static_cast<uint32_t>(ic);
-      const uint32_t pix = fdiv.lv.div(ii);
-      lv = static_cast<int>(ii - pix * fdiv.lv.d);
-      const uint32_t row = fdiv.q.div(pix);
-      q = static_cast<int>(pix - row * fdiv.q.d);
-      const uint32_t bb = fdiv.p.div(row);
-      p = static_cast<int>(row - bb * fdiv.p.d);
-      b = bb;
-    } else {
-      const int64_t pix = ic / LV;
-      lv = static_cast<int>(ic - pix * LV);
-      const int64_t row = pix / g.Q;
-      q = static_cast<int>(pix - row * g.Q);
-      b = row / g.P;
-      p = static_cast<int>(row - b * g.P);
-    }
+    DecomposeOutput(ic, fast, fdiv, LV, g, &b, &p, &q, &lv);
     const int h0 = p * g.sh - g.pt;
     const int w0 = q * g.sw - g.pl;
     const Raw* src = xv + (b * g.H * g.W) * LV + lv;
