@@ -11,6 +11,7 @@
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
 #     layout     scripts/bench_layout_transform.py: jaxcnn.to_layout vs XLA transpose vs copy
 #     poolsoftmax scripts/bench_pool_softmax.py: pooling and softmax vs XLA vs copy
+#     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
@@ -92,6 +93,12 @@ if has poolsoftmax; then
   POOL_ARGS=(--out "$RAW")
   # shellcheck disable=SC2086
   step pool_softmax_bench $PY scripts/bench_pool_softmax.py "${POOL_ARGS[@]}" ${POOL_BENCH_ARGS:-}
+fi
+
+if has layoutchoice; then
+  # LAYOUT_CHOICE_ARGS narrows it, e.g. "--models squeezenet1_1 --batches 64 --dtypes bf16".
+  # shellcheck disable=SC2086
+  step layout_choice $PY scripts/bench_layout_choice.py --out "$RAW" ${LAYOUT_CHOICE_ARGS:-}
 fi
 
 if has zoo; then
