@@ -98,7 +98,7 @@ fi
 if has layoutchoice; then
   # LAYOUT_CHOICE_ARGS narrows it, e.g. "--models squeezenet1_1 --batches 64 --dtypes bf16".
   # shellcheck disable=SC2086
-  step layout_choice $PY scripts/bench_layout_choice.py --out "$RAW" ${LAYOUT_CHOICE_ARGS:-}
+  step layout_choice timeout "${LAYOUT_CHOICE_TIMEOUT:-1800}" $PY scripts/bench_layout_choice.py --out "$RAW" ${LAYOUT_CHOICE_ARGS:-}
 fi
 
 if has zoo; then
