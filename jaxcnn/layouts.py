@@ -433,10 +433,11 @@ def rule_for(layer: Layer, neighbour_layout: str | None = None) -> RuleChoice:
 
 def default_conv_candidates(layer: Layer) -> list[tuple[str, str]]:
     """(layout, algorithm) pairs worth timing for a conv: tensor cores in NHWC, the direct kernel
-    in every layout, and the depthwise kernel in every layout where it applies."""
+    in every layout, the depthwise kernel in every layout where it applies, and XLA's own conv
+    in NHWC (so a plan is never slower than XLA on a layer where cuDNN wins)."""
     if layer.is_depthwise:
-        return [(lay, "depthwise") for lay in LAYOUTS] + [("NHWC", "direct")]
-    return [("NHWC", "tensor_core")] + [(lay, "direct") for lay in LAYOUTS]
+        return [(lay, "depthwise") for lay in LAYOUTS] + [("NHWC", "direct"), ("NHWC", "xla")]
+    return [("NHWC", "tensor_core")] + [(lay, "direct") for lay in LAYOUTS] + [("NHWC", "xla")]
 
 
 def _check_candidates(candidates: Any) -> list[tuple[str, str]]:
@@ -523,6 +524,10 @@ def _conv_flops(layer: Layer) -> float:
 def _model_conv_candidate(layer: Layer, layout: str, algorithm: str, spec: GpuSpec) -> tuple[float | None, str]:
     """(estimate in ms or None when the family cannot run, how it was estimated)."""
     memory = _memory_ms(_activation_bytes(layer, layout), spec)
+    if algorithm == "xla":
+        if layout != "NHWC":
+            return None, "XLA's conv is modelled in NHWC only"
+        return _model_xla_conv(layer, spec)
     if algorithm == "depthwise":
         if not layer.is_depthwise:
             return None, "cannot run: depthwise needs groups == C"
@@ -1086,11 +1091,21 @@ def _conv_choice_from_record(layer, record, cands, rule, device, cached=True) ->
 # pools ----------------------------------------------------------------------------------
 
 
-def _pool_fn(layer: Layer, layout: str) -> Callable:
-    """lax.reduce_window of the pool with its window laid out for `layout`."""
+POOL_ALGORITHMS = ("jaxcnn", "xla")  # our pooling kernel, lax.reduce_window
+
+
+def _pool_fn(layer: Layer, layout: str, algorithm: str = "xla") -> Callable:
+    """The pool in `layout`: jaxcnn's kernel ("jaxcnn") or lax.reduce_window ("xla")."""
     import jax.numpy as jnp
     from jax import lax
 
+    if algorithm == "jaxcnn":
+        from jaxcnn.ops import avg_pool2d, max_pool2d
+
+        pool = max_pool2d if layer.op == "maxpool" else avg_pool2d
+        return lambda x: pool(x, layer.window, layer.stride, layer.padding, layout=layout)
+    if algorithm != "xla":
+        raise ValueError(f"pool algorithm must be one of {POOL_ALGORITHMS}, got {algorithm!r}")
     dims = {"N": (1, 1, (0, 0)), "C": (1, 1, (0, 0)),
             "H": (layer.window[0], layer.stride[0], layer.padding[0]),
             "W": (layer.window[1], layer.stride[1], layer.padding[1])}
@@ -1141,24 +1156,29 @@ def _pool_choice(layer, cache, iters, warmup, measure, refresh, gpu, neighbour_l
                             window=list(layer.window), stride=list(layer.stride),
                             padding=[list(p) for p in layer.padding])
     record = None if (store is None or refresh) else store.get(key)
+    pairs = [(lay, alg) for lay in LAYOUTS for alg in POOL_ALGORITHMS]
+    if record is not None:  # records from before the pooling kernels timed only "xla"
+        have = {(c["layout"], c["algorithm"]) for c in record.get("candidates", ())}
+        record = record if all(p in have for p in pairs) else None
     cached = record is not None
     if record is None:
         import jax.numpy as jnp
 
         x_nhwc = _random(4, layer.x_shape, layer.dtype)
-        cases = [(lay, _pool_fn(layer, lay), (jnp.transpose(x_nhwc, permutation("NHWC", lay)),))
-                 for lay in LAYOUTS]
+        xs = {lay: jnp.transpose(x_nhwc, permutation("NHWC", lay)) for lay in LAYOUTS}
+        cases = [(p, _pool_fn(layer, *p), (xs[p[0]],)) for p in pairs]
         measured = _measure(cases, iters, warmup)
         record = dict(op=layer.op, device=device, created=_now(), iters=iters,
-                      candidates=[dict(layout=lay, algorithm="xla", time_ms=measured[lay]["time_ms"],
-                                       source="measured" if measured[lay]["measured"] else "wall",
-                                       note=measured[lay]["note"], kernels=measured[lay]["kernels"])
-                                  for lay in LAYOUTS])
+                      candidates=[dict(layout=lay, algorithm=alg, time_ms=measured[(lay, alg)]["time_ms"],
+                                       source="measured" if measured[(lay, alg)]["measured"] else "wall",
+                                       note=measured[(lay, alg)]["note"], kernels=measured[(lay, alg)]["kernels"])
+                                  for lay, alg in pairs])
         if store:
             store.put(key, record)
     results = tuple(CandidateResult.from_dict(c) for c in record["candidates"])
+    xla_nhwc = next(r.time_ms for r in results if (r.layout, r.algorithm) == ("NHWC", "xla"))
     note = f"cached {record.get('created', '')}" if cached else ""
-    return PoolChoice(layer, results, results[0].time_ms, {}, rule, "measured", device, cached, note,
+    return PoolChoice(layer, results, xla_nhwc, {}, rule, "measured", device, cached, note,
                       "lax.reduce_window in NHWC")
 
 
@@ -1703,7 +1723,7 @@ class _LayoutOps:
         if op in POOL_OPS:
             proxy = Layer(op, (1, 1, 1, 1), (1, 1, 1, 1), "float32", window=tuple(kwargs["window"]),
                           stride=tuple(kwargs["stride"]), padding=tuple(map(tuple, kwargs["padding"])))
-            return _pool_fn(proxy, layout)(self._in(args[0], layout))
+            return _pool_fn(proxy, layout, algorithm)(self._in(args[0], layout))
         if op == "concat":
             return jnp.concatenate([self._in(a, layout) for a in args], axis=c_axis)
         if op == "add":

@@ -88,3 +88,18 @@ def test_bad_layout_algorithm(kwargs, match):
     x, w, b = operands(4)
     with pytest.raises(ValueError, match=match):
         jaxcnn.conv2d(x, w, b, groups=2, **kwargs)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW", "CHWN"])
+def test_algorithm_xla_runs_xla_conv_in_any_layout(layout):
+    x, w, b = operands(5)
+    y = jaxcnn.conv2d(to_layout(x, layout), w, b, layout=layout, precision="highest",
+                      algorithm="xla", **KW)
+    assert rel_err(from_layout(y, layout), conv2d_f64(x, w, b, **KW)) <= 1e-5
+    # No custom call: the whole op is XLA's own convolution, on GPUs too.
+    text = jax.jit(lambda x: jaxcnn.conv2d(x, w, b, layout=layout, algorithm="xla", **KW)).trace(
+        to_layout(x, layout)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "custom_call" not in text and "convolution" in text
+    g = jax.grad(lambda w: jnp.sum(jaxcnn.conv2d(x, w, b, algorithm="xla", **KW) ** 2))(w)
+    g_ref = jax.grad(lambda w: jnp.sum(jaxcnn.conv2d(x, w, b, precision="highest", **KW) ** 2))(w)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-4)

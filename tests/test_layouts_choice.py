@@ -174,8 +174,11 @@ def test_autotune_on_cpu_is_model_based(tmp_path):
     assert choice.source == "model" and not choice.cached
     assert "H200" in choice.note and choice.device == "H200"
     assert {(c.layout, c.algorithm) for c in choice.candidates} == {
-        ("NHWC", "tensor_core"), ("NHWC", "direct"), ("NCHW", "direct"), ("CHWN", "direct")}
+        ("NHWC", "tensor_core"), ("NHWC", "direct"), ("NCHW", "direct"), ("CHWN", "direct"),
+        ("NHWC", "xla")}
     assert all(c.ok and c.time_ms > 0 and c.source == "model" for c in choice.candidates)
+    xla = next(c for c in choice.candidates if c.algorithm == "xla")
+    assert xla.time_ms == choice.xla_ms  # XLA's conv is a candidate of its own
     assert choice.best.time_ms == min(c.time_ms for c in choice.candidates)
     assert choice.xla_ms > 0 and set(choice.transforms) == {"NCHW", "CHWN"}
     assert not cache.exists()  # model estimates are not cached
@@ -238,7 +241,9 @@ def fake_gpu(monkeypatch):
 
     calls = []
     fake = {("cand", "NHWC", "direct"): 0.30, ("cand", "NCHW", "direct"): 0.20,
-            ("cand", "CHWN", "direct"): 0.50, ("xla",): 0.25}
+            ("cand", "CHWN", "direct"): 0.50, ("cand", "NHWC", "xla"): 0.25, ("xla",): 0.25,
+            # Pools: our kernel wins in NHWC, reduce_window in NCHW.
+            ("NHWC", "jaxcnn"): 0.005, ("NCHW", "xla"): 0.004}
 
     def measure(cases, iters, warmup):
         calls.append([key for key, _, _ in cases])
@@ -272,6 +277,7 @@ def test_measured_path_records_errors_and_caches(fake_gpu, tmp_path):
     by = {(c.layout, c.algorithm): c for c in choice.candidates}
     assert not by[("NHWC", "tensor_core")].ok and "cannot run" in by[("NHWC", "tensor_core")].error
     assert (choice.layout, choice.algorithm, choice.time_ms) == ("NCHW", "direct", 0.20)
+    assert by[("NHWC", "xla")].time_ms == 0.25  # XLA's conv competes as a candidate
     assert choice.xla_ms == 0.25 and choice.xla_ratio == pytest.approx(1.25)
     assert len(fake_gpu) == 1 and ("cand", "NHWC", "tensor_core") not in fake_gpu[0]
     assert ("in", "CHWN") in fake_gpu[0] and ("out", "NCHW") in fake_gpu[0]
@@ -303,6 +309,8 @@ def test_measured_chain_uses_cached_transforms(fake_gpu, tmp_path):
     assert plan.source == "measured"
     assert plan.layouts == ("NCHW", "NCHW", "NCHW")  # NCHW direct 0.2 beats NHWC 0.3 per conv
     assert len(plan.transforms) == 2 and all(t.time_ms == 0.01 for t in plan.transforms)
+    # The pool runs in NCHW with whichever of our kernel / reduce_window measured faster there.
+    assert plan.steps[1].algorithms == ("xla",) and plan.steps[1].time_ms == 0.004
     n_calls = len(fake_gpu)
     plan2 = L.choose_chain(layers, costs="measured", cache=cache, iters=2, warmup=1)
     assert len(fake_gpu) == n_calls and plan2.total_ms == plan.total_ms

@@ -188,7 +188,8 @@ def conv2d(
       layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result.
       precision: float32 math. None/"default" may use TF32 tensor cores (like XLA's DEFAULT on
         GPUs); "highest" (or lax.Precision.HIGHEST) is fp32-accurate (3xTF32 or FMA).
-      algorithm: "auto" (the handler picks), "tensor_core", "direct" or "depthwise".
+      algorithm: "auto" (the handler picks), "tensor_core", "direct", "depthwise", or "xla"
+        (XLA's own lax.conv_general_dilated + bias + ReLU on every platform).
 
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32.
@@ -205,4 +206,6 @@ def conv2d(
         x.shape, x.dtype, w.shape, w.dtype,
         None if bias is None else bias.shape, None if bias is None else bias.dtype, cfg,
     )
+    if cfg.algorithm == "xla":
+        return conv2d_reference(x, w, bias, cfg)
     return _conv2d(cfg, x, w, bias)

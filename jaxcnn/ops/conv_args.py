@@ -20,8 +20,10 @@ ACTIVATIONS = (None, "relu")
 # fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is
 # fp32-accurate. Codes match cuda_ops' MathPrecision.
 PRECISIONS = ("default", "highest")
-# Kernel family; "auto" lets the CUDA handler pick. Codes match cuda_ops' Conv2dAlgorithm.
-ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise")
+# Kernel family; "auto" lets the CUDA handler pick. Codes match cuda_ops' Conv2dAlgorithm;
+# "xla" (last, never sent to the handler) runs XLA's own convolution: the layout planner picks it
+# for layers where XLA's kernel measures faster than ours.
+ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla")
 
 Pair = tuple[int, int]
 
