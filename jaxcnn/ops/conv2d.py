@@ -25,7 +25,7 @@ from jaxcnn.ops.conv_args import (
     make_config,
 )
 from jaxcnn.ops.layouts import convert_shape
-from jaxcnn.ops.conv_reference import conv2d_reference, linear_conv2d
+from jaxcnn.ops.conv_reference import conv2d_reference, linear_conv2d, xla_conv2d
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
 ACTIVATION_CODES = {None: 0, "relu": 1}
@@ -189,7 +189,7 @@ def conv2d(
       precision: float32 math. None/"default" may use TF32 tensor cores (like XLA's DEFAULT on
         GPUs); "highest" (or lax.Precision.HIGHEST) is fp32-accurate (3xTF32 or FMA).
       algorithm: "auto" (the handler picks), "tensor_core", "direct", "depthwise", or "xla"
-        (XLA's own lax.conv_general_dilated + bias + ReLU on every platform).
+        (XLA's own lax.conv_general_dilated, then bias and ReLU in x's dtype, on every platform).
 
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32.
@@ -207,5 +207,5 @@ def conv2d(
         None if bias is None else bias.shape, None if bias is None else bias.dtype, cfg,
     )
     if cfg.algorithm == "xla":
-        return conv2d_reference(x, w, bias, cfg)
+        return xla_conv2d(x, w, bias, cfg)
     return _conv2d(cfg, x, w, bias)
