@@ -26,6 +26,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_max_pool2d_fwd": "JaxcnnMaxPool2dFwd",
     "jaxcnn_avg_pool2d_fwd": "JaxcnnAvgPool2dFwd",
     "jaxcnn_softmax_fwd": "JaxcnnSoftmaxFwd",
+    "jaxcnn_fire_fwd": "JaxcnnFireFwd",
 }
 
 

@@ -12,6 +12,8 @@
 #     layout     scripts/bench_layout_transform.py: jaxcnn.to_layout vs XLA transpose vs copy
 #     poolsoftmax scripts/bench_pool_softmax.py: pooling and softmax vs XLA vs copy
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
+#     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
+#                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
@@ -99,6 +101,19 @@ if has layoutchoice; then
   # LAYOUT_CHOICE_ARGS narrows it, e.g. "--models squeezenet1_1 --batches 64 --dtypes bf16".
   # shellcheck disable=SC2086
   step layout_choice timeout "${LAYOUT_CHOICE_TIMEOUT:-1800}" $PY scripts/bench_layout_choice.py --out "$RAW" ${LAYOUT_CHOICE_ARGS:-}
+fi
+
+if has fusion; then
+  # The selftest builds standalone (no CMake, no library) so it runs even if the build step failed.
+  FIRE_SELFTEST=build/fire_selftest
+  step fire_selftest_build nvcc -std=c++17 -O3 -arch=${FIRE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
+    cuda_ops/selftest/fire_selftest.cu cuda_ops/fusion/fire.cu -o "$FIRE_SELFTEST"
+  step fire_selftest "$FIRE_SELFTEST"
+  step fire_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large
+  step fire_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large
+  step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
+  # shellcheck disable=SC2086
+  step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
 fi
 
 if has zoo; then

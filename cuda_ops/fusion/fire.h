@@ -1,0 +1,91 @@
+// Fused SqueezeNet fire module launcher (NHWC activations, HWIO weights).
+// Plain C++ interface so it can be used without XLA (e.g. by the selftest).
+//
+//   s  = relu(conv1x1(x, w_sq) + b_sq)           rounded to T (as the unfused reference)
+//   y  = concat_C(relu(conv1x1(s, w_e1) + b_e1),  relu(conv3x3_pad1(s, w_e3) + b_e3))
+//
+// in one kernel: the squeeze tile (plus its 1-pixel halo) never leaves shared memory
+// (straight fusion), both expands read it from there (split fusion) and write straight into
+// their channel slices of y (merge fusion: no concatenate).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace jaxcnn {
+
+// Which kernel runs the fire module.
+enum class FireAlgorithm : int {
+  kAuto = 0,        // tensor cores where they apply, else the CUDA-core kernel
+  kTensorCore = 1,  // bf16/fp16 mma.sync (sm_80+); channel counts multiples of 8
+  kFma = 2,         // CUDA-core fp32 FMA: any dtype, any channel counts
+};
+
+// x [N,H,W,C], w_sq [1,1,C,S], w_e1 [1,1,S,E1], w_e3 [3,3,S,E3], biases [S], [E1], [E3],
+// y [N,H,W,E1+E3].
+struct FireParams {
+  int64_t N, H, W, C;
+  int64_t S, E1, E3;
+};
+
+// What the launcher will run for these params, dtype and pointers (no launch).
+struct FirePlan {
+  FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore or kFma
+  const char* unsupported = nullptr;          // non-null: cannot run, says why
+  const char* why = "";                       // why this kernel (for selftests / logs)
+  // Tensor-core kernel only: shared-memory bytes per CTA, weights kept in shared memory for
+  // the CTA's lifetime (else streamed per tile from L2), output channels per expand chunk.
+  int64_t smem_bytes = 0;
+  bool squeeze_weights_resident = false;
+  bool expand_weights_resident = false;
+  int expand_chunk = 0;
+};
+
+// The pointers a launch reads and writes; alignment decides the kernel.
+template <typename T>
+struct FireBuffers {
+  const T* x;
+  const T* w_sq;
+  const T* b_sq;
+  const T* w_e1;
+  const T* b_e1;
+  const T* w_e3;
+  const T* b_e3;
+  T* y;
+};
+
+// nullptr if the shape can run at all (FMA kernel), else a static message.
+const char* fire_unsupported_reason(const FireParams& params);
+
+// Plan for `algorithm`; plan.unsupported says why a forced kernel cannot run. Queries the
+// current device's shared-memory limit (cached per device).
+template <typename T>
+FirePlan plan_fire(const FireParams& params, const FireBuffers<T>& buffers,
+                   FireAlgorithm algorithm);
+
+// cudaErrorInvalidValue when plan_fire(...).unsupported is set; cudaSuccess without
+// launching when y is empty; else cudaGetLastError() after the launch. x and y must not
+// alias.
+template <typename T>
+cudaError_t launch_fire(const FireParams& params, const FireBuffers<T>& buffers,
+                        FireAlgorithm algorithm, cudaStream_t stream);
+
+extern template FirePlan plan_fire<float>(const FireParams&, const FireBuffers<float>&,
+                                          FireAlgorithm);
+extern template FirePlan plan_fire<__nv_bfloat16>(const FireParams&,
+                                                  const FireBuffers<__nv_bfloat16>&,
+                                                  FireAlgorithm);
+extern template FirePlan plan_fire<__half>(const FireParams&, const FireBuffers<__half>&,
+                                           FireAlgorithm);
+extern template cudaError_t launch_fire<float>(const FireParams&, const FireBuffers<float>&,
+                                               FireAlgorithm, cudaStream_t);
+extern template cudaError_t launch_fire<__nv_bfloat16>(const FireParams&,
+                                                       const FireBuffers<__nv_bfloat16>&,
+                                                       FireAlgorithm, cudaStream_t);
+extern template cudaError_t launch_fire<__half>(const FireParams&, const FireBuffers<__half>&,
+                                                FireAlgorithm, cudaStream_t);
+
+}  // namespace jaxcnn

@@ -1,0 +1,113 @@
+// XLA FFI handler for the fused fire module: decode, validate, launch, report.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/ffi_common.h"
+#include "fusion/fire.h"
+
+namespace jaxcnn {
+namespace {
+
+ffi::Error Invalid(const std::string& message) { return InvalidArgumentFor("fire", message); }
+
+// True when `buffer` has exactly the dims `want`.
+bool HasShape(const ffi::AnyBuffer& buffer, const std::vector<int64_t>& want) {
+  const auto dims = buffer.dimensions();
+  if (dims.size() != want.size()) return false;
+  size_t i = 0;
+  for (int64_t d : want)
+    if (dims[i++] != d) return false;
+  return true;
+}
+
+std::string ShapeText(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  bool first = true;
+  for (int64_t d : dims) {
+    if (!first) out += ", ";
+    out += std::to_string(d);
+    first = false;
+  }
+  return out + "]";
+}
+
+ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
+                   ffi::AnyBuffer w_e1, ffi::AnyBuffer w_e3, ffi::AnyBuffer b_sq,
+                   ffi::AnyBuffer b_e1, ffi::AnyBuffer b_e3, ffi::Result<ffi::AnyBuffer> y,
+                   int64_t algorithm) {
+  if (algorithm < 0 || algorithm > 2)
+    return Invalid("algorithm must be 0 (auto), 1 (tensor_core) or 2 (fma), got " +
+                   std::to_string(algorithm));
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() != 4) return Invalid("x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
+  if (w_sq.dimensions().size() != 4 || w_e1.dimensions().size() != 4 ||
+      w_e3.dimensions().size() != 4)
+    return Invalid("weights must be rank 4 (HWIO)");
+  FireParams p;
+  p.N = x_dims[0], p.H = x_dims[1], p.W = x_dims[2], p.C = x_dims[3];
+  p.S = w_sq.dimensions()[3];
+  p.E1 = w_e1.dimensions()[3];
+  p.E3 = w_e3.dimensions()[3];
+  struct Expect {
+    const char* name;
+    const ffi::AnyBuffer* buffer;
+    std::vector<int64_t> shape;
+  };
+  const Expect expects[] = {
+      {"squeeze_w", &w_sq, {1, 1, p.C, p.S}},   {"expand1_w", &w_e1, {1, 1, p.S, p.E1}},
+      {"expand3_w", &w_e3, {3, 3, p.S, p.E3}},  {"squeeze_b", &b_sq, {p.S}},
+      {"expand1_b", &b_e1, {p.E1}},             {"expand3_b", &b_e3, {p.E3}},
+      {"output y", &*y, {p.N, p.H, p.W, p.E1 + p.E3}},
+  };
+  const ffi::DataType dtype = x.element_type();
+  if (!IsSupportedFloatType(dtype)) return Invalid("x dtype must be float32, bfloat16 or float16");
+  for (const Expect& e : expects) {
+    if (!HasShape(*e.buffer, e.shape))
+      return Invalid(std::string(e.name) + " must have shape " + ShapeText(e.shape) + ", got " +
+                     DimsToString(e.buffer->dimensions()));
+    if (e.buffer->element_type() != dtype)
+      return Invalid(std::string(e.name) + " dtype must equal x dtype");
+  }
+  if (const char* reason = fire_unsupported_reason(p))
+    return Invalid(std::string("unsupported shape: ") + reason + " (x " + DimsToString(x_dims) +
+                   ")");
+
+  return DispatchFloatType(dtype, "fire", [&](auto traits) -> ffi::Error {
+    using T = typename decltype(traits)::type;
+    const FireBuffers<T> buffers{
+        static_cast<const T*>(x.untyped_data()),    static_cast<const T*>(w_sq.untyped_data()),
+        static_cast<const T*>(b_sq.untyped_data()), static_cast<const T*>(w_e1.untyped_data()),
+        static_cast<const T*>(b_e1.untyped_data()), static_cast<const T*>(w_e3.untyped_data()),
+        static_cast<const T*>(b_e3.untyped_data()), static_cast<T*>(y->untyped_data())};
+    const auto algo = static_cast<FireAlgorithm>(algorithm);
+    const FirePlan plan = plan_fire<T>(p, buffers, algo);
+    if (plan.unsupported != nullptr)
+      return Invalid(std::string("unsupported by the chosen kernel: ") + plan.unsupported +
+                     " (x " + DimsToString(x_dims) + ", squeeze " + std::to_string(p.S) +
+                     ", expand " + std::to_string(p.E1) + "+" + std::to_string(p.E3) + ")");
+    JAXCNN_RETURN_IF_CUDA_ERROR(launch_fire<T>(p, buffers, algo, stream), "fire launch");
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+}  // namespace jaxcnn
+
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnFireFwd(XLA_FFI_CallFrame*);
+
+// Command-buffer (CUDA graph) compatible: device attributes are queried once per device and
+// cached; the handler then only sets the kernel's smem attribute and launches on `stream`.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnFireFwd, jaxcnn::FireFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()   // x
+                                  .Arg<ffi::AnyBuffer>()   // squeeze_w
+                                  .Arg<ffi::AnyBuffer>()   // expand1_w
+                                  .Arg<ffi::AnyBuffer>()   // expand3_w
+                                  .Arg<ffi::AnyBuffer>()   // squeeze_b
+                                  .Arg<ffi::AnyBuffer>()   // expand1_b
+                                  .Arg<ffi::AnyBuffer>()   // expand3_b
+                                  .Ret<ffi::AnyBuffer>()   // y
+                                  .Attr<int64_t>("algorithm"),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,144 @@
+"""`jaxcnn.fire`: SqueezeNet's fire module as one fused primitive.
+
+    fire(x) = concat([relu(conv1x1(s, expand1_w) + expand1_b),
+                      relu(conv3x3(s, expand3_w, padding=1) + expand3_b)], axis=-1)
+    s       = relu(conv1x1(x, squeeze_w) + squeeze_b)
+
+NHWC activations, HWIO weights, channels in torchvision's order [expand1x1, expand3x3] (the
+zoo's `models.squeezenet.fire`). CUDA runs cuda_ops/fusion's kernel through XLA FFI: the
+squeeze tile stays in shared memory (straight fusion), both expands read it there (split) and
+write straight into their channel slices of the output (merge: no concatenate). Every other
+platform runs the lax reference (the unfused composition). Gradients are the reference's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+
+from jaxcnn.ops.fire_args import ALGORITHMS, OPERAND_NAMES, FireConfig, fire_output_shape, make_fire_config
+from jaxcnn.ops.fire_reference import fire_reference
+from jaxcnn.ops.primitive import BatchShardedPrimitive
+
+FFI_TARGET = "jaxcnn_fire_fwd"
+
+
+class FirePrimitive(BatchShardedPrimitive):
+    name = "jaxcnn_fire"
+    # Only the batch factor n may stay sharded: the 3x3 needs halo rows/columns, the
+    # contractions need all channels (every other factor is replicated).
+    sharding_rules = {OPERAND_NAMES: "n h w c, a b c s, d e s k, f g s l, s, k, l -> n h w m"}
+
+    @staticmethod
+    def abstract(*operands, cfg: FireConfig, operand_names):
+        shape = fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+        return ShapedArray(shape, operands[0].dtype)
+
+    @staticmethod
+    def reference(*operands, cfg: FireConfig, operand_names):
+        return fire_reference(*operands)
+
+    @classmethod
+    def cuda_lowering(cls, ctx, *operands, cfg: FireConfig, operand_names):
+        return jax.ffi.ffi_lowering(FFI_TARGET)(
+            ctx, *operands, algorithm=np.int64(ALGORITHMS.index(cfg.algorithm))
+        )
+
+    @classmethod
+    def batcher(cls, batched_args, batch_dims, *, cfg: FireConfig, operand_names):
+        x, *weights = batched_args
+        xd, *wds = batch_dims
+        if all(d is None for d in wds):
+            # vmap over x alone folds into N: one launch for all of it.
+            x = jnp.moveaxis(x, xd, 0)
+            v, n = x.shape[:2]
+            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), *weights, cfg=cfg,
+                               operand_names=operand_names)
+            return y.reshape(v, n, *y.shape[1:]), 0
+        # Batched weights: one fused launch per vmapped slice (lax.map), unbatched operands
+        # shared by all slices.
+        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
+        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
+
+        def one(sliced):
+            operands = list(batched_args)
+            for i, a in zip(mapped, sliced):
+                operands[i] = a
+            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
+
+        return jax.lax.map(one, slices), 0
+
+
+FirePrimitive.register()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fire(cfg: FireConfig, *operands):
+    return FirePrimitive.outer.bind(*operands, cfg=cfg, operand_names=OPERAND_NAMES)
+
+
+def _fire_fwd(cfg, *operands):
+    return _fire(cfg, *operands), operands
+
+
+def _fire_bwd(cfg, operands, g):
+    # Backward is unfused: XLA's transposes of the reference (it recomputes the squeeze).
+    _, vjp = jax.vjp(fire_reference, *operands)
+    return vjp(g)
+
+
+_fire.defvjp(_fire_fwd, _fire_bwd)
+
+
+def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, expand3_b=None,
+         *, algorithm="auto"):
+    """SqueezeNet fire module: squeeze 1x1 + ReLU, then [expand 1x1, expand 3x3 pad 1] + ReLU
+    concatenated along channels, fused into one kernel on CUDA.
+
+    Args:
+      x: [N, H, W, C] float32, bfloat16 or float16 (NHWC).
+      squeeze_w: [1, 1, C, S] (HWIO), same dtype as x.
+      expand1_w: [1, 1, S, E1]; expand3_w: [3, 3, S, E3].
+      squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
+      algorithm: "auto" (tensor cores for bf16/fp16 with channel counts multiples of 8 and
+        at most 64 squeeze channels, else CUDA cores), "tensor_core" (error if it cannot run)
+        or "fma" (the CUDA-core kernel). float32 always runs the CUDA-core kernel (fp32 FMA).
+
+    Returns:
+      [N, H, W, E1 + E3] in x's dtype: channels [0, E1) from the 1x1 expand, [E1, E1 + E3)
+      from the 3x3. Each conv accumulates in float32 and rounds once to x's dtype (the
+      squeeze output too, as the unfused layers would).
+    """
+    cfg = make_fire_config(algorithm)
+    x, squeeze_w, expand1_w, expand3_w = (
+        jnp.asarray(a) for a in (x, squeeze_w, expand1_w, expand3_w)
+    )
+    biases = []
+    for b, w in ((squeeze_b, squeeze_w), (expand1_b, expand1_w), (expand3_b, expand3_w)):
+        biases.append(jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b))
+    operands = (x, squeeze_w, expand1_w, expand3_w, *biases)
+    # Validate here too so errors point at the caller, not at a custom_vjp trace.
+    fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    return _fire(cfg, *operands)
+
+
+def fire_block(layers, params, x, *, algorithm="auto"):
+    """The zoo's fused-block entry (`ops["fire"]` in a models.backends table, see Net.block):
+    runs `models.squeezenet.fire`'s three convs as one `fire` call. `params` are the block's
+    {layer name: {"w", "b"}}; `layers` are its LayerInfos (names end in /squeeze1x1,
+    /expand1x1, /expand3x3)."""
+    by_role = {}
+    for info in layers:
+        role = info.name.rsplit("/", 1)[-1]
+        if role in ("squeeze1x1", "expand1x1", "expand3x3"):
+            by_role[role] = params[info.name]
+    missing = {"squeeze1x1", "expand1x1", "expand3x3"} - set(by_role)
+    if missing:
+        raise ValueError(f"fire_block: layers have no {sorted(missing)} conv (got "
+                         f"{[info.name for info in layers]})")
+    sq, e1, e3 = by_role["squeeze1x1"], by_role["expand1x1"], by_role["expand3x3"]
+    return fire(x, sq["w"], e1["w"], e3["w"], sq["b"], e1["b"], e3["b"], algorithm=algorithm)

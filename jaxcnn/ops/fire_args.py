@@ -1,0 +1,76 @@
+"""Argument validation and shape rule of the fused fire module (`jaxcnn.fire`).
+
+Runs at trace time on static shapes: bad input fails before any kernel runs, with an error
+that names the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
+# Kernel choice; codes match cuda_ops' FireAlgorithm. "auto": tensor cores (bf16/fp16,
+# channel counts multiples of 8, 16-byte aligned buffers) else the CUDA-core kernel.
+ALGORITHMS = ("auto", "tensor_core", "fma")
+# Operand order of the primitive and the custom call.
+OPERAND_NAMES = ("x", "squeeze_w", "expand1_w", "expand3_w", "squeeze_b", "expand1_b", "expand3_b")
+
+
+@dataclass(frozen=True)
+class FireConfig:
+    """Static parameters of one fire module (shapes live in the operands)."""
+
+    algorithm: str = "auto"
+
+
+def make_fire_config(algorithm: Any = "auto") -> FireConfig:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return FireConfig(algorithm=algorithm)
+
+
+def _check_dtype(name: str, dtype: Any, want: np.dtype | None = None) -> None:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} dtype must be float32, bfloat16 or float16, got {dtype.name}")
+    if want is not None and dtype != want:
+        raise TypeError(f"{name} dtype {dtype.name} must equal x dtype {np.dtype(want).name}")
+
+
+def _check_shape(name: str, shape: Sequence[int], want: tuple, what: str) -> None:
+    if tuple(shape) != want:
+        raise ValueError(f"{name} must have shape {want} ({what}), got {tuple(shape)}")
+
+
+def fire_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) -> tuple[int, ...]:
+    """[N, H, W, E1 + E3] for the operands in OPERAND_NAMES order; raises on bad input."""
+    if len(shapes) != len(OPERAND_NAMES) or len(dtypes) != len(OPERAND_NAMES):
+        raise ValueError(f"fire takes {len(OPERAND_NAMES)} operands {OPERAND_NAMES}, got {len(shapes)}")
+    x_shape, sq_shape, e1_shape, e3_shape = (tuple(s) for s in shapes[:4])
+    _check_dtype("x", dtypes[0])
+    x_dtype = np.dtype(dtypes[0])
+    for name, dtype in zip(OPERAND_NAMES[1:], dtypes[1:]):
+        _check_dtype(name, dtype, x_dtype)
+    if len(x_shape) != 4:
+        raise ValueError(f"x must be rank 4 [N, H, W, C] (NHWC), got shape {x_shape}")
+    n, h, w, c = x_shape
+    if min(h, w, c) < 1:
+        raise ValueError(f"x must have H, W and C >= 1, got shape {x_shape}")
+    for name, shape, window in (("squeeze_w", sq_shape, 1), ("expand1_w", e1_shape, 1),
+                                ("expand3_w", e3_shape, 3)):
+        if len(shape) != 4 or shape[:2] != (window, window):
+            raise ValueError(
+                f"{name} must be rank 4 HWIO [{window}, {window}, in, out], got shape {shape}"
+            )
+        if shape[3] < 1:
+            raise ValueError(f"{name} must have >= 1 output channels, got shape {shape}")
+    s = sq_shape[3]
+    _check_shape("squeeze_w", sq_shape, (1, 1, c, s), f"input channels of x = {c}")
+    _check_shape("expand1_w", e1_shape, (1, 1, s, e1_shape[3]), f"squeeze channels = {s}")
+    _check_shape("expand3_w", e3_shape, (3, 3, s, e3_shape[3]), f"squeeze channels = {s}")
+    for name, shape, k in zip(OPERAND_NAMES[4:], shapes[4:], (s, e1_shape[3], e3_shape[3])):
+        _check_shape(name, shape, (k,), "one per output channel of its conv")
+    return (n, h, w, e1_shape[3] + e3_shape[3])

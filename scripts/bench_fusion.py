@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Fused fire module benchmark: jaxcnn.fire against XLA's unfused fire module.
+
+For every fire module of SqueezeNet 1.0 and 1.1 (torchvision channels, 224x224 input) at each
+batch (default 1 and 64) and dtype (default bf16), plus the issue's headline case (55x55,
+128 -> 32 -> (128, 128), N = 64): fresh random inputs; an accuracy check of jaxcnn.fire against
+XLA's composition on them; then, in one profiler trace, the device time (sum of GPU kernel
+durations, jaxcnn/profile/device_time.py) of
+  - jaxcnn: jaxcnn.fire (one fused kernel),
+  - xla:    the zoo's fire module on XLA's ops under jit (squeeze conv + bias + ReLU, two
+            expand convs + bias + ReLU, concatenate): what a plain JAX SqueezeNet runs.
+Floor = (x bytes + y bytes) / 3.97e12 s (H200 HBM3e; weights are negligible); "% floor" =
+floor / time; XLA/jaxcnn = the speedup. Issue goal for the headline case: >= 2.5x XLA.
+
+Writes bench_fusion[_LABEL].json (environment + rows) and bench_fusion[_LABEL].md into --out
+after every row, and prints the markdown last. Exit status: 0 when every row passed its
+accuracy check and timed, 2 when some row failed, 1 on a crash.
+
+  python scripts/bench_fusion.py --out /tmp/bench_fusion --label h200
+  python scripts/bench_fusion.py --out /tmp/bench_fusion --batches 64 --cases headline
+  JAX_PLATFORMS=cpu python scripts/bench_fusion.py --quick --out /tmp/smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent
+
+try:
+    import jaxcnn
+except ImportError:  # run from a checkout that is not pip-installed
+    sys.path.append(str(REPO_ROOT))
+    import jaxcnn
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(SCRIPTS))
+from bench_layers import _json_safe, environment  # noqa: E402
+
+from jaxcnn.models.backends import XLA_OPS  # noqa: E402
+from jaxcnn.models.layers import Net  # noqa: E402
+from jaxcnn.models.squeezenet import fire as zoo_fire  # noqa: E402
+from jaxcnn.profile import device_times  # noqa: E402
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200)
+GOAL_SPEEDUP = 2.5
+# max |jaxcnn - xla| relative to max |xla|: XLA rounds each conv's output before its bias,
+# jaxcnn once per conv; a few ulps of the dtype.
+TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-4}
+
+
+@dataclass(frozen=True)
+class FireCase:
+    """One fire module: NHWC input [n, hw, hw, c] -> squeeze s -> expand (e, e)."""
+
+    name: str
+    hw: int
+    c: int
+    s: int
+    e: int
+    batch: int | None = None  # fixed batch (the headline case), else every --batches
+
+
+FIRE_CASES = (
+    FireCase("headline_55_128_32_128", 55, 128, 32, 128, batch=64),
+    FireCase("sq1_0_fire2", 55, 96, 16, 64), FireCase("sq1_0_fire3", 55, 128, 16, 64),
+    FireCase("sq1_0_fire4", 55, 128, 32, 128), FireCase("sq1_0_fire5", 27, 256, 32, 128),
+    FireCase("sq1_0_fire6", 27, 256, 48, 192), FireCase("sq1_0_fire7", 27, 384, 48, 192),
+    FireCase("sq1_0_fire8", 27, 384, 64, 256), FireCase("sq1_0_fire9", 13, 512, 64, 256),
+    FireCase("sq1_1_fire2", 55, 64, 16, 64), FireCase("sq1_1_fire3", 55, 128, 16, 64),
+    FireCase("sq1_1_fire4", 27, 128, 32, 128), FireCase("sq1_1_fire5", 27, 256, 32, 128),
+    FireCase("sq1_1_fire6", 13, 256, 48, 192), FireCase("sq1_1_fire7", 13, 384, 48, 192),
+    FireCase("sq1_1_fire8", 13, 384, 64, 256), FireCase("sq1_1_fire9", 13, 512, 64, 256),
+)
+QUICK_CASES = (FireCase("tiny", 9, 16, 8, 16, batch=2),)
+
+
+def operands(case: FireCase, n: int, dtype: str, seed: int):
+    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"),
+                             zlib.crc32(f"{case.name}/{n}/{dtype}".encode()))
+    k = jax.random.split(key, 7)
+    dt = DTYPES[dtype]
+
+    def he(key, shape, fan_in):
+        return (jax.random.normal(key, shape, jnp.float32) * math.sqrt(2.0 / fan_in)).astype(dt)
+
+    return (jax.random.normal(k[0], (n, case.hw, case.hw, case.c), jnp.float32).astype(dt),
+            he(k[1], (1, 1, case.c, case.s), case.c), he(k[2], (1, 1, case.s, case.e), case.s),
+            he(k[3], (3, 3, case.s, case.e), 9 * case.s),
+            (0.1 * jax.random.normal(k[4], (case.s,))).astype(dt),
+            (0.1 * jax.random.normal(k[5], (case.e,))).astype(dt),
+            (0.1 * jax.random.normal(k[6], (case.e,))).astype(dt))
+
+
+def xla_fire(x, wsq, we1, we3, bsq, be1, be3):
+    """The zoo's fire module on XLA's ops (layer by layer, then concatenate)."""
+    params = {"f/squeeze1x1": {"w": wsq, "b": bsq}, "f/expand1x1": {"w": we1, "b": be1},
+              "f/expand3x3": {"w": we3, "b": be3}}
+    return zoo_fire(Net(XLA_OPS, params), "f", x, squeeze=wsq.shape[3],
+                    expand1x1=we1.shape[3], expand3x3=we3.shape[3])
+
+
+def _accuracy(ours, theirs, dtype: str) -> dict[str, Any]:
+    a = np.asarray(ours.astype(jnp.float32), np.float64)
+    b = np.asarray(theirs.astype(jnp.float32), np.float64)
+    if a.shape != b.shape:
+        return dict(ok=False, max_rel_diff=None, error=f"shape {a.shape} != {b.shape}")
+    if not np.isfinite(a).all():
+        return dict(ok=False, max_rel_diff=None, error="non-finite output")
+    diff = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    ok = diff <= TOLERANCE[dtype]
+    return dict(ok=ok, max_rel_diff=diff, tolerance=TOLERANCE[dtype],
+                error=None if ok else f"max rel diff {diff:.2e} > {TOLERANCE[dtype]:.0e}")
+
+
+def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, seed: int):
+    ops = operands(case, n, dtype, seed)
+    itemsize = jnp.dtype(DTYPES[dtype]).itemsize
+    bytes_moved = n * case.hw * case.hw * (case.c + 2 * case.e) * itemsize
+    flops = 2 * n * case.hw * case.hw * (case.c * case.s + case.s * case.e + 9 * case.s * case.e)
+    try:
+        accuracy = _accuracy(jax.jit(jaxcnn.fire)(*ops), jax.jit(xla_fire)(*ops), dtype)
+    except Exception as exc:  # record and go on: one broken config must not stop the suite
+        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+    try:
+        timings = device_times([("jaxcnn", jaxcnn.fire, ops), ("xla", xla_fire, ops)],
+                               iters=iters, warmup=warmup)
+        timings = {k: {**t.to_dict(), "kernels": [asdict(s) for s in t.kernels]}
+                   for k, t in timings.items()}
+    except Exception as exc:
+        timings = {k: dict(error=f"{type(exc).__name__}: {exc}") for k in ("jaxcnn", "xla")}
+    med = {k: t.get("median_ms") for k, t in timings.items()}
+    floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
+    ours, xla = med.get("jaxcnn"), med.get("xla")
+    return dict(
+        case=case.name, n=n, dtype=dtype, hw=case.hw, c=case.c, s=case.s, e=case.e,
+        bytes_moved=bytes_moved, gflop=flops / 1e9, floor_ms=floor_ms, accuracy=accuracy,
+        timings=timings,
+        pct_of_floor={k: (100.0 * floor_ms / v if v else None) for k, v in med.items()},
+        tflops={k: (flops / (v * 1e-3) / 1e12 if v else None) for k, v in med.items()},
+        speedup_vs_xla=xla / ours if (ours and xla) else None,
+        ok=accuracy["ok"] and not any("error" in t for t in timings.values()),
+    )
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _us(timing: dict) -> str:
+    return "error" if "median_ms" not in timing else f"{timing['median_ms'] * 1e3:.1f}"
+
+
+def _status(row: dict) -> str:
+    if row["ok"]:
+        return "ok"
+    errors = [row["accuracy"].get("error")] + [
+        f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t]
+    return "FAIL: " + "; ".join(e for e in errors if e)[:120]
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    lines = ["| case | N | dtype | HxW | C->S->(E,E) | MB | GFLOP | floor us | jaxcnn us | XLA us "
+             "| jaxcnn % floor | XLA % floor | jaxcnn TFLOP/s | XLA/jaxcnn | max rel diff | status |",
+             "|" + "---|" * 16]
+    for r in rows:
+        t = r["timings"]
+        cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
+                 f"{r['c']}->{r['s']}->({r['e']},{r['e']})", f"{r['bytes_moved'] / 2**20:.1f}",
+                 f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", _us(t.get("jaxcnn", {})),
+                 _us(t.get("xla", {})), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+                 _fmt(r["pct_of_floor"].get("xla"), ".0f"), _fmt(r["tflops"].get("jaxcnn"), ".0f"),
+                 _fmt(r["speedup_vs_xla"], ".2f"), _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
+                 _status(r)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
+    lines = ["| case | N | dtype | variant | kernels per call | top kernels (us per call) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        for variant, t in r["timings"].items():
+            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
+                               for k in (t.get("kernels") or [])[:4])
+            cells = [r["case"], str(r["n"]), r["dtype"], variant,
+                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-"]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def goal_summary(rows: list[dict]) -> list[str]:
+    timed = [r for r in rows if r["speedup_vs_xla"] is not None]
+    if not timed:
+        return ["- no timed rows"]
+    lines = []
+    for r in timed:
+        if r["case"].startswith("headline"):
+            lines.append(f"- headline ({r['case']}, N={r['n']}, {r['dtype']}): jaxcnn "
+                         f"{r['timings']['jaxcnn']['median_ms'] * 1e3:.1f} us, XLA "
+                         f"{r['timings']['xla']['median_ms'] * 1e3:.1f} us, XLA/jaxcnn "
+                         f"{r['speedup_vs_xla']:.2f} (goal >= {GOAL_SPEEDUP}: "
+                         f"{'met' if r['speedup_vs_xla'] >= GOAL_SPEEDUP else 'not met'}), "
+                         f"{r['pct_of_floor']['jaxcnn']:.0f}% of floor")
+    for n in sorted({r["n"] for r in timed}):
+        spd = np.array([r["speedup_vs_xla"] for r in timed if r["n"] == n])
+        lines.append(f"- N={n}: {len(spd)} rows; XLA/jaxcnn median {np.median(spd):.2f} "
+                     f"(min {spd.min():.2f}, max {spd.max():.2f})")
+    return lines
+
+
+def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
+    git = env["git"] or {}
+    warn = []
+    if not env["jaxcnn_cuda_available"]:
+        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
+                    "the jaxcnn column is its XLA fallback.")
+    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
+        warn.append("some times are host wall time (no GPU trace), not device time.")
+    header = [
+        f"# jaxcnn fused fire module vs XLA{f' ({label})' if label else ''}",
+        "",
+        *[f"> **WARNING: {w}**" for w in warn],
+        "",
+        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
+        f"jaxlib {env['jaxlib']}",
+        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
+        "durations in a profiler trace), us. MB = x + y bytes.",
+        f"- floor = MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s; % floor = floor / time. XLA: the zoo's "
+        "fire module (three convs + bias + ReLU, concatenate) under jit.",
+        f"- goal (issue 7): headline case XLA/jaxcnn >= {GOAL_SPEEDUP}.",
+        "",
+        "## Summary",
+        "",
+        *goal_summary(rows),
+        "",
+    ]
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+
+
+def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_fusion_{label}" if label else "bench_fusion"
+    (out_dir / f"{stem}.json").write_text(json.dumps(
+        _json_safe(dict(environment=env, label=label, rows=rows)), indent=1, allow_nan=False) + "\n")
+    markdown = render_markdown(env, rows, iters, label)
+    (out_dir / f"{stem}.md").write_text(markdown)
+    return markdown
+
+
+def progress_line(r: dict) -> str:
+    t = r["timings"]
+    return (f"{r['case']:<24} N={r['n']:<3} {r['dtype']:<5} jaxcnn {_us(t.get('jaxcnn', {})):>8} us  "
+            f"xla {_us(t.get('xla', {})):>8} us  XLA/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  "
+            f"% floor {_fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  {_status(r)}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
+    p.add_argument("--label", default="", help="names the reports (bench_fusion_LABEL.*)")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16"])
+    p.add_argument("--cases", type=lambda s: s.split(","), help="case names (prefix match)")
+    p.add_argument("--iters", type=int, help="timed calls per variant (default 20; --quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny case, few iterations: a smoke test")
+    args = p.parse_args(argv)
+    bad = [d for d in args.dtypes if d not in DTYPES]
+    if bad:
+        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
+    cases = QUICK_CASES if args.quick else FIRE_CASES
+    if args.cases:
+        cases = [c for c in FIRE_CASES + QUICK_CASES if any(c.name.startswith(k) for k in args.cases)]
+    args.fire_cases = cases
+    args.iters = args.iters or (3 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = environment(lookup_gpu_spec())
+    rows: list[dict] = []
+    markdown = write_reports(args.out, env, rows, args.iters, args.label)  # fail early on a bad --out
+    common = dict(iters=args.iters, warmup=args.warmup, seed=args.seed)
+    jobs = [functools.partial(fire_row, case, n, dtype, **common)
+            for case in args.fire_cases for dtype in args.dtypes
+            for n in ([case.batch] if case.batch else args.batches)]
+    for job in jobs:
+        row = job()
+        rows.append(row)
+        print(progress_line(row), flush=True)
+        markdown = write_reports(args.out, env, rows, args.iters, args.label)
+    print()
+    print(markdown)
+    return 0 if all(r["ok"] for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

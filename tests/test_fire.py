@@ -1,0 +1,323 @@
+"""jaxcnn.fire on the reference (CPU) path: equal to the zoo's unfused fire module and to a
+float64 NumPy oracle, shapes and validation errors, grads, vmap, batch sharding on 8 forced
+host devices, and the CUDA lowering text (the FFI custom call)."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+import jaxcnn
+from jaxcnn import _ffi
+from jaxcnn.models.backends import XLA_OPS
+from jaxcnn.models.layers import Net
+from jaxcnn.models.squeezenet import fire as zoo_fire
+from jaxcnn.ops.fire import fire_block
+
+TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
+       "float16": dict(rtol=2e-3, atol=2e-3)}
+# The zoo's XLA layers round each conv's output to the dtype before adding the bias (two
+# roundings per layer, one per layer here), so half types differ by a few ulps more.
+ZOO_TOL = {**TOL, "bfloat16": dict(rtol=5e-2, atol=5e-2), "float16": dict(rtol=1e-2, atol=1e-2)}
+
+
+def fire_operands(seed, n, h, w, c, s, e1, e3, dtype=jnp.float32):
+    """x and (w, b) of the three convs, He-scaled so activations stay O(1)."""
+    k = jax.random.split(jax.random.PRNGKey(seed), 7)
+    normal = lambda key, shape, fan_in: (  # noqa: E731
+        jax.random.normal(key, shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
+    x = jax.random.normal(k[0], (n, h, w, c)).astype(dtype)
+    return (x, normal(k[1], (1, 1, c, s), c), normal(k[2], (1, 1, s, e1), s),
+            normal(k[3], (3, 3, s, e3), 9 * s), (0.2 * jax.random.normal(k[4], (s,))).astype(dtype),
+            (0.2 * jax.random.normal(k[5], (e1,))).astype(dtype),
+            (0.2 * jax.random.normal(k[6], (e3,))).astype(dtype))
+
+
+def zoo_params(ops):
+    _, wsq, we1, we3, bsq, be1, be3 = ops
+    return {"f/squeeze1x1": {"w": wsq, "b": bsq}, "f/expand1x1": {"w": we1, "b": be1},
+            "f/expand3x3": {"w": we3, "b": be3}}
+
+
+def zoo_fire_xla(ops):
+    """The zoo's unfused fire module on XLA's ops (what a plain JAX SqueezeNet runs)."""
+    x = ops[0]
+    _, _, we1, we3, *_ = ops
+    return zoo_fire(Net(XLA_OPS, zoo_params(ops)), "f", x, squeeze=ops[1].shape[3],
+                    expand1x1=we1.shape[3], expand3x3=we3.shape[3])
+
+
+def oracle_f64(ops):
+    """Independent float64 NumPy fire module; the squeeze rounded to x's dtype."""
+    x, wsq, we1, we3, bsq, be1, be3 = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in ops)
+    dtype = ops[0].dtype
+    s = np.maximum(np.einsum("nhwc,cs->nhws", x, wsq[0, 0]) + bsq, 0)
+    s = np.asarray(jnp.asarray(s, jnp.float32).astype(dtype).astype(jnp.float32), np.float64)
+    y1 = np.maximum(np.einsum("nhws,sk->nhwk", s, we1[0, 0]) + be1, 0)
+    n, h, w, _ = s.shape
+    sp = np.pad(s, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    y3 = sum(np.einsum("nhws,sk->nhwk", sp[:, dy:dy + h, dx:dx + w], we3[dy, dx])
+             for dy in range(3) for dx in range(3))
+    return np.concatenate([y1, np.maximum(y3 + be3, 0)], axis=-1)
+
+
+def as_f64(a):
+    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+# SqueezeNet 1.0 / 1.1 fire modules: (C, squeeze, expand) as in torchvision.
+SQUEEZENET_FIRES = [(96, 16, 64), (128, 16, 64), (128, 32, 128), (256, 32, 128),
+                    (256, 48, 192), (384, 48, 192), (384, 64, 256), (512, 64, 256), (64, 16, 64)]
+
+
+@pytest.mark.parametrize("c,s,e", SQUEEZENET_FIRES)
+def test_equals_zoo_fire_module_float32(c, s, e):
+    ops = fire_operands(c + s, 2, 7, 6, c, s, e, e)
+    got = jax.jit(jaxcnn.fire)(*ops)
+    assert got.shape == (2, 7, 6, 2 * e) and got.dtype == jnp.float32
+    np.testing.assert_allclose(got, zoo_fire_xla(ops), **TOL["float32"])
+    np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL["float32"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_equals_zoo_fire_module_half_types(dtype):
+    ops = fire_operands(3, 2, 9, 11, 128, 32, 128, 128, jnp.dtype(dtype))
+    got = jaxcnn.fire(*ops)
+    assert got.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(as_f64(got), as_f64(zoo_fire_xla(ops)), **ZOO_TOL[dtype])
+    np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL[dtype])
+
+
+def test_channel_order_is_expand1x1_then_expand3x3():
+    x, wsq, we1, we3, bsq, be1, be3 = fire_operands(4, 1, 5, 5, 8, 8, 8, 16)
+    y = jaxcnn.fire(x, wsq, we1, we3, bsq, be1, be3)
+    only_e1 = jaxcnn.fire(x, wsq, we1, jnp.zeros_like(we3), bsq, be1, jnp.full_like(be3, -1.0))
+    np.testing.assert_array_equal(y[..., :8], only_e1[..., :8])
+    np.testing.assert_array_equal(only_e1[..., 8:], 0.0)
+
+
+def test_zoo_block_runs_fused():
+    """Net.block with an op table mapping "fire" to fire_block gives the unfused result."""
+    ops = fire_operands(5, 2, 8, 8, 16, 8, 16, 16)
+    params = zoo_params(ops)
+    fused_ops = {**XLA_OPS, "fire": fire_block}
+    body = lambda net, x: net.block("fire", "f", zoo_fire, x, squeeze=8, expand1x1=16,  # noqa: E731
+                                    expand3x3=16)
+    fused = body(Net(fused_ops, params), ops[0])
+    np.testing.assert_allclose(fused, body(Net(XLA_OPS, params), ops[0]), **TOL["float32"])
+
+
+@st.composite
+def fire_shapes(draw):
+    return dict(n=draw(st.integers(1, 3)), h=draw(st.integers(1, 12)), w=draw(st.integers(1, 12)),
+                c=draw(st.integers(1, 24)), s=draw(st.integers(1, 12)), e1=draw(st.integers(1, 12)),
+                e3=draw(st.integers(1, 12)), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(fire_shapes())
+def test_random_shapes_match_float64_oracle(case):
+    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")))
+    got = jaxcnn.fire(*ops)
+    np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL["float32"])
+
+
+def test_none_biases_are_zero():
+    x, wsq, we1, we3, *_ = fire_operands(6, 1, 4, 4, 8, 8, 8, 8)
+    zeros = [jnp.zeros((8,))] * 3
+    np.testing.assert_array_equal(jaxcnn.fire(x, wsq, we1, we3), jaxcnn.fire(x, wsq, we1, we3, *zeros))
+
+
+def test_jit_and_eager_agree_and_algorithms_agree_on_cpu():
+    ops = fire_operands(7, 2, 6, 5, 16, 8, 8, 8)
+    eager = jaxcnn.fire(*ops)
+    np.testing.assert_array_equal(jax.jit(jaxcnn.fire)(*ops), eager)
+    for algorithm in ("tensor_core", "fma"):
+        np.testing.assert_array_equal(jaxcnn.fire(*ops, algorithm=algorithm), eager)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def sds(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+GOOD = dict(x=sds((2, 8, 8, 16)), squeeze_w=sds((1, 1, 16, 8)), expand1_w=sds((1, 1, 8, 4)),
+            expand3_w=sds((3, 3, 8, 6)), squeeze_b=sds((8,)), expand1_b=sds((4,)),
+            expand3_b=sds((6,)))
+
+
+@pytest.mark.parametrize(
+    "changes,error,match",
+    [
+        (dict(x=sds((8, 8, 16))), ValueError, r"x must be rank 4 \[N, H, W, C\]"),
+        (dict(x=sds((2, 8, 8, 16), jnp.int32)), TypeError, "x dtype"),
+        (dict(x=sds((2, 0, 8, 16))), ValueError, "x must have H, W and C >= 1"),
+        (dict(squeeze_w=sds((1, 1, 15, 8))), ValueError, r"squeeze_w must have shape \(1, 1, 16, 8\)"),
+        (dict(squeeze_w=sds((3, 3, 16, 8))), ValueError, "squeeze_w must be rank 4 HWIO"),
+        (dict(squeeze_w=sds((16, 8))), ValueError, "squeeze_w must be rank 4 HWIO"),
+        (dict(squeeze_w=sds((1, 1, 16, 8), jnp.bfloat16)), TypeError, "squeeze_w dtype bfloat16 must equal x"),
+        (dict(expand1_w=sds((1, 1, 7, 4))), ValueError, "expand1_w must have shape"),
+        (dict(expand1_w=sds((3, 3, 8, 4))), ValueError, "expand1_w must be rank 4 HWIO"),
+        (dict(expand3_w=sds((1, 1, 8, 6))), ValueError, r"expand3_w must be rank 4 HWIO \[3, 3"),
+        (dict(expand3_w=sds((3, 3, 9, 6))), ValueError, "expand3_w must have shape"),
+        (dict(squeeze_b=sds((7,))), ValueError, "squeeze_b must have shape"),
+        (dict(expand1_b=sds((4, 1))), ValueError, "expand1_b must have shape"),
+        (dict(expand3_b=sds((6,), jnp.float16)), TypeError, "expand3_b dtype"),
+    ],
+)
+def test_bad_arguments_raise_at_trace_time(changes, error, match):
+    args = {**GOOD, **changes}
+    with pytest.raises(error, match=match):
+        jax.jit(jaxcnn.fire).trace(*args.values())
+
+
+def test_bad_algorithm():
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        jax.jit(lambda *a: jaxcnn.fire(*a, algorithm="wgmma")).trace(*GOOD.values())
+
+
+def test_primitive_bind_validates_too():
+    from jaxcnn.ops.fire import FirePrimitive
+    from jaxcnn.ops.fire_args import OPERAND_NAMES, FireConfig
+
+    bad = {**GOOD, "expand1_b": sds((5,))}
+    with pytest.raises(ValueError, match="expand1_b must have shape"):
+        jax.eval_shape(lambda *a: FirePrimitive.outer.bind(*a, cfg=FireConfig(), operand_names=OPERAND_NAMES),
+                       *bad.values())
+
+
+# ---------------------------------------------------------------- grads and vmap
+
+
+def test_grads_match_zoo_composition():
+    ops = fire_operands(8, 2, 6, 7, 12, 8, 6, 10)
+    loss = lambda f: lambda *a: jnp.sum(f(a) ** 2)  # noqa: E731
+    got = jax.jit(jax.grad(loss(lambda a: jaxcnn.fire(*a)), argnums=tuple(range(7))))(*ops)
+    want = jax.grad(loss(zoo_fire_xla), argnums=tuple(range(7)))(*ops)
+    for g, w_ in zip(got, want):
+        np.testing.assert_allclose(g, w_, rtol=1e-4, atol=1e-4)
+
+
+def test_check_grads_numerically():
+    # Positive biases keep ReLU inputs away from the kink, where finite differences break.
+    x, wsq, we1, we3, _, _, _ = fire_operands(9, 1, 4, 5, 4, 3, 2, 3)
+    f = lambda x, wsq, we1, we3: jaxcnn.fire(x, wsq, we1, we3, jnp.full((3,), 3.0),  # noqa: E731
+                                             jnp.full((2,), 5.0), jnp.full((3,), 9.0))
+    check_grads(f, (x, wsq, we1, we3), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("in_axis", [0, 2])
+def test_vmap_over_x_folds_into_batch(in_axis):
+    ops = fire_operands(10, 2, 5, 6, 8, 8, 8, 8)
+    xs = jnp.stack([ops[0], ops[0] * 0.5, -ops[0]], axis=in_axis)
+    f = jax.vmap(lambda x: jaxcnn.fire(x, *ops[1:]), in_axes=in_axis)
+    jaxpr = str(jax.make_jaxpr(f)(xs))
+    assert jaxpr.count("jaxcnn_fire") == 1 and "f32[6,5,6,8]" in jaxpr, jaxpr
+    got = f(xs)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], jaxcnn.fire(jnp.take(xs, i, axis=in_axis), *ops[1:]),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_over_weights():
+    ops = fire_operands(11, 2, 5, 4, 8, 8, 8, 8)
+    we3s = jnp.stack([ops[3], 2 * ops[3]])
+    be1s = jnp.stack([ops[5], -ops[5]])
+    f = jax.vmap(lambda we3, be1: jaxcnn.fire(*ops[:3], we3, ops[4], be1, ops[6]))
+    got = jax.jit(f)(we3s, be1s)
+    for i in range(2):
+        np.testing.assert_allclose(got[i], jaxcnn.fire(*ops[:3], we3s[i], ops[4], be1s[i], ops[6]),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_of_grad():
+    ops = fire_operands(12, 1, 4, 4, 8, 8, 8, 8)
+    xs = jnp.stack([ops[0], -ops[0]])
+    g = jax.vmap(jax.grad(lambda x: jnp.sum(jaxcnn.fire(x, *ops[1:]) ** 2)))(xs)
+    for i in range(2):
+        want = jax.grad(lambda x: jnp.sum(zoo_fire_xla((x, *ops[1:])) ** 2))(xs[i])
+        np.testing.assert_allclose(g[i], want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- sharding
+
+SHARDING_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jaxcnn
+
+    assert jax.device_count() == 8, jax.devices()
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    k = jax.random.split(jax.random.PRNGKey(0), 7)
+    x = jax.random.normal(k[0], (16, 9, 7, 12))
+    ws = (jax.random.normal(k[1], (1, 1, 12, 8)) * 0.4, jax.random.normal(k[2], (1, 1, 8, 6)) * 0.5,
+          jax.random.normal(k[3], (3, 3, 8, 10)) * 0.2, jax.random.normal(k[4], (8,)) * 0.1,
+          jax.random.normal(k[5], (6,)) * 0.1, jax.random.normal(k[6], (10,)) * 0.1)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    fwd = jax.jit(jaxcnn.fire)
+    hlo = fwd.lower(xs, *ws).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
+    assert "f32[2,9,7,16]" in hlo, "each device must run its own 2-image shard"
+    y = fwd(xs, *ws)
+    assert y.sharding.spec[0] == "data", y.sharding
+    np.testing.assert_allclose(y, jaxcnn.fire(x, *ws), rtol=1e-6, atol=1e-6)
+
+    loss = lambda x, *w: jnp.sum(jaxcnn.fire(x, *w) ** 2)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 3)))
+    for got, want in zip(grad(xs, *ws), jax.grad(loss, argnums=(0, 1, 3))(x, *ws)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+    sm = jax.jit(jax.shard_map(jaxcnn.fire, mesh=mesh, in_specs=(P("data"),) + (P(),) * 6,
+                               out_specs=P("data")))
+    np.testing.assert_allclose(sm(xs, *ws), jaxcnn.fire(x, *ws), rtol=1e-6, atol=1e-6)
+    print("SHARDING OK")
+    """
+)
+
+
+def test_batch_sharded_fire_has_no_all_gather():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "SHARDING OK" in proc.stdout
+
+
+# ---------------------------------------------------------------- CUDA lowering
+
+needs_library = pytest.mark.skipif(
+    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
+)
+
+
+def cuda_text(fn, *args) -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@needs_library
+@pytest.mark.parametrize("algorithm,code", [("auto", 0), ("tensor_core", 1), ("fma", 2)])
+def test_cuda_lowering_is_one_ffi_custom_call(algorithm, code):
+    ops = [sds(a.shape, jnp.bfloat16) for a in GOOD.values()]
+    text = cuda_text(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops)
+    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_fire_fwd(" in line]
+    assert len(calls) == 1, text
+    assert re.search(rf"algorithm = {code} : i64", calls[0]), calls[0]
+    assert "tensor<2x8x8x10xbf16>" in calls[0]
+    # Merge fusion: no concatenate and no XLA convolution left in the forward.
+    assert "concatenate" not in text and "convolution" not in text
+
+
+def test_cuda_lowering_target_is_registered_with_the_library():
+    assert _ffi.FFI_TARGETS["jaxcnn_fire_fwd"] == "JaxcnnFireFwd"

@@ -1,0 +1,137 @@
+"""GPU suite for the fused fire module (`pytest -m gpu`): the CUDA kernels (tensor-core
+bf16/fp16, CUDA-core fp32 and fallback) against XLA's unfused composition computed in float32
+and a float64 oracle, over random shapes (odd H/W, N = 1), every SqueezeNet 1.0/1.1 fire,
+NaN-poisoned outputs, grads and vmap."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxcnn
+from test_fire import SQUEEZENET_FIRES, TOL, as_f64, fire_operands, oracle_f64, zoo_fire_xla
+
+pytestmark = pytest.mark.gpu
+
+TARGET = "jaxcnn_fire_fwd"
+DTYPES = ("bfloat16", "float16", "float32")
+# Against XLA's composition in float32 (no intermediate rounding), the kernel's squeeze is
+# rounded to the dtype: allow a few ulps of the dtype on O(1) values.
+XLA_F32_TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "bfloat16": dict(rtol=4e-2, atol=4e-2),
+               "float16": dict(rtol=5e-3, atol=5e-3)}
+
+
+def run_poisoned(fn, *operands):
+    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
+    element the kernel does not write stays NaN; checks the custom call is the root."""
+    out = jax.eval_shape(fn, *operands)
+    poison = jnp.full(out.shape, jnp.nan, out.dtype)
+    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0).lower(poison, *operands).compile()
+    root = [line for line in compiled.as_text().splitlines() if "ROOT" in line and "ENTRY" not in line]
+    assert any("custom-call" in line and TARGET in line for line in root[-1:]), root
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
+        return compiled(poison, *operands)
+
+
+def xla_f32(ops):
+    """XLA's unfused fire module on the same (rounded) values, in float32 at HIGHEST
+    precision (XLA's DEFAULT would use TF32 for the convs)."""
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(zoo_fire_xla)(tuple(jnp.asarray(a, jnp.float32) for a in ops))
+
+
+def check(ops, algorithm="auto"):
+    dtype = ops[0].dtype.name
+    got = run_poisoned(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops)
+    assert got.dtype == ops[0].dtype and not np.isnan(as_f64(got)).any()
+    np.testing.assert_allclose(as_f64(got), as_f64(xla_f32(ops)), **XLA_F32_TOL[dtype])
+    np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL[dtype])
+
+
+@st.composite
+def gpu_cases(draw):
+    mult8 = st.integers(1, 8).map(lambda v: 8 * v)
+    return dict(
+        n=draw(st.sampled_from([1, 1, 2, 3])), h=draw(st.integers(1, 40)), w=draw(st.integers(1, 40)),
+        c=draw(st.one_of(mult8, st.sampled_from([96, 128, 136, 200, 256]))),
+        s=draw(st.sampled_from([8, 16, 24, 32, 40, 48, 56, 64])),
+        e1=draw(st.one_of(mult8, st.sampled_from([128, 192, 200, 256]))),
+        e3=draw(st.one_of(mult8, st.sampled_from([128, 192, 256]))),
+        dtype=draw(st.sampled_from(["bfloat16", "float16"])), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(gpu_cases())
+def test_tensor_core_kernel_random_shapes(case):
+    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")),
+                        jnp.dtype(case["dtype"]))
+    check(ops, "tensor_core")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 20), st.integers(1, 20), st.integers(1, 40),
+       st.integers(1, 20), st.integers(1, 20), st.integers(1, 20), st.sampled_from(DTYPES))
+def test_any_channel_counts_run_on_cuda_cores(n, h, w, c, s, e1, e3, dtype):
+    ops = fire_operands(n * h + c, n, h, w, c, s, e1, e3, jnp.dtype(dtype))
+    check(ops)  # auto: counts off multiples of 8 (and fp32) take the CUDA-core kernel
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c,s,e", SQUEEZENET_FIRES)
+@pytest.mark.parametrize("n,hw", [(1, 13), (2, 27), (1, 55)])
+def test_squeezenet_fires(n, hw, c, s, e, dtype):
+    check(fire_operands(c + s + hw, n, hw, hw, c, s, e, e, jnp.dtype(dtype)))
+
+
+def test_headline_fire_module_n64_bf16():
+    check(fire_operands(0, 64, 55, 55, 128, 32, 128, 128, jnp.bfloat16))
+
+
+@pytest.mark.parametrize("algorithm", ["tensor_core", "fma"])
+def test_forced_algorithms_agree(algorithm):
+    check(fire_operands(1, 2, 17, 23, 64, 16, 64, 64, jnp.bfloat16), algorithm)
+
+
+def test_forced_tensor_core_on_float32_is_a_python_error():
+    ops = fire_operands(2, 1, 8, 8, 16, 8, 8, 8, jnp.float32)
+    with pytest.raises(Exception, match="tensor-core fire kernel is bf16/fp16 only"):
+        jax.block_until_ready(jaxcnn.fire(*ops, algorithm="tensor_core"))
+
+
+def test_handler_errors_become_python_exceptions():
+    ops = fire_operands(3, 1, 4, 4, 8, 8, 8, 8, jnp.bfloat16)
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 17), jnp.bfloat16))
+    with pytest.raises(Exception, match="output y must have shape"):
+        jax.block_until_ready(jax.jit(lambda *a: call(*a, algorithm=np.int64(0)))(*ops))
+    ok = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 16), jnp.bfloat16))
+    with pytest.raises(Exception, match="algorithm must be"):
+        jax.block_until_ready(jax.jit(lambda *a: ok(*a, algorithm=np.int64(9)))(*ops))
+
+
+def test_deterministic():
+    ops = fire_operands(4, 2, 27, 27, 256, 48, 192, 192, jnp.bfloat16)
+    f = jax.jit(jaxcnn.fire)
+    np.testing.assert_array_equal(f(*ops), f(*ops))
+
+
+def test_grads_through_kernel_match_xla():
+    ops = fire_operands(5, 2, 13, 11, 64, 16, 64, 64, jnp.float32)
+    loss = lambda f: lambda *a: jnp.sum(f(a) ** 2)  # noqa: E731
+    got = jax.jit(jax.grad(loss(lambda a: jaxcnn.fire(*a)), argnums=tuple(range(7))))(*ops)
+    want = jax.jit(jax.grad(loss(zoo_fire_xla), argnums=tuple(range(7))))(*ops)
+    for g, w in zip(got, want):
+        # XLA's fp32 convs on GPU may use TF32 (DEFAULT precision) in the backward.
+        np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(w))))
+
+
+def test_vmap_on_gpu():
+    ops = fire_operands(6, 2, 9, 10, 32, 16, 32, 32, jnp.bfloat16)
+    xs = jnp.stack([ops[0], -ops[0], ops[0] * 2])
+    got = jax.jit(jax.vmap(lambda x: jaxcnn.fire(x, *ops[1:])))(xs)
+    for i in range(3):
+        np.testing.assert_array_equal(got[i], jaxcnn.fire(xs[i], *ops[1:]))
