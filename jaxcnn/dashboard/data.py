@@ -164,14 +164,13 @@ def runs_table(store: Store) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "layers", "measurements", "predictions", "plans",
                                      "sparsity", "label"])
-    counts = _sql(store, """
-        SELECT r.id,
-               (SELECT count(*) FROM layers WHERE run_id = r.id) AS layers,
-               (SELECT count(*) FROM measurements WHERE run_id = r.id) AS measurements,
-               (SELECT count(*) FROM predictions WHERE run_id = r.id) AS predictions,
-               (SELECT count(*) FROM plans WHERE run_id = r.id) AS plans,
-               (SELECT count(*) FROM sparsity WHERE run_id = r.id) AS sparsity
-        FROM runs r""")
+    # Count what each run holds; a table missing from a damaged store counts as empty here (the
+    # page that needs it says so).
+    present = set(_sql(store, "SELECT name FROM sqlite_master WHERE type = 'table'")["name"])
+    counted = ("layers", "measurements", "predictions", "plans", "sparsity")
+    counts = _sql(store, "SELECT r.id, " + ", ".join(
+        f"(SELECT count(*) FROM {t} WHERE run_id = r.id) AS {t}" if t in present else f"0 AS {t}" for t in counted
+    ) + " FROM runs r")
     table = runs[[c for c in RUN_COLUMNS if c in runs.columns]].copy()
     table["id"] = table["id"].astype("int64")
     table = table.merge(counts, on="id", how="left")
