@@ -197,3 +197,21 @@ def test_memory_page_with_real_plans(dbs):
     assert len(at.dataframe) == 3  # plans, buffers, plan measurements
     at.multiselect(key="memory-algorithms").set_value(["xla"]).run()
     assert "xla: the plan records no buffer offsets." in texts(at.info)
+
+
+def test_runs_picked_on_the_runs_page_drive_the_other_pages(dbs):
+    at = open_page(dbs[0]["missing"], "runs")
+    at.multiselect(key="runs-pick").set_value([5, 6]).run()  # resnet50 batch 1 and batch 64
+    at.switch_page("pages/speed.py").run()
+    assert not at.exception
+    assert at.selectbox(key="speed-run").value == 5 and at.selectbox(key="speed-other").value == 6
+    at.switch_page("pages/roofline.py").run()
+    assert at.selectbox(key="roofline-run").value == 5
+
+
+def test_compare_defaults_to_a_run_of_the_same_model(dbs):
+    at = open_page(dbs[0]["missing"], "runs")
+    at.multiselect(key="runs-pick").set_value([3]).run()  # vgg19 batch 1
+    at.switch_page("pages/speed.py").run()
+    assert at.selectbox(key="speed-other").value == 4  # vgg19 batch 64, not the latest run (lenet5)
+    assert "b_over_a < 1 means run B is faster" in texts(at.caption)

@@ -23,7 +23,7 @@ with ui.guard("Runs"):
     labels = dict(zip(ids, runs["label"]))
     picked = [i for i in st.session_state.get(ui.PICKED_KEY, []) if i in ids]
     chosen = st.multiselect("Pick one run, or two to compare (Speed, Roofline, Memory and Sparsity start from these)",
-                            ids, default=picked or ids[:1], format_func=lambda i: labels[i], max_selections=2,
+                            ids, default=picked or ids[-1:], format_func=lambda i: labels[i], max_selections=2,
                             key="runs-pick")
     st.session_state[ui.PICKED_KEY] = list(chosen)
 
@@ -38,4 +38,5 @@ with ui.guard("Runs"):
             env = {k: run[k] for k in ("gpu_name", "gpu_count", "driver", "cuda_version", "jax_version",
                                        "jaxlib_version", "jaxcnn_version", "python", "platform", "hostname",
                                        "git_commit", "created_at", "note") if k in run.index}
-            st.json({k: (None if v is None or str(v) in ("nan", "<NA>", "None") else str(v)) for k, v in env.items()})
+            recorded = {k: str(v) for k, v in env.items() if v is not None and str(v) not in ("nan", "<NA>", "None", "")}
+            st.json(recorded)

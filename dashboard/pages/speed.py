@@ -56,7 +56,7 @@ with ui.guard("Speed"):
     else:
         with ui.guard("Run vs run"):
             other = ui.pick_run(other_candidates, "Compare with (run B; run A is the one above)", key="speed-other",
-                                position=1)
+                                position=1, prefer_model=run.get("model"))
             table, metric = ui.read("compare_runs", run_id, int(other["id"]))
             ui.chart(charts.compare_bars(table, run["label"], other["label"]))
             ui.table(table, f"run{run_id}_vs_run{int(other['id'])}", key="compare",

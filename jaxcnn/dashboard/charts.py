@@ -12,6 +12,8 @@ import pandas as pd
 
 # Same colour for a backend on every chart.
 BACKEND_COLORS = {"xla": "#4c78a8", "jaxcnn": "#f58518"}
+# Room above the plot: without it Streamlit's frame clips the top of some chart titles.
+_PADDING = {"top": 14, "left": 5, "right": 5, "bottom": 5}
 ALGORITHM_ORDER = ("naive", "greedy_by_size", "best_fit_decreasing", "pack_2d", "xla")
 
 
@@ -49,16 +51,18 @@ def layer_time_bars(long: pd.DataFrame, metric: str = "device_time_ms") -> alt.C
         color=_backend_color(long["backend"]),
         tooltip=_layer_tooltip(long, alt.Tooltip("backend:N"), alt.Tooltip("time_ms:Q", title=f"{what} (ms)", format=".4f"),
                                alt.Tooltip("variant:N", title="kernel / variant")),
-    ).properties(title=f"Per-layer {what}, ms", height=320)
+    ).properties(title=f"Per-layer {what}, ms", height=320, padding=_PADDING)
 
 
 def speedup_bars(wide: pd.DataFrame, baseline: str = "xla", candidate: str = "jaxcnn") -> alt.LayerChart:
     """speedup = baseline time / candidate time per layer; a rule at 1x. Green: candidate faster."""
-    frame = wide.dropna(subset=["speedup"]).assign(faster=lambda f: f["speedup"].ge(1).map(
+    frame = wide.dropna(subset=["speedup"]).assign(one=1.0, faster=lambda f: f["speedup"].ge(1).map(
         {True: f"{candidate} faster", False: f"{baseline} faster"}))
+    # On a log axis a bar cannot start at 0: each bar runs from 1× to its speedup, up or down.
     bars = alt.Chart(frame).mark_bar().encode(
         x=_layer_axis(frame),
         y=alt.Y("speedup:Q", title=f"speedup ({baseline} ms / {candidate} ms, ×)", scale=alt.Scale(type="log")),
+        y2="one:Q",
         color=alt.Color("faster:N", title="", scale=alt.Scale(
             domain=[f"{candidate} faster", f"{baseline} faster"], range=["#54a24b", "#e45756"])),
         tooltip=_layer_tooltip(frame, alt.Tooltip("speedup:Q", title="speedup (×)", format=".3f"),
@@ -68,7 +72,8 @@ def speedup_bars(wide: pd.DataFrame, baseline: str = "xla", candidate: str = "ja
                                  for b in (baseline, candidate) if f"{b}_variant" in frame.columns]),
     )
     one = alt.Chart(pd.DataFrame({"speedup": [1.0]})).mark_rule(strokeDash=[4, 3], color="black").encode(y="speedup:Q")
-    return (bars + one).properties(title=f"Speedup of {candidate} over {baseline} per layer (log scale, ×)", height=300)
+    return (bars + one).properties(title=f"Speedup of {candidate} over {baseline} per layer (log scale, ×)",
+                                   height=300, padding=_PADDING)
 
 
 def end_to_end_bars(e2e: pd.DataFrame) -> alt.LayerChart:
@@ -89,29 +94,41 @@ def end_to_end_bars(e2e: pd.DataFrame) -> alt.LayerChart:
 
 def compare_bars(table: pd.DataFrame, label_a: str, label_b: str) -> alt.LayerChart:
     """Per-layer ratio run B / run A of each backend (log scale; <1: B faster)."""
-    frame = table.dropna(subset=["b_over_a"])
+    frame = table.dropna(subset=["b_over_a"]).assign(one=1.0)
     bars = alt.Chart(frame).mark_bar().encode(
         x=alt.X("layer:N", sort=frame.sort_values("idx")["layer"].drop_duplicates().tolist(),
                 title="layer (program order)", axis=alt.Axis(labelAngle=-60, labelLimit=140)),
         xOffset="backend:N",
         y=alt.Y("b_over_a:Q", title="time B / time A (×, log)", scale=alt.Scale(type="log")),
+        y2="one:Q",  # bars from 1× (log axis)
         color=_backend_color(frame["backend"]),
         tooltip=[alt.Tooltip("layer:N"), alt.Tooltip("op:N"), alt.Tooltip("backend:N"),
                  alt.Tooltip("a_ms:Q", title="A (ms)", format=".4f"), alt.Tooltip("b_ms:Q", title="B (ms)", format=".4f"),
                  alt.Tooltip("b_over_a:Q", title="B / A (×)", format=".3f")],
     )
     one = alt.Chart(pd.DataFrame({"b_over_a": [1.0]})).mark_rule(strokeDash=[4, 3], color="black").encode(y="b_over_a:Q")
-    return (bars + one).properties(title=f"A = {label_a}   B = {label_b}", height=300)
+    return (bars + one).properties(title=f"A = {label_a}   B = {label_b}", height=300, padding=_PADDING)
 
 
-def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, gpu: str, precision: str) -> alt.LayerChart:
-    """Layers as points (achieved TFLOP/s against FLOP/byte, log-log) under the GPU's roof."""
+def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, ceilings) -> alt.LayerChart:
+    """Layers as points (achieved TFLOP/s against FLOP/byte, log-log) under the GPU's roof
+    (`roof` from data.ceiling_lines, `ceilings` a data.Ceilings), both ceilings labelled."""
     x = alt.X("flop_per_byte:Q", title="arithmetic intensity (FLOP/byte, log)", scale=alt.Scale(type="log"))
     y = alt.Y("tflops:Q", title="achieved TFLOP/s (log)", scale=alt.Scale(type="log"))
     line = alt.Chart(roof).mark_line(color="black").encode(
         x=x, y=y, tooltip=[alt.Tooltip("flop_per_byte:Q", title="FLOP/byte", format=".3g"),
                            alt.Tooltip("tflops:Q", title="ceiling (TFLOP/s)", format=".4g")])
-    dots = alt.Chart(points).mark_circle(size=70, opacity=0.8).encode(
+    first, last = roof.iloc[0], roof.iloc[-1]
+    labels = pd.DataFrame({
+        "flop_per_byte": [first["flop_per_byte"], last["flop_per_byte"]],
+        "tflops": [first["tflops"], last["tflops"]],
+        "text": [f"DRAM {ceilings.memory_bytes_per_s / 1e12:.2f} TB/s ({ceilings.memory_source})",
+                 f"{ceilings.precision} {ceilings.compute_flops_per_s / 1e12:.0f} TFLOP/s ({ceilings.compute_source})"],
+    })
+    # The bandwidth label starts at the left end of the slope, the compute label ends at the right.
+    text = alt.layer(*[alt.Chart(labels.iloc[[i]]).mark_text(dy=-10, fontSize=12, align=align).encode(
+        x=x, y=y, text="text:N") for i, align in enumerate(("left", "right"))])
+    dots = alt.Chart(points).mark_point(size=70, opacity=0.85, filled=True).encode(
         x=x, y=y, color=_backend_color(points["backend"]), shape=alt.Shape("op:N", title="op"),
         tooltip=_layer_tooltip(points, alt.Tooltip("backend:N"), alt.Tooltip("variant:N", title="kernel / variant"),
                                alt.Tooltip("time_ms:Q", title="measured (ms)", format=".4f"),
@@ -120,8 +137,9 @@ def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, gpu: str, precision
                                alt.Tooltip("pred_floor_ms:Q", title="roofline floor (ms)", format=".4f"),
                                alt.Tooltip("pct_of_floor:Q", title="% of floor", format=".1f")),
     )
-    return (line + dots).properties(title=f"Roofline of {gpu} ({precision} compute ceiling, DRAM bandwidth)",
-                                    height=420)
+    return (line + text + dots).properties(
+        title=f"Roofline of {ceilings.gpu} ({ceilings.precision} compute ceiling, DRAM bandwidth)", height=420,
+        padding=_PADDING)
 
 
 def model_error_bars(points: pd.DataFrame) -> alt.LayerChart:
@@ -141,7 +159,7 @@ def model_error_bars(points: pd.DataFrame) -> alt.LayerChart:
     )
     zero = alt.Chart(pd.DataFrame({"error_pct": [0.0]})).mark_rule(color="black").encode(y="error_pct:Q")
     return (bars + zero).properties(title="Model error per layer, % (negative: predicted faster than measured)",
-                                    height=300)
+                                    height=300, padding=_PADDING)
 
 
 def predicted_vs_measured(points: pd.DataFrame) -> alt.LayerChart:
@@ -153,7 +171,7 @@ def predicted_vs_measured(points: pd.DataFrame) -> alt.LayerChart:
     scale = alt.Scale(type="log")
     diagonal = alt.Chart(pd.DataFrame({"time_ms": [lo, hi], "predicted_ms": [lo, hi]})).mark_line(
         color="gray", strokeDash=[4, 3]).encode(x="time_ms:Q", y="predicted_ms:Q")
-    dots = alt.Chart(frame).mark_circle(size=60).encode(
+    dots = alt.Chart(frame).mark_point(size=60, opacity=0.85, filled=True).encode(
         x=alt.X("time_ms:Q", title="measured device time (ms, log)", scale=scale),
         y=alt.Y("predicted_ms:Q", title="predicted time (ms, log)", scale=scale),
         color=_backend_color(frame["backend"]),
@@ -162,7 +180,7 @@ def predicted_vs_measured(points: pd.DataFrame) -> alt.LayerChart:
                                alt.Tooltip("time_ms:Q", title="measured (ms)", format=".4f"),
                                alt.Tooltip("predicted_ms:Q", title="predicted (ms)", format=".4f")),
     )
-    return (diagonal + dots).properties(title="Predicted vs measured per layer (ms)", height=360)
+    return (diagonal + dots).properties(title="Predicted vs measured per layer (ms)", height=360, padding=_PADDING)
 
 
 def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | None = None) -> alt.LayerChart:
@@ -184,7 +202,7 @@ def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | 
             y="arena_mib:Q", tooltip=[alt.Tooltip("arena_mib:Q", title="arena (MiB)", format=".3f")])
         layers.append(top)
     title = f"{algorithm}: buffers by lifetime × offset" + (f" (arena {arena_mib:.2f} MiB)" if arena_mib is not None else "")
-    return alt.layer(*layers).properties(title=title, height=260)
+    return alt.layer(*layers).properties(title=title, height=260, padding=_PADDING)
 
 
 def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[str, float] | None = None) -> alt.LayerChart:
@@ -201,7 +219,7 @@ def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[s
     lines = alt.Chart(rules).mark_rule(strokeDash=[5, 3]).encode(
         y="mib:Q", color=alt.Color("what:N", title="arena of"),
         tooltip=[alt.Tooltip("what:N", title="plan"), alt.Tooltip("mib:Q", title="MiB", format=".3f")])
-    return (area + lines + peak).properties(title="Live bytes over program order (MiB)", height=300)
+    return (area + lines + peak).properties(title="Live bytes over program order (MiB)", height=300, padding=_PADDING)
 
 
 def arena_bars(summary: pd.DataFrame) -> alt.LayerChart:
@@ -209,7 +227,7 @@ def arena_bars(summary: pd.DataFrame) -> alt.LayerChart:
     order = [a for a in ALGORITHM_ORDER if a in set(summary["algorithm"])] + sorted(
         set(summary["algorithm"]) - set(ALGORITHM_ORDER))
     bars = alt.Chart(summary).mark_bar().encode(
-        x=alt.X("algorithm:N", sort=order, title=None),
+        x=alt.X("algorithm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("arena_mib:Q", title="arena (MiB)"),
         color=alt.Color("role:N", title="", scale=alt.Scale(domain=["naive", "peer", "ours", "XLA"],
                                                            range=["#bab0ac", "#4c78a8", "#f58518", "#54a24b"])),
@@ -220,7 +238,8 @@ def arena_bars(summary: pd.DataFrame) -> alt.LayerChart:
     bound = float(summary["lower_bound_mib"].max())
     rule = alt.Chart(pd.DataFrame({"lower_bound_mib": [bound]})).mark_rule(color="red", strokeDash=[5, 3]).encode(
         y="lower_bound_mib:Q", tooltip=[alt.Tooltip("lower_bound_mib:Q", title="lower bound (MiB)", format=".3f")])
-    return (bars + rule).properties(title="Arena per packing algorithm (MiB); red: live-bytes lower bound", height=280)
+    return (bars + rule).properties(title="Arena per packing algorithm (MiB); red: live-bytes lower bound",
+                                    height=280, padding=_PADDING)
 
 
 def memory_stats_bars(stats: pd.DataFrame) -> alt.Chart:
@@ -232,7 +251,7 @@ def memory_stats_bars(stats: pd.DataFrame) -> alt.Chart:
         x=alt.X("part:N", title=None, sort=[p.replace("_mib", "").replace("_", " ") for p in parts]),
         xOffset="backend:N", y=alt.Y("mib:Q", title="MiB"), color=_backend_color(long["backend"]),
         tooltip=[alt.Tooltip("backend:N"), alt.Tooltip("part:N"), alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title="XLA memory_analysis of the compiled model (MiB)", height=260)
+    ).properties(title="XLA memory_analysis of the compiled model (MiB)", height=260, padding=_PADDING)
 
 
 def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt.LayerChart:
@@ -246,7 +265,7 @@ def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt
     if budget_mib is not None:
         layers.append(alt.Chart(pd.DataFrame({"budget_mib": [budget_mib]})).mark_rule(color="red").encode(
             y="budget_mib:Q", tooltip=[alt.Tooltip("budget_mib:Q", title="budget (MiB)", format=".1f")]))
-    return alt.layer(*layers).properties(title="Peak memory against batch (MiB)", height=300)
+    return alt.layer(*layers).properties(title="Peak memory against batch (MiB)", height=300, padding=_PADDING)
 
 
 def sparsity_bars(table: pd.DataFrame) -> alt.Chart:
@@ -260,7 +279,7 @@ def sparsity_bars(table: pd.DataFrame) -> alt.Chart:
         color=alt.Color("tensor:N", title="activation"),
         tooltip=_layer_tooltip(long, alt.Tooltip("tensor:N", title="activation"),
                                alt.Tooltip("zero_pct:Q", title="zeros (%)", format=".1f")),
-    ).properties(title="Activation sparsity per layer (% zeros)", height=300)
+    ).properties(title="Activation sparsity per layer (% zeros)", height=300, padding=_PADDING)
 
 
 def crossover_chart(decisions: pd.DataFrame, crossover_pct: float | None) -> alt.LayerChart:
@@ -277,4 +296,5 @@ def crossover_chart(decisions: pd.DataFrame, crossover_pct: float | None) -> alt
     if crossover_pct is not None:
         layers.append(alt.Chart(pd.DataFrame({"x": [crossover_pct]})).mark_rule(color="red").encode(
             x="x:Q", tooltip=[alt.Tooltip("x:Q", title="measured crossover (% zeros)", format=".1f")]))
-    return alt.layer(*layers).properties(title="Dense vs sparse kernel time against activation sparsity", height=300)
+    return alt.layer(*layers).properties(title="Dense vs sparse kernel time against activation sparsity",
+                                         height=300, padding=_PADDING)

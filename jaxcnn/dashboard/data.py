@@ -556,7 +556,7 @@ def dense_sparse_decisions(store: Store, run_id: int) -> pd.DataFrame:
     long = long.assign(kind=kind)
     if not (long["kind"] == "sparse").any():
         raise NoData(f"run {run_id} has no sparse-kernel measurements yet: the dense/sparse decision appears "
-                     "once a run times sparse variants (backend or variant named '*sparse*')")
+                     "once a run times sparse variants (a backend or variant whose name contains `sparse`)")
     best = long.groupby(["idx", "layer", "kind"], as_index=False)["time_ms"].min()
     wide = best.pivot_table(index=["idx", "layer"], columns="kind", values="time_ms").reset_index()
     wide = wide.rename(columns={"dense": "dense_ms", "sparse": "sparse_ms"}).dropna(subset=["dense_ms", "sparse_ms"])

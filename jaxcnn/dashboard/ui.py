@@ -121,14 +121,19 @@ def runs() -> pd.DataFrame:
     return read("runs_table")
 
 
-def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0) -> dict[str, Any] | None:
+def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0,
+             prefer_model: str | None = None) -> dict[str, Any] | None:
     """A selectbox over `candidates` (rows of runs_table); the default is the Runs page's pick
-    number `position` when it is a candidate, else the latest candidate."""
+    number `position` when it is a candidate, else the latest candidate (of `prefer_model` if any)."""
     if candidates.empty:
         return None
     ids = candidates["id"].astype(int).tolist()
-    picked = [i for i in st.session_state.get(PICKED_KEY, []) if i in ids]
-    default = picked[position] if len(picked) > position else ids[-1 - position if len(ids) > position else -1]
+    picked = list(st.session_state.get(PICKED_KEY, []))
+    same_model = candidates.loc[candidates["model"] == prefer_model, "id"].astype(int).tolist()
+    if len(picked) > position and picked[position] in ids:
+        default = picked[position]
+    else:
+        default = (same_model or ids)[-1]
     labels = dict(zip(ids, candidates["label"]))
     chosen = st.selectbox(label, ids, index=ids.index(default), format_func=lambda i: labels[i], key=key)
     return candidates[candidates["id"] == chosen].iloc[0].to_dict()
