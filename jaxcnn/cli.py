@@ -159,6 +159,11 @@ def cmd_compare(args) -> int:
 def cmd_dashboard(args) -> int:
     if not DASHBOARD_APP.exists():
         raise CliError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
+    import importlib.util
+
+    missing = [m for m in ("streamlit", "altair") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"the dashboard needs {' and '.join(missing)}: pip install 'jaxcnn[dashboard]'")
     env = dict(os.environ, JAXCNN_DB=str(Path(args.db).resolve()))
     command = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
                "--server.address", args.address, "--server.port", str(args.port)]

@@ -303,3 +303,14 @@ def test_no_sparse_measurements_says_so(shipped):
     assert data.crossover_zero_pct(flat) is None
     assert not math.isnan(data.crossover_zero_pct(pd.DataFrame(
         {"input_zero_pct": [10.0, 90.0], "sparse_over_dense": [1.5, 0.5]})))
+
+
+def test_jaxcnn_dashboard_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from jaxcnn import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    assert cli.main(["dashboard", "--db", "x.sqlite"]) == 2
+    assert "the dashboard needs streamlit: pip install 'jaxcnn[dashboard]'" in capsys.readouterr().err
