@@ -3,8 +3,10 @@ donation from real compiles, a real CPU profile, and broken files. Shared by tes
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import jax
@@ -19,6 +21,23 @@ from jaxcnn.store import Store
 PLAN_MODEL = "squeezenet1_1"
 CURVE_MODEL = "lenet5"
 CURVE_BATCHES = (1, 2, 4, 8)
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def shipped_with_plans(cache: Path) -> Path:
+    """The shipped data plus real packing plans and a max-batch curve; built once per test
+    process (the page and browser tests only read it)."""
+    if "shipped_with_plans" not in _BUILT:
+        directory = tempfile.mkdtemp(prefix="jaxcnn_dashboard_")
+        atexit.register(shutil.rmtree, directory, True)
+        path = shipped_copy(Path(directory), cache)
+        with Store(path) as store:
+            add_packing_plans(store)
+            add_batch_curve(store)
+        _BUILT["shipped_with_plans"] = path
+    return _BUILT["shipped_with_plans"]
 
 
 def shipped_copy(directory: Path, cache: Path) -> Path:

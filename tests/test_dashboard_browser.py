@@ -23,7 +23,6 @@ pytest.importorskip("streamlit")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
 
 import dashboard_stores as stores  # noqa: E402
-from jaxcnn.store import Store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("JAXCNN_TEST_OUTPUT", ROOT / "tests" / "_output")) / "screenshots"
@@ -37,7 +36,7 @@ PAGES = {
     "memory": ("Memory", ["Arena packing", "lower bound", "XLA's compiled memory", "Donation and max batch"]),
     "sparsity": ("Sparsity", ["mean input zeros", "Dense or sparse kernel"]),
 }
-MIN_CHARTS = {"": 0, "speed": 4, "roofline": 3, "memory": 6, "sparsity": 1}
+MIN_CHARTS = {"": 0, "speed": 4, "roofline": 3, "memory": 7, "sparsity": 1}
 
 
 def chromium_path() -> str | None:
@@ -106,10 +105,7 @@ def chromium():
 def store_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("dashboard_browser")
     cache = root / "cache"
-    db = stores.shipped_copy(root, cache)
-    with Store(db) as store:
-        stores.add_packing_plans(store)
-        stores.add_batch_curve(store)
+    db = stores.shipped_with_plans(cache)
     env = dict(os.environ, JAXCNN_DB=str(db), JAXCNN_DASHBOARD_CACHE=str(cache), PYTHONUNBUFFERED="1")
     return env, root
 

@@ -15,7 +15,6 @@ pytest.importorskip("altair")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import dashboard_stores as stores  # noqa: E402
-from jaxcnn.store import Store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 PAGES = ("runs", "speed", "roofline", "memory", "sparsity")
@@ -34,11 +33,7 @@ def dbs(tmp_path_factory):
         "cpu": stores.cpu_profile(root / "cpu.sqlite"),
     }
     paths["no_tables"] = stores.missing_tables(stores.shipped_copy(root, cache), root / "no_tables.sqlite")
-    plans = root / "plans.sqlite"
-    with Store(plans) as store:
-        stores.add_packing_plans(store)
-        stores.add_batch_curve(store)
-    paths["plans"] = plans
+    paths["plans"] = stores.shipped_with_plans(cache)
     return paths, cache
 
 
@@ -190,11 +185,12 @@ def test_memory_page_with_real_plans(dbs):
     ours = float(shown["ours"].split()[0])
     naive = float(shown["naive"].split()[0])
     assert bound <= ours < naive
-    # arena bars, live bytes, rectangles of the three default algorithms, max-batch curve
-    assert charts(at) == 6
+    # arena bars, live bytes, rectangles of the three default algorithms, XLA's memory analysis of
+    # the shipped profile, max-batch curve
+    assert charts(at) == 7
     assert "xla: the plan records no buffer offsets" not in texts(at.info)
     assert "largest donation saving" in shown
-    assert len(at.dataframe) == 3  # plans, buffers, plan measurements
+    assert len(at.dataframe) == 4  # plans, buffers, memory analysis, plan measurements
     at.multiselect(key="memory-algorithms").set_value(["xla"]).run()
     assert "xla: the plan records no buffer offsets." in texts(at.info)
 

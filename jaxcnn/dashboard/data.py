@@ -12,6 +12,7 @@ H200) imported once into a cached SQLite file.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -506,8 +507,6 @@ def plan_measurements(store: Store) -> pd.DataFrame:
         WHERE r.kind = 'plan' ORDER BY m.run_id, m.id""")
     if rows.empty:
         return rows
-    import json
-
     extras = [json.loads(e) if e else {} for e in rows["extra"]]
     batch = [e.get("batch") if isinstance(e, dict) else None for e in extras]
     rows["batch"] = pd.Series(batch, dtype="float64").fillna(rows["run_batch"].astype("float64"))
@@ -518,7 +517,7 @@ def plan_measurements(store: Store) -> pd.DataFrame:
 def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.DataFrame:
     """Peak bytes against batch (metric peak_bytes / peak_memory_bytes), MiB, per backend/variant."""
     if plan_rows.empty:
-        raise NoData(f"no max-batch data yet: run `jaxcnn maxbatch MODEL --budget 8GiB --db DB`")
+        raise NoData("no max-batch data yet: run `jaxcnn maxbatch MODEL --budget 8GiB --db DB`")
     rows = plan_rows[plan_rows["metric"].isin(("peak_bytes", "peak_memory_bytes")) & plan_rows["batch"].notna()]
     if model is not None:
         rows = rows[rows["model"] == model]

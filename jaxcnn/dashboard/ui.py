@@ -31,8 +31,8 @@ def file_stamp(path: str | os.PathLike) -> tuple:
     stamp = []
     for suffix in ("", "-wal"):
         try:
-            st_ = os.stat(f"{path}{suffix}")
-            stamp.append((st_.st_mtime_ns, st_.st_size))
+            info = os.stat(f"{path}{suffix}")
+            stamp.append((info.st_mtime_ns, info.st_size))
         except FileNotFoundError:
             stamp.append(None)
     return tuple(stamp)
