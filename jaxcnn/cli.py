@@ -167,6 +167,10 @@ def cmd_dashboard(args) -> int:
     env = dict(os.environ, JAXCNN_DB=str(Path(args.db).resolve()))
     command = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
                "--server.address", args.address, "--server.port", str(args.port)]
+    if os.name == "posix":
+        # Become the server, so Ctrl-C / SIGTERM reach it directly: a child would outlive a
+        # terminated `jaxcnn dashboard` and keep the port.
+        os.execve(sys.executable, command, env)
     return subprocess.call(command, env=env)
 
 

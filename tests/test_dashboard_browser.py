@@ -167,3 +167,8 @@ def test_jaxcnn_dashboard_binds_to_localhost(store_env):
         assert listening_addresses(port) == {"0100007F"}
     finally:
         stop(server)
+    # The CLI is the server (no orphaned child keeps the port once it is stopped).
+    deadline = time.monotonic() + 10
+    while listening_addresses(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not listening_addresses(port)
