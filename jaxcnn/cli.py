@@ -159,9 +159,18 @@ def cmd_compare(args) -> int:
 def cmd_dashboard(args) -> int:
     if not DASHBOARD_APP.exists():
         raise CliError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
+    import importlib.util
+
+    missing = [m for m in ("streamlit", "altair") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"the dashboard needs {' and '.join(missing)}: pip install 'jaxcnn[dashboard]'")
     env = dict(os.environ, JAXCNN_DB=str(Path(args.db).resolve()))
     command = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
                "--server.address", args.address, "--server.port", str(args.port)]
+    if os.name == "posix":
+        # Become the server, so Ctrl-C / SIGTERM reach it directly: a child would outlive a
+        # terminated `jaxcnn dashboard` and keep the port.
+        os.execve(sys.executable, command, env)
     return subprocess.call(command, env=env)
 
 

@@ -1,0 +1,92 @@
+"""Memory: buffer lifetimes × offsets per packing algorithm and XLA, live bytes over program order
+with the lower bound and peak, naive / peers / ours / XLA, donation savings, max-batch curve."""
+
+import pandas as pd
+import streamlit as st
+
+from jaxcnn.dashboard import charts, data, ui
+
+st.title("Memory")
+ui.page_source()
+
+with ui.guard("Memory"):
+    runs = ui.runs()
+
+    st.subheader("Arena packing")
+    planned = runs[runs["plans"] > 0]
+    if planned.empty:
+        st.info("No data yet: no memory plans in this store. Run `jaxcnn plan MODEL --db DB` "
+                "(e.g. `jaxcnn plan squeezenet1_1 --batch 8 --db jaxcnn_profiles.sqlite`) to record the "
+                "buffers and every packing algorithm's arena.")
+    else:
+        with ui.guard("Arena packing"):
+            run = ui.pick_run(planned, "Planned run", key="memory-run")
+            run_id = int(run["id"])
+            summary = ui.read("plan_summary", run_id)
+            buffers = ui.read("plan_buffers", run_id)
+            bound = float(summary["lower_bound_mib"].max())
+            by_role = summary.groupby("role")["arena_mib"].min()
+            cols = st.columns(5)
+            cols[0].metric("lower bound", ui.fmt_mib(bound), help="peak of live bytes: no plan can use less")
+            for col, role in zip(cols[1:], ("naive", "peer", "ours", "XLA")):
+                value = by_role.get(role)
+                delta = None if value is None or not bound else f"{100 * (value / bound - 1):+.1f} % vs bound"
+                col.metric(f"{role} (best)" if role == "peer" else role, ui.fmt_mib(value), delta=delta,
+                           delta_color="inverse")
+            ui.chart(charts.arena_bars(summary))
+            ui.table(summary, f"run{run_id}_plans", key="plans")
+
+            # Every algorithm packs the same buffers; XLA's own assignment may list different ones.
+            algorithms = summary["algorithm"].tolist()
+            reference = next((a for a in algorithms if data.algorithm_role(a) != "XLA"), algorithms[0])
+            curve = data.live_bytes_curve(buffers[buffers["algorithm"] == reference])
+            arenas = {a: float(m) for a, m in zip(summary["algorithm"], summary["arena_mib"]) if a != "naive"}
+            ui.chart(charts.live_bytes_chart(curve, float(curve["live_mib"].max()) if len(curve) else bound, arenas))
+            st.caption(f"Live bytes of the {reference} plan's buffers (inclusive lifetimes); the red point is the "
+                       "peak, which is the lower bound; dashed lines: each plan's arena.")
+
+            shown = st.multiselect("Buffer rectangles of", algorithms,
+                                   default=[a for a in algorithms if a != "naive"][:3] or algorithms[:1],
+                                   key="memory-algorithms")
+            arena_of = dict(zip(summary["algorithm"], summary["arena_mib"]))
+            for algorithm in shown:
+                placed = buffers[(buffers["algorithm"] == algorithm) & buffers["offset_mib"].notna()]
+                if placed.empty:
+                    st.info(f"{algorithm}: the plan records no buffer offsets.")
+                    continue
+                ui.chart(charts.buffer_rectangles(placed, algorithm, float(arena_of[algorithm])))
+            ui.table(buffers, f"run{run_id}_buffers", key="buffers")
+
+    st.subheader("XLA's compiled memory (per backend)")
+    stats_runs = runs[(runs["measurements"] > 0) & (runs["kind"] == "profile")]
+    if stats_runs.empty:
+        st.info("No data yet: run `jaxcnn profile MODEL --db DB` to record XLA's memory_analysis.")
+    else:
+        with ui.guard("XLA memory"):
+            run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run")
+            stats = ui.read("memory_stats", int(run["id"]))
+            ui.chart(charts.memory_stats_bars(stats))
+            ui.table(stats, f"run{int(run['id'])}_memory_analysis", key="memstats",
+                     caption="MiB from compiled.memory_analysis(); alias_mib is what donation saved (inputs "
+                             "reused as outputs); peak_memory_mib is XLA's peak.")
+
+    st.subheader("Donation and max batch")
+    with ui.guard("Donation and max batch"):
+        rows = ui.read("plan_measurements")
+        if rows.empty:
+            st.info("No data yet: no max-batch or donation results in this store. Run "
+                    "`jaxcnn maxbatch MODEL --budget 8GiB --db DB` (and the planner's donation tuning) to "
+                    "record them as kind='plan' runs.")
+        else:
+            in_bytes = rows["unit"].eq("bytes") | rows["metric"].str.endswith("_bytes")
+            rows = rows.assign(value=rows["median"].where(~in_bytes, rows["median"] / data.MIB),
+                               metric=rows["metric"].where(~in_bytes, rows["metric"].str.replace("_bytes", "_mib")))
+            donation = rows[rows["metric"].str.contains("alias|donat", regex=True)]
+            if not donation.empty:
+                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())))
+            with ui.guard("Max-batch curve"):
+                curve = data.max_batch_curve(ui.read("plan_measurements"))
+                budgets = rows.loc[rows["metric"].str.contains("budget"), "value"]
+                ui.chart(charts.max_batch_chart(curve, float(budgets.max()) if len(budgets) else None))
+            table = rows.drop(columns=["extra", "median"]).rename(columns={"value": "value (MiB where *_mib)"})
+            ui.table(pd.DataFrame(table), "plan_measurements", key="planrows")

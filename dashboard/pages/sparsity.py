@@ -1,0 +1,37 @@
+"""Sparsity: per-layer activation sparsity, and the dense/sparse decision with the measured crossover."""
+
+import streamlit as st
+
+from jaxcnn.dashboard import charts, data, ui
+
+st.title("Sparsity")
+ui.page_source()
+
+with ui.guard("Sparsity"):
+    runs = ui.runs()
+    measured = runs[runs["sparsity"] > 0]
+    if measured.empty:
+        st.info("No data yet: run `jaxcnn profile MODEL --db DB` (without --no-sparsity) to measure "
+                "activation sparsity.")
+        st.stop()
+    run = ui.pick_run(measured, "Run", key="sparsity-run")
+    run_id = int(run["id"])
+    table = ui.read("sparsity_table", run_id)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("mean input zeros", f"{table['input_zero_pct'].mean():.1f} %")
+    c2.metric("layers with ≥ 50 % input zeros", int((table["input_zero_pct"] >= 50).sum()))
+    c3.metric("max input zeros", f"{table['input_zero_pct'].max():.1f} %")
+    ui.chart(charts.sparsity_bars(table))
+    ui.table(table, f"run{run_id}_sparsity", key="sparsity",
+             caption="Zero fraction of each layer's input and output activation on the profiling input.")
+
+    st.subheader("Dense or sparse kernel")
+    with ui.guard("Dense/sparse decision"):
+        decisions = ui.read("dense_sparse_decisions", run_id)
+        crossover = data.crossover_zero_pct(decisions)
+        c1, c2 = st.columns(2)
+        c1.metric("layers where sparse wins", f"{int((decisions['decision'] == 'sparse').sum())} of {len(decisions)}")
+        c2.metric("measured crossover", "none in 0-100 %" if crossover is None else f"{crossover:.1f} % zeros",
+                  help="input zero % where sparse/dense time crosses 1× (least-squares line over the layers)")
+        ui.chart(charts.crossover_chart(decisions, crossover))
+        ui.table(decisions, f"run{run_id}_dense_sparse", key="decisions")

@@ -1,0 +1,581 @@
+"""What the dashboard shows, as pandas frames read from a jaxcnn.store.Store.
+
+Every reader takes an open Store (or its path) and returns a DataFrame whose column names carry
+their unit (``time_ms``, ``size_mib``, ``tflops``...), so pages and charts never guess units.
+Nothing here imports Streamlit.
+
+Where the data comes from (``choose_source``): the DB the user names, or, when it does not
+exist or holds no runs, the shipped store exports (dashboard/shipped/*.json, measured on an
+H200) imported once into a cached SQLite file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from jaxcnn.store import DEFAULT_FILENAME, PATH_ENV_VAR, Store, StoreError
+
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "dashboard" / "shipped"
+CACHE_ENV_VAR = "JAXCNN_DASHBOARD_CACHE"
+MIB = 2**20
+TIME_METRICS = ("device_time_ms", "wall_time_ms")  # preferred first: GPU runs record device time
+MEMORY_STAT_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
+                       "generated_code_bytes", "peak_memory_bytes")
+RUN_COLUMNS = ("id", "created_at", "kind", "model", "backend", "batch", "dtype", "device", "gpu_name",
+               "gpu_count", "driver", "cuda_version", "jax_version", "jaxlib_version", "jaxcnn_version",
+               "python", "platform", "hostname", "git_commit", "note")
+
+
+class NoData(Exception):
+    """The store has nothing for this view; the message says what to run to get it."""
+
+
+# -- which store ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path  # the SQLite file to read
+    shipped: bool  # True: the shipped H200 data stands in for the user's DB
+    requested: Path  # the DB the user asked for
+    note: str  # why this source, for the page header
+
+
+def default_db_path() -> Path:
+    """Where the CLI writes: $JAXCNN_DB, else ./jaxcnn_profiles.sqlite."""
+    return Path(os.environ.get(PATH_ENV_VAR) or Path.cwd() / DEFAULT_FILENAME).expanduser()
+
+
+def cache_dir() -> Path:
+    """$JAXCNN_DASHBOARD_CACHE, else $XDG_CACHE_HOME/jaxcnn/dashboard, else ~/.cache/jaxcnn/dashboard."""
+    if os.environ.get(CACHE_ENV_VAR):
+        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "jaxcnn" / "dashboard"
+
+
+def count_runs(path: Path) -> int:
+    """Runs in the store at `path` (StoreError for a corrupt or foreign file, or missing tables)."""
+    with Store(path) as store:
+        with _readonly(store) as conn:
+            return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+
+def choose_source(db_path: str | os.PathLike | None = None, *, use_shipped: bool = False,
+                  shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) -> Source:
+    """The store to show for the DB the user asked for.
+
+    A missing file, an empty file or a store without runs falls back to the shipped data; a
+    corrupt or foreign file raises StoreError (the user should hear about it, not see other data).
+    """
+    requested = Path(db_path).expanduser() if db_path else default_db_path()
+    if not use_shipped:
+        if requested.is_dir():
+            raise StoreError(f"{requested} is a directory, not a profile store file")
+        if requested.exists() and requested.stat().st_size > 0:
+            if count_runs(requested) > 0:
+                return Source(requested, False, requested, f"local store {requested}")
+            reason = f"{requested} holds no runs yet"
+        else:
+            reason = f"no store at {requested} yet"
+    else:
+        reason = "shipped data chosen in the sidebar"
+    path = shipped_store(shipped_dir, cache or cache_dir())
+    return Source(path, True, requested, f"{reason}: showing the shipped H200 measurements (dashboard/{shipped_dir.name}/)")
+
+
+def shipped_files(shipped_dir: Path = SHIPPED_DIR) -> list[Path]:
+    return sorted(shipped_dir.glob("*.json"))
+
+
+def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) -> Path:
+    """A SQLite store holding every shipped export, built on first use and kept in the cache.
+
+    The file name carries a hash of the exports' contents, so new shipped data gets a new store;
+    it is built under a temporary name and renamed, so a half-built store is never read.
+    """
+    files = shipped_files(shipped_dir)
+    if not files:
+        raise NoData(f"no shipped data: {shipped_dir} has no *.json store exports")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / f"shipped-{digest.hexdigest()[:16]}.sqlite"
+    if target.exists():
+        return target
+    fd, tmp = tempfile.mkstemp(prefix="shipped-", suffix=".sqlite.tmp", dir=cache)
+    os.close(fd)
+    os.unlink(tmp)  # Store wants a new file, not an empty one it would have to check
+    try:
+        with Store(tmp) as store:
+            for file in files:
+                store.import_json(file)
+        # Fold the WAL into the main file so the renamed file is complete on its own.
+        with sqlite3.connect(tmp) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        os.replace(tmp, target)
+    finally:
+        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    return target
+
+
+class _readonly:
+    """A read-only sqlite3 connection to the store's file, for queries Store has no method for."""
+
+    def __init__(self, store: Store):
+        self.path = store.path
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        return self.conn
+
+    def __exit__(self, *exc_info) -> None:
+        self.conn.close()
+        if exc_info[0] is not None and issubclass(exc_info[0], sqlite3.Error):
+            raise StoreError(f"profile store {self.path}: {exc_info[1]}") from exc_info[1]
+
+
+def _sql(store: Store, sql: str, params: tuple = ()) -> pd.DataFrame:
+    with _readonly(store) as conn:
+        return pd.read_sql_query(sql, conn, params=params)
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def runs_table(store: Store) -> pd.DataFrame:
+    """One row per run with its environment and what was recorded under it (counts per table)."""
+    runs = store.runs()
+    if runs.empty:
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "layers", "measurements", "predictions", "plans",
+                                     "sparsity", "label"])
+    # Count what each run holds; a table missing from a damaged store counts as empty here (the
+    # page that needs it says so).
+    present = set(_sql(store, "SELECT name FROM sqlite_master WHERE type = 'table'")["name"])
+    counted = ("layers", "measurements", "predictions", "plans", "sparsity")
+    counts = _sql(store, "SELECT r.id, " + ", ".join(
+        f"(SELECT count(*) FROM {t} WHERE run_id = r.id) AS {t}" if t in present else f"0 AS {t}" for t in counted
+    ) + " FROM runs r")
+    table = runs[[c for c in RUN_COLUMNS if c in runs.columns]].copy()
+    table["id"] = table["id"].astype("int64")
+    table = table.merge(counts, on="id", how="left")
+    table["label"] = [run_label(row) for row in table.to_dict("records")]
+    return table.sort_values("id", ignore_index=True)
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """'#3 resnet50 b64 bfloat16 · NVIDIA H200 · profile' (absent fields left out)."""
+    parts = [f"#{run['id']}", _text(run.get("model")) or "(no model)"]
+    if _present(run.get("batch")):
+        parts.append(f"b{int(run['batch'])}")
+    if _text(run.get("dtype")):
+        parts.append(run["dtype"])
+    where = _text(run.get("gpu_name")) or ("CPU" if run.get("device") == "cpu" else _text(run.get("device")))
+    return " ".join(parts) + (f" · {where}" if where else "") + f" · {run.get('kind')}"
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and value is not pd.NA
+
+
+def _text(value: Any) -> str:
+    return str(value) if _present(value) and str(value) else ""
+
+
+# -- speed ---------------------------------------------------------------------------------------
+
+
+def time_metric(store: Store, run_id: int) -> str:
+    """device_time_ms where the run has per-layer device times (GPU), else wall_time_ms (CPU)."""
+    found = _sql(store, "SELECT DISTINCT metric FROM measurements WHERE run_id = ? AND layer_id IS NOT NULL",
+                 (int(run_id),))["metric"].tolist()
+    for metric in TIME_METRICS:
+        if metric in found:
+            return metric
+    raise NoData(f"run {run_id} has no per-layer times: run `jaxcnn profile MODEL --db DB` to record some")
+
+
+def short_kernel_name(name: str) -> str:
+    """'void jaxcnn::conv2d_direct::conv2d_direct_kernel<bf16>(...)' -> 'conv2d_direct_kernel'."""
+    name = re.sub(r"^void\s+", "", name.strip())
+    name = name.split("(")[0].split("<")[0]
+    return name.rsplit("::", 1)[-1] or name
+
+
+def _variant(row: dict[str, Any]) -> str:
+    """The kernel/layout the backend ran: the variant column, else the main kernel's name."""
+    if _text(row.get("variant")):
+        return row["variant"]
+    kernels = (row.get("extra") or {}).get("kernels") if isinstance(row.get("extra"), dict) else None
+    if kernels:
+        main = max(kernels, key=lambda k: k.get("us_per_call") or 0.0)
+        return short_kernel_name(main.get("name", ""))
+    return ""
+
+
+def _shape_text(shape: Any) -> str:
+    if not shape:
+        return ""
+    if isinstance(shape[0], (list, tuple)):
+        return " + ".join("×".join(map(str, s)) for s in shape)
+    return "×".join(map(str, shape))
+
+
+def layer_table(store: Store, run_id: int) -> pd.DataFrame:
+    """Layers of a run in program order with printable shapes, GFLOP and MiB."""
+    layers = store.layers(int(run_id))
+    if layers.empty:
+        raise NoData(f"run {run_id} has no layers recorded")
+    return pd.DataFrame({
+        "idx": layers["idx"].astype("int64"),
+        "layer": layers["name"],
+        "op": layers["op"],
+        "input_shapes": [_shape_text(s) for s in layers["input_shapes"]],
+        "weight_shape": [_shape_text(s) for s in layers["weight_shape"]],
+        "output_shape": [_shape_text(s) for s in layers["output_shape"]],
+        "flops": layers["flops"].astype("float64"),
+        "bytes": layers["bytes"].astype("float64"),
+        "gflop": layers["flops"].astype("float64") / 1e9,
+        "mib": layers["bytes"].astype("float64") / MIB,
+    })
+
+
+def layer_times(store: Store, run_id: int) -> tuple[pd.DataFrame, str]:
+    """Per-layer times in long form (one row per layer and backend) and the metric used.
+
+    Columns: idx, layer, op, input_shapes, weight_shape, output_shape, gflop, mib, backend,
+    time_ms, p10_ms, p90_ms, variant.
+    """
+    metric = time_metric(store, run_id)
+    rows = store.measurements(int(run_id), metric=metric)
+    rows = rows[rows["layer_id"].notna()]
+    # A layer measured twice on one backend: the latest row counts (as in Store.compare).
+    rows = rows.drop_duplicates(["layer", "backend"], keep="last")
+    times = pd.DataFrame({
+        "layer": rows["layer"], "backend": rows["backend"], "time_ms": rows["median"].astype("float64"),
+        "p10_ms": rows["p10"].astype("float64"), "p90_ms": rows["p90"].astype("float64"),
+        "variant": [_variant(r) for r in rows.to_dict("records")],
+    })
+    table = layer_table(store, run_id).merge(times, on="layer", how="inner")
+    return table.sort_values(["idx", "backend"], ignore_index=True), metric
+
+
+def speedup_table(long: pd.DataFrame, baseline: str = "xla", candidate: str = "jaxcnn") -> pd.DataFrame:
+    """Wide per-layer table: time of each backend, speedup = baseline / candidate (>1: candidate
+    faster), and the variant each backend ran."""
+    if long.empty:
+        return pd.DataFrame(columns=["idx", "layer", "op", "speedup"])
+    keys = ["idx", "layer", "op", "input_shapes", "weight_shape", "output_shape", "gflop", "mib"]
+    times = long.pivot_table(index=keys, columns="backend", values="time_ms", aggfunc="last")
+    times.columns = [f"{b}_ms" for b in times.columns]
+    variants = long.pivot_table(index=keys, columns="backend", values="variant", aggfunc="last")
+    variants.columns = [f"{b}_variant" for b in variants.columns]
+    wide = times.join(variants).reset_index().sort_values("idx", ignore_index=True)
+    if f"{baseline}_ms" in wide and f"{candidate}_ms" in wide:
+        wide["speedup"] = wide[f"{baseline}_ms"] / wide[f"{candidate}_ms"]
+    else:
+        wide["speedup"] = float("nan")
+    return wide
+
+
+def end_to_end(store: Store, run_id: int) -> pd.DataFrame:
+    """Whole-model times: device time (GPU runs) and host latency (wall time), per backend."""
+    rows = store.measurements(int(run_id))
+    rows = rows[rows["layer_id"].isna() & rows["metric"].isin(TIME_METRICS)]
+    rows = rows.drop_duplicates(["backend", "metric"], keep="last")
+    what = {"device_time_ms": "device time", "wall_time_ms": "host latency"}
+    return pd.DataFrame({
+        "backend": rows["backend"], "metric": rows["metric"], "what": rows["metric"].map(what),
+        "time_ms": rows["median"].astype("float64"), "p10_ms": rows["p10"].astype("float64"),
+        "p90_ms": rows["p90"].astype("float64"), "n": rows["n"],
+    }).reset_index(drop=True)
+
+
+def compare_runs(store: Store, run_a: int, run_b: int) -> tuple[pd.DataFrame, str]:
+    """Per-layer times of two runs side by side (Store.compare), in the metric both have."""
+    metrics = [_metric_or_none(store, r) for r in (run_a, run_b)]
+    if None in metrics:
+        raise NoData("both runs need per-layer times to be compared")
+    metric = metrics[0] if metrics[0] == metrics[1] else "wall_time_ms"
+    table = store.compare(int(run_a), int(run_b), metric=metric)
+    if table.empty or table[["median_a", "median_b"]].dropna().empty:
+        raise NoData(f"runs {run_a} and {run_b} share no layer measured with {metric} on the same backend")
+    table = table.rename(columns={"median_a": "a_ms", "median_b": "b_ms", "ratio": "b_over_a"})
+    return table.drop(columns=["unit"]), metric
+
+
+def _metric_or_none(store: Store, run_id: int) -> str | None:
+    try:
+        return time_metric(store, run_id)
+    except NoData:
+        return None
+
+
+# -- roofline ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    gpu: str
+    precision: str  # bf16 / fp16 / tf32 / fp32
+    memory_bytes_per_s: float
+    compute_flops_per_s: float
+    memory_source: str
+    compute_source: str
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        return self.compute_flops_per_s / self.memory_bytes_per_s
+
+
+def run_ceilings(run: dict[str, Any]) -> Ceilings | None:
+    """The roofline of the run's GPU (jaxcnn.profile.gpu_specs; measured ceilings where the entry
+    has them), None for CPU runs or GPUs without an entry."""
+    from jaxcnn.profile.gpu_specs import lookup_gpu_spec, precision_class
+
+    gpu = _text(run.get("gpu_name"))
+    if not gpu or run.get("device") == "cpu":
+        return None
+    spec = lookup_gpu_spec(gpu)
+    if spec is None:
+        return None
+    dtype = _text(run.get("dtype")) or "float32"
+    try:
+        precision = precision_class(dtype)
+    except ValueError:
+        return None
+    # XLA's DEFAULT precision runs float32 convolutions on TF32 tensor cores.
+    precision = "tf32" if precision == "fp32" and "tf32" in spec.compute else precision
+    compute = spec.compute.get(precision) or spec.fp32_fma_peak
+    return Ceilings(spec.name, precision, spec.memory.per_s, compute.per_s, spec.memory.source, compute.source)
+
+
+def roofline_points(store: Store, run_id: int) -> pd.DataFrame:
+    """One point per (layer, backend): arithmetic intensity, achieved TFLOP/s and GB/s, and the
+    traffic model's predictions beside the measurement.
+
+    pred_floor_ms: the roofline floor (max of bytes/bandwidth and FLOPs/peak); pred_model_ms:
+    the traffic/time model ('delta') for this backend's implementation, where it predicts the
+    layer; error_pct = 100 * (predicted - measured) / measured of the model (else the floor).
+    """
+    long, metric = layer_times(store, run_id)
+    if metric != "device_time_ms":
+        raise NoData(f"run {run_id} was timed on the host (wall time, no GPU): a roofline needs device "
+                     "times; run `jaxcnn profile MODEL --db DB` on a GPU machine")
+    points = long[(long["flops"] > 0) & (long["bytes"] > 0)].copy()
+    points["flop_per_byte"] = points["flops"] / points["bytes"]
+    points["tflops"] = points["flops"] / (points["time_ms"] * 1e-3) / 1e12
+    points["gb_per_s"] = points["bytes"] / (points["time_ms"] * 1e-3) / 1e9
+    predictions = store.predictions(int(run_id))
+    floor = predictions[predictions["model"] == "roofline"].drop_duplicates("layer", keep="last")
+    points = points.merge(floor[["layer", "time_ms"]].rename(columns={"time_ms": "pred_floor_ms"}),
+                          on="layer", how="left")
+    model = predictions[predictions["model"] != "roofline"].copy()
+    # The model names implementations more finely than backends ('jaxcnn_direct' for jaxcnn).
+    impls = [(e or {}).get("impl") if isinstance(e, dict) else None for e in model["extra"]]
+    backends = set(long["backend"])
+    model["impl"] = [i if i is None or i in backends else i.split("_", 1)[0] for i in impls]
+    model = model.dropna(subset=["impl"]).drop_duplicates(["layer", "impl"], keep="last")
+    model = model[["layer", "impl", "time_ms", "dram_bytes", "l2_bytes"]].rename(columns={
+        "impl": "backend", "time_ms": "pred_model_ms", "dram_bytes": "pred_dram_bytes",
+        "l2_bytes": "pred_l2_bytes"})
+    points = points.merge(model, on=["layer", "backend"], how="left")
+    predicted = points["pred_model_ms"].fillna(points["pred_floor_ms"])
+    points["prediction"] = points["pred_model_ms"].notna().map({True: "traffic model", False: "roofline floor"})
+    points.loc[predicted.isna(), "prediction"] = ""
+    points["error_pct"] = 100 * (predicted - points["time_ms"]) / points["time_ms"]
+    points["pct_of_floor"] = 100 * points["pred_floor_ms"] / points["time_ms"]
+    return points.reset_index(drop=True)
+
+
+def ceiling_lines(ceilings: Ceilings, lo: float, hi: float, n: int = 64) -> pd.DataFrame:
+    """The roof min(peak, intensity * bandwidth) in TFLOP/s over [lo, hi] FLOP/byte (log-spaced,
+    with the ridge point included so the corner is sharp)."""
+    lo, hi = max(lo, 1e-3), max(hi, lo * 10)
+    xs = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+    ridge = ceilings.ridge_flop_per_byte
+    if lo < ridge < hi:
+        xs = sorted([*xs, ridge])
+    return pd.DataFrame({
+        "flop_per_byte": xs,
+        "tflops": [min(ceilings.compute_flops_per_s, x * ceilings.memory_bytes_per_s) / 1e12 for x in xs],
+    })
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+# How plan and profile runs name their memory numbers (jaxcnn.planner; profile's memory_analysis).
+PLAN_HINT = "run `jaxcnn plan MODEL --db DB` to record memory plans"
+
+
+def memory_stats(store: Store, run_id: int) -> pd.DataFrame:
+    """XLA's compiled memory_analysis of the whole model per backend (profile runs), in MiB."""
+    rows = store.measurements(int(run_id))
+    rows = rows[rows["layer_id"].isna() & rows["metric"].isin(MEMORY_STAT_METRICS)]
+    if rows.empty:
+        raise NoData(f"run {run_id} has no memory statistics")
+    wide = rows.pivot_table(index="backend", columns="metric", values="median", aggfunc="last") / MIB
+    wide.columns = [c.replace("_bytes", "_mib") for c in wide.columns]
+    return wide.reset_index()
+
+
+def plan_summary(store: Store, run_id: int) -> pd.DataFrame:
+    """Each algorithm's arena against the lower bound and naive (no reuse), in MiB."""
+    plans = store.plans(int(run_id))
+    if plans.empty:
+        raise NoData(f"run {run_id} has no memory plans: {PLAN_HINT}")
+    summary = pd.DataFrame({
+        "algorithm": plans["algorithm"],
+        "arena_mib": plans["arena_bytes"].astype("float64") / MIB,
+        "lower_bound_mib": plans["lower_bound_bytes"].astype("float64") / MIB,
+        "buffers": plans["n_buffers"].astype("int64"),
+        "seconds": plans["seconds"].astype("float64"),
+    })
+    summary["over_bound_pct"] = 100 * (summary["arena_mib"] / summary["lower_bound_mib"] - 1)
+    naive = summary.loc[summary["algorithm"] == "naive", "arena_mib"]
+    summary["saved_vs_naive_pct"] = 100 * (1 - summary["arena_mib"] / naive.iloc[0]) if len(naive) else float("nan")
+    summary["role"] = summary["algorithm"].map(algorithm_role)
+    return summary
+
+
+def algorithm_role(algorithm: str) -> str:
+    """naive / peer / ours / XLA, for the summary the issue asks for."""
+    name = algorithm.lower()
+    if name == "naive":
+        return "naive"
+    if "pack_2d" in name or name.startswith("jaxcnn") or name == "ours":
+        return "ours"
+    # 'xla_best_fit' is our re-implementation of XLA's heuristic (a peer); 'xla' is XLA's own.
+    if name == "xla" or (name.startswith("xla") and "best_fit" not in name):
+        return "XLA"
+    return "peer"
+
+
+def plan_buffers(store: Store, run_id: int) -> pd.DataFrame:
+    """Buffers of every plan of the run: lifetime (inclusive steps) and placement, MiB."""
+    buffers = store.buffers(int(run_id))
+    if buffers.empty:
+        raise NoData(f"run {run_id} has no planned buffers: {PLAN_HINT}")
+    return pd.DataFrame({
+        "algorithm": buffers["algorithm"], "name": buffers["name"],
+        "start_step": buffers["start_step"].astype("int64"), "end_step": buffers["end_step"].astype("int64"),
+        "size_bytes": buffers["size_bytes"].astype("int64"),
+        "size_mib": buffers["size_bytes"].astype("float64") / MIB,
+        "offset_mib": buffers["offset_bytes"].astype("float64") / MIB,
+    })
+
+
+def live_bytes_curve(buffers: pd.DataFrame) -> pd.DataFrame:
+    """Bytes alive at each program step (inclusive lifetimes), in MiB; its max is the lower bound."""
+    if buffers.empty:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "live_mib": pd.Series(dtype="float64")})
+    steps = int(buffers["end_step"].max()) + 2
+    delta = [0] * steps
+    for start, end, size in zip(buffers["start_step"], buffers["end_step"], buffers["size_bytes"]):
+        delta[int(start)] += int(size)
+        delta[int(end) + 1] -= int(size)
+    live, total = [], 0
+    for d in delta[:-1]:
+        total += d
+        live.append(total / MIB)
+    return pd.DataFrame({"step": range(steps - 1), "live_mib": live})
+
+
+def plan_measurements(store: Store) -> pd.DataFrame:
+    """Measurements of kind='plan' runs (max-batch curves, donation): one row each, with the
+    run's model and batch; batch taken from the measurement's extra['batch'] where it has one."""
+    rows = _sql(store, """
+        SELECT m.run_id, r.model, r.batch AS run_batch, r.note, m.backend, m.metric, m.median, m.unit,
+               m.variant, m.extra
+        FROM measurements m JOIN runs r ON r.id = m.run_id
+        WHERE r.kind = 'plan' ORDER BY m.run_id, m.id""")
+    if rows.empty:
+        return rows
+    extras = [json.loads(e) if e else {} for e in rows["extra"]]
+    batch = [e.get("batch") if isinstance(e, dict) else None for e in extras]
+    rows["batch"] = pd.Series(batch, dtype="float64").fillna(rows["run_batch"].astype("float64"))
+    rows["extra"] = extras
+    return rows
+
+
+def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.DataFrame:
+    """Peak bytes against batch (metric peak_bytes / peak_memory_bytes), MiB, per backend/variant."""
+    if plan_rows.empty:
+        raise NoData("no max-batch data yet: run `jaxcnn maxbatch MODEL --budget 8GiB --db DB`")
+    rows = plan_rows[plan_rows["metric"].isin(("peak_bytes", "peak_memory_bytes")) & plan_rows["batch"].notna()]
+    if model is not None:
+        rows = rows[rows["model"] == model]
+    if rows.empty:
+        raise NoData("no peak-bytes-per-batch measurements yet: run `jaxcnn maxbatch MODEL --budget 8GiB --db DB`")
+    series = [_text(v) or _text(b) for v, b in zip(rows["variant"], rows["backend"])]
+    return pd.DataFrame({"model": rows["model"], "series": series, "batch": rows["batch"].astype("int64"),
+                         "peak_mib": rows["median"].astype("float64") / MIB}).sort_values(
+        ["model", "series", "batch"], ignore_index=True)
+
+
+# -- sparsity ------------------------------------------------------------------------------------
+
+SPARSE_PATTERN = re.compile(r"sparse", re.IGNORECASE)
+
+
+def sparsity_table(store: Store, run_id: int) -> pd.DataFrame:
+    """Per-layer activation sparsity (zero fraction of the layer's input and output)."""
+    rows = store.sparsity(int(run_id))
+    if rows.empty:
+        raise NoData(f"run {run_id} has no sparsity measurements: run `jaxcnn profile MODEL --db DB` "
+                     "(without --no-sparsity)")
+    layers = layer_table(store, run_id)[["idx", "layer", "op", "input_shapes", "output_shape"]]
+    out_zero = [(e or {}).get("output_zero_fraction") if isinstance(e, dict) else None for e in rows["extra"]]
+    table = pd.DataFrame({"layer": rows["layer"], "input_zero_pct": 100 * rows["zero_fraction"].astype("float64"),
+                          "output_zero_pct": 100 * pd.Series(out_zero, dtype="float64").to_numpy()})
+    return layers.merge(table, on="layer", how="inner").sort_values("idx", ignore_index=True)
+
+
+def dense_sparse_decisions(store: Store, run_id: int) -> pd.DataFrame:
+    """Per layer: the best dense and best sparse time (backends or variants named *sparse*), the
+    faster one as the decision, and the input zero fraction it was measured at."""
+    long, _metric = layer_times(store, run_id)
+    kind = [("sparse" if SPARSE_PATTERN.search(f"{b} {v}") else "dense") for b, v in zip(long["backend"], long["variant"])]
+    long = long.assign(kind=kind)
+    if not (long["kind"] == "sparse").any():
+        raise NoData(f"run {run_id} has no sparse-kernel measurements yet: the dense/sparse decision appears "
+                     "once a run times sparse variants (a backend or variant whose name contains `sparse`)")
+    best = long.groupby(["idx", "layer", "kind"], as_index=False)["time_ms"].min()
+    wide = best.pivot_table(index=["idx", "layer"], columns="kind", values="time_ms").reset_index()
+    wide = wide.rename(columns={"dense": "dense_ms", "sparse": "sparse_ms"}).dropna(subset=["dense_ms", "sparse_ms"])
+    wide["sparse_over_dense"] = wide["sparse_ms"] / wide["dense_ms"]
+    wide["decision"] = (wide["sparse_ms"] < wide["dense_ms"]).map({True: "sparse", False: "dense"})
+    sparsity = sparsity_table(store, run_id)[["layer", "input_zero_pct"]]
+    return wide.merge(sparsity, on="layer", how="left").sort_values("idx", ignore_index=True)
+
+
+def crossover_zero_pct(decisions: pd.DataFrame) -> float | None:
+    """The input zero % where sparse starts to win: the ratio sparse/dense fitted linearly in the
+    zero % (least squares over the measured layers) and solved for 1. None if it never crosses
+    inside [0, 100] or there are fewer than two distinct zero fractions."""
+    points = decisions.dropna(subset=["input_zero_pct", "sparse_over_dense"])
+    if points["input_zero_pct"].nunique() < 2:
+        return None
+    x, y = points["input_zero_pct"].to_numpy(float), points["sparse_over_dense"].to_numpy(float)
+    xm, ym = x.mean(), y.mean()
+    slope = ((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum()
+    if slope == 0:
+        return None
+    crossing = xm + (1.0 - ym) / slope
+    return float(crossing) if 0.0 <= crossing <= 100.0 else None

@@ -1,0 +1,316 @@
+"""jaxcnn.dashboard.data: which store is shown, and the frames read from it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dashboard_stores as stores
+from jaxcnn.dashboard import data
+from jaxcnn.planner import Buffer, live_bytes_lower_bound
+from jaxcnn.store import Store, StoreError
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("dashboard_cache")
+
+
+@pytest.fixture(scope="module")
+def shipped(cache):
+    return Store(data.shipped_store(cache=cache))
+
+
+def _shipped_runs() -> list[dict]:
+    runs = []
+    for file in data.shipped_files():
+        runs += json.loads(file.read_text())["runs"]
+    return runs
+
+
+# -- which store --------------------------------------------------------------------------------
+
+
+def test_shipped_store_is_built_once_and_named_by_content(cache):
+    first = data.shipped_store(cache=cache)
+    mtime = first.stat().st_mtime_ns
+    assert data.shipped_store(cache=cache) == first and first.stat().st_mtime_ns == mtime
+    assert first.name.startswith("shipped-") and not list(cache.glob("*.tmp"))
+    with Store(first) as store:
+        assert len(store.runs()) == len(_shipped_runs())
+
+
+def test_shipped_store_changes_with_the_exports(tmp_path):
+    exports = tmp_path / "shipped"
+    exports.mkdir()
+    runs = _shipped_runs()
+    (exports / "a.json").write_text(json.dumps({"format": "jaxcnn-profile-store", "format_version": 1,
+                                                "runs": runs[:1]}))
+    one = data.shipped_store(exports, tmp_path / "cache")
+    (exports / "b.json").write_text(json.dumps({"format": "jaxcnn-profile-store", "format_version": 1,
+                                                "runs": runs[1:3]}))
+    three = data.shipped_store(exports, tmp_path / "cache")
+    assert one != three
+    with Store(three) as store:
+        assert len(store.runs()) == 3
+
+
+def test_no_shipped_exports_is_a_clear_error(tmp_path):
+    with pytest.raises(data.NoData, match="no shipped data"):
+        data.shipped_store(tmp_path, tmp_path / "cache")
+
+
+def test_choose_source(tmp_path, cache):
+    missing = data.choose_source(tmp_path / "none.sqlite", cache=cache)
+    assert missing.shipped and "no store at" in missing.note and not (tmp_path / "none.sqlite").exists()
+    (tmp_path / "zero.sqlite").write_bytes(b"")
+    assert data.choose_source(tmp_path / "zero.sqlite", cache=cache).shipped
+    empty = data.choose_source(stores.empty_store(tmp_path / "empty.sqlite"), cache=cache)
+    assert empty.shipped and "holds no runs yet" in empty.note
+    with Store(tmp_path / "local.sqlite") as store:
+        store.add_run("profile", model="lenet5")
+    local = data.choose_source(tmp_path / "local.sqlite", cache=cache)
+    assert not local.shipped and local.path == tmp_path / "local.sqlite"
+    assert data.choose_source(tmp_path / "local.sqlite", use_shipped=True, cache=cache).shipped
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        data.choose_source(stores.corrupt_file(tmp_path / "bad.sqlite"), cache=cache)
+    with pytest.raises(StoreError, match="not a jaxcnn profile store"):
+        data.choose_source(stores.foreign_sqlite(tmp_path / "foreign.sqlite"), cache=cache)
+    with pytest.raises(StoreError, match="is a directory"):
+        data.choose_source(tmp_path, cache=cache)
+
+
+def test_default_db_path_follows_the_cli(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXCNN_DB", str(tmp_path / "x.sqlite"))
+    assert data.default_db_path() == tmp_path / "x.sqlite"
+    monkeypatch.delenv("JAXCNN_DB")
+    monkeypatch.chdir(tmp_path)
+    assert data.default_db_path() == tmp_path / "jaxcnn_profiles.sqlite"
+
+
+# -- runs and speed -----------------------------------------------------------------------------
+
+
+def test_runs_table_counts_what_each_run_holds(shipped):
+    runs = data.runs_table(shipped)
+    exported = _shipped_runs()
+    assert runs["layers"].tolist() == [len(r["layers"]) for r in exported]
+    assert runs["measurements"].tolist() == [len(r["measurements"]) for r in exported]
+    assert runs["sparsity"].tolist() == [len(r["sparsity"]) for r in exported]
+    assert (runs["plans"] == 0).all()
+    assert runs.loc[0, "label"] == "#1 squeezenet1_1 b1 bfloat16 · NVIDIA H200 · profile"
+
+
+def test_layer_times_and_speedup_match_the_export(shipped):
+    run = _shipped_runs()[0]
+    long, metric = data.layer_times(shipped, 1)
+    assert metric == "device_time_ms"
+    expected = {(m["layer"], m["backend"]): m["median"] for m in run["measurements"]
+                if m.get("layer") and m["metric"] == "device_time_ms"}
+    got = {(r.layer, r.backend): r.time_ms for r in long.itertuples()}
+    assert got == pytest.approx(expected)
+    assert long.loc[long["layer"] == "conv1", "input_shapes"].iloc[0] == "1×224×224×3"
+    wide = data.speedup_table(long)
+    conv1 = wide[wide["layer"] == "conv1"].iloc[0]
+    assert conv1["speedup"] == pytest.approx(expected[("conv1", "xla")] / expected[("conv1", "jaxcnn")])
+    assert conv1["jaxcnn_variant"] == "conv2d_direct_kernel"
+    assert wide["idx"].is_monotonic_increasing and len(wide) == len(run["layers"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-4, 10), st.floats(1e-4, 10)), min_size=1, max_size=12))
+def test_speedup_is_baseline_over_candidate(times):
+    long = pd.DataFrame([
+        dict(idx=i, layer=f"l{i}", op="conv2d", input_shapes="", weight_shape="", output_shape="", gflop=1.0,
+             mib=1.0, backend=backend, time_ms=t, variant=f"{backend}_kernel")
+        for i, pair in enumerate(times) for backend, t in zip(("xla", "jaxcnn"), pair)])
+    wide = data.speedup_table(long)
+    assert wide["speedup"].to_numpy() == pytest.approx([x / j for x, j in times])
+    assert wide["xla_variant"].eq("xla_kernel").all()
+
+
+def test_short_kernel_names():
+    assert data.short_kernel_name("void jaxcnn::conv2d_direct::conv2d_direct_kernel<__nv_bfloat16>(int)") == \
+        "conv2d_direct_kernel"
+    assert data.short_kernel_name("nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT") == \
+        "nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT"
+
+
+def test_end_to_end_and_compare(shipped):
+    e2e = data.end_to_end(shipped, 1)
+    assert set(zip(e2e["backend"], e2e["what"])) == {(b, w) for b in ("xla", "jaxcnn")
+                                                     for w in ("device time", "host latency")}
+    assert (e2e["p10_ms"] <= e2e["time_ms"]).all() and (e2e["time_ms"] <= e2e["p90_ms"]).all()
+    table, metric = data.compare_runs(shipped, 1, 2)  # squeezenet1_1 batch 1 vs 64
+    assert metric == "device_time_ms"
+    assert (table["b_over_a"] == table["b_ms"] / table["a_ms"]).all()
+    with pytest.raises(data.NoData, match="share no layer"):
+        data.compare_runs(shipped, 1, 3)  # squeezenet vs vgg19: no common layer names
+
+
+# -- roofline -----------------------------------------------------------------------------------
+
+
+def test_roofline_points_and_ceilings(shipped):
+    run = data.runs_table(shipped).iloc[0].to_dict()
+    ceilings = data.run_ceilings(run)
+    assert (ceilings.gpu, ceilings.precision) == ("H200", "bf16")
+    assert ceilings.memory_source == ceilings.compute_source == "measured"
+    points = data.roofline_points(shipped, 1)
+    conv1 = points[(points["layer"] == "conv1") & (points["backend"] == "xla")].iloc[0]
+    assert conv1["flop_per_byte"] == pytest.approx(conv1["flops"] / conv1["bytes"])
+    assert conv1["tflops"] == pytest.approx(conv1["flops"] / (conv1["time_ms"] / 1e3) / 1e12)
+    assert conv1["prediction"] == "traffic model"
+    assert conv1["error_pct"] == pytest.approx(100 * (conv1["pred_model_ms"] / conv1["time_ms"] - 1))
+    # jaxcnn's direct kernel is predicted too (the model calls it 'jaxcnn_direct').
+    assert points.loc[(points["backend"] == "jaxcnn") & (points["op"] == "conv2d"), "pred_model_ms"].notna().all()
+    roof = data.ceiling_lines(ceilings, 0.1, 1e4)
+    ridge = roof[np.isclose(roof["flop_per_byte"], ceilings.ridge_flop_per_byte)]
+    assert len(ridge) == 1 and ridge["tflops"].iloc[0] == pytest.approx(708.0)
+    assert roof["tflops"].is_monotonic_increasing and roof["tflops"].max() == pytest.approx(708.0)
+
+
+def test_no_roofline_for_cpu_or_unknown_gpus():
+    assert data.run_ceilings({"gpu_name": None, "device": "cpu", "dtype": "float32"}) is None
+    assert data.run_ceilings({"gpu_name": "Tesla K80", "device": "gpu", "dtype": "float32"}) is None
+    fp32 = data.run_ceilings({"gpu_name": "NVIDIA H100 80GB HBM3", "device": "gpu", "dtype": "float32"})
+    assert fp32.precision == "tf32"  # XLA's default precision for float32 convolutions
+
+
+def test_cpu_run_has_no_roofline(tmp_path):
+    with Store(tmp_path / "s.sqlite") as store:
+        run = store.add_run("profile", model="m", device="cpu")
+        layer, = store.add_layers(run, [dict(idx=0, name="c", op="conv2d", flops=10, bytes=10)])
+        store.add_measurements(run, [dict(layer_id=layer, backend="xla", metric="wall_time_ms", median=1.0)])
+        with pytest.raises(data.NoData, match="wall time, no GPU"):
+            data.roofline_points(store, run)
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+buffer_lists = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 10)),
+                        min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(buffer_lists)
+def test_live_bytes_curve_peaks_at_the_planner_lower_bound(specs):
+    buffers = [Buffer(f"b{i}", size, start, start + length) for i, (size, start, length) in enumerate(specs)]
+    frame = pd.DataFrame({"start_step": [b.start for b in buffers], "end_step": [b.end for b in buffers],
+                          "size_bytes": [b.size_bytes for b in buffers]})
+    curve = data.live_bytes_curve(frame)
+    assert curve["live_mib"].max() * data.MIB == pytest.approx(live_bytes_lower_bound(buffers))
+    step = int(curve["step"].iloc[len(curve) // 2])
+    alive = sum(b.size_bytes for b in buffers if b.start <= step <= b.end)
+    assert curve.loc[curve["step"] == step, "live_mib"].iloc[0] * data.MIB == pytest.approx(alive)
+    assert curve["live_mib"].iloc[-1] > 0 or all(b.end < len(curve) - 1 for b in buffers)
+
+
+def test_plans_and_batch_curve_from_real_compiles(tmp_path):
+    with Store(tmp_path / "p.sqlite") as store:
+        plan_run = stores.add_packing_plans(store, "lenet5")
+        stores.add_batch_curve(store)
+        summary = data.plan_summary(store, plan_run)
+        buffers = data.plan_buffers(store, plan_run)
+        rows = data.plan_measurements(store)
+    roles = dict(zip(summary["algorithm"], summary["role"]))
+    assert roles == {"naive": "naive", "greedy_by_size": "peer", "best_fit_decreasing": "peer",
+                     "pack_2d": "ours", "xla": "XLA"}
+    pack = summary.set_index("algorithm")
+    assert pack.loc["pack_2d", "arena_mib"] <= pack.loc["greedy_by_size", "arena_mib"]
+    assert pack.loc["pack_2d", "arena_mib"] >= pack.loc["pack_2d", "lower_bound_mib"]
+    assert pack.loc["naive", "saved_vs_naive_pct"] == 0
+    curve = data.live_bytes_curve(buffers[buffers["algorithm"] == "naive"])
+    assert curve["live_mib"].max() == pytest.approx(pack.loc["naive", "lower_bound_mib"])
+    assert buffers.loc[buffers["algorithm"] == "xla", "offset_mib"].isna().all()
+    batch_curve = data.max_batch_curve(rows)
+    assert batch_curve["batch"].tolist() == list(stores.CURVE_BATCHES)
+    assert batch_curve["peak_mib"].is_monotonic_increasing  # bigger batches never need less
+    alias = rows[rows["metric"] == "alias_bytes"]["median"]
+    assert len(alias) == 1 and alias.iloc[0] > 0  # the donated params are aliased to the outputs
+
+
+def test_memory_readers_say_what_to_run(shipped):
+    with pytest.raises(data.NoData, match="jaxcnn plan MODEL --db"):
+        data.plan_summary(shipped, 1)
+    with pytest.raises(data.NoData, match="jaxcnn maxbatch"):
+        data.max_batch_curve(data.plan_measurements(shipped))
+    stats = data.memory_stats(shipped, 1)
+    assert set(stats["backend"]) == {"xla", "jaxcnn"}
+    assert stats["argument_mib"].iloc[0] == pytest.approx(2772048 / data.MIB)
+
+
+@pytest.mark.parametrize("algorithm, role", [("naive", "naive"), ("tflite_greedy", "peer"), ("xla_best_fit", "peer"),
+                                             ("best_fit_decreasing", "peer"), ("pack_2d", "ours"),
+                                             ("jaxcnn_2d", "ours"), ("xla", "XLA"), ("xla_hlo", "XLA")])
+def test_algorithm_roles(algorithm, role):
+    assert data.algorithm_role(algorithm) == role
+
+
+# -- sparsity -----------------------------------------------------------------------------------
+
+
+def test_sparsity_table_matches_the_export(shipped):
+    table = data.sparsity_table(shipped, 1)
+    expected = {s["layer"]: s["zero_fraction"] for s in _shipped_runs()[0]["sparsity"]}
+    assert dict(zip(table["layer"], table["input_zero_pct"] / 100)) == pytest.approx(expected)
+    assert table["output_zero_pct"].between(0, 100).all()
+
+
+def _sparse_store(path, ratios_by_zero):
+    """A run timing a dense and a sparse variant of each layer at a given input sparsity."""
+    store = Store(path)
+    run = store.add_run("profile", model="m", device="gpu")
+    ids = store.add_layers(run, [dict(idx=i, name=f"l{i}", op="conv2d", flops=1, bytes=1)
+                                 for i in range(len(ratios_by_zero))])
+    rows, sparsity = [], []
+    for layer, (zero, ratio) in zip(ids, ratios_by_zero):
+        rows += [dict(layer_id=layer, backend="jaxcnn", variant="dense_nhwc", metric="device_time_ms", median=1.0),
+                 dict(layer_id=layer, backend="jaxcnn_sparse", metric="device_time_ms", median=ratio)]
+        sparsity.append(dict(layer_id=layer, zero_fraction=zero))
+    store.add_measurements(run, rows)
+    store.add_sparsity(run, sparsity)
+    return store, run
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(10, 90), st.floats(0.005, 0.05), st.lists(st.floats(0, 100), min_size=2, max_size=8, unique=True))
+def test_crossover_recovers_a_linear_ratio(tmp_path_factory, crossing, slope, zeros):
+    """ratio = 1 - slope * (zero% - crossing): sparse wins above the crossing, and the fit finds it."""
+    ratios = [(z / 100, max(1.0 - slope * (z - crossing), 1e-3)) for z in zeros]
+    if any(r == 1e-3 for _, r in ratios):
+        return  # clipped: not linear any more
+    store, run = _sparse_store(tmp_path_factory.mktemp("sparse") / "s.sqlite", ratios)
+    with store:
+        decisions = data.dense_sparse_decisions(store, run)
+    assert decisions["decision"].tolist() == ["sparse" if r < 1 else "dense" for _, r in ratios]
+    assert data.crossover_zero_pct(decisions) == pytest.approx(crossing, abs=1e-6)
+
+
+def test_no_sparse_measurements_says_so(shipped):
+    with pytest.raises(data.NoData, match="no sparse-kernel measurements"):
+        data.dense_sparse_decisions(shipped, 1)
+    one = pd.DataFrame({"input_zero_pct": [50.0], "sparse_over_dense": [0.8]})
+    assert data.crossover_zero_pct(one) is None
+    flat = pd.DataFrame({"input_zero_pct": [10.0, 90.0], "sparse_over_dense": [2.0, 2.0]})
+    assert data.crossover_zero_pct(flat) is None
+    assert not math.isnan(data.crossover_zero_pct(pd.DataFrame(
+        {"input_zero_pct": [10.0, 90.0], "sparse_over_dense": [1.5, 0.5]})))
+
+
+def test_jaxcnn_dashboard_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from jaxcnn import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    assert cli.main(["dashboard", "--db", "x.sqlite"]) == 2
+    assert "the dashboard needs streamlit: pip install 'jaxcnn[dashboard]'" in capsys.readouterr().err
