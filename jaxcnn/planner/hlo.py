@@ -355,6 +355,44 @@ def hlo_buffers(
     return [b for b, role in roles_list if role in keep]
 
 
+_ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
+_VALUE_RE = re.compile(r"^\s*value: <\d+ ([^\s{>]+)(?:\{([\d,]*)\})? @\d+> \(size=(\d+),offset=(\d+)\)")
+
+
+def _allocation_kind(attrs: str) -> str:
+    if "parameter" in attrs:
+        return "parameter"
+    if "constant" in attrs:
+        return "constant"
+    if "thread-local" in attrs:
+        return "thread-local"
+    if "live-out" in attrs or "output shape" in attrs:
+        return "live-out"
+    return "temp"  # preallocated-temp, or a plain temp allocation
+
+
+def parse_buffer_assignment(text: str) -> list[dict]:
+    """XLA's buffer-assignment dump (`*after_optimizations-buffer-assignment.txt`, written with
+    the xla_dump_to option) -> allocations: index, size, kind (parameter, constant, thread-local,
+    live-out or temp), attrs text and values [{name, size, offset}]; a tuple element's value is
+    named like our buffers, `instr#i`."""
+    allocations: list[dict] = []
+    for line in text.splitlines():
+        m = _ALLOCATION_RE.match(line)
+        if m is not None:
+            index, size, attrs = m.groups()
+            allocations.append(dict(index=int(index), size=int(size), kind=_allocation_kind(attrs),
+                                    attrs=attrs.strip(" ,"), values=[]))
+            continue
+        v = _VALUE_RE.match(line)
+        if v is not None and allocations:
+            name, shape_index, size, offset = v.groups()
+            if shape_index:
+                name += "".join(f"#{i}" for i in shape_index.split(","))
+            allocations[-1]["values"].append(dict(name=name, size=int(size), offset=int(offset)))
+    return allocations
+
+
 def memory_stats(compiled) -> dict[str, int]:
     """compiled.memory_analysis() as a dict; fields a backend does not report are left out."""
     try:
