@@ -12,9 +12,10 @@ iteration or runs one branch only:
   and `xs` are read until the loop ends (the body reads a slice of `xs` in place);
 - while: like scan with the cond computation first, then the body, both once;
 - cond: one branch runs, so each branch's intermediates may share bytes with the others':
-  branches are laid out one after the other in time (branch 0 first), while the operands and
-  the results stay alive across all of them. The live-bytes bound is then the max over branches,
-  not the sum (laying the branches over the same steps would reserve the sum).
+  branches are laid out one after the other in time (branch 0 first, as in `branches`), while
+  the operands and the outputs (defined when the cond starts) stay alive across all of them. The
+  live-bytes bound is then the max over branches, not the sum (laying the branches over the
+  same steps would reserve the sum).
 """
 
 from __future__ import annotations
@@ -155,12 +156,15 @@ class _Walker:
     def cond(self, eqn, ins: list) -> list:
         start = self.step
         outs = self.define_outs(eqn, start)
-        results = []
         for branch in eqn.params["branches"]:
             branch = _open(branch)
-            # Operands and results stay alive across every branch's steps (read at the end).
-            results += self._body(branch, dict(zip(branch.invars, ins[1:])))
-        self._close_loop(start, ins, outs, results)
+            results = self._body(branch, dict(zip(branch.invars, ins[1:])))
+            # A branch's results are copied into the cond's outputs at the end of its own steps,
+            # so they do not overlap the next branch's buffers.
+            for k in results:
+                self.read(k, max(self.step - 1, start))
+        # Operands and outputs stay alive across every branch's steps.
+        self._close_loop(start, ins, outs, [])
         return outs
 
 
