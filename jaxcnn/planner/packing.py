@@ -10,9 +10,10 @@ et al.), which keeps the best of several orderings and of the baselines.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -232,9 +233,10 @@ def _breadth_order(buffers: Sequence[Buffer]) -> list[int]:
     return sorted(range(n), key=lambda i: (busiest[i], -buffers[i].size_bytes, buffers[i].start))
 
 
-def _orderings(buffers: Sequence[Buffer], seeds: int) -> list[tuple[str, list[int]]]:
+def _orderings(buffers: Sequence[Buffer], seeds: int) -> Iterator[tuple[str, list[int]]]:
+    """Candidate orders, lazily (big inputs only use the first few), most distinct from the
+    baselines' size order first."""
     length = lambda b: b.end - b.start + 1  # noqa: E731
-    # Most distinct from the baselines' size order first: big inputs only get the first few.
     keys = {
         "area desc": lambda b: (-b.size_bytes * length(b), -b.size_bytes, b.start),
         "lifetime desc": lambda b: (-length(b), -b.size_bytes, b.start),
@@ -242,14 +244,14 @@ def _orderings(buffers: Sequence[Buffer], seeds: int) -> list[tuple[str, list[in
         "end desc": lambda b: (-b.end, -b.size_bytes, b.start),
         "size desc": lambda b: (-b.size_bytes, -length(b), b.start),
     }
-    out = [("breadth", _breadth_order(buffers))]
-    out += [(name, _greedy_order(buffers, key)) for name, key in keys.items()]
+    yield "breadth", _breadth_order(buffers)
+    for name, key in keys.items():
+        yield name, _greedy_order(buffers, key)
     for seed in range(seeds):
         # Seeded, so a plan is reproducible; random orders escape the sorts' shared blind spots.
         shuffled = list(range(len(buffers)))
         random.Random(seed).shuffle(shuffled)
-        out.append((f"random {seed}", shuffled))
-    return out
+        yield f"random {seed}", shuffled
 
 
 # Placement passes pack_2d may spend (candidates plus improvement rounds). A pass scans, per
@@ -283,11 +285,13 @@ def pack_2d(
     buffers: Sequence[Buffer], alignment: int = DEFAULT_ALIGNMENT, random_seeds: int = 2
 ) -> Plan:
     """2-D rectangle packing of lifetime x size (seed 004: pack the rectangles into the lowest
-    strip with a fast heuristic, several orderings, keep the best). Candidates: orderings by
-    size, lifetime, area, start, end and seeded random, each placed best fit and first fit
-    (bottom-left), plus greedy_by_size and best_fit_decreasing (so never worse than either);
-    then squeaky-wheel rounds on the best few: buffers that land above the lower bound move to
-    the front of the order, which is placed again. `detail` names the winner."""
+    strip with a fast heuristic, several orderings, keep the best). Candidates: greedy_by_size
+    and best_fit_decreasing (so never worse than either), then orderings by breadth (busiest
+    step first), area, lifetime, start, end, size and seeded random, each placed best fit and
+    first fit (bottom-left); then squeaky-wheel rounds on the best few: buffers that land above
+    the lower bound move to the front of the order, which is placed again. Stops as soon as a
+    plan meets the (aligned) lower bound; the passes are budgeted by n^2 (WORK_BUDGET), so big
+    inputs get the baselines, the breadth order and few rounds. `detail` names the winner."""
     buffers = list(buffers)
     n = len(buffers)
     sizes = _aligned_sizes(buffers, alignment)
@@ -300,9 +304,9 @@ def pack_2d(
     ]
     passes = min(max(WORK_BUDGET // max(n * n, 1), MIN_PASSES), MAX_PASSES)
     # Half the passes for fresh orderings, half for improvement; none once one meets the bound.
-    tries = [(label, order, best_fit) for label, order in _orderings(buffers, random_seeds)
-             for best_fit in (True, False)]
-    for label, order, best_fit in tries[:max(passes // 2 - len(candidates), 0)]:
+    tries = ((label, order, best_fit) for label, order in _orderings(buffers, random_seeds)
+             for best_fit in (True, False))
+    for label, order, best_fit in itertools.islice(tries, max(passes // 2 - len(candidates), 1)):
         if min(c[0] for c in candidates) <= target:
             break
         offsets, arena = _place_indices(order, sizes, timeline, best_fit)
