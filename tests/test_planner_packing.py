@@ -1,5 +1,4 @@
 import jax
-import jax.numpy as jnp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -211,3 +210,17 @@ def test_ten_thousand_buffers_plan_quickly():
     # Goal < 1 s: ~0.75 s of CPU here. CPU time, since wall time on a shared runner counts the
     # other jobs too; the margin is for slower CI machines.
     assert seconds < 3.0, seconds
+
+
+@pytest.mark.parametrize("fn", list(ALGORITHMS.values()))
+def test_bad_input_names_the_argument(fn):
+    ok = [Buffer("a", 8, 0, 1)]
+    with pytest.raises(ValueError, match="alignment"):
+        fn(ok, alignment=0)
+    with pytest.raises(ValueError, match="duplicate name 'a'"):
+        fn(ok + [Buffer("a", 8, 2, 3)])
+    with pytest.raises(ValueError, match="start <= end"):
+        fn([Buffer("b", 8, 3, 2)])
+    with pytest.raises(TypeError, match="Buffer"):
+        fn([("a", 8, 0, 1)])
+    assert naive(ok).arena_bytes == ALIGN

@@ -82,11 +82,30 @@ def lower_bound(buffers: Sequence[Buffer], alignment: int | None = None) -> int:
 
 def naive(buffers: Sequence[Buffer], alignment: int = DEFAULT_ALIGNMENT) -> Plan:
     """No reuse: every buffer gets its own aligned slot, one after another."""
+    buffers = _checked(buffers, alignment)
     offsets, top = {}, 0
     for b in buffers:
         offsets[b.name] = top
         top += _align(b.size_bytes, alignment)
     return Plan("naive", offsets, top, alignment)
+
+
+def _checked(buffers: Iterable[Buffer], alignment: int) -> list[Buffer]:
+    """The buffers as a list; ValueError/TypeError naming the argument when they cannot be
+    planned (plans key offsets by name, lifetimes are inclusive step ranges)."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"alignment must be a positive int, got {alignment!r}")
+    buffers = list(buffers)
+    names = set()
+    for b in buffers:
+        if not isinstance(b, Buffer):
+            raise TypeError(f"buffers must hold Buffer objects, got {type(b).__name__}")
+        if b.size_bytes < 0 or b.start < 0 or b.end < b.start:
+            raise ValueError(f"buffers: {b!r} needs size_bytes >= 0 and 0 <= start <= end")
+        if b.name in names:
+            raise ValueError(f"buffers: duplicate name {b.name!r}")
+        names.add(b.name)
+    return buffers
 
 
 def _aligned_sizes(buffers: Sequence[Buffer], alignment: int) -> list[int]:
@@ -190,7 +209,7 @@ def _xla_key(b: Buffer):
 def greedy_by_size(buffers: Sequence[Buffer], alignment: int = DEFAULT_ALIGNMENT) -> Plan:
     """TFLite's GreedyBySize: largest first (ties: earlier first use), each into the smallest
     gap between time-overlapping placed buffers that fits, else on top of them."""
-    buffers = list(buffers)
+    buffers = _checked(buffers, alignment)
     offsets, arena = _place_indices(_greedy_order(buffers, _tflite_key),
                                     _aligned_sizes(buffers, alignment), _Timeline(buffers), True)
     return _plan("greedy_by_size", buffers, offsets, arena, alignment)
@@ -205,7 +224,7 @@ def best_fit_decreasing(buffers: Sequence[Buffer], alignment: int = DEFAULT_ALIG
     among equal sizes. XLA places long-lived buffers first, since they constrain the most steps,
     whereas TFLite goes by first use. The two often agree, and diverge on same-size tensors,
     common in CNNs (conv output, bias add, relu of one shape)."""
-    buffers = list(buffers)
+    buffers = _checked(buffers, alignment)
     offsets, arena = _place_indices(_greedy_order(buffers, _xla_key),
                                     _aligned_sizes(buffers, alignment), _Timeline(buffers), True)
     return _plan("best_fit_decreasing", buffers, offsets, arena, alignment)
@@ -292,7 +311,9 @@ def pack_2d(
     the lower bound move to the front of the order, which is placed again. Stops as soon as a
     plan meets the (aligned) lower bound; the passes are budgeted by n^2 (WORK_BUDGET), so big
     inputs get the baselines, the breadth order and few rounds. `detail` names the winner."""
-    buffers = list(buffers)
+    buffers = _checked(buffers, alignment)
+    if isinstance(random_seeds, bool) or not isinstance(random_seeds, int) or random_seeds < 0:
+        raise ValueError(f"random_seeds must be an int >= 0, got {random_seeds!r}")
     n = len(buffers)
     sizes = _aligned_sizes(buffers, alignment)
     timeline = _Timeline(buffers)
