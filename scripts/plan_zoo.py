@@ -45,7 +45,8 @@ def markdown(records: list[dict], failures: list[dict], args, seconds: float) ->
         "operand sharing, temps + outputs (outputs live from their definition, as XLA lets temps "
         "use an output's bytes before it is written), compared with XLA's temp + output size. "
         "`temp bound/XLA temp` is the bound of the hlo temps alone over XLA's temp size (above 1 "
-        "where XLA put temps into output allocations). MiB columns; `ours/bound` = pack_2d over "
+        "where XLA put temps into output allocations); `XLA peak` is memory_analysis' "
+        "peak_memory (all allocations). MiB columns; `ours/bound` = pack_2d over "
         "the lower bound; goals: ours <= "
         f"{BOUND_GOAL}x bound, <= every peer, <= {NAIVE_GOAL:.2f}x naive.",
         "",
@@ -59,8 +60,9 @@ def markdown(records: list[dict], failures: list[dict], args, seconds: float) ->
             f"## source: {source}",
             "",
             "| model | mode | batch | buffers | naive | greedy | best-fit | ours | bound | ours/bound "
-            f"| ours/naive | {xla_col} | ours/XLA | temp bound/XLA temp | ours s | winner | goals |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+            f"| ours/naive | {xla_col} | ours/XLA | temp bound/XLA temp | XLA peak | ours s | winner "
+            "| goals |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for r in rows:
             ours, bound, xla = r["pack_2d"], r["lower_bound"], r["xla_bytes"]
@@ -73,6 +75,7 @@ def markdown(records: list[dict], failures: list[dict], args, seconds: float) ->
                 f"{ours / r['naive'] if r['naive'] else 0:.3f} | {_mib(xla)} | "
                 f"{ours / xla if xla else float('nan'):.3f} | "
                 + (f"{r['temp_bound'] / temp:.3f}" if r["temp_bound"] is not None and temp else "-")
+                + f" | {_mib(r['xla_memory'].get('peak_memory_in_bytes'))}"
                 + f" | {r['pack_2d_seconds']:.2f} | {r['winner']} | "
                 + ("all met" if not missed else "missed: " + ", ".join(missed)) + " |"
             )
