@@ -93,28 +93,21 @@ def cmd_layers(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    import jax
+    from jaxcnn.planner.report import plan_model, store_plan, summary
 
-    from jaxcnn.models import get_model
-    from jaxcnn.planner import jaxpr_buffers, live_bytes_lower_bound
+    plan = plan_model(_model_name(args.model), args.batch, train=args.train, dtype=_dtype(args.dtype),
+                      backend=args.backend, sources=(args.source,))
+    print(summary(plan, args.source))
+    if plan.xla:
+        print("XLA memory_analysis: " + ", ".join(
+            f"{k.replace('_in_bytes', '')} {v / 2**20:.2f} MiB" for k, v in plan.xla.items()
+            if k.endswith("_in_bytes")))
+    if args.db:
+        from jaxcnn.store import Store
 
-    spec = get_model(_model_name(args.model))
-    dtype = _dtype(args.dtype)
-    params = spec.abstract_params(dtype)
-    x = jax.ShapeDtypeStruct(spec.input_shape(args.batch), dtype)
-    forward = lambda p, x: spec.apply(p, x, backend=args.backend)  # noqa: E731
-    buffers = jaxpr_buffers(forward, params, x)
-    naive = sum(b.size_bytes for b in buffers)
-    bound = live_bytes_lower_bound(buffers)
-    analysis = jax.jit(forward).lower(params, x).compile().memory_analysis()
-    mib = lambda v: f"{v / 2**20:10.2f} MiB"  # noqa: E731
-    print(f"{args.model} batch={args.batch} {dtype} backend={args.backend}: {len(buffers)} intermediate buffers")
-    print(f"  no reuse (sum of intermediates) {mib(naive)}")
-    print(f"  lower bound (max live bytes)    {mib(bound)}")
-    if analysis is not None:
-        print(f"  XLA temp                        {mib(analysis.temp_size_in_bytes)}")
-        print(f"  XLA arguments / outputs         {mib(analysis.argument_size_in_bytes)} / "
-              f"{mib(analysis.output_size_in_bytes)}")
+        with Store(args.db) as store:
+            runs = store_plan(store, plan)
+        print(f"run {runs[args.source]} (kind 'plan') recorded in {args.db}")
     return 0
 
 
@@ -202,9 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
     p.set_defaults(run=cmd_layers)
 
-    p = sub.add_parser("plan", help="memory of the model: buffers, lower bound, XLA's assignment")
+    p = sub.add_parser("plan", help="memory of the model: every packing algorithm vs the lower bound and XLA")
     model_args(p)
     p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
+    p.add_argument("--train", action="store_true", help="plan a training step (SGD) instead of inference")
+    p.add_argument("--source", default="hlo", choices=("jaxpr", "hlo"),
+                   help="buffers of the traced jaxpr or of XLA's compiled HLO (default)")
+    p.add_argument("--db", default=None, help="record the plans (kind 'plan') in this store")
     p.set_defaults(run=cmd_plan)
 
     p = sub.add_parser("layouts", help="choose the activation layout (and kernel) of every layer")
