@@ -14,6 +14,7 @@
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
 #                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
+#     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
@@ -114,6 +115,18 @@ if has fusion; then
   step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
+fi
+
+if has planner; then
+  # The memory planner on the GPU's compiled programs: ours vs peers vs XLA's own assignment.
+  # shellcheck disable=SC2086
+  step plan_zoo timeout "${PLANNER_TIMEOUT:-600}" $PY scripts/plan_zoo.py --out "$RAW" --label planner_zoo \
+    --db "$RAW/plans.sqlite" ${PLAN_ZOO_ARGS:-}
+  if [ -f scripts/bench_memory_planning.py ]; then
+    # shellcheck disable=SC2086
+    step memory_planning timeout "${PLANNER_TIMEOUT:-600}" $PY scripts/bench_memory_planning.py --out "$RAW" \
+      --label memory_planning ${MEMORY_PLANNING_ARGS:-}
+  fi
 fi
 
 if has zoo; then
