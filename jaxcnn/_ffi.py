@@ -180,3 +180,21 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
             f"order), w {tuple(w_shape)}, {jax.numpy.dtype(dtype).name}: {why}"
         )
     return int(size)
+
+
+def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str | None:
+    """The fused fire kernel's configuration for these shapes on the current device, as the
+    library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ..."): what
+    the handler will launch. None when the library is not loaded (or predates the query)."""
+    if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_fire_plan"):
+        return None
+    from jaxcnn.ops.fire_args import ALGORITHMS
+
+    fn = _LOADED["lib"].jaxcnn_fire_plan
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64] * 9 + [ctypes.c_char_p, ctypes.c_int64]
+    out = ctypes.create_string_buffer(256)
+    n, h, w, c = x_nhwc
+    fn(n, h, w, c, squeeze, expand1, expand3, DTYPE_CODES[jax.numpy.dtype(dtype).name],
+       ALGORITHMS.index(algorithm), out, len(out))
+    return out.value.decode()

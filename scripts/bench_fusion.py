@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(SCRIPTS))
 from bench_layers import _json_safe, environment  # noqa: E402
 
+from jaxcnn import _ffi  # noqa: E402
 from jaxcnn.models.backends import XLA_OPS  # noqa: E402
 from jaxcnn.models.layers import Net  # noqa: E402
 from jaxcnn.models.squeezenet import fire as zoo_fire  # noqa: E402
@@ -143,12 +144,16 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
                    for k, t in timings.items()}
     except Exception as exc:
         timings = {k: dict(error=f"{type(exc).__name__}: {exc}") for k in ("jaxcnn", "xla")}
+    # The fused kernel's launch configuration (tile, channel split, weight residency).
+    config = _ffi.fire_plan((n, case.hw, case.hw, case.c), case.s, case.e, case.e,
+                            DTYPES[dtype])
     med = {k: t.get("median_ms") for k, t in timings.items()}
     floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
     ours, xla = med.get("jaxcnn"), med.get("xla")
     return dict(
         case=case.name, n=n, dtype=dtype, hw=case.hw, c=case.c, s=case.s, e=case.e,
         bytes_moved=bytes_moved, gflop=flops / 1e9, floor_ms=floor_ms, accuracy=accuracy,
+        config=config,
         timings=timings,
         pct_of_floor={k: (100.0 * floor_ms / v if v else None) for k, v in med.items()},
         tflops={k: (flops / (v * 1e-3) / 1e12 if v else None) for k, v in med.items()},
@@ -191,14 +196,16 @@ def summary_table(rows: list[dict]) -> list[str]:
 
 
 def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
-    lines = ["| case | N | dtype | variant | kernels per call | top kernels (us per call) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| case | N | dtype | variant | kernels per call | top kernels (us per call) "
+             "| launch config |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         for variant, t in r["timings"].items():
             listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
                                for k in (t.get("kernels") or [])[:4])
             cells = [r["case"], str(r["n"]), r["dtype"], variant,
-                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-"]
+                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-",
+                     (r.get("config") or "-") if variant == "jaxcnn" else "-"]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines
 

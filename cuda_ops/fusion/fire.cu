@@ -1,5 +1,5 @@
-// Launcher for the fused fire module: validate, plan (tensor cores or CUDA cores, which
-// weights stay in shared memory), launch.
+// Launcher for the fused fire module: validate, plan (tensor cores or CUDA cores; tile,
+// channel split, which weights stay in shared memory), launch.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -48,27 +48,37 @@ cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
 }
 
 int SqueezeK(int64_t S) { return static_cast<int>(CeilDiv(S, 16) * 16); }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
-// Shared-memory layout of the tensor-core kernel for one (resident, chunk) choice.
-fire::TcArgs TcLayout(const FireParams& p, bool sq_resident, bool ex_resident, int ex_chunk) {
+// Shared-memory layout and work split of the tensor-core kernel for one choice of tile
+// height, channel split and squeeze-weight residency (expand weights are always resident).
+fire::TcArgs TcLayout(const FireParams& p, int tile_h, int split, bool sq_resident,
+                      int sm_count) {
   using namespace fire;
   TcArgs a{};
   a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
   a.C = static_cast<int>(p.C), a.S = static_cast<int>(p.S);
   a.E1 = static_cast<int>(p.E1), a.E3 = static_cast<int>(p.E3);
-  a.tiles_h = static_cast<int>(CeilDiv(p.H, kTileH));
+  a.tile_h = tile_h;
+  a.tiles_h = static_cast<int>(CeilDiv(p.H, tile_h));
   a.tiles_w = static_cast<int>(CeilDiv(p.W, kTileW));
   a.num_tiles = static_cast<int>(p.N * a.tiles_h * a.tiles_w);
+  a.split = split;
+  // One wave of persistent CTAs (one per SM), each slice walked by sm_count / split of them.
+  a.walkers = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_tiles,
+                                                                       sm_count / split)));
+  a.e1_slice = static_cast<int>(RoundUp(CeilDiv(p.E1, split), 8));
+  a.e3_slice = static_cast<int>(RoundUp(CeilDiv(p.E3, split), 8));
   a.in_chunks = static_cast<int>(CeilDiv(p.C, kInChunk));
   const int sk = SqueezeK(p.S);
   a.sq_stride = PaddedStride(sk);
-  a.ex_chunk = ex_chunk;
-  a.ex_stride = PaddedStride(ex_chunk);
-  a.e1_chunks = static_cast<int>(CeilDiv(p.E1, ex_chunk));
-  a.e3_chunks = static_cast<int>(CeilDiv(p.E3, ex_chunk));
+  a.ex_chunk = static_cast<int>(
+      std::min<int64_t>(kMaxExpandChunk, RoundUp(std::max(a.e1_slice, a.e3_slice), 16)));
+  a.ex_stride = PaddedStride(a.ex_chunk);
+  a.e1_chunks = static_cast<int>(CeilDiv(a.e1_slice, a.ex_chunk));
+  a.e3_chunks = static_cast<int>(CeilDiv(a.e3_slice, a.ex_chunk));
   a.sq_resident = sq_resident;
-  a.ex_resident = ex_resident;
-  a.x_buf_elems = kHaloRows * PaddedStride(kInChunk);
+  a.x_buf_elems = HaloRows(tile_h) * PaddedStride(kInChunk);
   a.wsq_chunk_elems = kInChunk * a.sq_stride;
   a.wex_e1_elems = sk * a.ex_stride;
   a.wex_e3_elems = 9 * sk * a.ex_stride;
@@ -78,17 +88,50 @@ fire::TcArgs TcLayout(const FireParams& p, bool sq_resident, bool ex_resident, i
   a.off_wsq = off;
   off += (sq_resident ? a.in_chunks : 2) * a.wsq_chunk_elems;
   a.off_s = off;
-  off += kHaloRows * a.sq_stride;
+  off += HaloRows(tile_h) * a.sq_stride;
   a.off_wex = off;
-  off += ex_resident ? a.e1_chunks * a.wex_e1_elems + a.e3_chunks * a.wex_e3_elems
-                     : a.wex_e3_elems;  // one slot, sized for a 3x3 chunk
+  off += a.e1_chunks * a.wex_e1_elems + a.e3_chunks * a.wex_e3_elems;
   a.off_stage = off;
-  off += kTilePixels * a.ex_stride;
   return a;
 }
 
 int64_t TcSmemBytes(const fire::TcArgs& a) {
-  return (int64_t{a.off_stage} + int64_t{fire::kTilePixels} * a.ex_stride) * 2;
+  return (int64_t{a.off_stage} + int64_t{fire::kWarps} * fire::kStageWarpElems) * 2;
+}
+
+// Slices thinner than this (per expand conv) are not worth their squeeze recompute unless
+// the weights need them to fit.
+constexpr int kMinUsefulSlice = 32;
+
+// The tensor-core kernel's configuration for `p` on a device with `sm_count` SMs and
+// `smem_optin` bytes of shared memory per CTA; false when nothing fits.
+//  - tile height 8, or 4 when 8-row tiles leave SMs idle (small images, small batches);
+//  - split: the smallest power of two whose slice weights fit in shared memory and that
+//    gives every SM a (tile, slice), stopping at kMinUsefulSlice channels per slice;
+//  - squeeze weights resident when they fit too.
+bool ChooseTcLayout(const FireParams& p, int sm_count, int smem_optin, fire::TcArgs* out) {
+  const int64_t tiles8 = p.N * CeilDiv(p.H, 8) * CeilDiv(p.W, fire::kTileW);
+  const int tile_h = tiles8 < sm_count ? 4 : 8;
+  bool found = false;
+  int64_t prev_e1 = -1, prev_e3 = -1;
+  for (int split = 1; split <= 1024; split *= 2) {
+    const int64_t e1 = RoundUp(CeilDiv(p.E1, split), 8), e3 = RoundUp(CeilDiv(p.E3, split), 8);
+    if (e1 == prev_e1 && e3 == prev_e3) break;  // slices no longer shrink
+    prev_e1 = e1, prev_e3 = e3;
+    bool fits = false;
+    for (bool sq_resident : {true, false}) {
+      const fire::TcArgs a = TcLayout(p, tile_h, split, sq_resident, sm_count);
+      if (TcSmemBytes(a) <= smem_optin) {
+        *out = a;
+        fits = found = true;
+        break;
+      }
+    }
+    if (fits && (out->num_tiles * int64_t{split} >= sm_count ||
+                 std::max(e1, e3) <= kMinUsefulSlice))
+      break;
+  }
+  return found;
 }
 
 // Why the tensor-core kernel cannot run these params/buffers, or nullptr.
@@ -149,26 +192,19 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
     }
   }
   if (tc_reason == nullptr) {
-    // Keep as many weights resident as fit: squeeze and expand, then expand streamed, then
-    // both streamed; 64-channel expand chunks when 128 do not fit.
-    struct Choice {
-      bool sq, ex;
-      int chunk;
-    };
-    const Choice choices[] = {{true, true, 128}, {true, false, 128}, {false, false, 128},
-                              {true, false, 64}, {false, false, 64}};
-    for (const Choice& c : choices) {
-      const fire::TcArgs a = TcLayout(p, c.sq, c.ex, c.chunk);
-      const int64_t bytes = TcSmemBytes(a);
-      if (bytes <= dev.smem_optin) {
-        plan.kernel = FireAlgorithm::kTensorCore;
-        plan.why = "bf16/fp16 with channel counts multiple of 8";
-        plan.smem_bytes = bytes;
-        plan.squeeze_weights_resident = c.sq;
-        plan.expand_weights_resident = c.ex;
-        plan.expand_chunk = c.chunk;
-        return plan;
-      }
+    fire::TcArgs a;
+    if (ChooseTcLayout(p, dev.sm_count, dev.smem_optin, &a)) {
+      plan.kernel = FireAlgorithm::kTensorCore;
+      plan.why = "bf16/fp16 with channel counts multiple of 8";
+      plan.smem_bytes = TcSmemBytes(a);
+      plan.squeeze_weights_resident = a.sq_resident;
+      plan.expand_weights_resident = true;
+      plan.expand_chunk = a.ex_chunk;
+      plan.tile_h = a.tile_h;
+      plan.tile_w = fire::kTileW;
+      plan.split = a.split;
+      plan.grid = static_cast<int64_t>(a.walkers) * a.split;
+      return plan;
     }
     tc_reason = "tensor-core fire kernel's tiles do not fit in this GPU's shared memory";
   }
@@ -183,22 +219,29 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
 
 namespace {
 
-template <typename T, int SK>
+template <typename T, int SK, int TH>
 cudaError_t LaunchTc(const FireParams& p, const FireBuffers<T>& b, const FirePlan& plan,
                      cudaStream_t stream) {
-  const fire::TcArgs a = TcLayout(p, plan.squeeze_weights_resident,
-                                  plan.expand_weights_resident, plan.expand_chunk);
   DeviceInfo dev;
   cudaError_t status = CurrentDeviceInfo(&dev);
   if (status != cudaSuccess) return status;
-  auto kernel = fire::fire_tc_kernel<T, SK>;
+  fire::TcArgs a;
+  if (!ChooseTcLayout(p, dev.sm_count, dev.smem_optin, &a)) return cudaErrorInvalidValue;
+  auto kernel = fire::fire_tc_kernel<T, SK, TH>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(plan.smem_bytes));
   if (status != cudaSuccess) return status;
-  const int grid = std::max(1, std::min(a.num_tiles, dev.sm_count));
-  kernel<<<grid, fire::kThreads, plan.smem_bytes, stream>>>(a, b.x, b.w_sq, b.b_sq, b.w_e1,
-                                                            b.b_e1, b.w_e3, b.b_e3, b.y);
+  kernel<<<static_cast<unsigned>(plan.grid), fire::kThreads, plan.smem_bytes, stream>>>(
+      a, b.x, b.w_sq, b.b_sq, b.w_e1, b.b_e1, b.w_e3, b.b_e3, b.y);
   return cudaGetLastError();
+}
+
+// The kernel instance for the squeeze width (K padded to 16) and the tile height.
+template <typename T, int SK>
+cudaError_t LaunchTcTile(const FireParams& p, const FireBuffers<T>& b, const FirePlan& plan,
+                         cudaStream_t stream) {
+  return plan.tile_h == 4 ? LaunchTc<T, SK, 4>(p, b, plan, stream)
+                          : LaunchTc<T, SK, 8>(p, b, plan, stream);
 }
 
 template <typename T>
@@ -237,10 +280,10 @@ cudaError_t launch_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgori
     return cudaErrorInvalidValue;  // plan_fire never picks tensor cores for fp32
   } else {
     switch (SqueezeK(p.S)) {
-      case 16: return LaunchTc<T, 16>(p, b, plan, stream);
-      case 32: return LaunchTc<T, 32>(p, b, plan, stream);
-      case 48: return LaunchTc<T, 48>(p, b, plan, stream);
-      case 64: return LaunchTc<T, 64>(p, b, plan, stream);
+      case 16: return LaunchTcTile<T, 16>(p, b, plan, stream);
+      case 32: return LaunchTcTile<T, 32>(p, b, plan, stream);
+      case 48: return LaunchTcTile<T, 48>(p, b, plan, stream);
+      case 64: return LaunchTcTile<T, 64>(p, b, plan, stream);
       default: return LaunchFma(p, b, stream);  // S == 0: no squeeze channels
     }
   }

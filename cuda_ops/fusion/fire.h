@@ -36,12 +36,18 @@ struct FirePlan {
   FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore or kFma
   const char* unsupported = nullptr;          // non-null: cannot run, says why
   const char* why = "";                       // why this kernel (for selftests / logs)
-  // Tensor-core kernel only: shared-memory bytes per CTA, weights kept in shared memory for
-  // the CTA's lifetime (else streamed per tile from L2), output channels per expand chunk.
+  // Tensor-core kernel only: shared-memory bytes per CTA; squeeze weights kept in shared
+  // memory for the CTA's lifetime (else streamed with each input chunk); expand weights are
+  // always resident (the channel split makes them fit); output channels per expand chunk;
+  // output tile (tile_h x tile_w pixels); expand channel slices (each CTA computes one
+  // slice of E1 and of E3 for its tiles, recomputing the tile's squeeze); CTAs launched.
   int64_t smem_bytes = 0;
   bool squeeze_weights_resident = false;
   bool expand_weights_resident = false;
   int expand_chunk = 0;
+  int tile_h = 0, tile_w = 0;
+  int split = 0;
+  int64_t grid = 0;
 };
 
 // The pointers a launch reads and writes; alignment decides the kernel.

@@ -1,5 +1,7 @@
 // XLA FFI handler for the fused fire module: decode, validate, launch, report.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -111,3 +113,55 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnFireFwd, jaxcnn::FireFwd,
                                   .Ret<ffi::AnyBuffer>()   // y
                                   .Attr<int64_t>("algorithm"),
                               {ffi::Traits::kCmdBufferCompatible});
+
+namespace {
+
+template <typename T>
+jaxcnn::FirePlan PlanWithAlignedBuffers(const jaxcnn::FireParams& p,
+                                        jaxcnn::FireAlgorithm algorithm) {
+  // XLA's buffers are 16-byte aligned (what the handler will see); only the addresses'
+  // alignment matters to the plan.
+  const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
+  const jaxcnn::FireBuffers<T> buffers{aligned, aligned, aligned, aligned, aligned,
+                                       aligned, aligned, const_cast<T*>(aligned)};
+  return jaxcnn::plan_fire<T>(p, buffers, algorithm);
+}
+
+}  // namespace
+
+// The configuration the handler will launch on the current device, as one line of text
+// ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... sq_resident=1 expand_chunk=128"),
+// for benchmarks and logs. Returns the text's length (truncated to out_len - 1), or -1 when
+// the kernel cannot run these params (out then holds the reason).
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t w, int64_t c,
+                                                  int64_t s, int64_t e1, int64_t e3,
+                                                  int64_t dtype, int64_t algorithm, char* out,
+                                                  int64_t out_len) {
+  const jaxcnn::FireParams p{n, h, w, c, s, e1, e3};
+  const auto algo = static_cast<jaxcnn::FireAlgorithm>(algorithm);
+  jaxcnn::FirePlan plan;
+  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+    case 0: plan = PlanWithAlignedBuffers<float>(p, algo); break;
+    case 1: plan = PlanWithAlignedBuffers<__nv_bfloat16>(p, algo); break;
+    case 2: plan = PlanWithAlignedBuffers<__half>(p, algo); break;
+    default: plan.unsupported = "unknown dtype code"; break;
+  }
+  std::string text;
+  if (plan.unsupported != nullptr) {
+    text = plan.unsupported;
+  } else if (plan.kernel == jaxcnn::FireAlgorithm::kFma) {
+    text = std::string("kernel=fma (") + plan.why + ")";
+  } else {
+    text = "kernel=tensor_core tile=" + std::to_string(plan.tile_h) + "x" +
+           std::to_string(plan.tile_w) + " split=" + std::to_string(plan.split) +
+           " grid=" + std::to_string(plan.grid) + " smem=" + std::to_string(plan.smem_bytes) +
+           " sq_resident=" + std::to_string(plan.squeeze_weights_resident ? 1 : 0) +
+           " expand_chunk=" + std::to_string(plan.expand_chunk);
+  }
+  if (out != nullptr && out_len > 0) {
+    const size_t n_copy = std::min<size_t>(text.size(), static_cast<size_t>(out_len - 1));
+    std::memcpy(out, text.data(), n_copy);
+    out[n_copy] = '\0';
+  }
+  return plan.unsupported != nullptr ? -1 : static_cast<int64_t>(text.size());
+}

@@ -1,18 +1,23 @@
 // Fused fire module kernels (see fire.h for the math).
 //
-// fire_tc_kernel (bf16/fp16, sm_80+): persistent CTAs of 8 warps walk tiles of 8x16 output
-// pixels of one image. Per tile:
-//   1. squeeze: the 10x18 input halo tile is an implicit GEMM [180 px x C] x [C x S] on
+// fire_tc_kernel (bf16/fp16, sm_80+): persistent CTAs of 8 warps. The output is cut into
+// tiles of TH x 16 pixels (TH = 8, or 4 for small images) and the expand output channels into
+// `split` slices (each slice a share of the E1 and of the E3 channels); CTA b owns slice
+// b % split and walks the tiles b / split, + walkers, ... Per tile:
+//   1. squeeze: the (TH+2) x 18 input halo tile is an implicit GEMM [halo px x C] x [C x S] on
 //      mma.sync m16n8k16 (fp32 accumulate), C streamed in chunks of 64 channels through two
-//      cp.async buffers (the next chunk, or the next tile's first chunk, loads while this one
-//      computes, so the next tile's input streams in during this tile's expands);
-//      bias + ReLU, rounded to T, zero outside the image (the 3x3's padding), kept in smem.
-//   2. expands: 1x1 (K = S) and 3x3 (K = 9 S, nine shifted views of the same smem tile:
-//      ldmatrix takes one row address per lane, so the shift is free) as implicit GEMMs in
-//      chunks of output channels; bias + ReLU; staged in smem and stored with 16-byte
-//      coalesced writes into their channel slice of y (no concatenate).
-//   Weights stay in smem for the CTA's lifetime when they fit (the launcher decides), else
-//   each chunk is reloaded from L2 per tile.
+//      cp.async buffers two chunks ahead (the next tile's first two chunks load during this
+//      tile's expands); bias + ReLU, rounded to T, zero outside the image (the 3x3's
+//      padding), kept in smem. Every slice recomputes its tile's squeeze: it is ~10% of the
+//      FLOPs, and the second slice's input reads hit L2.
+//   2. expands: the slice's 1x1 (K = S) and 3x3 (K = 9 S, nine shifted views of the same smem
+//      tile: ldmatrix takes one row address per lane, so the shift is free) channels as
+//      implicit GEMMs. Work item = (1 or 2 output rows, 64 channels), dealt round-robin to the
+//      warps over the whole slice; bias + ReLU; each warp stages its item in its own smem
+//      area and stores it with 16-byte coalesced writes into its channel slice of y (no
+//      concatenate, no block-wide barrier between items).
+//   The slice's expand weights (and the squeeze weights when they fit) stay in smem for the
+//   CTA's lifetime, loaded once with cp.async; the launcher picks `split` so that they fit.
 // Shared-memory rows are padded so that 8 consecutive rows start in 8 different 16-byte bank
 // groups (row bytes / 16 odd): ldmatrix is then conflict-free.
 //
@@ -35,16 +40,18 @@ namespace fire {
 // ------------------------------------------------------------------ tensor-core kernel
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileH = 8;   // output rows per tile (one pair of rows per warp in the expands)
 constexpr int kTileW = 16;  // output columns per tile = one m16 MMA tile
-constexpr int kHaloH = kTileH + 2;
 constexpr int kHaloW = kTileW + 2;
-constexpr int kHaloPixels = kHaloH * kHaloW;          // 180
-constexpr int kHaloRows = (kHaloPixels + 15) / 16 * 16;  // 192: whole m16 tiles
-constexpr int kHaloMTiles = kHaloRows / 16;           // 12
-constexpr int kTilePixels = kTileH * kTileW;          // 128
-constexpr int kInChunk = 64;                          // input channels per squeeze chunk
-constexpr int kExpandBlock = 64;                      // output channels per warp work item
+constexpr int kInChunk = 64;      // input channels per squeeze chunk
+constexpr int kExpandBlock = 64;  // output channels per warp work item
+constexpr int kMaxExpandChunk = 128;  // widest expand chunk kept as one weight matrix
+
+// Halo geometry of a tile of `tile_h` output rows.
+__host__ __device__ constexpr int HaloPixels(int tile_h) { return (tile_h + 2) * kHaloW; }
+__host__ __device__ constexpr int HaloRows(int tile_h) {  // whole m16 tiles
+  return (HaloPixels(tile_h) + 15) / 16 * 16;
+}
+__host__ __device__ constexpr int TilePixels(int tile_h) { return tile_h * kTileW; }
 
 // Row stride (elements of a 16-bit type) for `cols` columns: padded so rows are 16-byte
 // aligned and row_bytes / 16 is odd (conflict-free ldmatrix over 8 consecutive rows).
@@ -53,16 +60,24 @@ __host__ __device__ constexpr int PaddedStride(int cols) {
   return ((vecs % 2 == 1) ? vecs + 2 : vecs + 1) * 8;
 }
 
+// Per-warp output staging: up to 2 rows x 16 pixels x 64 channels.
+constexpr int kStageStride = PaddedStride(kExpandBlock);
+constexpr int kStageWarpElems = 2 * kTileW * kStageStride;
+
 // Everything the kernel needs, computed by the launcher (fire.cu).
 struct TcArgs {
   int N, H, W, C, S, E1, E3;
+  int tile_h;              // = the kernel's TH
   int tiles_h, tiles_w, num_tiles;
+  int split;               // expand channel slices; CTA b owns slice b % split
+  int walkers;             // CTAs per slice: gridDim.x = walkers * split
+  int e1_slice, e3_slice;  // channels of E1 / E3 per slice (multiples of 8; last may be short)
   int in_chunks;           // ceil(C / kInChunk)
   int sq_stride;           // smem row stride of the squeeze weights and the s tile
-  int ex_chunk;            // output channels per expand chunk (64 or 128)
-  int ex_stride;           // PaddedStride(ex_chunk): expand weights and output staging
-  int e1_chunks, e3_chunks;
-  bool sq_resident, ex_resident;
+  int ex_chunk;            // output channels per expand weight chunk (<= kMaxExpandChunk)
+  int ex_stride;           // PaddedStride(ex_chunk)
+  int e1_chunks, e3_chunks;  // chunks per slice
+  bool sq_resident;
   // Element offsets (T units) of the smem regions.
   int off_x, off_wsq, off_s, off_wex, off_stage;
   int x_buf_elems;      // one input-chunk buffer
@@ -137,20 +152,18 @@ __device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Rows [0, rows) x columns [0, cols_pad) of a [rows][stride] smem matrix from a row-major
-// global matrix; columns >= cols_valid and rows >= rows_valid are zero. Plain 16-byte loads
-// (not cp.async): weight loads must not join the input pipeline's cp.async groups.
+// Issues (no wait) the cp.asyncs of rows [0, rows) x columns [0, cols_pad) of a
+// [rows][stride] smem matrix from a row-major global matrix; columns >= cols_valid and rows
+// >= rows_valid are zero-filled. All of a CTA's weights are in flight at once.
 template <typename T>
-__device__ __forceinline__ void LoadMatrix(T* dst, int stride, const T* src, int64_t src_ld,
-                                           int rows, int rows_valid, int cols_pad,
-                                           int cols_valid) {
+__device__ __forceinline__ void IssueMatrix(T* dst, int stride, const T* src, int64_t src_ld,
+                                            int rows, int rows_valid, int cols_pad,
+                                            int cols_valid) {
   const int vecs = cols_pad / 8;
   for (int i = threadIdx.x; i < rows * vecs; i += kThreads) {
     const int r = i / vecs, v = i % vecs;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r < rows_valid && v * 8 < cols_valid)
-      value = __ldg(reinterpret_cast<const uint4*>(src + r * src_ld + v * 8));
-    *reinterpret_cast<uint4*>(dst + r * stride + v * 8) = value;
+    const bool valid = r < rows_valid && v * 8 < cols_valid;
+    CpAsync16(dst + r * stride + v * 8, valid ? src + r * src_ld + v * 8 : src, valid);
   }
 }
 
@@ -158,27 +171,28 @@ struct TileCoord {
   int n, h0, w0;  // image, first output row and column
 };
 
+template <int TH>
 __device__ __forceinline__ TileCoord TileAt(const TcArgs& a, int tile) {
   const int per_image = a.tiles_h * a.tiles_w;
   const int n = tile / per_image;
   const int rem = tile - n * per_image;
   const int th = rem / a.tiles_w;
-  return {n, th * kTileH, (rem - th * a.tiles_w) * kTileW};
+  return {n, th * TH, (rem - th * a.tiles_w) * kTileW};
 }
 
 // Issues (no wait) the cp.asyncs of input chunk `chunk` of `tile` into buffer `buf`: the
 // halo tile's channels [chunk*64, chunk*64+64), zero outside the image and past C; with
 // streamed squeeze weights, also their rows of this chunk.
-template <typename T>
+template <typename T, int TH>
 __device__ __forceinline__ void IssueInputChunk(const TcArgs& a, const T* __restrict__ x,
                                                 const T* __restrict__ w_sq, T* smem, int tile,
                                                 int chunk, int buf) {
   constexpr int kVecs = kInChunk / 8;
   constexpr int kStride = PaddedStride(kInChunk);
-  const TileCoord t = TileAt(a, tile);
+  const TileCoord t = TileAt<TH>(a, tile);
   T* xs = smem + a.off_x + buf * a.x_buf_elems;
   const int c0 = chunk * kInChunk;
-  for (int i = threadIdx.x; i < kHaloPixels * kVecs; i += kThreads) {
+  for (int i = threadIdx.x; i < HaloPixels(TH) * kVecs; i += kThreads) {
     const int p = i / kVecs, v = i % kVecs;
     const int gy = t.h0 - 1 + p / kHaloW, gx = t.w0 - 1 + p % kHaloW;
     const int c = c0 + v * 8;
@@ -198,8 +212,72 @@ __device__ __forceinline__ void IssueInputChunk(const TcArgs& a, const T* __rest
   }
 }
 
+// The CTA's input pipeline: the (tile, chunk) pairs it consumes, in order; the k-th one
+// issued goes to buffer k % 2 and is consumed k-th.
+struct InputCursor {
+  int tile, chunk, issued;
+};
+
+// Issues the next (tile, chunk) of the sequence if any, and always commits a group (possibly
+// empty) so that the consumer's wait_group count stays fixed.
+template <typename T, int TH>
+__device__ __forceinline__ void IssueNext(const TcArgs& a, const T* __restrict__ x,
+                                          const T* __restrict__ w_sq, T* smem,
+                                          InputCursor& cur) {
+  if (cur.tile < a.num_tiles) {
+    IssueInputChunk<T, TH>(a, x, w_sq, smem, cur.tile, cur.chunk, cur.issued % 2);
+    ++cur.issued;
+    if (++cur.chunk == a.in_chunks) {
+      cur.chunk = 0;
+      cur.tile += a.walkers;
+    }
+  }
+  CpAsyncCommit();
+}
+
+// One expand work item: output rows [row0, row0 + rows) (rows = 1 or 2) of the tile x
+// channels [col0, col0 + 64) of the chunk whose weights start at `wx` ([kTaps * SK][ex_stride],
+// zero past `width`), accumulated in fp32 over kTaps shifted views of the s tile.
+template <typename T, int SK, int kTaps>
+__device__ __forceinline__ void ExpandMma(float (&acc)[2][8][4], const T* s_tile, int sq_stride,
+                                          const T* wx, int ex_stride, int row0, int rows,
+                                          int col0, int width) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int tap = 0; tap < kTaps; ++tap) {
+    const int dy = kTaps == 9 ? tap / 3 : 1, dx = kTaps == 9 ? tap % 3 : 1;
+#pragma unroll
+    for (int ks = 0; ks < SK / 16; ++ks) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (i < rows) {
+          const int sp = (row0 + i + dy) * kHaloW + lane % 16 + dx;
+          LdMatrixX4(af[i], s_tile + sp * sq_stride + ks * 16 + (lane / 16) * 8);
+        }
+      }
+      const T* wrow = wx + (tap * SK + ks * 16 + lane % 16) * ex_stride + (lane / 16) * 8;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (col0 + np * 16 < width) {
+          uint32_t r[4];
+          LdMatrixX4Trans(r, wrow + col0 + np * 16);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if (i < rows) {
+              Mma<T>(acc[i][2 * np], af[i], r[0], r[1]);
+              Mma<T>(acc[i][2 * np + 1], af[i], r[2], r[3]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // SK: squeeze channels rounded up to 16 (the expands' K step); padded channels are zero.
-template <typename T, int SK>
+// TH: output rows per tile (8 or 4).
+template <typename T, int SK, int TH>
 __global__ void __launch_bounds__(kThreads, 1)
     fire_tc_kernel(TcArgs a, const T* __restrict__ x, const T* __restrict__ w_sq,
                    const T* __restrict__ b_sq, const T* __restrict__ w_e1,
@@ -210,48 +288,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* smem = reinterpret_cast<T*>(smem_raw);
   constexpr int kXStride = PaddedStride(kInChunk);
   constexpr int kSqNTiles = SK / 8;
+  constexpr int kHaloPixels = HaloPixels(TH);
+  constexpr int kHaloRows = HaloRows(TH);
+  constexpr int kHaloMTiles = kHaloRows / 16;  // 12 (TH 8) or 7 (TH 4): <= 2 per warp
+  static_assert(kHaloMTiles <= 2 * kWarps, "squeeze: at most two m16 tiles per warp");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;  // MMA fragment row group and column pair
   const int E = a.E1 + a.E3;
+  const int slice = blockIdx.x % a.split;
+  // This slice's channels of each expand conv: [*_lo, *_hi) (empty when lo >= hi).
+  const int e1_lo = slice * a.e1_slice, e1_hi = min(a.E1, e1_lo + a.e1_slice);
+  const int e3_lo = slice * a.e3_slice, e3_hi = min(a.E3, e3_lo + a.e3_slice);
 
-  // Rows 180..191 of the input buffers feed only discarded squeeze rows: zero them once so
-  // nothing reads uninitialized shared memory.
-  for (int i = threadIdx.x; i < 2 * (kHaloRows - kHaloPixels) * kXStride; i += kThreads) {
-    const int buf = i / ((kHaloRows - kHaloPixels) * kXStride);
-    const int j = i % ((kHaloRows - kHaloPixels) * kXStride);
-    smem[a.off_x + buf * a.x_buf_elems + kHaloPixels * kXStride + j] = T(0.0f);
-  }
+  // Rows past the halo pixels of the input buffers feed only discarded squeeze rows: zero
+  // them once so nothing reads uninitialized shared memory.
+  constexpr int kPadElems = (kHaloRows - kHaloPixels) * kXStride;
+  for (int i = threadIdx.x; i < 2 * kPadElems; i += kThreads)
+    smem[a.off_x + (i / kPadElems) * a.x_buf_elems + kHaloPixels * kXStride + i % kPadElems] =
+        T(0.0f);
+  // Resident weights: all in flight at once, one cp.async group ahead of the input chunks.
   if (a.sq_resident)
-    LoadMatrix(smem + a.off_wsq, a.sq_stride, w_sq, a.S, a.in_chunks * kInChunk, a.C,
-               a.sq_stride, a.S);
-  if (a.ex_resident) {
-    for (int ch = 0; ch < a.e1_chunks; ++ch)
-      LoadMatrix(smem + a.off_wex + ch * a.wex_e1_elems, a.ex_stride, w_e1 + ch * a.ex_chunk,
-                 a.E1, SK, a.S, (min(a.ex_chunk, a.E1 - ch * a.ex_chunk) + 15) / 16 * 16,
-                 min(a.ex_chunk, a.E1 - ch * a.ex_chunk));
-    T* e3_base = smem + a.off_wex + a.e1_chunks * a.wex_e1_elems;
-    for (int ch = 0; ch < a.e3_chunks; ++ch) {
-      const int width = min(a.ex_chunk, a.E3 - ch * a.ex_chunk);
-      for (int tap = 0; tap < 9; ++tap)
-        LoadMatrix(e3_base + ch * a.wex_e3_elems + tap * SK * a.ex_stride, a.ex_stride,
-                   w_e3 + static_cast<int64_t>(tap) * a.S * a.E3 + ch * a.ex_chunk, a.E3, SK,
-                   a.S, (width + 15) / 16 * 16, width);
-    }
+    IssueMatrix(smem + a.off_wsq, a.sq_stride, w_sq, a.S, a.in_chunks * kInChunk, a.C,
+                a.sq_stride, a.S);
+  for (int ch = 0; ch < a.e1_chunks; ++ch) {
+    const int lo = e1_lo + ch * a.ex_chunk, width = min(a.ex_chunk, e1_hi - lo);
+    if (width > 0)
+      IssueMatrix(smem + a.off_wex + ch * a.wex_e1_elems, a.ex_stride, w_e1 + lo, a.E1, SK, a.S,
+                  (width + 15) / 16 * 16, width);
   }
-  // (The first __syncthreads of the squeeze loop publishes these stores.)
-
-  int load = 0;  // input chunks issued so far: chunk number `load` goes to buffer load % 2
-  if (blockIdx.x < a.num_tiles) {
-    IssueInputChunk(a, x, w_sq, smem, blockIdx.x, 0, 0);
-    ++load;
+  T* const e3_weights = smem + a.off_wex + a.e1_chunks * a.wex_e1_elems;
+  for (int ch = 0; ch < a.e3_chunks; ++ch) {
+    const int lo = e3_lo + ch * a.ex_chunk, width = min(a.ex_chunk, e3_hi - lo);
+    if (width > 0)
+      for (int tap = 0; tap < 9; ++tap)
+        IssueMatrix(e3_weights + ch * a.wex_e3_elems + tap * SK * a.ex_stride, a.ex_stride,
+                    w_e3 + static_cast<int64_t>(tap) * a.S * a.E3 + lo, a.E3, SK, a.S,
+                    (width + 15) / 16 * 16, width);
   }
   CpAsyncCommit();
+  // Two input chunks in flight ahead of the one being consumed. (The first wait + barrier
+  // of the squeeze loop also publishes the weights and the zeroed rows.)
+  InputCursor cursor{static_cast<int>(blockIdx.x) / a.split, 0, 0};
+  IssueNext<T, TH>(a, x, w_sq, smem, cursor);
+  IssueNext<T, TH>(a, x, w_sq, smem, cursor);
+  int consumed = 0;
 
-  T* s_tile = smem + a.off_s;
-  for (int tile = blockIdx.x; tile < a.num_tiles; tile += gridDim.x) {
-    const TileCoord t = TileAt(a, tile);
+  T* const s_tile = smem + a.off_s;
+  T* const stage = smem + a.off_stage + warp * kStageWarpElems;
+  for (int tile = static_cast<int>(blockIdx.x) / a.split; tile < a.num_tiles;
+       tile += a.walkers) {
+    const TileCoord t = TileAt<TH>(a, tile);
 
-    // ---------------- squeeze: [192 halo rows x C] x [C x SK] ----------------
+    // ---------------- squeeze: [halo rows x C] x [C x SK] ----------------
     float acc_s[2][kSqNTiles][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -261,22 +349,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int k = 0; k < 4; ++k) acc_s[i][j][k] = 0.0f;
 
     for (int chunk = 0; chunk < a.in_chunks; ++chunk) {
-      const int buf = (load - 1) % 2;  // this chunk was the last one issued
-      // Prefetch the next chunk, or the next tile's first one, into the other buffer.
-      if (chunk + 1 < a.in_chunks) {
-        IssueInputChunk(a, x, w_sq, smem, tile, chunk + 1, load % 2);
-        ++load;
-      } else if (tile + static_cast<int>(gridDim.x) < a.num_tiles) {
-        IssueInputChunk(a, x, w_sq, smem, tile + gridDim.x, 0, load % 2);
-        ++load;
-      }
-      CpAsyncCommit();
-      CpAsyncWait<1>();  // everything but the group just committed has landed
+      const int buf = consumed % 2;
+      CpAsyncWait<1>();  // all but the newest group (the chunk after this one) have landed
       __syncthreads();
 
       const T* xs = smem + a.off_x + buf * a.x_buf_elems;
-      const T* ws = smem + a.off_wsq +
-                    (a.sq_resident ? chunk * a.wsq_chunk_elems : buf * a.wsq_chunk_elems);
+      const T* ws = smem + a.off_wsq + (a.sq_resident ? chunk : buf) * a.wsq_chunk_elems;
 #pragma unroll
       for (int ks = 0; ks < kInChunk / 16; ++ks) {
         uint32_t b[kSqNTiles][2];
@@ -298,10 +376,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      __syncthreads();  // buffer `buf` is free for the load issued next iteration
+      ++consumed;
+      __syncthreads();  // buffer `buf` is free: the chunk two ahead goes there
+      IssueNext<T, TH>(a, x, w_sq, smem, cursor);
     }
 
     // Bias + ReLU, rounded to T; zero outside the image (the 3x3's zero padding applies to s).
+    // (The previous tile's expands read s_tile before every warp passed the loop's barriers.)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int mt = warp + i * kWarps;
@@ -326,38 +407,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    // ---------------- expands: chunks of output channels ----------------
+    // ---------------- expands: the slice's chunks, items dealt round-robin ----------------
+    int item_base = 0;  // items of the earlier chunks of this tile
     const int chunks = a.e1_chunks + a.e3_chunks;
     for (int ch = 0; ch < chunks; ++ch) {
       const bool is3 = ch >= a.e1_chunks;
       const int local = is3 ? ch - a.e1_chunks : ch;
-      const int conv_c0 = local * a.ex_chunk;  // first channel of this chunk in its conv
-      const int conv_e = is3 ? a.E3 : a.E1;
-      const int width = min(a.ex_chunk, conv_e - conv_c0);
-      const int taps = is3 ? 9 : 1;
+      const int conv_c0 = (is3 ? e3_lo : e1_lo) + local * a.ex_chunk;  // in its conv
+      const int width = min(a.ex_chunk, (is3 ? e3_hi : e1_hi) - conv_c0);
+      if (width <= 0) continue;
       const T* bias = is3 ? b_e3 : b_e1;
-      const T* wx;
-      if (a.ex_resident) {
-        wx = smem + a.off_wex +
-             (is3 ? a.e1_chunks * a.wex_e1_elems + local * a.wex_e3_elems
-                  : local * a.wex_e1_elems);
-      } else {
-        T* slot = smem + a.off_wex;
-        const T* src = (is3 ? w_e3 : w_e1) + conv_c0;
-        for (int tap = 0; tap < taps; ++tap)
-          LoadMatrix(slot + tap * SK * a.ex_stride, a.ex_stride,
-                     src + static_cast<int64_t>(tap) * a.S * conv_e, conv_e, SK, a.S,
-                     (width + 15) / 16 * 16, width);
-        __syncthreads();
-        wx = slot;
-      }
-
-      // Work item = (pair of output rows, block of 64 channels): 4 x ceil(width / 64).
+      const T* wx = is3 ? e3_weights + local * a.wex_e3_elems
+                        : smem + a.off_wex + local * a.wex_e1_elems;
+      // Items of 2 rows reuse each weight fragment twice; 1-row items when 2-row ones would
+      // leave warps idle.
       const int blocks = (width + kExpandBlock - 1) / kExpandBlock;
-      T* stage = smem + a.off_stage;
-      for (int item = warp; item < 4 * blocks; item += kWarps) {
-        const int row0 = 2 * (item % 4);
-        const int col0 = (item / 4) * kExpandBlock;
+      const int rows = (TH / 2) * blocks >= kWarps ? 2 : 1;
+      const int items = (TH / rows) * blocks;
+      const int first = ((warp - item_base) % kWarps + kWarps) % kWarps;
+      for (int item = first; item < items; item += kWarps) {
+        const int row0 = rows * (item % (TH / rows));
+        const int col0 = (item / (TH / rows)) * kExpandBlock;
         float acc[2][8][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -365,66 +435,47 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+        if (is3)
+          ExpandMma<T, SK, 9>(acc, s_tile, a.sq_stride, wx, a.ex_stride, row0, rows, col0, width);
+        else
+          ExpandMma<T, SK, 1>(acc, s_tile, a.sq_stride, wx, a.ex_stride, row0, rows, col0, width);
 
-        for (int tap = 0; tap < taps; ++tap) {
-          const int dy = is3 ? tap / 3 : 1, dx = is3 ? tap % 3 : 1;
+        // Bias + ReLU into this warp's staging area [rows * 16 px][kStageStride].
+        __syncwarp();  // the warp's previous item has left the staging area
 #pragma unroll
-          for (int ks = 0; ks < SK / 16; ++ks) {
-            uint32_t af[2][4];
+        for (int nt = 0; nt < 8; ++nt) {
+          if (col0 + nt * 8 < width) {
+            const int col = col0 + nt * 8 + 2 * q;
+            const float b0 = to_float(bias[conv_c0 + col]);
+            const float b1 = to_float(bias[conv_c0 + col + 1]);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const int sp = (row0 + i + dy) * kHaloW + lane % 16 + dx;
-              LdMatrixX4(af[i], s_tile + sp * a.sq_stride + ks * 16 + (lane / 16) * 8);
-            }
-            const T* wrow = wx + (tap * SK + ks * 16 + lane % 16) * a.ex_stride + (lane / 16) * 8;
+              if (i < rows) {
 #pragma unroll
-            for (int np = 0; np < 4; ++np) {
-              const int col = col0 + np * 16;
-              if (col < width) {
-                uint32_t r[4];
-                LdMatrixX4Trans(r, wrow + col);
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                  Mma<T>(acc[i][2 * np], af[i], r[0], r[1]);
-                  Mma<T>(acc[i][2 * np + 1], af[i], r[2], r[3]);
+                for (int half = 0; half < 2; ++half) {
+                  const int p = i * kTileW + g + half * 8;
+                  *reinterpret_cast<uint32_t*>(stage + p * kStageStride + nt * 8 + 2 * q) =
+                      PackPair<T>(fmaxf(acc[i][nt][2 * half] + b0, 0.0f),
+                                  fmaxf(acc[i][nt][2 * half + 1] + b1, 0.0f));
                 }
               }
             }
           }
         }
-        // Bias + ReLU into the staging tile [128 px][ex_stride].
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const int col = col0 + nt * 8 + 2 * q;
-            if (col0 + nt * 8 < width) {
-              const float b0 = to_float(bias[conv_c0 + col]);
-              const float b1 = to_float(bias[conv_c0 + col + 1]);
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int p = (row0 + i) * kTileW + g + half * 8;
-                *reinterpret_cast<uint32_t*>(stage + p * a.ex_stride + col) =
-                    PackPair<T>(fmaxf(acc[i][nt][2 * half] + b0, 0.0f),
-                                fmaxf(acc[i][nt][2 * half + 1] + b1, 0.0f));
-              }
-            }
-          }
+        __syncwarp();
+        // Staging -> y[n, h, w, out_c0 : out_c0 + vecs * 8]: a pixel's 128 bytes per 8 lanes.
+        const int vecs = min(kExpandBlock, width - col0) / 8;
+        const int out_c0 = (is3 ? a.E1 : 0) + conv_c0 + col0;
+        for (int i = lane; i < rows * kTileW * vecs; i += 32) {
+          const int p = i / vecs, v = i % vecs;
+          const int oy = t.h0 + row0 + p / kTileW, ox = t.w0 + p % kTileW;
+          if (oy < a.H && ox < a.W)
+            *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(t.n) * a.H + oy) * a.W + ox) * E +
+                                      out_c0 + v * 8) =
+                *reinterpret_cast<const uint4*>(stage + p * kStageStride + v * 8);
+        }
       }
-      __syncthreads();
-
-      // Staging tile -> y[n, h, w, out_c0 : out_c0 + width], 16 bytes per thread per step.
-      const int out_c0 = (is3 ? a.E1 : 0) + conv_c0;
-      const int vecs = width / 8;
-      for (int i = threadIdx.x; i < kTilePixels * vecs; i += kThreads) {
-        const int p = i / vecs, v = i % vecs;
-        const int oy = t.h0 + p / kTileW, ox = t.w0 + p % kTileW;
-        if (oy < a.H && ox < a.W)
-          *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(t.n) * a.H + oy) * a.W + ox) * E +
-                                    out_c0 + v * 8) =
-              *reinterpret_cast<const uint4*>(stage + p * a.ex_stride + v * 8);
-      }
-      __syncthreads();  // staging tile and (streamed) weight slot are reused next chunk
+      item_base += items;
     }
   }
   CpAsyncWait<0>();  // no cp.async may outlive the CTA

@@ -1,6 +1,7 @@
 // Standalone check of launch_fire (fused fire module) against a host float64 reference:
-// odd spatial sizes, N = 1, every SqueezeNet 1.0/1.1 channel configuration (they cover all
-// shared-memory plans: weights resident, expand weights streamed, both streamed), bf16 / fp16
+// odd spatial sizes, N = 1, every SqueezeNet 1.0/1.1 channel configuration on 4-row tiles
+// (small grids) and on 8-row tiles (batches of 40), which covers the plans: expand channel
+// split 1 to 8, squeeze weights resident or streamed, edge tiles and short slices; bf16 / fp16
 // on tensor cores and the CUDA-core kernel (fp32 too), a misaligned buffer (falls back to the
 // CUDA-core kernel), then the issue's headline shape (checked on three images) and cudaEvent
 // timings of every SqueezeNet fire at N=64 bf16.
@@ -170,6 +171,9 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   int64_t bad = 0;
   if (check.empty())
     for (int64_t n = 0; n < p.N; ++n) check.push_back(n);
+  // Images not compared with the reference must still be fully written (no poison left).
+  for (int64_t i = 0; pass && i < y_count; ++i)
+    if (!std::isfinite(selftest::ToFloat(got[i]))) ++bad;
   if (pass) {
     for (int64_t n : check) {
       const std::vector<double> want = Reference(c, n);
@@ -206,13 +210,15 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   }
 
   std::printf("%-22s %-4s %-11s N=%lld H=%lld W=%lld C=%lld S=%lld E=%lld+%lld misalign=%d  "
-              "kernel=%s smem=%lld res(sq,ex)=(%d,%d) chunk=%d  max_rel_err=%.2e nonfinite=%lld",
+              "kernel=%s tile=%dx%d split=%d grid=%lld smem=%lld res(sq,ex)=(%d,%d) chunk=%d  "
+              "max_rel_err=%.2e nonfinite=%lld",
               label, selftest::DTypeName(DTypeOf<T>()), AlgoName(algo), (long long)p.N,
               (long long)p.H, (long long)p.W, (long long)p.C, (long long)p.S, (long long)p.E1,
               (long long)p.E3, misalign,
-              plan.unsupported ? plan.unsupported : AlgoName(plan.kernel),
-              (long long)plan.smem_bytes, plan.squeeze_weights_resident,
-              plan.expand_weights_resident, plan.expand_chunk, rel, (long long)bad);
+              plan.unsupported ? plan.unsupported : AlgoName(plan.kernel), plan.tile_h,
+              plan.tile_w, plan.split, (long long)plan.grid, (long long)plan.smem_bytes,
+              plan.squeeze_weights_resident, plan.expand_weights_resident, plan.expand_chunk, rel,
+              (long long)bad);
   if (ms > 0.0) {
     const double bytes = double(p.N * p.H * p.W * (p.C + E)) * sizeof(T);
     std::printf("  %.4f ms  %.0f GB/s  floor(3.97TB/s) %.4f ms", ms, bytes / ms * 1e-6,
@@ -291,6 +297,25 @@ int main(int argc, char** argv) {
     const FireParams p{2, 11, 21, f.C, f.S, f.E, f.E};
     count(RunCase<__nv_bfloat16>(p, tc, 0, f.name));
     count(RunCase<__half>(p, tc, 0, f.name));
+  }
+
+  // 8-row tiles are planned only when 4-row ones would not leave SMs idle: batches of 40
+  // small odd images get them (tiles at every edge), alone (split 1) and with the expand
+  // channels split over CTAs (S = 64: slices 56 + 64 channels, the last E1 slice short).
+  {
+    const FireParams wide[] = {
+        {40, 9, 17, 72, 24, 40, 56}, {40, 9, 17, 136, 64, 200, 256}, {70, 13, 13, 512, 64, 256, 256},
+    };
+    for (const FireParams& p : wide) {
+      count(RunCase<__nv_bfloat16>(p, tc, 0, "tile8", {0, 17, 39}));
+      count(RunCase<__half>(p, tc, 0, "tile8", {1, 39}));
+    }
+    // Every SqueezeNet fire configuration on 8-row tiles (two images compared, all checked
+    // for unwritten outputs).
+    for (const Fire& f : kSqueezeNetFires) {
+      const FireParams p{40, 9, 17, f.C, f.S, f.E, f.E};
+      count(RunCase<__nv_bfloat16>(p, tc, 0, f.name, {0, 39}));
+    }
   }
 
   if (!skip_large) {
