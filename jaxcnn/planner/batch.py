@@ -47,14 +47,14 @@ def footprint_bytes(stats: dict[str, int]) -> int:
             - stats.get("alias_size_in_bytes", 0) + stats["temp_size_in_bytes"])
 
 
-def parse_bytes(text: str | int) -> int:
-    """'8GiB', '512 MiB', '1.5GB', '1000000' or an int -> bytes (binary units for KiB/MiB/GiB)."""
-    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
-        if text <= 0:
-            raise ValueError(f"budget must be positive, got {text}")
+def parse_bytes(text: str | int | float) -> int:
+    """'8GiB', '512 MiB', '1.5GB', '1000000' or a number -> whole bytes (KiB/MiB/GiB binary)."""
+    if isinstance(text, (int, float, np.integer, np.floating)) and not isinstance(text, bool):
+        if not text >= 1:  # also rejects NaN
+            raise ValueError(f"budget must be at least one byte, got {text}")
         return int(text)
     if not isinstance(text, str):
-        raise TypeError(f"budget must be an int or a string like '8GiB', got {type(text).__name__}")
+        raise TypeError(f"budget must be a number of bytes or a string like '8GiB', got {type(text).__name__}")
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if m is None or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read {text!r} as a size: use a number with B, KiB, MiB, GiB, KB, MB or GB")

@@ -21,6 +21,9 @@ For each, `remat_advice` reports
                       pullback, params included);
   predicted           plain footprint + (live-bytes bound of the step's jaxpr under the policy -
                       that bound without it): program order is where jax puts the recompute;
+  predicted_residuals plain footprint - (residual_bytes without the policy - with it): the
+                      footprint if the recompute needed no more memory than it frees (a
+                      scheduler that recomputes each value right before its use);
   measured            the footprint of the compiled step (planner.batch.footprint_bytes).
 It picks the candidate with the fewest recompute_flops whose *measured* footprint fits.
 
@@ -153,7 +156,8 @@ class RematRow:
     description: str
     recompute_flops: int
     residual_bytes: int
-    predicted: int  # footprint bytes
+    predicted: int  # footprint bytes, program-order model
+    predicted_residuals: int  # footprint bytes, residual model
     measured: int | None  # None: not compiled
     fits: bool | None
 
@@ -174,15 +178,15 @@ class RematAdvice:
                      chosen=r.policy == self.chosen, **r.__dict__) for r in self.rows]
 
     def explain(self) -> str:
-        mib = lambda n: "-" if n is None else f"{n / 2**20:10.2f}"  # noqa: E731
+        mib = lambda n: "-" if n is None else f"{n / 2**20:.2f}"  # noqa: E731
         lines = [f"{self.model} batch {self.batch}: budget {self.budget_bytes / 2**20:.2f} MiB -> "
                  + (f"use '{self.chosen}'" if self.chosen else "no candidate policy fits"),
                  f"  {'policy':18s} {'recompute GFLOP':>15s} {'residual MiB':>12s} {'predicted MiB':>13s} "
-                 f"{'measured MiB':>12s}  fits"]
+                 f"{'pred. resid. MiB':>16s} {'measured MiB':>12s}  fits"]
         for r in self.rows:
             fits = "-" if r.fits is None else "yes" if r.fits else "no"
             lines.append(f"  {r.policy:18s} {r.recompute_flops / 1e9:15.3f} {mib(r.residual_bytes):>12s} "
-                         f"{mib(r.predicted):>13s} {mib(r.measured):>12s}  {fits}"
+                         f"{mib(r.predicted):>13s} {mib(r.predicted_residuals):>16s} {mib(r.measured):>12s}  {fits}"
                          + ("  <- chosen" if r.policy == self.chosen else ""))
         return "\n".join(lines)
 
@@ -221,6 +225,7 @@ def remat_advice(model, budget_bytes: int | str, *, batch: int, dtype="float32",
     plain = RematPolicy("none", "none", None, "no checkpointing")
     plain_measured = compile_stats(lambda b: (donating_jit(step_for(plain)), args), batch)["footprint_bytes"]
     plain_bound = bound(plain)
+    plain_residuals = _residual_bytes(remat_forward(spec, plain, backend=backend), params, images)
 
     order = sorted(policies, key=lambda p: p.recompute_flops(layers))
     rows, chosen = [], None
@@ -232,9 +237,11 @@ def remat_advice(model, budget_bytes: int | str, *, batch: int, dtype="float32",
                         compile_stats(lambda b: (donating_jit(step_for(policy)), args), batch)["footprint_bytes"])
             if chosen is None and measured <= budget:
                 chosen = policy.name
+        residuals = _residual_bytes(remat_forward(spec, policy, backend=backend), params, images)
         rows.append(RematRow(
             policy=policy.name, description=policy.description, recompute_flops=policy.recompute_flops(layers),
-            residual_bytes=_residual_bytes(remat_forward(spec, policy, backend=backend), params, images),
-            predicted=predicted, measured=measured, fits=None if measured is None else measured <= budget,
+            residual_bytes=residuals, predicted=predicted,
+            predicted_residuals=plain_measured - (plain_residuals - residuals),
+            measured=measured, fits=None if measured is None else measured <= budget,
         ))
     return RematAdvice(spec.name, batch, budget, tuple(rows), chosen)
