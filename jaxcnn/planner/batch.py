@@ -11,9 +11,10 @@ not used: the CPU backend leaves the temp arena out of it.)
 `max_batch` compiles the program at a few small batches (probe_batches), fits the footprint as
 affine in the batch (activations grow with it, params and optimizer state do not), predicts the
 largest batch under the budget, and verifies it by compiling at that batch and the next one.
-When the fit is off (XLA switches algorithms or layouts with the batch) it searches: from the
-last batch known to fit and the first known not to, by interpolation, until it has a batch n
-with footprint(n) <= budget < footprint(n + 1). Only shapes are compiled, nothing runs.
+When the fit is off (XLA switches algorithms or layouts with the batch, or the footprint is
+not affine) it searches between the last batch known to fit and the first known not to, by
+interpolation with a bisection fallback, until it has a batch n with
+footprint(n) <= budget < footprint(n + 1). Only shapes are compiled, nothing runs.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ class _CompileCap(Exception):
 
 
 def max_batch(program_or_model, budget_bytes: int | str, *, probe_batches=DEFAULT_PROBES,
-              limit: int = 1 << 16, max_compiles: int = 16, **model_kwargs) -> MaxBatch:
+              limit: int = 1 << 16, max_compiles: int = 24, **model_kwargs) -> MaxBatch:
     """Largest batch whose footprint (module doc) is <= budget_bytes.
 
     program_or_model: a zoo model name / ModelSpec (model_kwargs go to model_program: train,
@@ -260,18 +261,22 @@ def _boundary(compiler: _Compiler, budget: int, guess: int, limit: int) -> int:
             if not fits(1):
                 return 0
             lo = 1
-    # Invariant: fits(lo), not fits(hi), lo < hi. Interpolate on the footprints, clamp inside.
+    # Invariant: fits(lo), not fits(hi), lo < hi. Interpolate on the footprints (exact for an
+    # affine footprint); when a step fails to halve the bracket, bisect next (curved footprints).
+    interpolate = True
     while hi - lo > 1:
-        f_lo, f_hi = compiler.footprint(lo), compiler.footprint(hi)
-        guess = lo + (budget - f_lo) * (hi - lo) // max(1, f_hi - f_lo)
+        width = hi - lo
+        if interpolate:
+            f_lo, f_hi = compiler.footprint(lo), compiler.footprint(hi)
+            guess = lo + (budget - f_lo) * (hi - lo) // max(1, f_hi - f_lo)
+        else:
+            guess = (lo + hi) // 2
         guess = min(max(guess, lo + 1), hi - 1)
         if fits(guess):
             lo = guess
-            if not fits(guess + 1):
-                return guess
-            lo = guess + 1
         else:
             hi = guess
+        interpolate = 2 * (hi - lo) <= width
     return lo
 
 
