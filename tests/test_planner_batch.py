@@ -134,3 +134,27 @@ def test_bad_arguments():
         max_batch("lenet6", "1GiB")
     with pytest.raises(ValueError, match="batches"):
         max_batch_curve("lenet5", [0, 1])
+
+
+def test_cli_maxbatch_prints_and_records(tmp_path, capsys):
+    from jaxcnn.cli import main
+    from jaxcnn.store import Store
+
+    db, out = tmp_path / "plans.sqlite", tmp_path / "lenet.json"
+    assert main(["maxbatch", "lenet5", "--budget", "8MiB", "--dtype", "fp32", "--curve",
+                 "--json", str(out), "--db", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert "largest batch" in text and "batch      1:" in text
+    expected = max_batch("lenet5", "8MiB")
+    with Store(db) as store:
+        runs = store.runs()
+        assert list(runs["kind"]) == ["plan"] and list(runs["note"]) == ["max_batch"]
+        rows = store.measurements(int(runs["id"][0]))
+    verified = rows[(rows.metric == "max_batch") & (rows.variant == "verified")]
+    assert list(verified["median"]) == [expected.batch]
+    peaks = rows[rows.metric == "peak_bytes"].set_index("variant")["median"]
+    assert peaks[f"batch={expected.batch}"] == expected.footprint
+    assert "max_batch" in out.read_text()
+
+    assert main(["maxbatch", "lenet5", "--budget", "8 parsecs"]) == 2
+    assert main(["maxbatch", "lenet5", "--budget", "8MiB", "--train", "--optimizer", "lion"]) == 2

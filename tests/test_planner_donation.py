@@ -234,3 +234,20 @@ def test_random_functions_never_warn_and_alias_the_best_set(arg_specs, out_specs
             if all(n <= capacity.get(k, 0) for k, n in counts.items()):
                 best = max(best, sum(sizes[i] for i in subset))
     assert plan.donated_bytes == best
+
+
+def test_donation_results_go_to_the_store(tmp_path):
+    from jaxcnn.planner.records import record_donation
+    from jaxcnn.store import Store
+
+    optimizer = sgd_momentum()
+    savings = measure_donation(train_step("lenet5", optimizer), *training_args("lenet5", 2, "float32", optimizer))
+    with Store(tmp_path / "s.sqlite") as store:
+        run_id = record_donation(store, savings, model="lenet5", batch=2, dtype="float32")
+        rows = store.measurements(run_id)
+        run = store.runs().iloc[0]
+    by = {(r.metric, r.variant): r.median for r in rows.itertuples()}
+    assert by[("alias_bytes", "donated")] == savings.alias_bytes > 0
+    assert by[("alias_bytes", "undonated")] == 0
+    assert by[("peak_bytes", "undonated")] - by[("peak_bytes", "donated")] == by[("saved_bytes", "donated")]
+    assert run["note"] == "donation" and run["extra"]["donate_argnums"] == [0, 1]

@@ -93,3 +93,24 @@ def test_bad_arguments():
         remat_advice("lenet5", "1GiB", batch=1, policies=[])
     with pytest.raises(ValueError, match="unknown model"):
         remat_advice("lenet6", "1GiB", batch=1)
+
+
+def test_remat_results_go_to_the_store(tmp_path):
+    from jaxcnn.planner.records import record_remat
+    from jaxcnn.planner.remat import RematAdvice, RematRow
+    from jaxcnn.store import Store
+
+    rows = (RematRow("none", "no checkpointing", 0, 300, 1000, 1000, 1000, False),
+            RematRow("layers", "per-layer", 50, 100, 900, 800, 850, True),
+            RematRow("nothing", "whole", 60, 10, 1000, 700, None, None))
+    advice = RematAdvice("lenet5", 8, 900, rows, "layers")
+    with Store(tmp_path / "s.sqlite") as store:
+        run_id = record_remat(store, advice, dtype="float32")
+        got = store.measurements(run_id)
+        run = store.runs().iloc[0]
+    by = {(r.metric, r.variant): r.median for r in got.itertuples()}
+    assert by[("peak_bytes", "layers")] == 850 and ("peak_bytes", "nothing") not in by
+    assert by[("predicted_peak_bytes", "nothing")] == 1000
+    assert by[("predicted_residual_peak_bytes", "layers")] == 800
+    assert by[("recompute_flops", "layers")] == 50
+    assert run["extra"]["chosen"] == "layers" and run["batch"] == 8
