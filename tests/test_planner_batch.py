@@ -1,6 +1,8 @@
 """Batch planning: max_batch's answer is checked by compiling independently at the answer and
 the next batch (footprint from XLA's memory_analysis on CPU)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -154,7 +156,8 @@ def test_cli_maxbatch_prints_and_records(tmp_path, capsys):
     assert list(verified["median"]) == [expected.batch]
     peaks = rows[rows.metric == "peak_bytes"].set_index("variant")["median"]
     assert peaks[f"batch={expected.batch}"] == expected.footprint
-    assert "max_batch" in out.read_text()
+    saved = json.loads(out.read_text())
+    assert saved["batch"] == expected.batch and saved["model"] == "lenet5"
 
     assert main(["maxbatch", "lenet5", "--budget", "8 parsecs"]) == 2
     assert main(["maxbatch", "lenet5", "--budget", "8MiB", "--train", "--optimizer", "lion"]) == 2
