@@ -150,7 +150,8 @@ def markdown(env: dict, args, results: dict[str, list]) -> str:
                 f"| {r['model']} | {r['batch']} | {', '.join(r['donated'])} | {mib(r['footprint_before'])} | "
                 f"{mib(r['footprint_after'])} | {mib(r['saved_bytes'])} | "
                 f"{100 * r['saved_bytes'] / r['footprint_before']:.1f} | {r['alias_before']} | "
-                f"{mib(r['alias_after'])} | {mib(r['donated_bytes'])} | {mib(r['temp_before'])} / {mib(r['temp_after'])} |")
+                f"{mib(r['alias_after'])} | {mib(r['donated_bytes'])} | "
+                f"{mib(r['temp_before'])} / {mib(r['temp_after'])} |")
         kept = {k: v for r in results["donation"] if "kept" in r for k, v in r["kept"].items()}
         if kept:
             lines += ["", "Kept: " + "; ".join(f"{k}: {v}" for k, v in sorted(kept.items())), ""]
@@ -186,7 +187,8 @@ def markdown(env: dict, args, results: dict[str, list]) -> str:
                 continue
             lines += [f"### {r['model']} batch {r['batch']}, budget {mib(r['budget_bytes'])} MiB: "
                       f"{'use ' + r['chosen'] if r['chosen'] else 'no candidate fits'}", "",
-                      "| policy | recompute GFLOP | residual MiB | predicted MiB | pred. resid. MiB | measured MiB | fits |",
+                      "| policy | recompute GFLOP | residual MiB | predicted MiB | pred. resid. MiB | "
+                      "measured MiB | fits |",
                       "|---|---:|---:|---:|---:|---:|---|"]
             for row in r["rows"]:
                 lines.append(
@@ -232,7 +234,8 @@ def main(argv=None) -> int:
                   for m in args.models for b in args.batches]
     if "max_batch" in args.sections:
         cases += [("max_batch", m, lambda m=m, t=t: max_batch_case(m, t, args),
-                   dict(model=m, mode="train" if t else "inference")) for m in args.max_batch_models for t in (False, True)]
+                   dict(model=m, mode="train" if t else "inference"))
+                  for m in args.max_batch_models for t in (False, True)]
     if "remat" in args.sections:
         cases += [("remat", m, lambda m=m, b=b: remat_case(m, b, args), dict(model=m, batch=b))
                   for m, b in args.remat_models]
@@ -248,8 +251,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             case = dict(ident, error=f"{type(err).__name__}: {str(err)[:200]}", seconds=time.perf_counter() - start)
             failed += 1
-        print(f"[{section}] {model} {ident} {case['seconds']:.1f}s" + (f" ERROR {case['error']}" if "error" in case else ""),
-              flush=True)
+        status = f" ERROR {case['error']}" if "error" in case else ""
+        print(f"[{section}] {model} {ident} {case['seconds']:.1f}s{status}", flush=True)
         results[section].append(case)
         public = {s: [{k: v for k, v in c.items() if not k.startswith("_")} for c in rs] for s, rs in results.items()}
         (out / f"{args.label}-memory_planning.json").write_text(json.dumps(

@@ -33,7 +33,7 @@ import functools
 import inspect
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -249,7 +249,8 @@ def plan_donation(fn: Callable, *example_args, consumable: Sequence[int | str] |
             decisions.append(decision(False, "not declared consumable"))
             continue
         if consumable is None and (treedef, tuple(keys)) not in out_signatures:
-            decisions.append(decision(False, "its pytree does not reappear in the output (the caller may still need it)"))
+            decisions.append(decision(
+                False, "its pytree does not reappear in the output (the caller may still need it)"))
             continue
         if not any(leaf_used):
             decisions.append(decision(False, "fn never reads it: jit prunes it, nothing to alias"))
@@ -315,7 +316,8 @@ class DonationSavings:
             f"footprint (arguments + outputs - aliased + temp): {_mib(self.peak_before)} -> "
             f"{_mib(self.peak_after)}, saved {_mib(self.saved_bytes)} "
             f"(alias_size_in_bytes {self.before.get('alias_size_in_bytes', 0)} -> {self.alias_bytes}, "
-            f"temp {_mib(self.before.get('temp_size_in_bytes', 0))} -> {_mib(self.after.get('temp_size_in_bytes', 0))})",
+            f"temp {_mib(self.before.get('temp_size_in_bytes', 0))} -> "
+            f"{_mib(self.after.get('temp_size_in_bytes', 0))})",
         ])
 
 

@@ -102,7 +102,8 @@ def record_max_batch(store, result: MaxBatch, *, model: str, dtype: str, train: 
     rows = []
     for batch, stats in result.stats.items():
         rows += _stat_rows(stats, backend, f"batch={batch}", {"batch": batch})
-    rows.append(dict(backend=backend, metric="max_batch", median=float(result.batch), unit="images", variant="verified"))
+    rows.append(dict(backend=backend, metric="max_batch", median=float(result.batch), unit="images",
+                     variant="verified"))
     rows.append(dict(backend=backend, metric="max_batch", median=float(result.predicted_batch), unit="images",
                      variant="predicted"))
     rows.append(dict(backend=backend, metric="budget_bytes", median=float(result.budget_bytes), unit="bytes"))

@@ -43,7 +43,6 @@ from typing import Any, Callable
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxcnn.models import ModelSpec
 from jaxcnn.models.backends import get_ops
 from jaxcnn.models.layers import LayerInfo, Net
 from jaxcnn.planner import training
