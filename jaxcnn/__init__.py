@@ -22,6 +22,9 @@ _LAZY = {
     "cuda_available": "jaxcnn._ffi",
     "cuda_unavailable_reason": "jaxcnn._ffi",
     "require_cuda": "jaxcnn._ffi",
+    "jit": "jaxcnn.planner.donation",
+    "plan_donation": "jaxcnn.planner.donation",
+    "max_batch": "jaxcnn.planner.batch",
 }
 
 __all__ = [*_LAZY, "__version__"]

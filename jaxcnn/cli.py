@@ -111,6 +111,48 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_maxbatch(args) -> int:
+    import json
+
+    from jaxcnn.planner.batch import max_batch, parse_bytes
+    from jaxcnn.planner.training import OPTIMIZERS
+
+    model, dtype = _model_name(args.model), _dtype(args.dtype)
+    try:
+        budget = parse_bytes(args.budget)
+        probes = tuple(int(p) for p in args.probes.split(","))
+    except ValueError as err:
+        raise CliError(f"--budget/--probes: {err}") from None
+    if args.optimizer not in OPTIMIZERS:
+        raise CliError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    kwargs = dict(train=args.train, dtype=dtype, backend=args.backend)
+    if args.train:
+        kwargs.update(optimizer=args.optimizer, donate=not args.no_donate)
+    try:
+        result = max_batch(model, budget, probe_batches=probes, limit=args.limit, **kwargs)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    what = f"training step ({args.optimizer}{', undonated' if args.no_donate else ''})" if args.train else "inference"
+    print(f"{model} {what} {dtype} backend={args.backend}")
+    print(result.explain())
+    if args.curve:
+        for batch, footprint in result.curve():
+            print(f"  batch {batch:6d}: {footprint / 2**20:12.2f} MiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(model=model, **kwargs, **result.as_dict()), f, indent=1)
+        print(f"wrote {args.json}")
+    if args.db:
+        from jaxcnn.planner.records import record_max_batch
+        from jaxcnn.store import Store
+
+        with Store(args.db) as store:
+            run_id = record_max_batch(store, result, model=model, dtype=dtype, train=args.train,
+                                      backend=args.backend, optimizer=args.optimizer)
+        print(f"run {run_id} recorded in {args.db}")
+    return 0
+
+
 def cmd_layouts(args) -> int:
     import json
 
@@ -203,6 +245,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="buffers of the traced jaxpr or of XLA's compiled HLO (default)")
     p.add_argument("--db", default=None, help="record the plans (kind 'plan') in this store")
     p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("maxbatch", help="largest batch whose compiled program fits a memory budget")
+    p.add_argument("model", help="zoo model name (see `jaxcnn layers --help`)")
+    p.add_argument("--budget", required=True, help="memory budget, e.g. 8GiB, 512MiB, 16GB")
+    p.add_argument("--train", action="store_true", help="one optimizer step instead of inference")
+    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
+    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
+    p.add_argument("--optimizer", default="sgd_momentum", help="with --train: sgd_momentum or adam")
+    p.add_argument("--no-donate", action="store_true", help="with --train: keep params/optimizer state undonated")
+    p.add_argument("--probes", default="1,2,4", help="batches compiled for the affine fit")
+    p.add_argument("--limit", type=int, default=1 << 16, help="largest batch considered")
+    p.add_argument("--curve", action="store_true", help="print the footprint of every compiled batch")
+    p.add_argument("--json", help="also write the result as JSON to this file")
+    p.add_argument("--db", help="record the result (and its curve) in this store")
+    p.set_defaults(run=cmd_maxbatch)
 
     p = sub.add_parser("layouts", help="choose the activation layout (and kernel) of every layer")
     model_args(p)
