@@ -314,3 +314,19 @@ def test_jaxcnn_dashboard_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
     assert cli.main(["dashboard", "--db", "x.sqlite"]) == 2
     assert "the dashboard needs streamlit: pip install 'jaxcnn[dashboard]'" in capsys.readouterr().err
+
+
+def test_max_batch_curve_reads_jaxcnn_maxbatch_runs(tmp_path):
+    # The rows `jaxcnn maxbatch --db` writes (planner.records), from a real search on LeNet.
+    from jaxcnn.planner import max_batch
+    from jaxcnn.planner.records import record_max_batch
+    from jaxcnn.store import Store
+
+    result = max_batch("lenet5", "4MiB", dtype="float32", limit=512)
+    with Store(tmp_path / "mb.sqlite") as store:
+        record_max_batch(store, result, model="lenet5", dtype="float32", train=False)
+        curve = data.max_batch_curve(data.plan_measurements(store))
+    assert set(curve["series"]) == {"xla · run 1"}  # one series per run, not one per point
+    assert sorted(curve["batch"]) == sorted(result.stats)
+    assert curve["peak_mib"].is_monotonic_increasing
+    assert curve["peak_mib"].max() * 2**20 > 4 * 2**20 >= curve.loc[curve["batch"] == result.batch, "peak_mib"].iloc[0] * 2**20

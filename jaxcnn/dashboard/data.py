@@ -507,7 +507,8 @@ def plan_measurements(store: Store) -> pd.DataFrame:
         WHERE r.kind = 'plan' ORDER BY m.run_id, m.id""")
     if rows.empty:
         return rows
-    extras = [json.loads(e) if e else {} for e in rows["extra"]]
+    # NULL extra comes back as None or NaN depending on the column's other values.
+    extras = [json.loads(e) if isinstance(e, str) and e else {} for e in rows["extra"]]
     batch = [e.get("batch") if isinstance(e, dict) else None for e in extras]
     rows["batch"] = pd.Series(batch, dtype="float64").fillna(rows["run_batch"].astype("float64"))
     rows["extra"] = extras
@@ -523,7 +524,14 @@ def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.Dat
         rows = rows[rows["model"] == model]
     if rows.empty:
         raise NoData("no peak-bytes-per-batch measurements yet: run `jaxcnn maxbatch MODEL --budget 8GiB --db DB`")
-    series = [_text(v) or _text(b) for v, b in zip(rows["variant"], rows["backend"])]
+    # `jaxcnn maxbatch` runs (planner/records.py) label each compiled point variant "batch=N":
+    # those points are the curve, one series per run; other rows are one series per variant.
+    compiled = rows["variant"].astype(str).str.fullmatch(r"batch=\d+")
+    if compiled.any():
+        rows = rows[compiled]
+        series = [f"{_text(b)} · run {r}" for b, r in zip(rows["backend"], rows["run_id"])]
+    else:
+        series = [_text(v) or _text(b) for v, b in zip(rows["variant"], rows["backend"])]
     return pd.DataFrame({"model": rows["model"], "series": series, "batch": rows["batch"].astype("int64"),
                          "peak_mib": rows["median"].astype("float64") / MIB}).sort_values(
         ["model", "series", "batch"], ignore_index=True)
