@@ -20,7 +20,12 @@ with ui.guard("Memory"):
                 "buffers and every packing algorithm's arena.")
     else:
         with ui.guard("Arena packing"):
-            run = ui.pick_run(planned, "Planned run", key="memory-run")
+            # Start from a pack_2d-vs-XLA plan of the model picked on the Runs page, else of the
+            # largest planned program.
+            picked = runs[runs["id"].isin(st.session_state.get(ui.PICKED_KEY, [])[:1])]
+            model = picked["model"].iloc[0] if len(picked) else None
+            run = ui.pick_run(planned, "Planned run", key="memory-run",
+                              default=data.default_plan_run_id(planned, ui.read("plan_runs"), model))
             run_id = int(run["id"])
             summary = ui.read("plan_summary", run_id)
             buffers = ui.read("plan_buffers", run_id)
@@ -81,9 +86,20 @@ with ui.guard("Memory"):
             in_bytes = rows["unit"].eq("bytes") | rows["metric"].str.endswith("_bytes")
             rows = rows.assign(value=rows["median"].where(~in_bytes, rows["median"] / data.MIB),
                                metric=rows["metric"].where(~in_bytes, rows["metric"].str.replace("_bytes", "_mib")))
-            donation = rows[rows["metric"].str.contains("alias|donat", regex=True)]
+            # saved_bytes is what donation took off the peak (planner/records.py); stores from before
+            # it only have the aliased bytes, which are what donation can save at most.
+            saved = rows[rows["metric"] == "saved_mib"]
+            donation = saved if not saved.empty else rows[rows["metric"] == "alias_mib"]
             if not donation.empty:
-                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())))
+                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())),
+                          help="peak MiB without donation minus with it" if not saved.empty else
+                               "bytes XLA aliased from donated inputs to outputs")
+            with ui.guard("Donation savings"):
+                savings = data.donation_savings(ui.read("plan_measurements"))
+                ui.chart(charts.donation_bars(savings))
+                ui.table(savings.drop(columns=["label"]), "donation_savings", key="donation",
+                         caption="Peak = argument + output - alias + temp bytes of XLA's memory_analysis, "
+                                 "without donation (jax.jit) and with the planned donate_argnums.")
             with ui.guard("Max-batch curve"):
                 curve = data.max_batch_curve(ui.read("plan_measurements"))
                 budgets = rows.loc[rows["metric"].str.contains("budget"), "value"]
