@@ -37,7 +37,7 @@ PAGES = {
                          "largest donation saving", "Download donation_savings.csv"]),
     "sparsity": ("Sparsity", ["mean input zeros", "Dense or sparse kernel"]),
 }
-MIN_CHARTS = {"": 0, "speed": 4, "roofline": 3, "memory": 8, "sparsity": 1}
+MIN_CHARTS = {"": 0, "speed": 4, "roofline": 3, "memory": 7, "sparsity": 1}
 
 
 def chromium_path() -> str | None:

@@ -139,9 +139,11 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert mib["lower bound"] <= mib["ours"] <= mib["peer (best)"] < mib["naive"]
         assert mib["ours"] < mib["XLA"]  # 3135.9 vs 3143.9 MiB on the H200 compile
         # vgg16 batch 1: 3194.5 MiB peak without donation, 1764.6 with it.
-        assert shown["largest donation saving"] == "1429.900 MiB"
-        # arena bars, live bytes, 3 rectangle charts, XLA's memory analysis, donation, max batch
-        assert charts(at) == 8
+        assert shown["largest donation saving"] == "1429.9 MiB"
+        # pack_2d against XLA's own assignment (both with offsets) by default
+        assert at.multiselect(key=f"memory-algorithms-{MOBILENET_TRAINING_PLAN}").value == ["pack_2d", "xla"]
+        # arena bars, live bytes, 2 rectangle charts, XLA's memory analysis, donation, max batch
+        assert charts(at) == 7
         titles = [spec.get("title") for spec in chart_specs(at)]
         assert {"Peak memory saved by buffer donation (MiB)", "Peak memory against batch (MiB)"} <= {
             t.get("text") if isinstance(t, dict) else t for t in titles}
@@ -230,14 +232,17 @@ def test_memory_page_with_real_plans(dbs):
     ours = float(shown["ours"].split()[0])
     naive = float(shown["naive"].split()[0])
     assert bound <= ours < naive
-    # arena bars, live bytes, rectangles of the three default algorithms, XLA's memory analysis of
+    # XLA's CPU plan has no offsets: pack_2d against the best peer by default
+    assert at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").value[0] == "pack_2d"
+    assert len(at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").value) == 2
+    # arena bars, live bytes, rectangles of the two default algorithms, XLA's memory analysis of
     # the shipped profile, donation savings, max-batch curve
-    assert charts(at) == 8
+    assert charts(at) == 7
     assert "xla: the plan records no buffer offsets" not in texts(at.info)
     assert "largest donation saving" in shown
     # plans, buffers, memory analysis, donation savings, plan measurements
     assert len(at.dataframe) == 5
-    at.multiselect(key="memory-algorithms").set_value(["xla"]).run()
+    at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").set_value(["xla"]).run()
     assert "xla: the plan records no buffer offsets." in texts(at.info)
 
 

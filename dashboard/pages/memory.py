@@ -50,10 +50,17 @@ with ui.guard("Memory"):
             st.caption(f"Live bytes of the {reference} plan's buffers (inclusive lifetimes); the red point is the "
                        "peak, which is the lower bound; dashed lines: each plan's arena.")
 
-            shown = st.multiselect("Buffer rectangles of", algorithms,
-                                   default=[a for a in algorithms if a != "naive"][:3] or algorithms[:1],
-                                   key="memory-algorithms")
+            # Ours against XLA's own assignment where XLA's plan has offsets, else against the best peer.
             arena_of = dict(zip(summary["algorithm"], summary["arena_mib"]))
+            placed_algorithms = set(buffers.loc[buffers["offset_mib"].notna(), "algorithm"])
+            default = [a for a in algorithms if data.algorithm_role(a) == "ours"]
+            default += [a for a in algorithms if data.algorithm_role(a) == "XLA" and a in placed_algorithms]
+            peers = [a for a in algorithms if data.algorithm_role(a) == "peer"]
+            if len(default) < 2 and peers:
+                default.append(min(peers, key=arena_of.get))
+            shown = st.multiselect("Buffer rectangles of", algorithms,
+                                   default=default or [a for a in algorithms if a != "naive"][:2] or algorithms[:1],
+                                   key=f"memory-algorithms-{run_id}")  # per plan: each starts at its default
             for algorithm in shown:
                 placed = buffers[(buffers["algorithm"] == algorithm) & buffers["offset_mib"].notna()]
                 if placed.empty:
@@ -68,7 +75,7 @@ with ui.guard("Memory"):
         st.info("No data yet: run `jaxcnn profile MODEL --db DB` to record XLA's memory_analysis.")
     else:
         with ui.guard("XLA memory"):
-            run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run")
+            run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run", default=data.default_run_id(stats_runs))
             stats = ui.read("memory_stats", int(run["id"]))
             ui.chart(charts.memory_stats_bars(stats))
             ui.table(stats, f"run{int(run['id'])}_memory_analysis", key="memstats",

@@ -255,10 +255,11 @@ def memory_stats_bars(stats: pd.DataFrame) -> alt.Chart:
 
 
 def donation_bars(savings: pd.DataFrame) -> alt.Chart:
-    """Peak MiB saved by donation per model and batch (log scale: LeNet and VGG differ 1000x)."""
-    return alt.Chart(savings).mark_bar(color="#f58518").encode(
-        x=alt.X("label:N", title=None, sort=savings["label"].tolist(), axis=alt.Axis(labelAngle=-30)),
-        y=alt.Y("saved_mib:Q", title="peak saved by donation (MiB, log)", scale=alt.Scale(type="log")),
+    """Peak MiB saved by donation per model, one bar per batch (the table has the small ones)."""
+    return alt.Chart(savings).mark_bar().encode(
+        x=alt.X("model:N", title=None, axis=alt.Axis(labelAngle=0)), xOffset="batch:N",
+        y=alt.Y("saved_mib:Q", title="peak saved by donation (MiB)"),
+        color=alt.Color("batch:N", title="batch"),
         tooltip=[alt.Tooltip("model:N"), alt.Tooltip("batch:Q"),
                  alt.Tooltip("undonated_peak_mib:Q", title="peak, not donated (MiB)", format=".2f"),
                  alt.Tooltip("donated_peak_mib:Q", title="peak, donated (MiB)", format=".2f"),

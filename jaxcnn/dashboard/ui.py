@@ -160,4 +160,7 @@ def fmt_ms(value: float) -> str:
 
 
 def fmt_mib(value: float) -> str:
-    return "n/a" if value is None or pd.isna(value) else f"{value:.3f} MiB"
+    """MiB with 3 decimals below 100 MiB, 1 above (GiB-sized arenas must fit a metric column)."""
+    if value is None or pd.isna(value):
+        return "n/a"
+    return f"{value:.1f} MiB" if abs(value) >= 100 else f"{value:.3f} MiB"
