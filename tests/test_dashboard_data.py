@@ -337,7 +337,7 @@ def test_shipped_donation_savings_and_max_batch_curves(shipped):
     assert set(curve["model"]) == {"squeezenet1_1", "resnet50", "vgg16"}
     assert curve["series"].nunique() == 6  # one per max_batch run, inference and training
     assert {s.split(" · ")[1] for s in curve["series"]} == {"inference", "training"}
-    assert all(s.startswith(f"{m} xla · ") for m, s in zip(curve["model"], curve["series"]))
+    assert all(s.startswith(f"{m} · ") for m, s in zip(curve["model"], curve["series"]))
     for _, points in curve.groupby("series"):
         assert points["batch"].is_unique and points["peak_mib"].is_monotonic_increasing
 
@@ -421,7 +421,7 @@ def test_max_batch_curve_reads_jaxcnn_maxbatch_runs(tmp_path):
     with Store(tmp_path / "mb.sqlite") as store:
         record_max_batch(store, result, model="lenet5", dtype="float32", train=False)
         curve = data.max_batch_curve(data.plan_measurements(store))
-    assert set(curve["series"]) == {"lenet5 xla · inference · run 1"}  # one series per run, not one per point
+    assert set(curve["series"]) == {"lenet5 · inference · run 1"}  # one series per run, not one per point
     assert sorted(curve["batch"]) == sorted(result.stats)
     assert curve["peak_mib"].is_monotonic_increasing
     assert curve["peak_mib"].max() * 2**20 > 4 * 2**20 >= curve.loc[curve["batch"] == result.batch, "peak_mib"].iloc[0] * 2**20

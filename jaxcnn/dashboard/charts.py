@@ -273,7 +273,8 @@ def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt
     """Peak MiB against batch per series; the budget as a rule when given."""
     lines = alt.Chart(curve).mark_line(point=True).encode(
         x=alt.X("batch:Q", title="batch"), y=alt.Y("peak_mib:Q", title="peak memory (MiB)"),
-        color=alt.Color("series:N", title=""), strokeDash=alt.StrokeDash("model:N", title="model"),
+        color=alt.Color("series:N", title="", legend=alt.Legend(labelLimit=400)),
+        strokeDash=alt.StrokeDash("model:N", legend=None),  # the model is in the tooltip (and series names)
         tooltip=[alt.Tooltip("model:N"), alt.Tooltip("series:N"), alt.Tooltip("batch:Q"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")])
     layers = [lines]

@@ -609,8 +609,8 @@ def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.Dat
     if compiled.any():
         rows = rows[compiled]
         what = {True: "training · ", False: "inference · "}
-        series = [f"{_text(m)} {_text(b)} · {what.get(t, '')}run {r}" for m, b, t, r in
-                  zip(rows["model"], rows["backend"], rows.get("train", [None] * len(rows)), rows["run_id"])]
+        series = [f"{_text(m)} · {what.get(t, '')}run {r}" for m, t, r in
+                  zip(rows["model"], rows.get("train", [None] * len(rows)), rows["run_id"])]
     else:
         series = [_text(v) or _text(b) for v, b in zip(rows["variant"], rows["backend"])]
     return pd.DataFrame({"model": rows["model"], "series": series, "batch": rows["batch"].astype("int64"),
