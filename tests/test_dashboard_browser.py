@@ -33,7 +33,8 @@ PAGES = {
     "": ("Runs", ["All runs", "NVIDIA H200", "Download runs.csv"]),
     "speed": ("Speed", ["End to end", "Per layer", "speedup of jaxcnn over XLA", "Run vs run"]),
     "roofline": ("Roofline", ["DRAM bandwidth (measured)", "708 TFLOP/s", "Model vs measurement"]),
-    "memory": ("Memory", ["Arena packing", "lower bound", "XLA's compiled memory", "Donation and max batch"]),
+    "memory": ("Memory", ["Arena packing", "lower bound", "XLA's compiled memory", "Donation and max batch",
+                         "largest donation saving", "Download donation_savings.csv"]),
     "sparsity": ("Sparsity", ["mean input zeros", "Dense or sparse kernel"]),
 }
 MIN_CHARTS = {"": 0, "speed": 4, "roofline": 3, "memory": 7, "sparsity": 1}

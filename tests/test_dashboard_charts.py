@@ -181,3 +181,15 @@ def test_memory_stats_max_batch_sparsity_and_crossover_charts():
     dots, one, crossing = layers_of(chart.to_dict())
     assert dots["encoding"]["y"]["scale"]["type"] == "log" and data_of(chart, crossing) == [{"x": 50.0}]
     assert len(layers_of(charts.crossover_chart(decisions, None).to_dict())) == 2
+
+
+def test_donation_bars_show_saved_mib_per_model_and_batch():
+    savings = pd.DataFrame(dict(run_id=[1, 2], model=["vgg16", "vgg16"], batch=[1, 64],
+                                undonated_peak_mib=[3194.5, 10470.8], donated_peak_mib=[1764.6, 9193.4],
+                                donated_mib=[1583.4, 1583.4], saved_mib=[1429.9, 1277.3], saved_pct=[44.8, 12.2],
+                                label=["vgg16 b1", "vgg16 b64"]))
+    chart = charts.donation_bars(savings)
+    spec = chart.to_dict()
+    assert spec["encoding"]["y"]["field"] == "saved_mib" and spec["encoding"]["y"]["title"] == "peak saved by donation (MiB)"
+    assert spec["encoding"]["xOffset"]["field"] == "batch"
+    assert {(r["batch"], r["saved_mib"]) for r in data_of(chart, spec)} == {(1, 1429.9), (64, 1277.3)}

@@ -28,10 +28,21 @@ def shipped(cache):
 
 
 def _shipped_runs() -> list[dict]:
+    """The exported runs in the order the shipped store imports them (oldest export first)."""
     runs = []
-    for file in data.shipped_files():
+    for file in sorted(data.shipped_files(), key=lambda f: min(r["created_at"] for r in json.loads(f.read_text())["runs"])):
         runs += json.loads(file.read_text())["runs"]
     return runs
+
+
+@pytest.fixture(scope="module")
+def profiles_only(tmp_path_factory):
+    """A store holding only the shipped zoo profiles: no plans, no donation or max-batch runs."""
+    root = tmp_path_factory.mktemp("profiles_only")
+    (root / "shipped").mkdir()
+    export = next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json"))
+    (root / "shipped" / export.name).write_bytes(export.read_bytes())
+    return Store(data.shipped_store(root / "shipped", root / "cache"))
 
 
 # -- which store --------------------------------------------------------------------------------
@@ -103,8 +114,49 @@ def test_runs_table_counts_what_each_run_holds(shipped):
     assert runs["layers"].tolist() == [len(r["layers"]) for r in exported]
     assert runs["measurements"].tolist() == [len(r["measurements"]) for r in exported]
     assert runs["sparsity"].tolist() == [len(r["sparsity"]) for r in exported]
-    assert (runs["plans"] == 0).all()
+    assert runs["plans"].tolist() == [len(r["plans"]) for r in exported]
+    # Imported oldest export first: the zoo profiles keep ids 1-18 whatever exports come after.
+    recorded = pd.to_datetime(runs["created_at"])
+    blocks = [recorded.iloc[:18], recorded.iloc[18:36], recorded.iloc[36:]]  # profiles, plans, memory planning
+    assert all(older.max() < newer.min() for older, newer in zip(blocks, blocks[1:]))
+    assert (runs["kind"].iloc[:18] == "profile").all() and (runs["kind"].iloc[18:] == "plan").all()
     assert runs.loc[0, "label"] == "#1 squeezenet1_1 b1 bfloat16 · NVIDIA H200 · profile"
+    # 18 planner-zoo runs (5 plans each: naive, 3 peers/ours, XLA) and 21 donation/max-batch/remat runs.
+    assert (runs["plans"] == 5).sum() == 18 and set(runs.loc[runs["plans"] == 0, "kind"]) == {"profile", "plan"}
+    trained = runs[(runs["model"] == "resnet50") & (runs["note"] == "planner_zoo training")].iloc[0]
+    assert trained["label"] == f"#{trained['id']} resnet50 b64 float32 · gpu · plan (planner_zoo training)"
+
+
+def test_pages_start_from_the_latest_profile_of_the_biggest_model(shipped):
+    runs = data.runs_table(shipped)
+    start = runs[runs["id"] == data.default_run_id(runs)].iloc[0]
+    # mobilenetv2 has the most layers (99); its batch-64 run is the later one. Not a plan run
+    # (the latest runs are), which has no layers to show.
+    assert (start["kind"], start["model"], start["batch"], start["layers"]) == ("profile", "mobilenetv2", 64, 99)
+    planned = runs[runs["plans"] > 0]
+    plans = data.plan_runs(shipped)
+    assert plans["ours_vs_xla"].all() and len(plans) == 18
+    biggest = runs[runs["id"] == data.default_plan_run_id(planned, plans)].iloc[0]
+    assert (biggest["model"], biggest["note"]) == ("googlenet", "planner_zoo training")  # 756 buffers
+    same = runs[runs["id"] == data.default_plan_run_id(planned, plans, "resnet50")].iloc[0]
+    assert (same["model"], same["note"]) == ("resnet50", "planner_zoo training")
+    assert data.default_plan_run_id(planned, plans, "no_such_model") == biggest["id"]
+    assert data.default_run_id(runs.iloc[0:0]) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["profile", "plan"]), st.integers(0, 5)), min_size=1, max_size=12))
+def test_default_run_is_the_latest_profile_with_the_most_layers(kinds_layers):
+    runs = pd.DataFrame({"id": range(1, len(kinds_layers) + 1), "kind": [k for k, _ in kinds_layers],
+                         "layers": [n for _, n in kinds_layers]})
+    chosen = data.default_run_id(runs)
+    profiles = runs[runs["kind"] == "profile"]
+    if profiles.empty:
+        assert chosen == len(runs)
+    else:
+        row = runs[runs["id"] == chosen].iloc[0]
+        assert row["kind"] == "profile" and row["layers"] == profiles["layers"].max()
+        assert not ((profiles["layers"] == row["layers"]) & (profiles["id"] > chosen)).any()
 
 
 def test_layer_times_and_speedup_match_the_export(shipped):
@@ -237,14 +289,57 @@ def test_plans_and_batch_curve_from_real_compiles(tmp_path):
     assert len(alias) == 1 and alias.iloc[0] > 0  # the donated params are aliased to the outputs
 
 
-def test_memory_readers_say_what_to_run(shipped):
+def test_memory_readers_say_what_to_run(shipped, profiles_only):
     with pytest.raises(data.NoData, match="jaxcnn plan MODEL --db"):
-        data.plan_summary(shipped, 1)
+        data.plan_summary(shipped, 1)  # a profile run
     with pytest.raises(data.NoData, match="jaxcnn maxbatch"):
-        data.max_batch_curve(data.plan_measurements(shipped))
+        data.max_batch_curve(data.plan_measurements(profiles_only))
+    with pytest.raises(data.NoData, match="no donation results yet"):
+        data.donation_savings(data.plan_measurements(profiles_only))
+    assert data.plan_runs(profiles_only).empty
     stats = data.memory_stats(shipped, 1)
     assert set(stats["backend"]) == {"xla", "jaxcnn"}
     assert stats["argument_mib"].iloc[0] == pytest.approx(2772048 / data.MIB)
+
+
+def test_shipped_h200_plans_match_the_export(shipped):
+    runs = data.runs_table(shipped)
+    exported = _shipped_runs()
+    for run_id in runs.loc[runs["plans"] > 0, "id"]:
+        plans = {p["algorithm"]: p for p in exported[run_id - 1]["plans"]}
+        summary = data.plan_summary(shipped, run_id).set_index("algorithm")
+        assert summary["arena_mib"].to_dict() == pytest.approx(
+            {a: p["arena_bytes"] / data.MIB for a, p in plans.items()})
+        bound = summary.loc["pack_2d", "lower_bound_mib"]
+        assert bound <= summary.loc["pack_2d", "arena_mib"] <= summary.loc["naive", "arena_mib"]
+        # Our packing never needs more than the peers it is compared with on these programs.
+        assert summary.loc["pack_2d", "arena_mib"] <= summary.loc[["greedy_by_size", "best_fit_decreasing"],
+                                                                  "arena_mib"].min()
+    resnet = runs[(runs["model"] == "resnet50") & (runs["note"] == "planner_zoo training")]["id"].iloc[0]
+    buffers = data.plan_buffers(shipped, resnet)
+    assert buffers.groupby("algorithm").size().eq(634).all() and buffers["offset_mib"].notna().all()
+    curve = data.live_bytes_curve(buffers[buffers["algorithm"] == "pack_2d"])
+    assert curve["live_mib"].max() == pytest.approx(data.plan_summary(shipped, resnet)["lower_bound_mib"].max())
+
+
+def test_shipped_donation_savings_and_max_batch_curves(shipped):
+    rows = data.plan_measurements(shipped)
+    savings = data.donation_savings(rows)
+    exported = {(r["model"], r["batch"]): {(m["metric"], m["variant"]): m["median"] for m in r["measurements"]}
+                for r in _shipped_runs() if r.get("note") == "donation"}
+    assert len(savings) == len(exported) == 12
+    for row in savings.itertuples():
+        measured = exported[(row.model, row.batch)]
+        assert row.saved_mib * data.MIB == pytest.approx(measured[("saved_bytes", "donated")])
+        assert row.saved_mib == pytest.approx(row.undonated_peak_mib - row.donated_peak_mib)
+        assert 0 < row.saved_mib <= row.undonated_peak_mib
+    curve = data.max_batch_curve(rows)
+    assert set(curve["model"]) == {"squeezenet1_1", "resnet50", "vgg16"}
+    assert curve["series"].nunique() == 6  # one per max_batch run, inference and training
+    assert {s.split(" · ")[1] for s in curve["series"]} == {"inference", "training"}
+    assert all(s.startswith(f"{m} · ") for m, s in zip(curve["model"], curve["series"]))
+    for _, points in curve.groupby("series"):
+        assert points["batch"].is_unique and points["peak_mib"].is_monotonic_increasing
 
 
 @pytest.mark.parametrize("algorithm, role", [("naive", "naive"), ("tflite_greedy", "peer"), ("xla_best_fit", "peer"),
@@ -326,7 +421,7 @@ def test_max_batch_curve_reads_jaxcnn_maxbatch_runs(tmp_path):
     with Store(tmp_path / "mb.sqlite") as store:
         record_max_batch(store, result, model="lenet5", dtype="float32", train=False)
         curve = data.max_batch_curve(data.plan_measurements(store))
-    assert set(curve["series"]) == {"xla · run 1"}  # one series per run, not one per point
+    assert set(curve["series"]) == {"lenet5 · inference · run 1"}  # one series per run, not one per point
     assert sorted(curve["batch"]) == sorted(result.stats)
     assert curve["peak_mib"].is_monotonic_increasing
     assert curve["peak_mib"].max() * 2**20 > 4 * 2**20 >= curve.loc[curve["batch"] == result.batch, "peak_mib"].iloc[0] * 2**20

@@ -21,6 +21,11 @@ PAGES = ("runs", "speed", "roofline", "memory", "sparsity")
 TITLES = {"runs": "Runs", "speed": "Speed", "roofline": "Roofline", "memory": "Memory", "sparsity": "Sparsity"}
 
 
+SHIPPED_RUNS = 57  # 18 zoo profiles, 18 planner-zoo plans, 21 donation / max-batch / remat runs
+START_RUN = 14  # mobilenetv2 batch 64: the latest profile of the model with the most layers (99)
+MOBILENET_TRAINING_PLAN = 26  # its pack_2d-vs-XLA plan (planner_zoo training, 607 buffers)
+
+
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dashboard_dbs")
@@ -34,6 +39,7 @@ def dbs(tmp_path_factory):
     }
     paths["no_tables"] = stores.missing_tables(stores.shipped_copy(root, cache), root / "no_tables.sqlite")
     paths["plans"] = stores.shipped_with_plans(cache)
+    paths["profiles"] = stores.profiles_only(root / "profiles.sqlite")
     return paths, cache
 
 
@@ -98,9 +104,15 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
     assert ("no store at" if which == "missing" else "holds no runs yet") in banner
     shown = metrics(at)
     if page == "runs":
-        assert shown["Runs"] == "18" and shown["GPUs"] == "NVIDIA H200"
-        assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 18
+        assert shown["Runs"] == str(SHIPPED_RUNS) and shown["GPUs"] == "NVIDIA H200"
+        assert shown["Kinds"] == "plan, profile"
+        assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == SHIPPED_RUNS
+        # Picked by default: the latest profile of the model with the most layers, not the
+        # latest run (a remat plan run, with no layers for the other pages).
+        assert at.multiselect(key="runs-pick").value == [START_RUN]
     elif page == "speed":
+        assert at.selectbox(key="speed-run").value == START_RUN
+        assert at.selectbox(key="speed-other").value == START_RUN - 1  # mobilenetv2 b1: same model
         assert {"xla (device time)", "jaxcnn (device time)", "speedup of jaxcnn over XLA"} <= set(shown)
         assert all(v.endswith("ms") for k, v in shown.items() if "device time" in k)
         assert charts(at) == 4 and len(at.dataframe) == 3  # end to end, per layer, speedup, run vs run
@@ -108,6 +120,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert "device time (ms)" in titles and "time (ms)" in titles
         assert any(t.startswith("speedup (xla ms / jaxcnn ms") for t in titles)
     elif page == "roofline":
+        assert at.selectbox(key="roofline-run").value == START_RUN
         assert shown["DRAM bandwidth (measured)"] == "3.97 TB/s"
         assert shown["bf16 compute (measured)"] == "708 TFLOP/s"
         assert shown["median |error| of the traffic model"].endswith("%")
@@ -116,9 +129,26 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert {"arithmetic intensity (FLOP/byte, log)", "achieved TFLOP/s (log)",
                 "prediction error (% of measured)"} <= set(titles)
     elif page == "memory":
-        # The shipped data has XLA's memory analysis but no plans or max-batch runs yet.
-        assert "jaxcnn plan MODEL --db" in banner and "jaxcnn maxbatch MODEL" in banner
-        assert charts(at) == 1 and len(at.dataframe) == 1
+        # The shipped H200 plans: pack_2d vs XLA of the model picked on the Runs page (mobilenetv2).
+        assert "No data yet" not in banner and "no data yet" not in banner
+        plan = at.selectbox(key="memory-run")
+        assert plan.value == MOBILENET_TRAINING_PLAN
+        assert plan.options[plan.index] == f"#{MOBILENET_TRAINING_PLAN} mobilenetv2 b64 float32 · gpu · plan (planner_zoo training)"
+        assert {"lower bound", "naive", "peer (best)", "ours", "XLA"} <= set(shown)
+        mib = {k: float(v.split()[0]) for k, v in shown.items() if v.endswith("MiB")}
+        assert mib["lower bound"] <= mib["ours"] <= mib["peer (best)"] < mib["naive"]
+        assert mib["ours"] < mib["XLA"]  # 3135.9 vs 3143.9 MiB on the H200 compile
+        # vgg16 batch 1: 3194.5 MiB peak without donation, 1764.6 with it.
+        assert shown["largest donation saving"] == "1429.9 MiB"
+        # pack_2d against XLA's own assignment (both with offsets) by default
+        assert at.multiselect(key=f"memory-algorithms-{MOBILENET_TRAINING_PLAN}").value == ["pack_2d", "xla"]
+        # arena bars, live bytes, 2 rectangle charts, XLA's memory analysis, donation, max batch
+        assert charts(at) == 7
+        titles = [spec.get("title") for spec in chart_specs(at)]
+        assert {"Peak memory saved by buffer donation (MiB)", "Peak memory against batch (MiB)"} <= {
+            t.get("text") if isinstance(t, dict) else t for t in titles}
+        # plans, buffers, memory analysis, donation savings, plan measurements
+        assert len(at.dataframe) == 5
     elif page == "sparsity":
         assert shown["max input zeros"].endswith("%")
         assert "no sparse-kernel measurements yet" in banner
@@ -148,7 +178,7 @@ def test_unreadable_files_give_a_message_not_a_traceback(dbs, which, message, pa
 def test_missing_tables_are_reported_where_needed(dbs, page):
     at = open_page(dbs[0]["no_tables"], page)
     if page == "runs":
-        assert not at.error and len(at.dataframe[0].value) == 18  # the runs table itself is intact
+        assert not at.error and len(at.dataframe[0].value) == SHIPPED_RUNS  # the runs table itself is intact
     elif page == "memory":
         # Nothing there to read: the planned and profiled sections say there is no data.
         assert "No data yet" in texts(at.info)
@@ -171,13 +201,30 @@ def test_cpu_only_run(dbs):
     assert not at.error and charts(at) == 0
     at = open_page(db, "memory")
     assert not at.error and charts(at) == 1  # XLA's memory analysis of the CPU compile
+    assert "jaxcnn plan MODEL --db" in texts(at.info) and "jaxcnn maxbatch MODEL" in texts(at.info)
     at = open_page(db, "sparsity")
     assert not at.error and charts(at) == 1
+
+
+def test_memory_page_of_a_profile_only_store_says_what_to_run(dbs):
+    # The shipped zoo profiles alone: XLA's memory analysis, and what to run for the rest.
+    at = open_page(dbs[0]["profiles"], "memory")
+    assert not at.error, texts(at.error)
+    info = texts(at.info)
+    assert "No data yet: no memory plans in this store. Run `jaxcnn plan MODEL --db DB`" in info
+    assert "No data yet: no max-batch or donation results in this store" in info and "jaxcnn maxbatch MODEL" in info
+    assert charts(at) == 1 and len(at.dataframe) == 1 and not at.metric
+    assert at.selectbox(key="memory-stats-run").value == START_RUN
 
 
 def test_memory_page_with_real_plans(dbs):
     at = open_page(dbs[0]["plans"], "memory")
     assert not at.error, texts(at.error)
+    assert at.selectbox(key="memory-run").value == MOBILENET_TRAINING_PLAN
+    # The plan recorded by dashboard_stores (jaxpr buffers of squeezenet1_1 on this CPU) comes
+    # after the shipped runs.
+    at.selectbox(key="memory-run").set_value(SHIPPED_RUNS + 1).run()
+    assert not at.exception and not at.error, texts(at.error)
     shown = metrics(at)
     assert {"lower bound", "naive", "peer (best)", "ours", "XLA"} <= set(shown)
     assert all(v.endswith("MiB") for v in shown.values() if v != "n/a")
@@ -185,13 +232,17 @@ def test_memory_page_with_real_plans(dbs):
     ours = float(shown["ours"].split()[0])
     naive = float(shown["naive"].split()[0])
     assert bound <= ours < naive
-    # arena bars, live bytes, rectangles of the three default algorithms, XLA's memory analysis of
-    # the shipped profile, max-batch curve
+    # XLA's CPU plan has no offsets: pack_2d against the best peer by default
+    assert at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").value[0] == "pack_2d"
+    assert len(at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").value) == 2
+    # arena bars, live bytes, rectangles of the two default algorithms, XLA's memory analysis of
+    # the shipped profile, donation savings, max-batch curve
     assert charts(at) == 7
     assert "xla: the plan records no buffer offsets" not in texts(at.info)
     assert "largest donation saving" in shown
-    assert len(at.dataframe) == 4  # plans, buffers, memory analysis, plan measurements
-    at.multiselect(key="memory-algorithms").set_value(["xla"]).run()
+    # plans, buffers, memory analysis, donation savings, plan measurements
+    assert len(at.dataframe) == 5
+    at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").set_value(["xla"]).run()
     assert "xla: the plan records no buffer offsets." in texts(at.info)
 
 
@@ -203,6 +254,10 @@ def test_runs_picked_on_the_runs_page_drive_the_other_pages(dbs):
     assert at.selectbox(key="speed-run").value == 5 and at.selectbox(key="speed-other").value == 6
     at.switch_page("pages/roofline.py").run()
     assert at.selectbox(key="roofline-run").value == 5
+    at.switch_page("pages/memory.py").run()
+    assert not at.exception
+    plan = at.selectbox(key="memory-run")
+    assert plan.options[plan.index].endswith("resnet50 b64 float32 · gpu · plan (planner_zoo training)")
 
 
 def test_compare_defaults_to_a_run_of_the_same_model(dbs):

@@ -20,7 +20,12 @@ with ui.guard("Memory"):
                 "buffers and every packing algorithm's arena.")
     else:
         with ui.guard("Arena packing"):
-            run = ui.pick_run(planned, "Planned run", key="memory-run")
+            # Start from a pack_2d-vs-XLA plan of the model picked on the Runs page, else of the
+            # largest planned program.
+            picked = runs[runs["id"].isin(st.session_state.get(ui.PICKED_KEY, [])[:1])]
+            model = picked["model"].iloc[0] if len(picked) else None
+            run = ui.pick_run(planned, "Planned run", key="memory-run",
+                              default=data.default_plan_run_id(planned, ui.read("plan_runs"), model))
             run_id = int(run["id"])
             summary = ui.read("plan_summary", run_id)
             buffers = ui.read("plan_buffers", run_id)
@@ -45,10 +50,17 @@ with ui.guard("Memory"):
             st.caption(f"Live bytes of the {reference} plan's buffers (inclusive lifetimes); the red point is the "
                        "peak, which is the lower bound; dashed lines: each plan's arena.")
 
-            shown = st.multiselect("Buffer rectangles of", algorithms,
-                                   default=[a for a in algorithms if a != "naive"][:3] or algorithms[:1],
-                                   key="memory-algorithms")
+            # Ours against XLA's own assignment where XLA's plan has offsets, else against the best peer.
             arena_of = dict(zip(summary["algorithm"], summary["arena_mib"]))
+            placed_algorithms = set(buffers.loc[buffers["offset_mib"].notna(), "algorithm"])
+            default = [a for a in algorithms if data.algorithm_role(a) == "ours"]
+            default += [a for a in algorithms if data.algorithm_role(a) == "XLA" and a in placed_algorithms]
+            peers = [a for a in algorithms if data.algorithm_role(a) == "peer"]
+            if len(default) < 2 and peers:
+                default.append(min(peers, key=arena_of.get))
+            shown = st.multiselect("Buffer rectangles of", algorithms,
+                                   default=default or [a for a in algorithms if a != "naive"][:2] or algorithms[:1],
+                                   key=f"memory-algorithms-{run_id}")  # per plan: each starts at its default
             for algorithm in shown:
                 placed = buffers[(buffers["algorithm"] == algorithm) & buffers["offset_mib"].notna()]
                 if placed.empty:
@@ -63,7 +75,7 @@ with ui.guard("Memory"):
         st.info("No data yet: run `jaxcnn profile MODEL --db DB` to record XLA's memory_analysis.")
     else:
         with ui.guard("XLA memory"):
-            run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run")
+            run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run", default=data.default_run_id(stats_runs))
             stats = ui.read("memory_stats", int(run["id"]))
             ui.chart(charts.memory_stats_bars(stats))
             ui.table(stats, f"run{int(run['id'])}_memory_analysis", key="memstats",
@@ -81,9 +93,20 @@ with ui.guard("Memory"):
             in_bytes = rows["unit"].eq("bytes") | rows["metric"].str.endswith("_bytes")
             rows = rows.assign(value=rows["median"].where(~in_bytes, rows["median"] / data.MIB),
                                metric=rows["metric"].where(~in_bytes, rows["metric"].str.replace("_bytes", "_mib")))
-            donation = rows[rows["metric"].str.contains("alias|donat", regex=True)]
+            # saved_bytes is what donation took off the peak (planner/records.py); stores from before
+            # it only have the aliased bytes, which are what donation can save at most.
+            saved = rows[rows["metric"] == "saved_mib"]
+            donation = saved if not saved.empty else rows[rows["metric"] == "alias_mib"]
             if not donation.empty:
-                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())))
+                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())),
+                          help="peak MiB without donation minus with it" if not saved.empty else
+                               "bytes XLA aliased from donated inputs to outputs")
+            with ui.guard("Donation savings"):
+                savings = data.donation_savings(ui.read("plan_measurements"))
+                ui.chart(charts.donation_bars(savings))
+                ui.table(savings.drop(columns=["label"]), "donation_savings", key="donation",
+                         caption="Peak = argument + output - alias + temp bytes of XLA's memory_analysis, "
+                                 "without donation (jax.jit) and with the planned donate_argnums.")
             with ui.guard("Max-batch curve"):
                 curve = data.max_batch_curve(ui.read("plan_measurements"))
                 budgets = rows.loc[rows["metric"].str.contains("budget"), "value"]

@@ -15,7 +15,7 @@ with ui.guard("Roofline"):
     if timed.empty:
         st.info("No data yet: run `jaxcnn profile squeezenet1_1 --db DB` on a GPU machine.")
         st.stop()
-    run = ui.pick_run(timed, "Run", key="roofline-run")
+    run = ui.pick_run(timed, "Run", key="roofline-run", default=data.default_run_id(timed))
     run_id = int(run["id"])
     ceilings = data.run_ceilings(run)
     if ceilings is None:

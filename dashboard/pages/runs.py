@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from jaxcnn.dashboard import ui
+from jaxcnn.dashboard import data, ui
 
 st.title("Runs")
 ui.page_source()
@@ -23,7 +23,7 @@ with ui.guard("Runs"):
     labels = dict(zip(ids, runs["label"]))
     picked = [i for i in st.session_state.get(ui.PICKED_KEY, []) if i in ids]
     chosen = st.multiselect("Pick one run, or two to compare (Speed, Roofline, Memory and Sparsity start from these)",
-                            ids, default=picked or ids[-1:], format_func=lambda i: labels[i], max_selections=2,
+                            ids, default=picked or [data.default_run_id(runs)], format_func=lambda i: labels[i], max_selections=2,
                             key="runs-pick")
     st.session_state[ui.PICKED_KEY] = list(chosen)
 

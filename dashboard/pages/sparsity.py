@@ -14,7 +14,7 @@ with ui.guard("Sparsity"):
         st.info("No data yet: run `jaxcnn profile MODEL --db DB` (without --no-sparsity) to measure "
                 "activation sparsity.")
         st.stop()
-    run = ui.pick_run(measured, "Run", key="sparsity-run")
+    run = ui.pick_run(measured, "Run", key="sparsity-run", default=data.default_run_id(measured))
     run_id = int(run["id"])
     table = ui.read("sparsity_table", run_id)
     c1, c2, c3 = st.columns(3)

@@ -13,7 +13,7 @@ with ui.guard("Speed"):
     if timed.empty:
         st.info("No data yet: run `jaxcnn profile squeezenet1_1 --db DB` to time a model's layers.")
         st.stop()
-    run = ui.pick_run(timed, "Run", key="speed-run")
+    run = ui.pick_run(timed, "Run", key="speed-run", default=data.default_run_id(timed))
     run_id = int(run["id"])
 
     with ui.guard("End to end"):

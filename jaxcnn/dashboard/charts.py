@@ -254,11 +254,27 @@ def memory_stats_bars(stats: pd.DataFrame) -> alt.Chart:
     ).properties(title="XLA memory_analysis of the compiled model (MiB)", height=260, padding=_PADDING)
 
 
+def donation_bars(savings: pd.DataFrame) -> alt.Chart:
+    """Peak MiB saved by donation per model, one bar per batch (the table has the small ones)."""
+    return alt.Chart(savings).mark_bar().encode(
+        x=alt.X("model:N", title=None, axis=alt.Axis(labelAngle=0)), xOffset="batch:N",
+        y=alt.Y("saved_mib:Q", title="peak saved by donation (MiB)"),
+        color=alt.Color("batch:N", title="batch"),
+        tooltip=[alt.Tooltip("model:N"), alt.Tooltip("batch:Q"),
+                 alt.Tooltip("undonated_peak_mib:Q", title="peak, not donated (MiB)", format=".2f"),
+                 alt.Tooltip("donated_peak_mib:Q", title="peak, donated (MiB)", format=".2f"),
+                 alt.Tooltip("donated_mib:Q", title="donated arguments (MiB)", format=".2f"),
+                 alt.Tooltip("saved_mib:Q", title="saved (MiB)", format=".2f"),
+                 alt.Tooltip("saved_pct:Q", title="saved (% of peak)", format=".1f")],
+    ).properties(title="Peak memory saved by buffer donation (MiB)", height=260, padding=_PADDING)
+
+
 def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt.LayerChart:
     """Peak MiB against batch per series; the budget as a rule when given."""
     lines = alt.Chart(curve).mark_line(point=True).encode(
         x=alt.X("batch:Q", title="batch"), y=alt.Y("peak_mib:Q", title="peak memory (MiB)"),
-        color=alt.Color("series:N", title=""), strokeDash=alt.StrokeDash("model:N", title="model"),
+        color=alt.Color("series:N", title="", legend=alt.Legend(labelLimit=400)),
+        strokeDash=alt.StrokeDash("model:N", legend=None),  # the model is in the tooltip (and series names)
         tooltip=[alt.Tooltip("model:N"), alt.Tooltip("series:N"), alt.Tooltip("batch:Q"),
                  alt.Tooltip("peak_mib:Q", title="peak (MiB)", format=".2f")])
     layers = [lines]

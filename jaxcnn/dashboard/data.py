@@ -122,7 +122,9 @@ def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) ->
     os.unlink(tmp)  # Store wants a new file, not an empty one it would have to check
     try:
         with Store(tmp) as store:
-            for file in files:
+            # In recording order, so run ids follow time and a newer export never renumbers the
+            # runs of an older one.
+            for file in sorted(files, key=_first_recorded):
                 store.import_json(file)
         # Fold the WAL into the main file so the renamed file is complete on its own.
         with sqlite3.connect(tmp) as conn:
@@ -133,6 +135,12 @@ def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) ->
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return target
+
+
+def _first_recorded(export: Path) -> tuple[str, str]:
+    """(earliest created_at of the export's runs, file name): the order to import exports in."""
+    runs = json.loads(export.read_text()).get("runs") or []
+    return min((str(r.get("created_at") or "") for r in runs), default=""), export.name
 
 
 class _readonly:
@@ -179,6 +187,18 @@ def runs_table(store: Store) -> pd.DataFrame:
     return table.sort_values("id", ignore_index=True)
 
 
+def default_run_id(runs: pd.DataFrame) -> int | None:
+    """The run a page starts from: the latest profile run with the most layers (a real model,
+    not a plan run, which has none, nor the smallest zoo model), else the latest run."""
+    if runs.empty:
+        return None
+    profiles = runs[runs["kind"] == "profile"]
+    if profiles.empty:
+        return int(runs["id"].max())
+    most = profiles[profiles["layers"] == profiles["layers"].max()]
+    return int(most["id"].max())
+
+
 def run_label(run: dict[str, Any]) -> str:
     """'#3 resnet50 b64 bfloat16 · NVIDIA H200 · profile' (absent fields left out)."""
     parts = [f"#{run['id']}", _text(run.get("model")) or "(no model)"]
@@ -187,7 +207,9 @@ def run_label(run: dict[str, Any]) -> str:
     if _text(run.get("dtype")):
         parts.append(run["dtype"])
     where = _text(run.get("gpu_name")) or ("CPU" if run.get("device") == "cpu" else _text(run.get("device")))
-    return " ".join(parts) + (f" · {where}" if where else "") + f" · {run.get('kind')}"
+    # A plan run's note says which analysis it holds (donation, max_batch, remat, training...).
+    note = f" ({run['note']})" if run.get("kind") == "plan" and _text(run.get("note")) else ""
+    return " ".join(parts) + (f" · {where}" if where else "") + f" · {run.get('kind')}{note}"
 
 
 def _present(value: Any) -> bool:
@@ -467,6 +489,36 @@ def algorithm_role(algorithm: str) -> str:
     return "peer"
 
 
+def plan_runs(store: Store) -> pd.DataFrame:
+    """One row per run with plans: run_id, its algorithms (comma separated), the most buffers any
+    of its plans packs, and whether it has our plan (pack_2d) and XLA's own to compare."""
+    plans = store.plans()
+    if plans.empty:
+        return pd.DataFrame({"run_id": pd.Series(dtype="int64"), "algorithms": pd.Series(dtype="object"),
+                             "buffers": pd.Series(dtype="int64"), "ours_vs_xla": pd.Series(dtype="bool")})
+    rows = plans.groupby("run_id", as_index=False).agg(algorithms=("algorithm", ",".join),
+                                                        buffers=("n_buffers", "max"))
+    rows["run_id"] = rows["run_id"].astype("int64")
+    roles = [{algorithm_role(a) for a in names.split(",")} for names in rows["algorithms"]]
+    rows["ours_vs_xla"] = [{"ours", "XLA"} <= r for r in roles]
+    return rows
+
+
+def default_plan_run_id(planned: pd.DataFrame, plans: pd.DataFrame, model: str | None = None) -> int | None:
+    """The plan the Memory page starts from: a run with our plan and XLA's (of `model` when it has
+    one), the one packing the most buffers (a real model, not LeNet), the latest among equals."""
+    if planned.empty:
+        return None
+    compared = plans.loc[plans["ours_vs_xla"], ["run_id", "buffers"]].rename(columns={"run_id": "id"})
+    candidates = planned.merge(compared, on="id")
+    if candidates.empty:
+        return int(planned["id"].max())
+    if model is not None and (candidates["model"] == model).any():
+        candidates = candidates[candidates["model"] == model]
+    most = candidates[candidates["buffers"] == candidates["buffers"].max()]
+    return int(most["id"].max())
+
+
 def plan_buffers(store: Store, run_id: int) -> pd.DataFrame:
     """Buffers of every plan of the run: lifetime (inclusive steps) and placement, MiB."""
     buffers = store.buffers(int(run_id))
@@ -501,8 +553,8 @@ def plan_measurements(store: Store) -> pd.DataFrame:
     """Measurements of kind='plan' runs (max-batch curves, donation): one row each, with the
     run's model and batch; batch taken from the measurement's extra['batch'] where it has one."""
     rows = _sql(store, """
-        SELECT m.run_id, r.model, r.batch AS run_batch, r.note, m.backend, m.metric, m.median, m.unit,
-               m.variant, m.extra
+        SELECT m.run_id, r.model, r.batch AS run_batch, r.note, r.extra AS run_extra, m.backend, m.metric,
+               m.median, m.unit, m.variant, m.extra
         FROM measurements m JOIN runs r ON r.id = m.run_id
         WHERE r.kind = 'plan' ORDER BY m.run_id, m.id""")
     if rows.empty:
@@ -512,7 +564,34 @@ def plan_measurements(store: Store) -> pd.DataFrame:
     batch = [e.get("batch") if isinstance(e, dict) else None for e in extras]
     rows["batch"] = pd.Series(batch, dtype="float64").fillna(rows["run_batch"].astype("float64"))
     rows["extra"] = extras
+    run_extras = [json.loads(e) if isinstance(e, str) and e else {} for e in rows.pop("run_extra")]
+    # max_batch and remat runs say whether they sized a training step or inference.
+    rows["train"] = [e.get("train") if isinstance(e, dict) else None for e in run_extras]
     return rows
+
+
+def donation_savings(plan_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per donation run (planner/records.py): peak MiB without and with the planned donation, the
+    bytes donated and saved (peak undonated - donated), with the run's model and batch."""
+    rows = plan_rows[(plan_rows["note"] == "donation") & plan_rows["variant"].isin(("undonated", "donated"))]
+    if rows.empty:
+        raise NoData("no donation results yet: run the planner's donation tuning "
+                     "(jaxcnn.planner.records.record_donation) into the store")
+    wide = rows.pivot_table(index=["run_id", "model", "batch"], columns=["metric", "variant"], values="median",
+                            aggfunc="last")
+
+    def column(metric: str, variant: str) -> pd.Series:
+        key = (metric, variant)
+        return wide[key] / MIB if key in wide.columns else pd.Series(float("nan"), index=wide.index)
+
+    table = pd.DataFrame({
+        "undonated_peak_mib": column("peak_bytes", "undonated"), "donated_peak_mib": column("peak_bytes", "donated"),
+        "donated_mib": column("donated_bytes", "donated"), "saved_mib": column("saved_bytes", "donated"),
+    }).reset_index()
+    table["batch"] = table["batch"].astype("int64")
+    table["saved_pct"] = 100 * table["saved_mib"] / table["undonated_peak_mib"]
+    table["label"] = [f"{m} b{b}" for m, b in zip(table["model"], table["batch"])]
+    return table.sort_values(["model", "batch"], ignore_index=True)
 
 
 def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.DataFrame:
@@ -529,7 +608,9 @@ def max_batch_curve(plan_rows: pd.DataFrame, model: str | None = None) -> pd.Dat
     compiled = rows["variant"].astype(str).str.fullmatch(r"batch=\d+")
     if compiled.any():
         rows = rows[compiled]
-        series = [f"{_text(b)} · run {r}" for b, r in zip(rows["backend"], rows["run_id"])]
+        what = {True: "training · ", False: "inference · "}
+        series = [f"{_text(m)} · {what.get(t, '')}run {r}" for m, t, r in
+                  zip(rows["model"], rows.get("train", [None] * len(rows)), rows["run_id"])]
     else:
         series = [_text(v) or _text(b) for v, b in zip(rows["variant"], rows["backend"])]
     return pd.DataFrame({"model": rows["model"], "series": series, "batch": rows["batch"].astype("int64"),

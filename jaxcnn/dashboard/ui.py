@@ -122,9 +122,10 @@ def runs() -> pd.DataFrame:
 
 
 def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0,
-             prefer_model: str | None = None) -> dict[str, Any] | None:
+             prefer_model: str | None = None, default: int | None = None) -> dict[str, Any] | None:
     """A selectbox over `candidates` (rows of runs_table); the default is the Runs page's pick
-    number `position` when it is a candidate, else the latest candidate (of `prefer_model` if any)."""
+    number `position` when it is a candidate, else the latest candidate of `prefer_model`, else
+    `default` (a candidate id), else the latest candidate."""
     if candidates.empty:
         return None
     ids = candidates["id"].astype(int).tolist()
@@ -132,8 +133,10 @@ def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0,
     same_model = candidates.loc[candidates["model"] == prefer_model, "id"].astype(int).tolist()
     if len(picked) > position and picked[position] in ids:
         default = picked[position]
-    else:
-        default = (same_model or ids)[-1]
+    elif same_model:
+        default = same_model[-1]
+    elif default not in ids:
+        default = ids[-1]
     labels = dict(zip(ids, candidates["label"]))
     chosen = st.selectbox(label, ids, index=ids.index(default), format_func=lambda i: labels[i], key=key)
     return candidates[candidates["id"] == chosen].iloc[0].to_dict()
@@ -157,4 +160,7 @@ def fmt_ms(value: float) -> str:
 
 
 def fmt_mib(value: float) -> str:
-    return "n/a" if value is None or pd.isna(value) else f"{value:.3f} MiB"
+    """MiB with 3 decimals below 100 MiB, 1 above (GiB-sized arenas must fit a metric column)."""
+    if value is None or pd.isna(value):
+        return "n/a"
+    return f"{value:.1f} MiB" if abs(value) >= 100 else f"{value:.3f} MiB"
