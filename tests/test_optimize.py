@@ -132,8 +132,8 @@ def test_left_alone():
     assert ops(widening, x.astype(jnp.bfloat16), W.astype(jnp.bfloat16)) == []
     conv1d = lambda x, w: lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
     assert ops(conv1d, rand(11, (2, 8, 4)), rand(12, (3, 4, 5))) == []
-    mixed = lambda x, w: conv(x, w)
-    assert ops(mixed, x, W.astype(jnp.bfloat16)) == []
+    batch_groups = lambda x, w: conv(x, w, batch_group_count=2)
+    assert ops(batch_groups, x, W) == []
 
 
 # -- pools and softmax -------------------------------------------------------------------------

@@ -392,16 +392,24 @@ def match_softmax(uses: Uses, index: int) -> Match | None:
         return None
     shifted = sub.outvars[0]
     exp = step(shifted, "exp")
-    total = exp and step(exp.outvars[0], "reduce_sum", lambda e: tuple(e.params["axes"]) == axes)
+    if not exp:
+        return None
+    # bf16/f16 inputs sum the exponentials in f32 between two converts.
+    widen = step(exp.outvars[0], "convert_element_type")
+    total = step((widen or exp).outvars[0], "reduce_sum", lambda e: tuple(e.params["axes"]) == axes)
     tb = total and step(total.outvars[0], "broadcast_in_dim",
                         lambda e: tuple(e.params["broadcast_dimensions"]) == keep)
     if not tb:
         return None
-    div = step(exp.outvars[0], "div", lambda e: e.invars[1] is tb.outvars[0])
+    narrow = widen and step(tb.outvars[0], "convert_element_type")
+    if widen and not narrow:
+        return None
+    denom = (narrow or tb).outvars[0]
+    div = step(exp.outvars[0], "div", lambda e: e.invars[1] is denom)
     if div is not None:
         op, fn, out, replaced = "softmax", softmax, div.outvars[0], "reduce_max..exp..div"
     else:
-        log = step(tb.outvars[0], "log")
+        log = step(denom, "log")
         final = log and step(shifted, "sub", lambda e: e.invars[1] is log.outvars[0])
         if not final:
             return None
