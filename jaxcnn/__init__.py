@@ -25,6 +25,7 @@ _LAZY = {
     "jit": "jaxcnn.planner.donation",
     "plan_donation": "jaxcnn.planner.donation",
     "max_batch": "jaxcnn.planner.batch",
+    "optimize": "jaxcnn.optimize",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -1,0 +1,442 @@
+"""Jaxpr patterns `jaxcnn.optimize` replaces by jaxcnn primitives.
+
+Each matcher looks at one anchor equation of a jaxpr (conv_general_dilated, reduce_window_max,
+reduce_window_sum, reduce_max) and the equations around it, and returns a `Match`: the equation
+indices it replaces, the variable the replacement defines, the input variables and a `build`
+function computing the replacement from their values. A match is only made when every value the
+pattern computes on the way is used inside the pattern alone, and when jaxcnn accepts the op
+(checked with jax.eval_shape on the input avals; a shape/dtype it rejects stays lax).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Literal, Var
+
+from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
+from jaxcnn.ops.softmax import log_softmax, softmax
+
+ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
+# Call-like primitives whose body is a jaxpr evaluated once on the call's operands.
+CALL_PRIMITIVES = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
+# lax.Precision -> conv2d's precision; HIGH (bf16x3 in XLA) gets the fp32-accurate path, never less.
+_PRECISION_NAMES = {"DEFAULT": "default", "HIGH": "highest", "HIGHEST": "highest"}
+
+
+@dataclass(frozen=True)
+class Site:
+    """One op `optimize` can replace, as a policy callable sees it.
+
+    op: "conv2d", "max_pool2d", "avg_pool2d", "softmax" or "log_softmax".
+    x_shape: the activation's shape in `layout`; w_shape: HWIO (convs only).
+    kwargs: the keywords the jaxcnn function is called with (stride, padding, ...).
+    """
+
+    op: str
+    layout: str | None
+    x_shape: tuple[int, ...]
+    dtype: str
+    w_shape: tuple[int, ...] | None = None
+    bias: bool = False
+    kwargs: dict = field(default_factory=dict)
+
+    def logical_x_shape(self) -> tuple[int, ...]:
+        """The activation's shape in NHWC order (what jaxcnn.layouts' functions take)."""
+        if self.layout is None:
+            return self.x_shape
+        return tuple(self.x_shape[self.layout.index(d)] for d in "NHWC")
+
+
+@dataclass
+class Match:
+    op: str
+    eqn_indices: tuple[int, ...]  # every equation the replacement stands for
+    out_var: Var
+    in_vars: tuple[Any, ...]  # Vars (or Literals) the build function takes, in order
+    site: Site
+    replaced: tuple[str, ...]  # primitive names, for explain()
+    build: Callable[..., Any] | None = None  # set once the policy chose an algorithm
+    make_build: Callable[[str], Callable[..., Any]] | None = None
+    algorithm: str | None = None
+
+
+class Uses:
+    """Where each variable of one jaxpr is read: equation indices, plus the jaxpr's outputs."""
+
+    def __init__(self, jaxpr):
+        self.jaxpr = jaxpr
+        self.readers: dict[Var, list[int]] = {}
+        self.producer: dict[Var, int] = {}
+        for index, eqn in enumerate(jaxpr.eqns):
+            for v in eqn.invars:
+                if isinstance(v, Var):
+                    self.readers.setdefault(v, []).append(index)
+            for v in eqn.outvars:
+                self.producer[v] = index
+        self.outputs = {v for v in jaxpr.outvars if isinstance(v, Var)}
+
+    def sole_reader(self, var) -> int | None:
+        """The one equation reading `var`, when nothing else (no output either) does."""
+        readers = self.readers.get(var, [])
+        if var in self.outputs or len(readers) != 1:
+            return None
+        return readers[0]
+
+    def defining(self, var):
+        index = self.producer.get(var) if isinstance(var, Var) else None
+        return None if index is None else (index, self.jaxpr.eqns[index])
+
+    def internal(self, indices, final: Var) -> bool:
+        """True when every value the equations `indices` define, but `final`, is read only by them."""
+        inside = set(indices)
+        for i in inside:
+            for v in self.jaxpr.eqns[i].outvars:
+                if v is final:
+                    continue
+                if v in self.outputs or any(r not in inside for r in self.readers.get(v, [])):
+                    return False
+        return True
+
+
+def _is_scalar_literal(v, value: float) -> bool:
+    if not isinstance(v, Literal):
+        return False
+    arr = np.asarray(v.val)
+    return arr.size == 1 and float(arr.reshape(())) == value
+
+
+def _literal_value(v) -> float | None:
+    if isinstance(v, Literal):
+        arr = np.asarray(v.val)
+        if arr.size == 1:
+            return float(arr.reshape(()))
+    return None
+
+
+def _inner_jaxpr(eqn):
+    """The body of a call-like equation (a Jaxpr), or None."""
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = eqn.params.get(key)
+        if body is not None:
+            return getattr(body, "jaxpr", body)
+    return None
+
+
+def relu_input(eqn):
+    """The operand `eqn` applies ReLU to (max(x, 0), also inside jax.nn.relu's custom_jvp/jit
+    calls), or None."""
+    if eqn.primitive.name == "max" and len(eqn.invars) == 2:
+        a, b = eqn.invars
+        if _is_scalar_literal(b, 0.0) and isinstance(a, Var):
+            return a
+        if _is_scalar_literal(a, 0.0) and isinstance(b, Var):
+            return b
+        return None
+    body = _inner_jaxpr(eqn)
+    if body is None or len(eqn.invars) != 1 or len(body.invars) != 1 or len(body.eqns) != 1:
+        return None
+    if body.constvars or len(body.outvars) != 1 or body.outvars[0] is not body.eqns[0].outvars[0]:
+        return None
+    return eqn.invars[0] if relu_input(body.eqns[0]) is body.invars[0] else None
+
+
+def _bias_source(uses: Uses, var, axis: int, k: int, rank: int, chain: list):
+    """The 1-D [K] variable `var` broadcasts along `axis` (through broadcast_in_dim/reshape), or
+    None; appends the indices of those broadcast equations to `chain`."""
+    if not isinstance(var, Var):
+        return None
+    shape = tuple(var.aval.shape)
+    if len(shape) != rank or any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] != k:
+        return None
+    kpos = axis
+    while True:
+        if shape == (k,):
+            return var
+        found = uses.defining(var)
+        if found is None:
+            return None
+        chain.append(found[0])
+        eqn = found[1]
+        src = eqn.invars[0]
+        if not isinstance(src, Var):
+            return None
+        src_shape = tuple(src.aval.shape)
+        if eqn.primitive.name == "broadcast_in_dim":
+            dims = tuple(eqn.params["broadcast_dimensions"])
+            if kpos not in dims:
+                return None
+            src_kpos = dims.index(kpos)
+        elif eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is None:
+            src_kpos = next((i for i, d in enumerate(src_shape) if d != 1), 0)
+        else:
+            return None
+        if any(d != 1 for i, d in enumerate(src_shape) if i != src_kpos) or src_shape[src_kpos] != k:
+            return None
+        var, shape, kpos = src, src_shape, src_kpos
+
+
+def _spec_layout(spec) -> str | None:
+    """Activation layout of a conv spec (batch, feature, spatial0, spatial1) -> e.g. "NHWC"."""
+    letters = [""] * 4
+    for letter, axis in zip("NCHW", spec):
+        letters[axis] = letter
+    layout = "".join(letters)
+    return layout if layout in ACTIVATION_LAYOUTS else None
+
+
+def _precision(value) -> tuple[bool, str | None]:
+    """(ok, conv2d precision) for a conv_general_dilated precision param."""
+    if value is None:
+        return True, None
+    pair = value if isinstance(value, tuple) else (value, value)
+    names = set()
+    for p in pair:
+        if p is None:
+            names.add("DEFAULT")
+        elif isinstance(p, lax.Precision):
+            names.add(p.name)
+        else:
+            return False, None
+    if not names <= set(_PRECISION_NAMES):
+        return False, None
+    return True, ("highest" if any(_PRECISION_NAMES[n] == "highest" for n in names) else "default")
+
+
+def _accepts(fn, out_aval, *avals) -> bool:
+    """jaxcnn accepts these avals and gives the original output's shape and dtype."""
+    try:
+        out = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals))
+    except (ValueError, TypeError):
+        return False
+    return tuple(out.shape) == tuple(out_aval.shape) and out.dtype == out_aval.dtype
+
+
+def match_conv(uses: Uses, index: int) -> Match | None:
+    """conv_general_dilated [+ bias broadcast along channels] [+ ReLU] -> jaxcnn.conv2d."""
+    eqn = uses.jaxpr.eqns[index]
+    p = eqn.params
+    x, w = eqn.invars
+    if not (isinstance(x, Var) and isinstance(w, Var)) or x.aval.ndim != 4:
+        return None
+    if tuple(p["lhs_dilation"]) != (1, 1) or p["batch_group_count"] != 1:
+        return None
+    if x.aval.dtype != w.aval.dtype:
+        return None
+    if p["preferred_element_type"] is not None and jnp.dtype(p["preferred_element_type"]) != x.aval.dtype:
+        return None
+    ok, precision = _precision(p["precision"])
+    if not ok:
+        return None
+    dn = p["dimension_numbers"]
+    layout = _spec_layout(dn.lhs_spec)
+    if layout is None or _spec_layout(dn.out_spec) != layout:
+        return None
+    o_axis, i_axis, r_axis, s_axis = dn.rhs_spec
+    to_hwio = (r_axis, s_axis, i_axis, o_axis)
+    w_hwio_shape = tuple(w.aval.shape[a] for a in to_hwio)
+
+    indices, out, replaced = [index], eqn.outvars[0], ["conv_general_dilated"]
+    channel_axis, k = layout.index("C"), w_hwio_shape[3]
+    bias = None
+    reader = uses.sole_reader(out)
+    if reader is not None and uses.jaxpr.eqns[reader].primitive.name == "add":
+        add = uses.jaxpr.eqns[reader]
+        other = add.invars[1] if add.invars[0] is out else add.invars[0]
+        if add.invars[0] is not add.invars[1] and tuple(add.outvars[0].aval.shape) == tuple(out.aval.shape):
+            chain = []
+            bias = _bias_source(uses, other, channel_axis, k, 4, chain)
+            if bias is not None and bias.aval.dtype == x.aval.dtype:
+                indices.append(reader)
+                out = add.outvars[0]
+                replaced.append("add(bias)")
+                reader = uses.sole_reader(out)
+            else:
+                bias = None
+    activation = None
+    if reader is not None and relu_input(uses.jaxpr.eqns[reader]) is out:
+        relu = uses.jaxpr.eqns[reader]
+        indices.append(reader)
+        out = relu.outvars[0]
+        activation = "relu"
+        replaced.append("relu" if relu.primitive.name == "max" else f"{relu.primitive.name}(relu)")
+    if not uses.internal(indices, out):
+        return None
+    if bias is not None and uses.internal(indices + chain, out):
+        indices += chain  # the broadcast only fed this add: it goes too
+
+    kwargs = dict(stride=tuple(p["window_strides"]), padding=tuple(tuple(q) for q in p["padding"]),
+                  dilation=tuple(p["rhs_dilation"]), groups=p["feature_group_count"],
+                  activation=activation, layout=layout, precision=precision)
+    identity = to_hwio == (0, 1, 2, 3)
+
+    def make_build(algorithm):
+        def build(x, w, *b):
+            w = w if identity else jnp.transpose(w, to_hwio)
+            return conv2d(x, w, b[0] if b else None, algorithm=algorithm, **kwargs)
+        return build
+
+    avals = [x.aval, w.aval] + ([bias.aval] if bias is not None else [])
+    if not _accepts(make_build("auto"), out.aval, *avals):
+        return None
+    site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, w_hwio_shape,
+                bias is not None, kwargs)
+    in_vars = (x, w) + ((bias,) if bias is not None else ())
+    return Match("conv2d", tuple(indices), out, in_vars, site, tuple(replaced), make_build=make_build)
+
+
+def _pool_layout(window, strides, padding) -> str | None:
+    """NHWC when axes 0 and 3 are untouched, NCHW when axes 0 and 1 are (NHWC first: CHWN pools
+    the same axes as NHWC)."""
+    def untouched(axis):
+        return window[axis] == 1 and strides[axis] == 1 and tuple(padding[axis]) == (0, 0)
+    if untouched(0) and untouched(3):
+        return "NHWC"
+    if untouched(0) and untouched(1):
+        return "NCHW"
+    return None
+
+
+def match_pool(uses: Uses, index: int) -> Match | None:
+    """reduce_window_max -> max_pool2d; [convert to f32 ->] reduce_window_sum -> div by the
+    window size [-> convert back] -> avg_pool2d (count_include_pad=True, lax's sum / size)."""
+    eqn = uses.jaxpr.eqns[index]
+    p = eqn.params
+    x = eqn.invars[0]
+    if not isinstance(x, Var) or x.aval.ndim != 4:
+        return None
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+        return None
+    layout = _pool_layout(p["window_dimensions"], p["window_strides"], p["padding"])
+    if layout is None:
+        return None
+    spatial = (1, 2) if layout == "NHWC" else (2, 3)
+    window = tuple(p["window_dimensions"][a] for a in spatial)
+    kwargs = dict(window=window, stride=tuple(p["window_strides"][a] for a in spatial),
+                  padding=tuple(tuple(p["padding"][a]) for a in spatial), layout=layout)
+    indices, out = [index], eqn.outvars[0]
+    if eqn.primitive.name == "reduce_window_max":
+        op, fn, replaced = "max_pool2d", max_pool2d, ["reduce_window_max"]
+    else:
+        op, fn, replaced = "avg_pool2d", avg_pool2d, ["reduce_window_sum"]
+        reader = uses.sole_reader(out)
+        if reader is None:
+            return None
+        div = uses.jaxpr.eqns[reader]
+        if div.primitive.name != "div" or div.invars[0] is not out or _literal_value(div.invars[1]) != window[0] * window[1]:
+            return None
+        indices.append(reader)
+        out = div.outvars[0]
+        replaced.append("div")
+        # bf16/f16 models sum in f32 between two converts; avg_pool2d does the same inside.
+        found = uses.defining(x)
+        reader = uses.sole_reader(out)
+        if found is not None and reader is not None and found[1].primitive.name == "convert_element_type":
+            src = found[1].invars[0]
+            back = uses.jaxpr.eqns[reader]
+            if (isinstance(src, Var) and back.primitive.name == "convert_element_type"
+                    and back.outvars[0].aval.dtype == src.aval.dtype
+                    and uses.sole_reader(x) == index):
+                indices = [found[0], *indices, reader]
+                x, out = src, back.outvars[0]
+                replaced = ["convert_element_type", *replaced, "convert_element_type"]
+    if not uses.internal(indices, out):
+        return None
+    build_fn = functools.partial(fn, **kwargs)
+    if not _accepts(build_fn, out.aval, x.aval):
+        return None
+    site = Site(op, layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, kwargs=kwargs)
+    return Match(op, tuple(indices), out, (x,), site, tuple(replaced),
+                 make_build=lambda algorithm: build_fn)
+
+
+def match_softmax(uses: Uses, index: int) -> Match | None:
+    """jax.nn.softmax / log_softmax over one axis (reduce_max, stop_gradient, sub, exp,
+    reduce_sum, div or log+sub), with the f32 converts around a bf16/f16 one, -> jaxcnn."""
+    eqns = uses.jaxpr.eqns
+    eqn = eqns[index]
+    x = eqn.invars[0]
+    axes = tuple(eqn.params["axes"])
+    if not isinstance(x, Var) or len(axes) != 1:
+        return None
+    axis = axes[0]
+    keep = tuple(a for a in range(x.aval.ndim) if a != axis)
+    indices = [index]
+
+    def step(var, name, pred=lambda e: True):
+        """The equation reading `var` whose primitive is `name` (among var's readers)."""
+        for r in uses.readers.get(var, []):
+            e = eqns[r]
+            if e.primitive.name == name and pred(e):
+                indices.append(r)
+                return e
+        return None
+
+    m = eqn.outvars[0]
+    clamp = step(m, "max", lambda e: any(_is_scalar_literal(v, -np.inf) for v in e.invars))
+    if clamp is not None:
+        m = clamp.outvars[0]
+    bcast = step(m, "broadcast_in_dim", lambda e: tuple(e.params["broadcast_dimensions"]) == keep)
+    stop = bcast and step(bcast.outvars[0], "stop_gradient")
+    sub = stop and step(x, "sub", lambda e: e.invars[1] is stop.outvars[0])
+    if not sub:
+        return None
+    shifted = sub.outvars[0]
+    exp = step(shifted, "exp")
+    if not exp:
+        return None
+    # bf16/f16 inputs sum the exponentials in f32 between two converts.
+    widen = step(exp.outvars[0], "convert_element_type")
+    total = step((widen or exp).outvars[0], "reduce_sum", lambda e: tuple(e.params["axes"]) == axes)
+    tb = total and step(total.outvars[0], "broadcast_in_dim",
+                        lambda e: tuple(e.params["broadcast_dimensions"]) == keep)
+    if not tb:
+        return None
+    narrow = widen and step(tb.outvars[0], "convert_element_type")
+    if widen and not narrow:
+        return None
+    denom = (narrow or tb).outvars[0]
+    div = step(exp.outvars[0], "div", lambda e: e.invars[1] is denom)
+    if div is not None:
+        op, fn, out, replaced = "softmax", softmax, div.outvars[0], "reduce_max..exp..div"
+    else:
+        log = step(denom, "log")
+        final = log and step(shifted, "sub", lambda e: e.invars[1] is log.outvars[0])
+        if not final:
+            return None
+        op, fn, out, replaced = "log_softmax", log_softmax, final.outvars[0], "reduce_max..exp..log..sub"
+    replaced = [replaced]
+    found, reader = uses.defining(x), uses.sole_reader(out)
+    if found is not None and reader is not None and found[1].primitive.name == "convert_element_type":
+        src, back = found[1].invars[0], eqns[reader]
+        if (isinstance(src, Var) and back.primitive.name == "convert_element_type"
+                and back.outvars[0].aval.dtype == src.aval.dtype
+                and uses.internal([found[0], *indices, reader], back.outvars[0])):
+            indices = [found[0], *indices, reader]
+            x, out = src, back.outvars[0]
+            replaced = ["convert_element_type", *replaced, "convert_element_type"]
+    if not uses.internal(indices, out):
+        return None
+    build_fn = functools.partial(fn, axis=axis)
+    if not _accepts(build_fn, out.aval, x.aval):
+        return None
+    site = Site(op, None, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, kwargs=dict(axis=axis))
+    return Match(op, tuple(sorted(indices)), out, (x,), site, tuple(replaced),
+                 make_build=lambda algorithm: build_fn)
+
+
+MATCHERS = {
+    "conv_general_dilated": match_conv,
+    "reduce_window_max": match_pool,
+    "reduce_window_sum": match_pool,
+    "reduce_max": match_softmax,
+}

@@ -1,0 +1,285 @@
+"""The jaxpr rewriter behind `jaxcnn.optimize`: trace once per input signature, find the
+patterns (patterns.py), then evaluate the jaxpr equation by equation with those patterns
+replaced by jaxcnn primitives and every other equation bound unchanged.
+
+The evaluation runs under whatever transformation the caller applies (jit, grad, vmap): the
+jaxcnn primitives carry their own gradients and batching rules, and unchanged equations are
+bound as they were traced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+
+from jaxcnn.ops.conv_args import ALGORITHMS
+from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
+
+POLICIES = ("auto", "xla")
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One replaced pattern: what it was, what runs instead, where (call path)."""
+
+    op: str
+    replaced: tuple[str, ...]
+    x_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtype: str
+    layout: str | None
+    w_shape: tuple[int, ...] | None
+    bias: bool
+    kwargs: dict
+    algorithm: str | None
+    path: str
+
+    def describe(self) -> str:
+        shapes = f"x{list(self.x_shape)}"
+        if self.w_shape is not None:
+            shapes += f" w(HWIO){list(self.w_shape)}" + (" +bias" if self.bias else "")
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if v is not None)
+        algo = f", algorithm={self.algorithm!r}" if self.algorithm else ""
+        where = f" in {self.path}" if self.path else ""
+        return (f"{' + '.join(self.replaced)} -> jaxcnn.{self.op}({shapes} {self.dtype}, {args}{algo})"
+                f" -> {list(self.out_shape)}{where}")
+
+
+@dataclass
+class Plan:
+    """The matches of one jaxpr and the plans of its call equations' bodies."""
+
+    jaxpr: Any
+    matches: dict[int, Match] = field(default_factory=dict)  # keyed by the last equation index
+    skipped: set[int] = field(default_factory=set)
+    calls: dict[int, "Plan"] = field(default_factory=dict)  # only bodies holding a rewrite
+
+    def rewrites(self, path: str = "") -> list[Rewrite]:
+        out = []
+        for i, eqn in enumerate(self.jaxpr.eqns):
+            if i in self.matches:
+                m = self.matches[i]
+                s = m.site
+                out.append(Rewrite(m.op, m.replaced, s.x_shape, tuple(m.out_var.aval.shape), s.dtype,
+                                   s.layout, s.w_shape, s.bias, dict(s.kwargs), m.algorithm if m.op == "conv2d" else None,
+                                   path))
+            elif i in self.calls:
+                name = eqn.params.get("name", "")
+                label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
+                out.extend(self.calls[i].rewrites(f"{path}/{label}" if path else label))
+        return out
+
+
+def choose_algorithm(policy, site: Site) -> str | None:
+    """The conv algorithm for `site` (None: leave the pattern as lax)."""
+    if policy == "auto":
+        return "auto"
+    choice = policy(site)
+    if choice is None or choice == "xla":
+        return None
+    if site.op != "conv2d":
+        return "auto"
+    algorithm = getattr(choice, "algorithm", choice)  # a layouts.ConvChoice works too
+    if algorithm == "xla":
+        return None
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"policy returned algorithm {algorithm!r} for {site}; expected one of {ALGORITHMS} or None")
+    return algorithm
+
+
+def build_plan(jaxpr, policy) -> Plan:
+    plan = Plan(jaxpr)
+    uses = Uses(jaxpr)
+    claimed: set[int] = set()
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i in claimed:
+            continue
+        matcher = MATCHERS.get(eqn.primitive.name)
+        match = matcher(uses, i) if matcher else None
+        if match is not None and not claimed.intersection(match.eqn_indices):
+            algorithm = choose_algorithm(policy, match.site)
+            if algorithm is not None:
+                match.algorithm = algorithm
+                match.build = match.make_build(algorithm)
+                last = max(match.eqn_indices)
+                plan.matches[last] = match
+                claimed.update(match.eqn_indices)
+                plan.skipped.update(j for j in match.eqn_indices if j != last)
+                continue
+        body = _inner_jaxpr(eqn)
+        if body is not None:
+            child = build_plan(body, policy)
+            if child.matches or child.calls:
+                plan.calls[i] = child
+    return plan
+
+
+def evaluate(plan: Plan, consts, args) -> list:
+    """Evaluates plan.jaxpr on `args` with the planned replacements."""
+    jaxpr = plan.jaxpr
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i in plan.skipped:
+            continue
+        if i in plan.matches:
+            m = plan.matches[i]
+            env[m.out_var] = m.build(*map(read, m.in_vars))
+            continue
+        invals = list(map(read, eqn.invars))
+        if i in plan.calls:
+            # The body holds a rewrite: inline it (custom_jvp/vjp bodies then differentiate
+            # through the jaxcnn primitives' own rules instead of the custom rule).
+            body = plan.calls[i].jaxpr
+            # custom_vjp_call may pass leading operands its body does not take.
+            outs = evaluate(plan.calls[i], _call_consts(eqn), invals[len(invals) - len(body.invars):])
+        else:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*invals, **params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _call_consts(eqn):
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        body = eqn.params.get(key)
+        if body is not None:
+            return list(getattr(body, "consts", ()))
+    return []
+
+
+@dataclass
+class _Traced:
+    closed: Any
+    out_tree: Any
+    plan: Plan | None
+
+
+class Optimized:
+    """`fn` with jaxcnn kernels in place of the lax patterns it traces to (see `optimize`)."""
+
+    def __init__(self, fn: Callable, example_args, policy):
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if not (callable(policy) or policy in POLICIES):
+            raise ValueError(f"policy must be one of {POLICIES} or a callable(site) -> algorithm, got {policy!r}")
+        if example_args is not None and not isinstance(example_args, (tuple, list)):
+            raise TypeError(f"example_args must be a tuple of fn's positional arguments, got {type(example_args).__name__}")
+        self.fn = fn
+        self.policy = policy
+        self.example_args = None if example_args is None else tuple(example_args)
+        self._cache: dict = {}
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "optimized")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        if self.example_args is not None and policy != "xla":
+            self._traced(self.example_args, {})
+
+    def _traced(self, args, kwargs) -> _Traced:
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        avals = []
+        for leaf in leaves:
+            try:
+                aval = jax.typeof(leaf)
+            except TypeError:
+                raise TypeError(f"args: every leaf must be an array or scalar, got {type(leaf).__name__}") from None
+            avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False)))
+        key = (treedef, tuple((a.shape, a.dtype, a.weak_type) for a in avals))
+        traced = self._cache.get(key)
+        if traced is None:
+            def flat_fn(*flat):
+                a, k = jax.tree.unflatten(treedef, flat)
+                return self.fn(*a, **k)
+            closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+            plan = None if self.policy == "xla" else build_plan(closed.jaxpr, self.policy)
+            traced = self._cache[key] = _Traced(closed, jax.tree.structure(out_shape), plan)
+        return traced
+
+    def __call__(self, *args, **kwargs):
+        if self.policy == "xla":
+            return self.fn(*args, **kwargs)
+        traced = self._traced(args, kwargs)
+        flat = jax.tree.leaves((args, kwargs))
+        outs = evaluate(traced.plan, traced.closed.consts, flat)
+        return jax.tree.unflatten(traced.out_tree, outs)
+
+    def _args(self, args, kwargs):
+        if args or kwargs:
+            return args, kwargs
+        if self.example_args is None:
+            raise ValueError("args: pass fn's arguments (or give optimize example_args)")
+        return self.example_args, {}
+
+    def rewrites(self, *args, **kwargs) -> list[Rewrite]:
+        """The rewrites applied to fn on these arguments (default: example_args), in program order."""
+        if self.policy == "xla":
+            return []
+        return self._traced(*self._args(args, kwargs)).plan.rewrites()
+
+    def explain(self, *args, **kwargs) -> str:
+        """The rewrites as text, one line each, after a count."""
+        if self.policy == "xla":
+            return "policy='xla': no rewrite; fn runs unchanged"
+        found = self.rewrites(*args, **kwargs)
+        counts = {}
+        for r in found:
+            counts[r.op] = counts.get(r.op, 0) + 1
+        summary = ", ".join(f"{n} {op}" for op, n in counts.items()) or "no pattern found"
+        lines = [f"{len(found)} rewrite(s): {summary}"]
+        lines += [f"  {i}. {r.describe()}" for i, r in enumerate(found, 1)]
+        return "\n".join(lines)
+
+
+def optimize(fn: Callable, *, example_args=None, policy="auto") -> Optimized:
+    """`fn` with the lax patterns it traces to replaced by jaxcnn kernels.
+
+    Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
+      * conv_general_dilated with 2 spatial dims, activations NHWC/NCHW/CHWN, any weight order
+        (transposed to HWIO), strides, padding, rhs_dilation, feature groups, DEFAULT/HIGH/HIGHEST
+        precision, [+ bias broadcast along the channel axis] [+ max(x, 0)] -> jaxcnn.conv2d;
+      * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
+        f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
+      * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax.
+    A bias or ReLU is fused only when nothing else reads the value before it. Everything else
+    (lhs_dilation, batch groups, a preferred_element_type that changes the dtype, ...) runs as
+    traced. The result works under jax.jit, jax.grad and jax.vmap.
+
+    Args:
+      fn: the function to optimize (array pytrees in, array pytrees out).
+      example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
+      policy: "auto" (conv2d picks its kernel; off CUDA the primitives run their lax reference),
+        "xla" (nothing is rewritten), or a callable(Site) -> algorithm name ("auto",
+        "tensor_core", "direct", "depthwise"; "xla" or None keeps that op as lax). Plugging in
+        the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
+
+            import jaxcnn.layouts as L
+            def tuned(site):
+                if site.op != "conv2d":
+                    return "auto"
+                k = site.kwargs
+                return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype,
+                                       stride=k["stride"], padding=k["padding"],
+                                       dilation=k["dilation"], groups=k["groups"],
+                                       activation=k["activation"], bias=site.bias).algorithm
+            fast = jaxcnn.optimize(model_fn, policy=tuned)
+
+    Returns:
+      An `Optimized` callable with `.explain(*args)` (text) and `.rewrites(*args)` (Rewrite list);
+      the trace is cached per argument structure, shapes and dtypes.
+    """
+    return Optimized(fn, example_args, policy)

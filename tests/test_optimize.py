@@ -1,0 +1,312 @@
+"""jaxcnn.optimize: which lax patterns become jaxcnn primitives, and that the rewritten function
+computes what the original does (values, jit, grad, vmap, CUDA lowering) on CPU."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxcnn
+from jaxcnn.models import get_model
+from jaxcnn.models import backends as B
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+TOL = {jnp.float32: dict(rtol=1e-4, atol=1e-4), jnp.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+
+
+def rand(seed, shape, dtype=jnp.float32):
+    # normal values: never all zeros, so a dropped bias or a wrong ReLU shows
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32).astype(dtype)
+
+
+def ops(fn, *args):
+    return [r.op for r in jaxcnn.optimize(fn).rewrites(*args)]
+
+
+def assert_close(got, want, dtype=jnp.float32):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **TOL[dtype])
+
+
+def conv(x, w, padding="SAME", **kw):
+    return lax.conv_general_dilated(x, w, (1, 1), padding, dimension_numbers=NHWC, **kw)
+
+
+X, W, Bias = rand(0, (2, 9, 9, 4)), rand(1, (3, 3, 4, 8)), rand(2, (8,))
+
+
+# -- conv patterns -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, fn, bias, activation", [
+    ("plain", lambda x, w, b: conv(x, w), False, None),
+    ("bias", lambda x, w, b: conv(x, w) + b, True, None),
+    ("bias+maximum", lambda x, w, b: jnp.maximum(conv(x, w) + b, 0.0), True, "relu"),
+    ("bias+nn.relu", lambda x, w, b: jax.nn.relu(conv(x, w) + b), True, "relu"),
+    ("relu, no bias", lambda x, w, b: jax.nn.relu(conv(x, w)), False, "relu"),
+    ("zoo xla_conv2d", lambda x, w, b: B.xla_conv2d(x, w, b, padding=((1, 1), (1, 1)), activation="relu"), True, "relu"),
+])
+def test_conv_fusions(name, fn, bias, activation):
+    opt = jaxcnn.optimize(fn)
+    [r] = opt.rewrites(X, W, Bias)
+    assert (r.op, r.bias, r.kwargs["activation"], r.layout, r.w_shape) == ("conv2d", bias, activation, "NHWC", (3, 3, 4, 8))
+    assert_close(opt(X, W, Bias), fn(X, W, Bias))
+
+
+def test_no_fusion_when_the_intermediate_has_another_reader():
+    def conv_read_twice(x, w, b):
+        y = conv(x, w)
+        return y + b, y
+    [r] = jaxcnn.optimize(conv_read_twice).rewrites(X, W, Bias)
+    assert not r.bias and r.kwargs["activation"] is None
+
+    def sum_read_twice(x, w, b):
+        y = conv(x, w) + b
+        return jax.nn.relu(y), y * 2
+    opt = jaxcnn.optimize(sum_read_twice)
+    [r] = opt.rewrites(X, W, Bias)
+    assert r.bias and r.kwargs["activation"] is None
+    assert_close(opt(X, W, Bias), sum_read_twice(X, W, Bias))
+
+
+def test_bias_broadcast_with_another_reader_still_fuses_and_stays_computed():
+    def fn(x, w, b):
+        bb = jnp.broadcast_to(b, (1, 1, 1, 8))
+        return conv(x, w) + bb, bb * 3
+    opt = jaxcnn.optimize(fn)
+    [r] = opt.rewrites(X, W, Bias)
+    assert r.bias
+    assert_close(opt(X, W, Bias), fn(X, W, Bias))
+
+
+def test_non_bias_add_is_not_fused():
+    other = rand(3, (2, 9, 9, 8))
+    fn = lambda x, w, b: conv(x, w) + b  # b is a full tensor here, not a [K] broadcast
+    [r] = jaxcnn.optimize(fn).rewrites(X, W, other)
+    assert not r.bias
+    assert_close(jaxcnn.optimize(fn)(X, W, other), fn(X, W, other))
+
+
+def test_nchw_oihw_highest():
+    x, w = rand(4, (2, 4, 10, 10)), rand(5, (8, 4, 3, 3))
+    fn = lambda x, w, b: jax.nn.relu(
+        lax.conv(x, w, (2, 2), "SAME", precision=lax.Precision.HIGHEST) + b.reshape(1, 8, 1, 1))
+    opt = jaxcnn.optimize(fn)
+    [r] = opt.rewrites(x, w, Bias)
+    assert (r.layout, r.w_shape, r.kwargs["precision"], r.kwargs["stride"], r.bias, r.kwargs["activation"]) == \
+        ("NCHW", (3, 3, 4, 8), "highest", (2, 2), True, "relu")
+    assert_close(opt(x, w, Bias), fn(x, w, Bias))
+
+
+def test_chwn_layout_and_dilation():
+    x = rand(6, (4, 12, 12, 2))  # CHWN
+    fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID", rhs_dilation=(2, 2),
+                                               dimension_numbers=("CHWN", "HWIO", "CHWN"))
+    opt = jaxcnn.optimize(fn)
+    [r] = opt.rewrites(x, W)
+    assert r.layout == "CHWN" and r.kwargs["dilation"] == (2, 2)
+    assert_close(opt(x, W), fn(x, W))
+
+
+def test_grouped_and_depthwise():
+    x = rand(7, (2, 8, 8, 8))
+    for groups, w in ((2, rand(8, (3, 3, 4, 6))), (8, rand(9, (3, 3, 1, 8)))):
+        fn = lambda x, w: conv(x, w, feature_group_count=groups)
+        opt = jaxcnn.optimize(fn)
+        [r] = opt.rewrites(x, w)
+        assert r.kwargs["groups"] == groups
+        assert_close(opt(x, w), fn(x, w))
+
+
+def test_left_alone():
+    x = rand(10, (2, 8, 8, 4))
+    lhs_dilated = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), lhs_dilation=(2, 2), dimension_numbers=NHWC)
+    assert ops(lhs_dilated, x, W) == []
+    assert_close(jaxcnn.optimize(lhs_dilated)(x, W), lhs_dilated(x, W))
+    widening = lambda x, w: conv(x, w, preferred_element_type=jnp.float32)
+    assert ops(widening, x.astype(jnp.bfloat16), W.astype(jnp.bfloat16)) == []
+    conv1d = lambda x, w: lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+    assert ops(conv1d, rand(11, (2, 8, 4)), rand(12, (3, 4, 5))) == []
+    batch_groups = lambda x, w: conv(x, w, batch_group_count=2)
+    assert ops(batch_groups, x, W) == []
+
+
+# -- pools and softmax -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_pools(dtype):
+    x = rand(13, (2, 9, 9, 5), dtype)
+    mx = lambda x: B.max_pool(x, window=(3, 3), stride=(2, 2), padding=((0, 1), (0, 1)))
+    av = lambda x: B.avg_pool(x, window=(2, 2), stride=(1, 1), padding=((1, 1), (1, 1)))
+    for fn, op in ((mx, "max_pool2d"), (av, "avg_pool2d")):
+        opt = jaxcnn.optimize(fn)
+        [r] = opt.rewrites(x)
+        assert (r.op, r.layout, r.dtype) == (op, "NHWC", jnp.dtype(dtype).name)
+        assert_close(opt(x), fn(x), dtype)
+
+
+def test_nchw_pool_and_unmatched_divisor():
+    x = rand(14, (2, 5, 8, 8))
+    fn = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
+    [r] = jaxcnn.optimize(fn).rewrites(x)
+    assert (r.op, r.layout, r.kwargs["window"]) == ("avg_pool2d", "NCHW", (2, 2))
+    assert_close(jaxcnn.optimize(fn)(x), fn(x))
+    not_mean = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 3
+    assert ops(not_mean, x) == []
+    channel_pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 1, 2), (1, 1, 1, 1), "VALID")
+    assert ops(channel_pool, x) == []
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_softmax(dtype):
+    x = rand(15, (4, 3, 33), dtype)
+    for fn, op in ((jax.nn.softmax, "softmax"), (jax.nn.log_softmax, "log_softmax"),
+                   (lambda x: jax.nn.softmax(x, axis=1), "softmax"), (B.softmax, "softmax")):
+        opt = jaxcnn.optimize(fn)
+        [r] = opt.rewrites(x)
+        assert r.op == op
+        assert_close(opt(x), fn(x), dtype)
+
+
+# -- transformations ---------------------------------------------------------------------------
+
+def small_net(x, w, b, w2):
+    y = jax.nn.relu(conv(x, w) + b)
+    y = B.max_pool(y, window=(2, 2), stride=(2, 2), padding=((0, 0), (0, 0)))
+    y = jax.jit(lambda y: jnp.maximum(conv(y, w2, padding="VALID"), 0.0))(y)
+    return jax.nn.log_softmax(y.reshape(y.shape[0], -1))
+
+
+NET_ARGS = (X, W, Bias, rand(16, (2, 2, 8, 6)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_small_net_values_jit_and_rewrites(dtype):
+    args = tuple(a.astype(dtype) for a in NET_ARGS)
+    opt = jaxcnn.optimize(small_net)
+    rewrites = opt.rewrites(*args)
+    assert [r.op for r in rewrites] == ["conv2d", "max_pool2d", "conv2d", "log_softmax"]
+    assert rewrites[2].path == "jit[<lambda>]" and rewrites[2].kwargs["activation"] == "relu"
+    want = small_net(*args)
+    assert_close(opt(*args), want, dtype)
+    assert_close(jax.jit(opt)(*args), want, dtype)
+
+
+def test_grad_matches_original():
+    loss = lambda f: lambda *a: jnp.sum(f(*a) * jnp.sin(jnp.arange(108.0)).reshape(2, 54))
+    got = jax.grad(loss(jaxcnn.optimize(small_net)), argnums=(0, 1, 2, 3))(*NET_ARGS)
+    want = jax.grad(loss(small_net), argnums=(0, 1, 2, 3))(*NET_ARGS)
+    assert_close(got, want)
+    got = jax.jit(jax.grad(loss(jaxcnn.optimize(small_net)), argnums=1))(*NET_ARGS)
+    assert_close(got, want[1])
+
+
+def test_vmap():
+    xs = jnp.stack([X, X * 0.5 + 1.0, -X])
+    opt = jaxcnn.optimize(small_net)
+    got = jax.vmap(opt, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
+    want = jax.vmap(small_net, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
+    assert_close(got, want)
+
+
+def test_cuda_lowering_has_jaxcnn_custom_calls():
+    text = jax.jit(jaxcnn.optimize(small_net)).trace(*NET_ARGS).lower(lowering_platforms=("cuda",)).as_text()
+    targets = set(re.findall(r"jaxcnn_\w+_fwd", text))
+    assert {"jaxcnn_conv2d_fwd", "jaxcnn_max_pool2d_fwd", "jaxcnn_softmax_fwd"} <= targets
+    assert "stablehlo.convolution" not in text and "reduce_window" not in text
+
+
+# -- API ---------------------------------------------------------------------------------------
+
+def test_explain_policy_and_cache():
+    opt = jaxcnn.optimize(small_net, example_args=NET_ARGS)
+    text = opt.explain()
+    assert text.splitlines()[0] == "4 rewrite(s): 2 conv2d, 1 max_pool2d, 1 log_softmax"
+    assert "x[2, 9, 9, 4] w(HWIO)[3, 3, 4, 8] +bias float32" in text and "-> [2, 9, 9, 8]" in text
+    assert "-> jaxcnn.max_pool2d(x[2, 9, 9, 8]" in text and "-> [2, 4, 4, 8]" in text
+    opt(*NET_ARGS)
+    opt(*NET_ARGS)
+    assert len(opt._cache) == 1  # one trace per signature
+    opt(X[:1], *NET_ARGS[1:])
+    assert len(opt._cache) == 2
+
+    xla = jaxcnn.optimize(small_net, policy="xla")
+    assert "no rewrite" in xla.explain(*NET_ARGS) and xla.rewrites(*NET_ARGS) == []
+    assert_close(xla(*NET_ARGS), small_net(*NET_ARGS))
+
+    seen = []
+    def policy(site):
+        seen.append(site)
+        return "direct" if site.op == "conv2d" and site.w_shape[0] == 3 else "xla"
+    chosen = jaxcnn.optimize(small_net, policy=policy)
+    [r] = chosen.rewrites(*NET_ARGS)
+    assert (r.op, r.algorithm) == ("conv2d", "direct")
+    assert {s.op for s in seen} == {"conv2d", "max_pool2d", "log_softmax"}
+    assert seen[0].logical_x_shape() == (2, 9, 9, 4)
+    assert_close(chosen(*NET_ARGS), small_net(*NET_ARGS))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="policy"):
+        jaxcnn.optimize(small_net, policy="fast")
+    with pytest.raises(TypeError, match="fn"):
+        jaxcnn.optimize(3)
+    with pytest.raises(TypeError, match="example_args"):
+        jaxcnn.optimize(small_net, example_args=X)
+    with pytest.raises(ValueError, match="args"):
+        jaxcnn.optimize(small_net).explain()
+    with pytest.raises(ValueError, match="policy returned"):
+        jaxcnn.optimize(small_net, policy=lambda s: "fastest").rewrites(*NET_ARGS)
+
+
+def test_module_is_callable_after_submodule_import():
+    import jaxcnn.optimize.rewrite  # binds the module to jaxcnn.optimize
+    assert jaxcnn.optimize(small_net).rewrites(*NET_ARGS)
+
+
+# -- zoo -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, size", [("lenet5", 32), ("squeezenet1_1", 64)])
+def test_zoo_models(name, size):
+    spec = get_model(name)
+    params = spec.init(0)
+    x = rand(17, (2, size, size, spec.channels))
+    fn = lambda p, x: spec.apply(p, x, backend="xla")
+    opt = jaxcnn.optimize(fn)
+    found = [r.op for r in opt.rewrites(params, x)]
+    layers = [layer.op for layer in spec.layers(2)]
+    assert found.count("conv2d") == layers.count("conv2d") > 0
+    assert found.count("max_pool2d") == layers.count("maxpool")
+    assert found.count("avg_pool2d") == layers.count("avgpool") > 0
+    assert_close(jax.jit(opt)(params, x), fn(params, x))
+
+
+# -- random conv shapes --------------------------------------------------------------------------
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 2), hw=st.integers(5, 11), c=st.sampled_from([1, 3, 4]), k=st.integers(1, 6),
+       r=st.integers(1, 3), stride=st.integers(1, 3), dilation=st.integers(1, 2),
+       padding=st.sampled_from(["SAME", "VALID", ((1, 0), (2, 1))]), bias=st.booleans(), relu=st.booleans(),
+       layout=st.sampled_from(["NHWC", "NCHW"]), seed=st.integers(0, 2**16))
+def test_random_convs(n, hw, c, k, r, stride, dilation, padding, bias, relu, layout, seed):
+    x = rand(seed, (n, hw, hw, c) if layout == "NHWC" else (n, c, hw, hw))
+    w = rand(seed + 1, (r, r, c, k))
+    b = rand(seed + 2, (k,))
+    axis = layout.index("C")
+
+    def fn(x, w, b):
+        y = lax.conv_general_dilated(x, w, (stride, stride), padding, rhs_dilation=(dilation, dilation),
+                                     dimension_numbers=(layout, "HWIO", layout))
+        if bias:
+            y = y + jnp.expand_dims(b, [a for a in range(4) if a != axis])
+        return jax.nn.relu(y) if relu else y
+
+    opt = jaxcnn.optimize(fn)
+    [rw] = opt.rewrites(x, w, b)
+    assert (rw.bias, rw.kwargs["activation"], rw.layout) == (bias, "relu" if relu else None, layout)
+    assert_close(opt(x, w, b), fn(x, w, b))
