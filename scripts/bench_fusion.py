@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS))
 from bench_layers import _json_safe, environment  # noqa: E402
+from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report cells)
 
 from jaxcnn import _ffi  # noqa: E402
 from jaxcnn.models.backends import XLA_OPS  # noqa: E402
@@ -160,22 +161,6 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
         speedup_vs_xla=xla / ours if (ours and xla) else None,
         ok=accuracy["ok"] and not any("error" in t for t in timings.values()),
     )
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _us(timing: dict) -> str:
-    return "error" if "median_ms" not in timing else f"{timing['median_ms'] * 1e3:.1f}"
-
-
-def _status(row: dict) -> str:
-    if row["ok"]:
-        return "ok"
-    errors = [row["accuracy"].get("error")] + [
-        f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t]
-    return "FAIL: " + "; ".join(e for e in errors if e)[:120]
 
 
 def summary_table(rows: list[dict]) -> list[str]:
