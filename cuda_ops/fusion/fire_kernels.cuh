@@ -235,43 +235,78 @@ __device__ __forceinline__ void IssueNext(const TcArgs& a, const T* __restrict__
   CpAsyncCommit();
 }
 
-// One expand work item: output rows [row0, row0 + rows) (rows = 1 or 2) of the tile x
-// channels [col0, col0 + 64) of the chunk whose weights start at `wx` ([kTaps * SK][ex_stride],
-// zero past `width`), accumulated in fp32 over kTaps shifted views of the s tile.
-template <typename T, int SK, int kTaps>
-__device__ __forceinline__ void ExpandMma(float (&acc)[2][8][4], const T* s_tile, int sq_stride,
-                                          const T* wx, int ex_stride, int row0, int rows,
-                                          int col0, int width) {
+// One expand work item: output rows [row0, row0 + kRows) of the tile x channels
+// [col0, col0 + 16 * kNp) of the chunk whose weights start at `wx` ([kTaps * SK][ex_stride]),
+// accumulated in fp32 over kTaps shifted views of the s tile. Rows and width are template
+// parameters so the loop has no branches: the fragments of step k + 1 (ldmatrix) are loaded
+// while step k's MMAs run, which hides shared-memory latency with only 2 warps per scheduler.
+template <typename T, int SK, int kTaps, int kRows, int kNp>
+__device__ __forceinline__ void ExpandMma(float (&acc)[2][8][4], const T* s_tile, const T* wx,
+                                          int ex_stride, int row0, int col0) {
+  constexpr int kSqStride = PaddedStride(SK);
+  constexpr int kSteps = kTaps * (SK / 16);
   const int lane = threadIdx.x % 32;
+  // Lane-dependent parts of the ldmatrix row addresses; the step parts are constants.
+  const T* a_base = s_tile + ((row0 + (kTaps == 9 ? 0 : 1)) * kHaloW + lane % 16 +
+                              (kTaps == 9 ? 0 : 1)) * kSqStride + (lane / 16) * 8;
+  const T* b_base = wx + (lane % 16) * ex_stride + (lane / 16) * 8 + col0;
+  auto load = [&](int step, uint32_t (&af)[kRows][4], uint32_t (&bf)[kNp][4]) {
+    const int tap = step / (SK / 16), ks = step % (SK / 16);
+    const int dy = kTaps == 9 ? tap / 3 : 0, dx = kTaps == 9 ? tap % 3 : 0;
 #pragma unroll
-  for (int tap = 0; tap < kTaps; ++tap) {
-    const int dy = kTaps == 9 ? tap / 3 : 1, dx = kTaps == 9 ? tap % 3 : 1;
+    for (int i = 0; i < kRows; ++i)
+      LdMatrixX4(af[i], a_base + ((i + dy) * kHaloW + dx) * kSqStride + ks * 16);
+    const T* wrow = b_base + (tap * SK + ks * 16) * ex_stride;
 #pragma unroll
-    for (int ks = 0; ks < SK / 16; ++ks) {
-      uint32_t af[2][4];
+    for (int np = 0; np < kNp; ++np) LdMatrixX4Trans(bf[np], wrow + np * 16);
+  };
+  uint32_t af[2][kRows][4], bf[2][kNp][4];
+  load(0, af[0], bf[0]);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (i < rows) {
-          const int sp = (row0 + i + dy) * kHaloW + lane % 16 + dx;
-          LdMatrixX4(af[i], s_tile + sp * sq_stride + ks * 16 + (lane / 16) * 8);
-        }
+  for (int step = 0; step < kSteps; ++step) {
+    const int cur = step % 2;
+    if (step + 1 < kSteps) load(step + 1, af[cur ^ 1], bf[cur ^ 1]);
+#pragma unroll
+    for (int np = 0; np < kNp; ++np)
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        Mma<T>(acc[i][2 * np], af[cur][i], bf[cur][np][0], bf[cur][np][1]);
+        Mma<T>(acc[i][2 * np + 1], af[cur][i], bf[cur][np][2], bf[cur][np][3]);
       }
-      const T* wrow = wx + (tap * SK + ks * 16 + lane % 16) * ex_stride + (lane / 16) * 8;
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (col0 + np * 16 < width) {
-          uint32_t r[4];
-          LdMatrixX4Trans(r, wrow + col0 + np * 16);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            if (i < rows) {
-              Mma<T>(acc[i][2 * np], af[i], r[0], r[1]);
-              Mma<T>(acc[i][2 * np + 1], af[i], r[2], r[3]);
-            }
-          }
-        }
-      }
-    }
+  }
+}
+
+// ExpandMma for a run-time row count (1 or 2) and block width (16, 32, 48 or 64 channels).
+template <typename T, int SK, int kTaps>
+__device__ __forceinline__ void ExpandItem(float (&acc)[2][8][4], const T* s_tile, const T* wx,
+                                           int ex_stride, int row0, int rows, int col0,
+                                           int width) {
+  const int np = min(4, (width - col0 + 15) / 16);
+  if (rows == 2) {
+    if (np == 4) return ExpandMma<T, SK, kTaps, 2, 4>(acc, s_tile, wx, ex_stride, row0, col0);
+    if (np == 3) return ExpandMma<T, SK, kTaps, 2, 3>(acc, s_tile, wx, ex_stride, row0, col0);
+    if (np == 2) return ExpandMma<T, SK, kTaps, 2, 2>(acc, s_tile, wx, ex_stride, row0, col0);
+    return ExpandMma<T, SK, kTaps, 2, 1>(acc, s_tile, wx, ex_stride, row0, col0);
+  }
+  if (np == 4) return ExpandMma<T, SK, kTaps, 1, 4>(acc, s_tile, wx, ex_stride, row0, col0);
+  if (np == 3) return ExpandMma<T, SK, kTaps, 1, 3>(acc, s_tile, wx, ex_stride, row0, col0);
+  if (np == 2) return ExpandMma<T, SK, kTaps, 1, 2>(acc, s_tile, wx, ex_stride, row0, col0);
+  return ExpandMma<T, SK, kTaps, 1, 1>(acc, s_tile, wx, ex_stride, row0, col0);
+}
+
+// A warp's staged item [rows * 16 px][kStageStride] -> y_tile (its first pixel and channel
+// in y; pixel stride E, row stride W * E), 16-byte stores, rows/cols past the image skipped.
+// kVecs: the vectors per pixel when known at compile time (0: use `vecs`).
+template <typename T, int kVecs>
+__device__ __forceinline__ void StoreStaged(T* y_tile, const T* stage, int rows, int vecs,
+                                            int rows_left, int cols_left, int W, int E) {
+  const int v_per_px = kVecs > 0 ? kVecs : vecs;
+  for (int i = threadIdx.x % 32; i < rows * kTileW * v_per_px; i += 32) {
+    const int p = i / v_per_px, v = i % v_per_px;
+    const int py = p / kTileW, px = p % kTileW;
+    if (py < rows_left && px < cols_left)
+      *reinterpret_cast<uint4*>(y_tile + (static_cast<int64_t>(py) * W + px) * E + v * 8) =
+          *reinterpret_cast<const uint4*>(stage + p * kStageStride + v * 8);
   }
 }
 
@@ -436,9 +471,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
         if (is3)
-          ExpandMma<T, SK, 9>(acc, s_tile, a.sq_stride, wx, a.ex_stride, row0, rows, col0, width);
+          ExpandItem<T, SK, 9>(acc, s_tile, wx, a.ex_stride, row0, rows, col0, width);
         else
-          ExpandMma<T, SK, 1>(acc, s_tile, a.sq_stride, wx, a.ex_stride, row0, rows, col0, width);
+          ExpandItem<T, SK, 1>(acc, s_tile, wx, a.ex_stride, row0, rows, col0, width);
 
         // Bias + ReLU into this warp's staging area [rows * 16 px][kStageStride].
         __syncwarp();  // the warp's previous item has left the staging area
@@ -466,14 +501,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Staging -> y[n, h, w, out_c0 : out_c0 + vecs * 8]: a pixel's 128 bytes per 8 lanes.
         const int vecs = min(kExpandBlock, width - col0) / 8;
         const int out_c0 = (is3 ? a.E1 : 0) + conv_c0 + col0;
-        for (int i = lane; i < rows * kTileW * vecs; i += 32) {
-          const int p = i / vecs, v = i % vecs;
-          const int oy = t.h0 + row0 + p / kTileW, ox = t.w0 + p % kTileW;
-          if (oy < a.H && ox < a.W)
-            *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(t.n) * a.H + oy) * a.W + ox) * E +
-                                      out_c0 + v * 8) =
-                *reinterpret_cast<const uint4*>(stage + p * kStageStride + v * 8);
-        }
+        T* const y_tile = y + ((static_cast<int64_t>(t.n) * a.H + t.h0 + row0) * a.W + t.w0) * E +
+                          out_c0;
+        if (vecs == kExpandBlock / 8)  // full block: shifts instead of run-time divisions
+          StoreStaged<T, kExpandBlock / 8>(y_tile, stage, rows, vecs, a.H - t.h0 - row0,
+                                           a.W - t.w0, a.W, E);
+        else
+          StoreStaged<T, 0>(y_tile, stage, rows, vecs, a.H - t.h0 - row0, a.W - t.w0, a.W, E);
       }
       item_base += items;
     }
