@@ -321,3 +321,60 @@ def test_cuda_lowering_is_one_ffi_custom_call(algorithm, code):
 
 def test_cuda_lowering_target_is_registered_with_the_library():
     assert _ffi.FFI_TARGETS["jaxcnn_fire_fwd"] == "JaxcnnFireFwd"
+
+
+# ----------------------------------------------------- straight fusion: conv1x1 -> conv3x3
+def chain_operands(seed, n, h, w, c, m, k, dtype=jnp.float32):
+    """(x, w1, w3, b1, b3) of the 1x1 -> 3x3 chain: fire operands with an empty expand1."""
+    x, w1, _, w3, b1, _, b3 = fire_operands(seed, n, h, w, c, m, 0, k, dtype)
+    return x, w1, w3, b1, b3
+
+
+def chain_lax(x, w1, w3, b1, b3):
+    dn = ("NHWC", "HWIO", "NHWC")
+    conv = lambda a, w, pad: jax.lax.conv_general_dilated(  # noqa: E731
+        a, w, (1, 1), pad, dimension_numbers=dn, precision="highest")
+    s = jax.nn.relu(conv(x, w1, "VALID") + b1)
+    return jax.nn.relu(conv(s, w3, "SAME") + b3)
+
+
+@settings(max_examples=10, deadline=None)
+@given(fire_shapes())
+def test_conv1x1_conv3x3_matches_float64_oracle_and_lax(case):
+    n, h, w, c, m, k = (case[key] for key in ("n", "h", "w", "c", "s", "e3"))
+    x, w1, w3, b1, b3 = chain_operands(case["seed"], n, h, w, c, m, k)
+    got = jaxcnn.conv1x1_conv3x3(x, w1, w3, b1, b3)
+    assert got.shape == (n, h, w, k)
+    empty = jnp.zeros((1, 1, m, 0), x.dtype)
+    want = oracle_f64((x, w1, empty, w3, b1, jnp.zeros((0,), x.dtype), b3))
+    np.testing.assert_allclose(as_f64(got), want, **TOL["float32"])
+    np.testing.assert_allclose(got, chain_lax(x, w1, w3, b1, b3), **TOL["float32"])
+
+
+def test_conv1x1_conv3x3_grads_match_lax():
+    ops = chain_operands(11, 2, 5, 7, 6, 4, 5)
+    loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)  # noqa: E731
+    got = jax.grad(loss(jaxcnn.conv1x1_conv3x3), argnums=tuple(range(5)))(*ops)
+    want = jax.grad(loss(chain_lax), argnums=tuple(range(5)))(*ops)
+    for g, wnt in zip(got, want):
+        np.testing.assert_allclose(g, wnt, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(wnt))))
+
+
+def test_conv1x1_conv3x3_bad_arguments_name_the_argument():
+    x, w1, w3, b1, b3 = chain_operands(12, 1, 4, 4, 8, 8, 8)
+    with pytest.raises(ValueError, match="expand3_w must have shape"):
+        jaxcnn.conv1x1_conv3x3(x, w1, w3[:, :, :4], b1, b3)
+    with pytest.raises(ValueError, match="expand3_w must have >= 1 output channels"):
+        jaxcnn.conv1x1_conv3x3(x, w1, w3[..., :0], b1, b3[:0])
+    # An empty expand1 alone is fine; an empty expand3 is not (fire needs its 3x3).
+    with pytest.raises(ValueError, match="expand3_w must have >= 1 output channels"):
+        jaxcnn.fire(x, w1, jnp.zeros((1, 1, 8, 4)), w3[..., :0], b1, jnp.zeros(4), b3[:0])
+
+
+@needs_library
+def test_conv1x1_conv3x3_cuda_lowering_is_one_fire_call_without_concatenate():
+    x, w1, w3, b1, b3 = (sds(a.shape, jnp.bfloat16) for a in chain_operands(13, 2, 8, 8, 16, 8, 8))
+    text = cuda_text(jaxcnn.conv1x1_conv3x3, x, w1, w3, b1, b3)
+    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_fire_fwd(" in line]
+    assert len(calls) == 1 and "tensor<2x8x8x8xbf16>" in calls[0], text
+    assert "convolution" not in text and "concatenate" not in text

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxcnn
-from test_fire import SQUEEZENET_FIRES, TOL, as_f64, fire_operands, oracle_f64, zoo_fire_xla
+from test_fire import (SQUEEZENET_FIRES, TOL, as_f64, chain_operands, fire_operands, oracle_f64,
+                       zoo_fire_xla)
 
 pytestmark = pytest.mark.gpu
 
@@ -135,3 +136,15 @@ def test_vmap_on_gpu():
     got = jax.jit(jax.vmap(lambda x: jaxcnn.fire(x, *ops[1:])))(xs)
     for i in range(3):
         np.testing.assert_array_equal(got[i], jaxcnn.fire(xs[i], *ops[1:]))
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "tensor_core", "fma"])
+@pytest.mark.parametrize("n,h,w,c,m,k", [(1, 13, 13, 64, 16, 64), (2, 9, 21, 72, 24, 40),
+                                         (3, 27, 27, 128, 32, 128), (1, 1, 1, 8, 8, 8)])
+def test_straight_conv1x1_conv3x3(algorithm, n, h, w, c, m, k):
+    ops = chain_operands(n + h + c, n, h, w, c, m, k, jnp.bfloat16)
+    got = run_poisoned(lambda *a: jaxcnn.conv1x1_conv3x3(*a, algorithm=algorithm), *ops)
+    assert got.shape == (n, h, w, k) and not np.isnan(as_f64(got)).any()
+    x, w1, w3, b1, b3 = ops
+    want = oracle_f64((x, w1, jnp.zeros((1, 1, m, 0), x.dtype), w3, b1, jnp.zeros((0,), x.dtype), b3))
+    np.testing.assert_allclose(as_f64(got), want, **TOL["bfloat16"])

@@ -281,6 +281,14 @@ int main(int argc, char** argv) {
     count(RunCase<__nv_bfloat16>(p, fma, 0, "odd"));
     count(RunCase<float>(p, automatic, 0, "odd"));
   }
+  // No 1x1 expand (E1 = 0): the straight squeeze -> 3x3 chain (jaxcnn.conv1x1_conv3x3).
+  const FireParams chains[] = {{1, 13, 13, 64, 16, 0, 64}, {2, 9, 21, 72, 24, 0, 40},
+                               {3, 27, 27, 128, 32, 0, 128}};
+  for (const FireParams& p : chains) {
+    count(RunCase<__nv_bfloat16>(p, tc, 0, "1x1->3x3"));
+    count(RunCase<__half>(p, fma, 0, "1x1->3x3"));
+    count(RunCase<float>(p, automatic, 0, "1x1->3x3"));
+  }
   // Channel counts off the tensor-core constraints and misaligned x/y: auto falls back.
   count(RunCase<__nv_bfloat16>({2, 6, 7, 13, 5, 7, 9}, automatic, 0, "odd channels"));
   count(RunCase<__half>({1, 9, 9, 32, 16, 32, 32}, automatic, 1, "misaligned"));

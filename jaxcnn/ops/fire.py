@@ -126,6 +126,27 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
     return _fire(cfg, *operands)
 
 
+def conv1x1_conv3x3(x, w1, w3, b1=None, b3=None, *, algorithm="auto"):
+    """Straight fusion of relu(conv3x3(relu(conv1x1(x, w1) + b1), w3, padding 1) + b3).
+
+    The fire kernel with no 1x1 expand: each tile's 1x1 output (plus its 1-pixel halo,
+    recomputed by neighbouring tiles) stays in shared memory and the 3x3 reads it there, so
+    the intermediate never reaches DRAM.
+
+    Args:
+      x: [N, H, W, C] float32, bfloat16 or float16 (NHWC).
+      w1: [1, 1, C, M] (HWIO); w3: [3, 3, M, K]; same dtype as x.
+      b1, b3: [M], [K] biases, or None for zero bias.
+      algorithm: as for `fire`.
+
+    Returns:
+      [N, H, W, K] in x's dtype.
+    """
+    w1 = jnp.asarray(w1)
+    none = jnp.zeros(w1.shape[:2] + w1.shape[3:] + (0,), w1.dtype)  # [1, 1, M, 0]
+    return fire(x, w1, none, w3, b1, None, b3, algorithm=algorithm)
+
+
 def fire_block(layers, params, x, *, algorithm="auto"):
     """The zoo's fused-block entry (`ops["fire"]` in a models.backends table, see Net.block):
     runs `models.squeezenet.fire`'s three convs as one `fire` call. `params` are the block's

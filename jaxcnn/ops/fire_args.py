@@ -65,7 +65,8 @@ def fire_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) ->
             raise ValueError(
                 f"{name} must be rank 4 HWIO [{window}, {window}, in, out], got shape {shape}"
             )
-        if shape[3] < 1:
+        # expand1 may be empty: the fused squeeze -> 3x3 chain (conv1x1_conv3x3).
+        if shape[3] < (0 if name == "expand1_w" else 1):
             raise ValueError(f"{name} must have >= 1 output channels, got shape {shape}")
     s = sq_shape[3]
     _check_shape("squeeze_w", sq_shape, (1, 1, c, s), f"input channels of x = {c}")

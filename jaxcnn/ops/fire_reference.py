@@ -20,6 +20,7 @@ def _conv(x, w, b, padding):
 def fire_reference(x, squeeze_w, expand1_w, expand3_w, squeeze_b, expand1_b, expand3_b):
     """relu(squeeze 1x1) -> concat([relu(expand 1x1), relu(expand 3x3, pad 1)], channels)."""
     s = _conv(x, squeeze_w, squeeze_b, 0)
-    return jnp.concatenate(
-        [_conv(s, expand1_w, expand1_b, 0), _conv(s, expand3_w, expand3_b, 1)], axis=-1
-    )
+    y3 = _conv(s, expand3_w, expand3_b, 1)
+    if expand1_w.shape[-1] == 0:  # the straight squeeze -> 3x3 chain
+        return y3
+    return jnp.concatenate([_conv(s, expand1_w, expand1_b, 0), y3], axis=-1)
