@@ -91,12 +91,13 @@ fire::TcArgs TcLayout(const FireParams& p, int tile_h, int split, bool sq_reside
   off += HaloRows(tile_h) * a.sq_stride;
   a.off_wex = off;
   off += a.e1_chunks * a.wex_e1_elems + a.e3_chunks * a.wex_e3_elems;
-  a.off_stage = off;
+  a.off_bias = static_cast<int>(RoundUp(off, 8));
   return a;
 }
 
 int64_t TcSmemBytes(const fire::TcArgs& a) {
-  return (int64_t{a.off_stage} + int64_t{fire::kWarps} * fire::kStageWarpElems) * 2;
+  // fp32 biases: two T elements each.
+  return (int64_t{a.off_bias} + 2 * (int64_t{a.S} + a.E1 + a.E3)) * 2;
 }
 
 // Slices thinner than this (per expand conv) are not worth their squeeze recompute unless

@@ -13,9 +13,9 @@
 //   2. expands: the slice's 1x1 (K = S) and 3x3 (K = 9 S, nine shifted views of the same smem
 //      tile: ldmatrix takes one row address per lane, so the shift is free) channels as
 //      implicit GEMMs. Work item = (1 or 2 output rows, 64 channels), dealt round-robin to the
-//      warps over the whole slice; bias + ReLU; each warp stages its item in its own smem
-//      area and stores it with 16-byte coalesced writes into its channel slice of y (no
-//      concatenate, no block-wide barrier between items).
+//      warps over the whole slice; bias (fp32, from smem) + ReLU on the fragments, stored
+//      straight into the item's channel slice of y (no concatenate, no staging, no
+//      block-wide barrier between items).
 //   The slice's expand weights (and the squeeze weights when they fit) stay in smem for the
 //   CTA's lifetime, loaded once with cp.async; the launcher picks `split` so that they fit.
 // Shared-memory rows are padded so that 8 consecutive rows start in 8 different 16-byte bank
@@ -60,9 +60,6 @@ __host__ __device__ constexpr int PaddedStride(int cols) {
   return ((vecs % 2 == 1) ? vecs + 2 : vecs + 1) * 8;
 }
 
-// Per-warp output staging: up to 2 rows x 16 pixels x 64 channels.
-constexpr int kStageStride = PaddedStride(kExpandBlock);
-constexpr int kStageWarpElems = 2 * kTileW * kStageStride;
 
 // Everything the kernel needs, computed by the launcher (fire.cu).
 struct TcArgs {
@@ -79,7 +76,8 @@ struct TcArgs {
   int e1_chunks, e3_chunks;  // chunks per slice
   bool sq_resident;
   // Element offsets (T units) of the smem regions.
-  int off_x, off_wsq, off_s, off_wex, off_stage;
+  int off_x, off_wsq, off_s, off_wex;
+  int off_bias;  // fp32 biases [S | E1 | E3] (an even T offset, 16-byte aligned)
   int x_buf_elems;      // one input-chunk buffer
   int wsq_chunk_elems;  // one chunk of squeeze weights (kInChunk rows)
   int wex_e1_elems;     // one 1x1 expand weight chunk (SK rows)
@@ -180,16 +178,15 @@ __device__ __forceinline__ TileCoord TileAt(const TcArgs& a, int tile) {
   return {n, th * TH, (rem - th * a.tiles_w) * kTileW};
 }
 
-// Issues (no wait) the cp.asyncs of input chunk `chunk` of `tile` into buffer `buf`: the
-// halo tile's channels [chunk*64, chunk*64+64), zero outside the image and past C; with
+// Issues (no wait) the cp.asyncs of input chunk `chunk` of the tile at `t` into buffer `buf`:
+// the halo tile's channels [chunk*64, chunk*64+64), zero outside the image and past C; with
 // streamed squeeze weights, also their rows of this chunk.
 template <typename T, int TH>
 __device__ __forceinline__ void IssueInputChunk(const TcArgs& a, const T* __restrict__ x,
-                                                const T* __restrict__ w_sq, T* smem, int tile,
-                                                int chunk, int buf) {
+                                                const T* __restrict__ w_sq, T* smem,
+                                                const TileCoord& t, int chunk, int buf) {
   constexpr int kVecs = kInChunk / 8;
   constexpr int kStride = PaddedStride(kInChunk);
-  const TileCoord t = TileAt<TH>(a, tile);
   T* xs = smem + a.off_x + buf * a.x_buf_elems;
   const int c0 = chunk * kInChunk;
   for (int i = threadIdx.x; i < HaloPixels(TH) * kVecs; i += kThreads) {
@@ -216,6 +213,7 @@ __device__ __forceinline__ void IssueInputChunk(const TcArgs& a, const T* __rest
 // issued goes to buffer k % 2 and is consumed k-th.
 struct InputCursor {
   int tile, chunk, issued;
+  TileCoord at;  // TileAt(tile), recomputed only when the tile changes
 };
 
 // Issues the next (tile, chunk) of the sequence if any, and always commits a group (possibly
@@ -225,11 +223,12 @@ __device__ __forceinline__ void IssueNext(const TcArgs& a, const T* __restrict__
                                           const T* __restrict__ w_sq, T* smem,
                                           InputCursor& cur) {
   if (cur.tile < a.num_tiles) {
-    IssueInputChunk<T, TH>(a, x, w_sq, smem, cur.tile, cur.chunk, cur.issued % 2);
+    IssueInputChunk<T, TH>(a, x, w_sq, smem, cur.at, cur.chunk, cur.issued % 2);
     ++cur.issued;
     if (++cur.chunk == a.in_chunks) {
       cur.chunk = 0;
       cur.tile += a.walkers;
+      if (cur.tile < a.num_tiles) cur.at = TileAt<TH>(a, cur.tile);
     }
   }
   CpAsyncCommit();
@@ -294,22 +293,6 @@ __device__ __forceinline__ void ExpandItem(float (&acc)[2][8][4], const T* s_til
   return ExpandMma<T, SK, kTaps, 1, 1>(acc, s_tile, wx, ex_stride, row0, col0);
 }
 
-// A warp's staged item [rows * 16 px][kStageStride] -> y_tile (its first pixel and channel
-// in y; pixel stride E, row stride W * E), 16-byte stores, rows/cols past the image skipped.
-// kVecs: the vectors per pixel when known at compile time (0: use `vecs`).
-template <typename T, int kVecs>
-__device__ __forceinline__ void StoreStaged(T* y_tile, const T* stage, int rows, int vecs,
-                                            int rows_left, int cols_left, int W, int E) {
-  const int v_per_px = kVecs > 0 ? kVecs : vecs;
-  for (int i = threadIdx.x % 32; i < rows * kTileW * v_per_px; i += 32) {
-    const int p = i / v_per_px, v = i % v_per_px;
-    const int py = p / kTileW, px = p % kTileW;
-    if (py < rows_left && px < cols_left)
-      *reinterpret_cast<uint4*>(y_tile + (static_cast<int64_t>(py) * W + px) * E + v * 8) =
-          *reinterpret_cast<const uint4*>(stage + p * kStageStride + v * 8);
-  }
-}
-
 // SK: squeeze channels rounded up to 16 (the expands' K step); padded channels are zero.
 // TH: output rows per tile (8 or 4).
 template <typename T, int SK, int TH>
@@ -341,6 +324,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < 2 * kPadElems; i += kThreads)
     smem[a.off_x + (i / kPadElems) * a.x_buf_elems + kHaloPixels * kXStride + i % kPadElems] =
         T(0.0f);
+  // Biases as fp32 in shared memory: the epilogues read them there instead of waiting on
+  // global loads. (Published by the squeeze loop's first barrier.)
+  float* const bias_s = reinterpret_cast<float*>(smem + a.off_bias);
+  for (int i = threadIdx.x; i < a.S + E; i += kThreads)
+    bias_s[i] = to_float(i < a.S ? b_sq[i] : i < a.S + a.E1 ? b_e1[i - a.S] : b_e3[i - a.S - a.E1]);
   // Resident weights: all in flight at once, one cp.async group ahead of the input chunks.
   if (a.sq_resident)
     IssueMatrix(smem + a.off_wsq, a.sq_stride, w_sq, a.S, a.in_chunks * kInChunk, a.C,
@@ -363,13 +351,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncCommit();
   // Two input chunks in flight ahead of the one being consumed. (The first wait + barrier
   // of the squeeze loop also publishes the weights and the zeroed rows.)
-  InputCursor cursor{static_cast<int>(blockIdx.x) / a.split, 0, 0};
+  InputCursor cursor{static_cast<int>(blockIdx.x) / a.split, 0, 0, {}};
+  if (cursor.tile < a.num_tiles) cursor.at = TileAt<TH>(a, cursor.tile);
   IssueNext<T, TH>(a, x, w_sq, smem, cursor);
   IssueNext<T, TH>(a, x, w_sq, smem, cursor);
   int consumed = 0;
 
   T* const s_tile = smem + a.off_s;
-  T* const stage = smem + a.off_stage + warp * kStageWarpElems;
   for (int tile = static_cast<int>(blockIdx.x) / a.split; tile < a.num_tiles;
        tile += a.walkers) {
     const TileCoord t = TileAt<TH>(a, tile);
@@ -433,8 +421,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int c = nt * 8 + 2 * q;
           float v0 = 0.0f, v1 = 0.0f;
           if (inside && c < a.S) {  // S % 8 == 0: c and c + 1 are both real channels
-            v0 = fmaxf(acc_s[i][nt][2 * half] + to_float(b_sq[c]), 0.0f);
-            v1 = fmaxf(acc_s[i][nt][2 * half + 1] + to_float(b_sq[c + 1]), 0.0f);
+            v0 = fmaxf(acc_s[i][nt][2 * half] + bias_s[c], 0.0f);
+            v1 = fmaxf(acc_s[i][nt][2 * half + 1] + bias_s[c + 1], 0.0f);
           }
           *reinterpret_cast<uint32_t*>(s_tile + p * a.sq_stride + c) = PackPair<T>(v0, v1);
         }
@@ -451,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int conv_c0 = (is3 ? e3_lo : e1_lo) + local * a.ex_chunk;  // in its conv
       const int width = min(a.ex_chunk, (is3 ? e3_hi : e1_hi) - conv_c0);
       if (width <= 0) continue;
-      const T* bias = is3 ? b_e3 : b_e1;
+      const float* bias = bias_s + a.S + (is3 ? a.E1 : 0);
       const T* wx = is3 ? e3_weights + local * a.wex_e3_elems
                         : smem + a.off_wex + local * a.wex_e1_elems;
       // Items of 2 rows reuse each weight fragment twice; 1-row items when 2-row ones would
@@ -475,39 +463,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         else
           ExpandItem<T, SK, 1>(acc, s_tile, wx, a.ex_stride, row0, rows, col0, width);
 
-        // Bias + ReLU into this warp's staging area [rows * 16 px][kStageStride].
-        __syncwarp();  // the warp's previous item has left the staging area
+        // Bias + ReLU, stored from the MMA fragments straight into the channel slice of y:
+        // a store writes 16 contiguous bytes of 8 pixels (the next n-tile fills the other
+        // half of each 32-byte sector, so L2 merges them before DRAM).
+        const int out_c0 = (is3 ? a.E1 : 0) + conv_c0 + col0;
+        T* const y_item = y + ((static_cast<int64_t>(t.n) * a.H + t.h0 + row0) * a.W + t.w0) * E +
+                          out_c0 + 2 * q;
+        const int rows_left = a.H - t.h0 - row0, cols_left = a.W - t.w0;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           if (col0 + nt * 8 < width) {
-            const int col = col0 + nt * 8 + 2 * q;
-            const float b0 = to_float(bias[conv_c0 + col]);
-            const float b1 = to_float(bias[conv_c0 + col + 1]);
+            const float2 b = *reinterpret_cast<const float2*>(bias + conv_c0 + col0 + nt * 8 + 2 * q);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              if (i < rows) {
+              if (i < rows && i < rows_left) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                  const int p = i * kTileW + g + half * 8;
-                  *reinterpret_cast<uint32_t*>(stage + p * kStageStride + nt * 8 + 2 * q) =
-                      PackPair<T>(fmaxf(acc[i][nt][2 * half] + b0, 0.0f),
-                                  fmaxf(acc[i][nt][2 * half + 1] + b1, 0.0f));
+                  const int px = g + half * 8;
+                  if (px < cols_left)
+                    *reinterpret_cast<uint32_t*>(y_item + (static_cast<int64_t>(i) * a.W + px) * E +
+                                                 nt * 8) =
+                        PackPair<T>(fmaxf(acc[i][nt][2 * half] + b.x, 0.0f),
+                                    fmaxf(acc[i][nt][2 * half + 1] + b.y, 0.0f));
                 }
               }
             }
           }
         }
-        __syncwarp();
-        // Staging -> y[n, h, w, out_c0 : out_c0 + vecs * 8]: a pixel's 128 bytes per 8 lanes.
-        const int vecs = min(kExpandBlock, width - col0) / 8;
-        const int out_c0 = (is3 ? a.E1 : 0) + conv_c0 + col0;
-        T* const y_tile = y + ((static_cast<int64_t>(t.n) * a.H + t.h0 + row0) * a.W + t.w0) * E +
-                          out_c0;
-        if (vecs == kExpandBlock / 8)  // full block: shifts instead of run-time divisions
-          StoreStaged<T, kExpandBlock / 8>(y_tile, stage, rows, vecs, a.H - t.h0 - row0,
-                                           a.W - t.w0, a.W, E);
-        else
-          StoreStaged<T, 0>(y_tile, stage, rows, vecs, a.H - t.h0 - row0, a.W - t.w0, a.W, E);
       }
       item_base += items;
     }
