@@ -27,6 +27,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_avg_pool2d_fwd": "JaxcnnAvgPool2dFwd",
     "jaxcnn_softmax_fwd": "JaxcnnSoftmaxFwd",
     "jaxcnn_fire_fwd": "JaxcnnFireFwd",
+    "jaxcnn_conv2d_pool_fwd": "JaxcnnConv2dPoolFwd",
 }
 
 
