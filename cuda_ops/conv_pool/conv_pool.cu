@@ -86,7 +86,8 @@ conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int 
   a.tiles_h = static_cast<int>(b.tiles_h), a.tiles_w = static_cast<int>(b.tiles_w);
   a.k_blocks = static_cast<int>(CeilDiv(p.K, block_k));
   a.c_chunks = static_cast<int>(CeilDiv(p.C, conv_pool::kBlockC));
-  a.steps = static_cast<int>(p.R * p.S * a.c_chunks);
+  a.taps = static_cast<int>(p.R * p.S);
+  a.steps = a.taps * a.c_chunks;
   return a;
 }
 

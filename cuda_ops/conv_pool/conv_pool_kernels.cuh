@@ -5,9 +5,10 @@
 // times kBlockK output channels (GEMM N, 64 or 128), placed so that the block covers whole pool
 // windows: pooled_h x pooled_w pooled outputs, their windows' conv rows/columns all inside the
 // block (overlapping pools recompute the shared rows/columns in the neighbouring CTA).
-//   mainloop  GEMM-K = (r, s, 32-channel chunk) steps through a 4-stage cp.async pipeline: the
+//   mainloop  GEMM-K = (32-channel chunk, r, s) steps through a 4-stage cp.async pipeline: the
 //             A stage is the block's 128 input pixels shifted by (r, s) (zero-filled outside
-//             the image: the conv padding), the B stage 32 x kBlockK weights of HWIO; warps
+//             the image: the conv padding; via L1, which serves the R x S shifted re-reads of a
+//             chunk), the B stage 32 x kBlockK weights of HWIO; warps
 //             2 (M) x kWarpsN (N), each a 64 x 32 accumulator tile, ldmatrix(.trans) operands.
 //   epilogue  bias + ReLU in fp32 registers, one rounding to T (monotonic, so pooling the
 //             rounded values equals rounding the pooled ones: the reference's semantics) into
@@ -60,6 +61,9 @@ struct TcShape {
   static constexpr int kPipeBytes = kStages * kStageElems * 2;
   static constexpr int kOutBytes = kTileM * kOutStride * 2;
   static constexpr int kSmemBytes = kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes;
+  // CTAs per SM the shared memory allows (3 x 59 KB, 2 x 76 KB of Hopper's 227 KB): the
+  // register budget ptxas may use without lowering that (170 and 128 registers per thread).
+  static constexpr int kMinBlocks = kWarpsN == 2 ? 3 : 2;
 };
 
 // Everything the kernel needs, computed by the launcher (conv_pool.cu).
@@ -73,7 +77,8 @@ struct TcArgs {
   int tiles_h, tiles_w;        // CTA blocks per image
   int k_blocks;                // ceil(K / kBlockK)
   int c_chunks;                // ceil(C / kBlockC)
-  int steps;                   // R * S * c_chunks
+  int taps;                    // R * S
+  int steps;                   // c_chunks * taps
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -81,8 +86,16 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 // 16 bytes global -> shared, asynchronously; zero-fills when !valid (src is not read).
+// Through L2 only: for the weights, which every CTA reads once per step.
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The same, cached in L1: the R x S steps of one channel chunk read the CTA's input halo
+// R x S times over, shifted; L1 serves the repeats instead of L2.
+__device__ __forceinline__ void CpAsync16L1(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)),
                "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
@@ -145,7 +158,7 @@ __device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
 __device__ __forceinline__ float Relu(float v) { return v < 0.0f ? 0.0f : v; }
 
 template <typename T, int TW, int kWarpsN>
-__global__ void __launch_bounds__(TcShape<kWarpsN>::kThreads)
+__global__ void __launch_bounds__(TcShape<kWarpsN>::kThreads, TcShape<kWarpsN>::kMinBlocks)
     conv_pool_tc_kernel(TcArgs a, const T* __restrict__ x, const T* __restrict__ w,
                         const T* __restrict__ bias, T* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -194,8 +207,11 @@ __global__ void __launch_bounds__(TcShape<kWarpsN>::kThreads)
   auto issue = [&](int step) {
     T* as = smem + (step % kStages) * Shape::kStageElems;
     T* bs = as + Shape::kAElems;
-    const int rs = step / a.c_chunks;
-    const int c0 = (step - rs * a.c_chunks) * kBlockC;
+    // Channel chunk outer, filter tap inner: consecutive steps re-read the same input
+    // pixels (shifted), which stay in L1.
+    const int chunk = step / a.taps;
+    const int rs = step - chunk * a.taps;
+    const int c0 = chunk * kBlockC;
     const int r = rs / a.S, s = rs - r * a.S;
     const int c = c0 + a_vec * 8;
 #pragma unroll
@@ -205,7 +221,7 @@ __global__ void __launch_bounds__(TcShape<kWarpsN>::kThreads)
       const bool valid = c < a.C && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                          static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
       const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : x;
-      CpAsync16(as + m * kAStride + a_vec * 8, src, valid);
+      CpAsync16L1(as + m * kAStride + a_vec * 8, src, valid);
     }
 #pragma unroll
     for (int j = 0; j < kBPerThread; ++j) {
