@@ -208,13 +208,14 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:
     handler will launch. None when the library is not loaded (or predates the query)."""
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_conv_pool_plan"):
         return None
+    from jaxcnn.ops.conv_args import PRECISIONS
     from jaxcnn.ops.conv_pool_args import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_conv_pool_plan
     fn.restype = ctypes.c_int64
     i64s = ctypes.POINTER(ctypes.c_int64)
-    fn.argtypes = [i64s, i64s, i64s, ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
-                   ctypes.c_int64]
+    fn.argtypes = [i64s, i64s, i64s, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_char_p, ctypes.c_int64]
     conv = cfg.conv
     (pt, pb), (pl, pr) = conv.padding
     (qt, qb), (ql, qr) = cfg.pool_padding
@@ -223,5 +224,5 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:
     pool_attrs = (ctypes.c_int64 * 8)(*cfg.pool_window, *cfg.pool_stride, qt, qb, ql, qr)
     out = ctypes.create_string_buffer(256)
     fn(dims, conv_attrs, pool_attrs, DTYPE_CODES[jax.numpy.dtype(dtype).name],
-       ALGORITHMS.index(cfg.algorithm), out, len(out))
+       PRECISIONS.index(conv.precision), ALGORITHMS.index(cfg.algorithm), out, len(out))
     return out.value.decode()

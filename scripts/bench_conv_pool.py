@@ -7,14 +7,16 @@ AlexNet (torchvision channels, overlapping 3x3/2 pools) at each batch (default 1
 dtype (default bf16 and fp32): fresh random inputs; an accuracy check of jaxcnn.conv2d_pool
 against XLA on them; then, in one profiler trace, the device time (sum of GPU kernel durations,
 jaxcnn/profile/device_time.py) of
-  - jaxcnn:   jaxcnn.conv2d_pool (one fused kernel; the pre-pool activation stays on chip),
+  - jaxcnn:   jaxcnn.conv2d_pool (one fused kernel; the pre-pool activation stays on chip; fp32
+              at precision "default" = TF32 tensor cores),
   - xla:      lax.conv_general_dilated + bias + ReLU + lax.reduce_window under jit (as a JAX
               user writes the layer; fp32 at XLA's DEFAULT precision, i.e. TF32),
-  - xla_highest (fp32 only): the same at Precision.HIGHEST (fp32-accurate, as our fp32 kernel),
+  - jaxcnn_highest / xla_highest (fp32 only): both at precision "highest" (fp32-accurate: our
+              CUDA-core FMA kernel, XLA's fp32 conv),
   - unfused:  jaxcnn.conv2d(activation="relu") then jaxcnn.max_pool2d (two of our kernels).
 Floor = max(bytes / 3.97e12 B/s, FLOPs / peak) with bytes = x + w + pooled y (the pre-pool tensor
-is never stored) and peak the GPU's tensor-core rate for bf16/fp16 and its fp32 (CUDA-core) rate
-for fp32 (jaxcnn.profile.gpu_specs). Times are median per-call device times with their p10-p90
+is never stored) and peak the GPU's tensor-core rate for bf16/fp16 and its TF32 rate for fp32
+(jaxcnn.profile.gpu_specs). Times are median per-call device times with their p10-p90
 spread; XLA/jaxcnn = the speedup. Issue 8 goals (bf16): >= 1.5x XLA on VGG c1_2 at N=64, >= 1.3x
 across VGG-19's pooled layers.
 
@@ -66,8 +68,8 @@ from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
 
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200 HBM3e)
-# Peak class of gpu_specs per dtype: tensor cores for half types, fp32-accurate for fp32.
-PEAK_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+# Peak class of gpu_specs per dtype: tensor cores (fp32 at precision "default" runs TF32).
+PEAK_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
 GOAL_HEADLINE, GOAL_VGG = 1.5, 1.3
 # max |jaxcnn - xla| / max |xla|: XLA rounds the conv output to the dtype before the bias (two
 # roundings for half types, one here); fp32 XLA DEFAULT is TF32.
@@ -137,13 +139,16 @@ def variants(layer: Layer, dtype: str):
     def xla_highest(x, w, b):
         return xla_conv_pool(x, w, b, cfg_of(x, w, "highest"))
 
+    def ours_highest(x, w, b):
+        return jaxcnn.conv2d_pool(x, w, b, **kw, precision="highest")
+
     def unfused(x, w, b):
         y = jaxcnn.conv2d(x, w, b, stride=layer.stride, padding=layer.padding, activation="relu")
         return jaxcnn.max_pool2d(y, layer.pool, layer.pool_stride)
 
     out = [("jaxcnn", ours), ("xla", xla)]
     if dtype == "fp32":
-        out.append(("xla_highest", xla_highest))
+        out += [("jaxcnn_highest", ours_highest), ("xla_highest", xla_highest)]
     return out + [("unfused", unfused)]
 
 
@@ -211,7 +216,7 @@ def _spread(t: dict) -> str:
 
 def summary_table(rows: list[dict]) -> list[str]:
     lines = ["| layer | N | dtype | conv | pool | MB | GFLOP | floor us | jaxcnn us (p10-p90) "
-             "| XLA us (p10-p90) | XLA HIGHEST us | unfused us | XLA/jaxcnn | unfused/jaxcnn "
+             "| XLA us (p10-p90) | HIGHEST jaxcnn / XLA us | unfused us | XLA/jaxcnn | unfused/jaxcnn "
              "| jaxcnn % floor | jaxcnn TFLOP/s | max rel diff | status |",
              "|" + "---|" * 18]
     for r in rows:
@@ -221,7 +226,8 @@ def summary_table(rows: list[dict]) -> list[str]:
                  f"{r['bytes_moved'] / 2**20:.1f}", f"{r['gflop']:.1f}", f"{r['floor_ms'] * 1e3:.1f}",
                  f"{_us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
                  f"{_us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
-                 _us(t["xla_highest"]) if "xla_highest" in t else "-",
+                 (f"{_us(t['jaxcnn_highest'])} / {_us(t['xla_highest'])}"
+                  if "xla_highest" in t else "-"),
                  _us(t.get("unfused", {})), _fmt(r["speedup_vs_xla"], ".2f"),
                  _fmt(r["speedup_vs_unfused"], ".2f"), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
                  _fmt(r["tflops"].get("jaxcnn"), ".0f"),
@@ -293,9 +299,10 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
         "durations in a profiler trace), us, with the p10-p90 spread. MB = x + w + pooled y.",
         f"- floor = max(MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s, GFLOP / peak) with the GPU's "
-        "bf16/fp16 tensor-core peak, fp32 CUDA-core peak for fp32; % floor = floor / time.",
-        "- xla: lax conv (x's dtype; fp32 at DEFAULT = TF32) + bias + ReLU + reduce_window under "
-        "jit; XLA HIGHEST: fp32-accurate; unfused: jaxcnn.conv2d(relu) then jaxcnn.max_pool2d.",
+        "bf16/fp16 tensor-core peak, TF32 peak for fp32; % floor = floor / time.",
+        "- xla: lax conv (x's dtype; fp32 at DEFAULT = TF32, as jaxcnn's fp32 default) + bias + "
+        "ReLU + reduce_window under jit; HIGHEST: both fp32-accurate; unfused: "
+        "jaxcnn.conv2d(relu) then jaxcnn.max_pool2d.",
         f"- goals (issue 8, bf16): VGG c1_2 N=64 XLA/jaxcnn >= {GOAL_HEADLINE}; >= {GOAL_VGG} "
         "across VGG-19's pooled layers.",
         "",

@@ -1,5 +1,5 @@
 """GPU suite for the fused conv + bias + ReLU + max-pool (`pytest -m gpu`): the CUDA kernels
-(tensor-core bf16/fp16, CUDA-core fp32 and fallback) against a float64 oracle and against XLA's
+(tensor-core bf16/fp16 and TF32, CUDA-core fp32 "highest" and fallback) against a float64 oracle and against XLA's
 conv -> reduce_window on the same rounded values in float32, over random shapes (odd sizes,
 N = 1, strides, dilation, overlapping and padded pools), VGG-19 / AlexNet pooled layers,
 NaN-poisoned outputs, refusals and handler errors as Python exceptions, grads and vmap."""
@@ -23,8 +23,10 @@ from test_conv2d_pool import TOL, as_f64, operands, oracle
 pytestmark = pytest.mark.gpu
 
 TARGET = "jaxcnn_conv2d_pool_fwd"
-# Against XLA in float32 on the same rounded inputs: the kernel rounds once to the dtype.
+# Against XLA in float32 on the same rounded inputs: the kernel rounds once to the dtype; fp32 at
+# precision "default" runs TF32 tensor cores (inputs rounded to 10 mantissa bits).
 XLA_F32_TOL = {"float32": 2e-5, "bfloat16": 1e-2, "float16": 2e-3}
+TF32_TOL = 5e-3
 
 # Pooled layers (conv before each pool): (name, N, H, W, C, R, K, conv padding, window, stride).
 VGG19_POOLED = [("vgg19/c1_2", 224, 64, 64), ("vgg19/c2_2", 112, 128, 128),
@@ -62,15 +64,18 @@ def xla_f32(x, w, b, **kw):
                              (1, *cfg.pool_stride, 1), ((0, 0), *cfg.pool_padding, (0, 0)))
 
 
-def check(x, w, b, algorithm="auto", with_oracle=True, **kw):
+def check(x, w, b, algorithm="auto", with_oracle=True, precision=None, **kw):
     dtype = x.dtype.name
-    got = run_poisoned(lambda *a: jaxcnn.conv2d_pool(*a, algorithm=algorithm, **kw), x, w, b)
+    tf32 = dtype == "float32" and precision is None
+    got = run_poisoned(lambda *a: jaxcnn.conv2d_pool(*a, algorithm=algorithm, precision=precision,
+                                                     **kw), x, w, b)
     assert got.dtype == x.dtype and not np.isnan(as_f64(got)).any()
     want = np.asarray(jax.jit(lambda *a: xla_f32(*a, **kw))(x, w, b), np.float64)
     assert got.shape == want.shape
-    assert rel_err(got, want) <= XLA_F32_TOL[dtype], rel_err(got, want)
+    tol = TF32_TOL if tf32 else XLA_F32_TOL[dtype]
+    assert rel_err(got, want) <= tol, rel_err(got, want)
     if with_oracle:
-        assert rel_err(got, oracle(x, w, b, **kw)) <= TOL[dtype]
+        assert rel_err(got, oracle(x, w, b, **kw)) <= (TF32_TOL if tf32 else TOL[dtype])
 
 
 @st.composite
@@ -87,7 +92,8 @@ def gpu_cases(draw):
                 pool_window=window,
                 pool_stride=draw(st.sampled_from([None, None, 2, 1, (1, 2)])),
                 pool_padding=draw(st.sampled_from(["VALID", "VALID", "SAME"]))),
-        dtype=draw(st.sampled_from(["bfloat16", "float16"])), seed=draw(st.integers(0, 2**16)))
+        dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+        seed=draw(st.integers(0, 2**16)))
 
 
 def _fits(x, w, kw):
@@ -111,16 +117,26 @@ def test_tensor_core_kernel_random_shapes(case):
 @given(st.integers(1, 3), st.integers(3, 20), st.integers(3, 20), st.integers(1, 20),
        st.integers(1, 20), st.sampled_from([(2, None), (3, 2)]),
        st.sampled_from(["bfloat16", "float16", "float32"]))
-def test_any_channel_counts_and_float32_run_on_cuda_cores(n, h, w, c, k, pool, dtype):
+def test_any_channel_counts_run(n, h, w, c, k, pool, dtype):
+    """auto: counts off multiples of 8 (4 for fp32 TF32) take the CUDA-core kernel."""
     x, wt, b = operands(n * h + c + k, n, h, w, c, k, dtype=jnp.dtype(dtype))
     check(x, wt, b, pool_window=pool[0], pool_stride=pool[1])
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 2), st.integers(3, 24), st.integers(3, 24), st.integers(1, 40),
+       st.integers(1, 40), st.sampled_from([(2, None), (3, 2)]))
+def test_float32_highest_is_fp32_accurate(n, h, w, c, k, pool):
+    x, wt, b = operands(n * h + c * k, n, h, w, c, k)
+    check(x, wt, b, precision="highest", pool_window=pool[0], pool_stride=pool[1])
+
+
+@pytest.mark.parametrize("dtype,precision", [("bfloat16", None), ("float16", None),
+                                             ("float32", None), ("float32", "highest")])
 @pytest.mark.parametrize("name,hw,c,k", VGG19_POOLED)
-def test_vgg19_pooled_layers(name, hw, c, k, dtype):
+def test_vgg19_pooled_layers(name, hw, c, k, dtype, precision):
     x, w, b = operands(hw + c, 2, hw, hw, c, k, dtype=jnp.dtype(dtype))
-    check(x, w, b, padding=1, with_oracle=hw <= 56)
+    check(x, w, b, padding=1, with_oracle=hw <= 56, precision=precision)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -143,7 +159,11 @@ def test_forced_algorithms_agree(algorithm):
 
 def test_forced_tensor_core_refusals_are_python_errors():
     x, w, b = operands(2, 1, 8, 8, 16, 8, dtype=jnp.float32)
-    with pytest.raises(Exception, match="float32 runs on CUDA cores"):
+    with pytest.raises(Exception, match="precision 'highest' runs on CUDA cores"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core",
+                                                 precision="highest"))
+    x, w, b = operands(2, 1, 8, 8, 6, 8, dtype=jnp.float32)
+    with pytest.raises(Exception, match="multiples of 4"):
         jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core"))
     x, w, b = operands(2, 1, 8, 8, 12, 8, dtype=jnp.bfloat16)
     with pytest.raises(Exception, match="multiples of 8"):
@@ -172,7 +192,11 @@ def test_plan_query_names_the_kernel():
     assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "bfloat16", cfg).startswith(
         "kernel=tensor_core")
     assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "float32", cfg).startswith(
-        "kernel=direct")
+        "kernel=tensor_core")
+    highest = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1,
+                                    precision="highest")
+    assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "float32",
+                               highest).startswith("kernel=direct")
 
 
 def test_deterministic():

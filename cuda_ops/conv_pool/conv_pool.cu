@@ -110,7 +110,7 @@ conv_pool::DirectArgs MakeDirectArgs(const ConvPoolParams& p) {
 template <typename T, int TW, int kWarpsN>
 cudaError_t LaunchTc(const conv_pool::TcArgs& a, int64_t grid, const ConvPoolBuffers<T>& b,
                      cudaStream_t stream) {
-  using Shape = conv_pool::TcShape<kWarpsN>;
+  using Shape = conv_pool::TcShape<T, kWarpsN>;
   auto kernel = conv_pool::conv_pool_tc_kernel<T, TW, kWarpsN>;
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Shape::kSmemBytes);
@@ -167,17 +167,19 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.unsupported = reason;
     return plan;
   }
-  // Why the tensor-core kernel cannot run, or nullptr.
+  // Why the tensor-core kernel cannot run, or nullptr. Channels move in 16-byte vectors.
+  constexpr int64_t kVec = 16 / sizeof(T);
   const char* tc_reason = nullptr;
   int major = 0;
-  if (std::is_same_v<T, float>)
-    tc_reason = "float32 runs on CUDA cores (fp32 FMA)";
-  else if (p.C % 8 != 0 || p.K % 8 != 0)
-    tc_reason = "channel counts C and K must be multiples of 8";
+  if (std::is_same_v<T, float> && !p.allow_tf32)
+    tc_reason = "float32 at precision 'highest' runs on CUDA cores (fp32 FMA)";
+  else if (p.C % kVec != 0 || p.K % kVec != 0)
+    tc_reason = std::is_same_v<T, float> ? "channel counts C and K must be multiples of 4"
+                                         : "channel counts C and K must be multiples of 8";
   else if (!Aligned16(b.x) || !Aligned16(b.w) || !Aligned16(b.y))
     tc_reason = "x, w and y must be 16-byte aligned";
   else if (CurrentDeviceMajor(&major) != cudaSuccess || major < 8)
-    tc_reason = "mma.sync bf16/fp16 needs compute capability >= 8.0";
+    tc_reason = "mma.sync needs compute capability >= 8.0";
   BlockChoice block;
   if (tc_reason == nullptr) {
     block = ChooseBlock(p);
@@ -200,8 +202,8 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.pooled_h = block.pooled_h, plan.pooled_w = block.pooled_w;
     plan.block_k = block_k;
     plan.grid = grid;
-    plan.smem_bytes = block_k == 128 ? conv_pool::TcShape<4>::kSmemBytes
-                                     : conv_pool::TcShape<2>::kSmemBytes;
+    plan.smem_bytes = block_k == 128 ? conv_pool::TcShape<T, 4>::kSmemBytes
+                                     : conv_pool::TcShape<T, 2>::kSmemBytes;
     plan.recompute = static_cast<double>(block.tiles_h * block.tiles_w * conv_pool::kTileM) /
                      static_cast<double>(p.P * p.Q);
     return plan;
@@ -230,17 +232,13 @@ cudaError_t launch_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& 
             MakeDirectArgs(p), b.x, b.w, b.bias, b.y);
     return cudaGetLastError();
   }
-  if constexpr (std::is_same_v<T, float>) {
-    return cudaErrorInvalidValue;  // unreachable: the plan never picks tensor cores for fp32
-  } else {
-    BlockChoice block;
-    block.tile_w = plan.tile_w, block.tile_h = plan.tile_h;
-    block.pooled_h = plan.pooled_h, block.pooled_w = plan.pooled_w;
-    block.tiles_h = CeilDiv(p.PH, plan.pooled_h), block.tiles_w = CeilDiv(p.PW, plan.pooled_w);
-    const conv_pool::TcArgs a = MakeTcArgs(p, block, plan.block_k);
-    return plan.block_k == 128 ? LaunchTcWidth<T, 4>(plan.tile_w, a, plan.grid, b, stream)
-                               : LaunchTcWidth<T, 2>(plan.tile_w, a, plan.grid, b, stream);
-  }
+  BlockChoice block;
+  block.tile_w = plan.tile_w, block.tile_h = plan.tile_h;
+  block.pooled_h = plan.pooled_h, block.pooled_w = plan.pooled_w;
+  block.tiles_h = CeilDiv(p.PH, plan.pooled_h), block.tiles_w = CeilDiv(p.PW, plan.pooled_w);
+  const conv_pool::TcArgs a = MakeTcArgs(p, block, plan.block_k);
+  return plan.block_k == 128 ? LaunchTcWidth<T, 4>(plan.tile_w, a, plan.grid, b, stream)
+                             : LaunchTcWidth<T, 2>(plan.tile_w, a, plan.grid, b, stream);
 }
 
 #define JAXCNN_CONV_POOL_INSTANTIATE(T)                                                        \

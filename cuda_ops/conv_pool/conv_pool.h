@@ -22,7 +22,8 @@ namespace jaxcnn {
 // Which kernel runs the layer; codes match jaxcnn/ops/conv_pool_args.py ALGORITHMS.
 enum class ConvPoolAlgorithm : int {
   kAuto = 0,        // tensor cores where they apply, else the CUDA-core kernel
-  kTensorCore = 1,  // bf16/fp16 mma.sync (sm_80+): C, K multiples of 8, 16-byte aligned buffers
+  kTensorCore = 1,  // mma.sync (sm_80+), 16-byte aligned buffers: bf16/fp16 with C, K multiples
+                    // of 8; float as TF32 (allow_tf32) with C, K multiples of 4
   kDirect = 2,      // CUDA-core fp32 FMA: any dtype, any shape (fp32-accurate)
 };
 
@@ -37,6 +38,9 @@ struct ConvPoolParams {
   int pool_stride_h, pool_stride_w;  // pool stride
   int pool_pad_top, pool_pad_left;   // pool padding before the first conv row/column (-inf)
   int64_t PH, PW;                    // pooled output extent: y [N, PH, PW, K]
+  // float only: TF32 tensor cores may run it (precision "default", as XLA's DEFAULT); else
+  // fp32-accurate CUDA-core FMA (precision "highest").
+  bool allow_tf32 = false;
 };
 
 // What the launcher will run for these params, dtype and pointers (no launch).

@@ -64,6 +64,7 @@ ffi::Error ConvPoolFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
   p.pool_pad_top = static_cast<int>(pool_pad_top);
   p.pool_pad_left = static_cast<int>(pool_pad_left);
   p.PH = y_dims[1], p.PW = y_dims[2];
+  p.allow_tf32 = precision == 0;  // "default": TF32 like XLA's DEFAULT; "highest": fp32 FMA
   if (y_dims[0] != p.N || y_dims[3] != p.K)
     return Invalid("y must have shape [N, PH, PW, K] = [" + std::to_string(p.N) + ", PH, PW, " +
                    std::to_string(p.K) + "], got " + DimsToString(y_dims));
@@ -75,7 +76,6 @@ ffi::Error ConvPoolFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
     return Invalid(std::string("unsupported shape: ") + reason + " (x " + DimsToString(x_dims) +
                    ", w " + DimsToString(w_dims) + ", y " + DimsToString(y_dims) + ")");
 
-  // fp32 runs on CUDA cores (fp32-accurate), which satisfies both precisions.
   return DispatchFloatType(dtype, "conv2d_pool", [&](auto traits) -> ffi::Error {
     using T = typename decltype(traits)::type;
     const ConvPoolBuffers<T> buffers{static_cast<const T*>(x.untyped_data()),
@@ -140,15 +140,17 @@ jaxcnn::ConvPoolPlan PlanWithAlignedBuffers(const jaxcnn::ConvPoolParams& p,
 
 // The configuration the handler will launch on the current device for an NHWC layer, as one
 // line of text ("kernel=tensor_core block=8x16 pooled=4x8 block_k=64 grid=25088 smem=59392
-// recompute=1.00"), for benchmarks and logs. dims: N, H, W, C, R, S, K; conv: stride_h,
+// recompute=1.00"), for benchmarks and logs. precision: 0 default, 1 highest (codes of
+// conv_args.PRECISIONS). dims: N, H, W, C, R, S, K; conv: stride_h,
 // stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w; pool: window_h,
 // window_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right. Returns the text's
 // length (truncated to out_len - 1), or -1 when nothing can run these params (out: the reason).
 extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv_pool_plan(const int64_t* dims, const int64_t* conv,
                                                        const int64_t* pool, int64_t dtype,
-                                                       int64_t algorithm, char* out,
-                                                       int64_t out_len) {
+                                                       int64_t precision, int64_t algorithm,
+                                                       char* out, int64_t out_len) {
   jaxcnn::ConvPoolParams p{};
+  p.allow_tf32 = precision == 0;
   p.N = dims[0], p.H = dims[1], p.W = dims[2], p.C = dims[3];
   p.R = dims[4], p.S = dims[5], p.K = dims[6];
   p.stride_h = static_cast<int>(conv[0]), p.stride_w = static_cast<int>(conv[1]);

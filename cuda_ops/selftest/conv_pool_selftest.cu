@@ -2,9 +2,9 @@
 // float64 reference: odd spatial sizes, N = 1, strides, dilation, asymmetric and pool padding,
 // overlapping (3x3/2) and non-square pools, channel counts that are not multiples of 8 (CUDA-
 // core fallback), several channel blocks, bf16 / fp16 on tensor cores and on the CUDA-core
-// kernel, fp32, a misaligned buffer (auto falls back to CUDA cores, forced tensor cores are
+// kernel, fp32 on TF32 tensor cores and on the CUDA-core kernel, a misaligned buffer (auto falls back to CUDA cores, forced tensor cores are
 // refused), then VGG-19 c1_2 and AlexNet conv2 at full size (checked on one image) and
-// cudaEvent timings of VGG-19's and AlexNet's pooled layers at N = 64 bf16.
+// cudaEvent timings of VGG-19's and AlexNet's pooled layers at N = 64, bf16 and fp32 (TF32).
 // Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch and a guard region
 // past y must stay untouched, so an unwritten or stray element fails.
 // Build alone: nvcc -std=c++17 -O3 -arch=sm_90a -I cuda_ops cuda_ops/selftest/conv_pool_selftest.cu
@@ -158,8 +158,10 @@ T* Upload(const std::vector<T>& v, int misalign = 0) {
 // unsupported case). With time_iters > 0 it also prints the mean cudaEvent time.
 template <typename T>
 bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
-             bool expect_refused = false, std::vector<int64_t> check = {}, int time_iters = 0) {
-  const ConvPoolParams p = ToParams(layer);
+             bool expect_refused = false, std::vector<int64_t> check = {}, int time_iters = 0,
+             bool tf32 = false) {
+  ConvPoolParams p = ToParams(layer);
+  p.allow_tf32 = tf32;
   const Case<T> c = MakeCase<T>(p, 0x5EED0000ULL + p.N * 7 + p.H * 131 + p.C * 31 + p.K);
   const int64_t y_count = p.N * p.PH * p.PW * p.K;
   ConvPoolBuffers<T> b;
@@ -210,7 +212,9 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
       }
     }
     rel = max_err / std::fmax(max_ref, 1e-30);
-    pass = pass && bad == 0 && rel <= selftest::Tolerance(DTypeOf<T>());
+    // TF32 rounds every input to 10 mantissa bits (XLA's DEFAULT for fp32 does the same).
+    const double tolerance = tf32 ? 5e-3 : selftest::Tolerance(DTypeOf<T>());
+    pass = pass && bad == 0 && rel <= tolerance;
     if (pass && time_iters > 0) {
       cudaEvent_t start, stop;
       CHECK_CUDA(cudaEventCreate(&start));
@@ -230,8 +234,8 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
   const char* kernel = plan.unsupported != nullptr ? "refused"
                        : plan.kernel == ConvPoolAlgorithm::kTensorCore ? "tensor_core"
                                                                        : "direct";
-  std::printf("%-4s %-24s %-11s N=%lld %lldx%lldx%lld -> %lldx%lldx%lld  kernel=%s", pass ? "ok" : "FAIL",
-              layer.name, AlgoName(algo), static_cast<long long>(p.N),
+  std::printf("%-4s %-24s %-11s%s N=%lld %lldx%lldx%lld -> %lldx%lldx%lld  kernel=%s", pass ? "ok" : "FAIL",
+              layer.name, AlgoName(algo), tf32 ? "+tf32" : "", static_cast<long long>(p.N),
               static_cast<long long>(p.H), static_cast<long long>(p.W),
               static_cast<long long>(p.C), static_cast<long long>(p.PH),
               static_cast<long long>(p.PW), static_cast<long long>(p.K), kernel);
@@ -292,8 +296,11 @@ int main(int argc, char** argv) {
   const ConvPoolAlgorithm algos[] = {ConvPoolAlgorithm::kAuto, ConvPoolAlgorithm::kTensorCore,
                                      ConvPoolAlgorithm::kDirect};
   for (const Layer& l : kSmall) {
-    const bool tc_ok = l.C % 8 == 0 && l.K % 8 == 0 && l.wh <= 16 && l.ww <= 32 &&
-                       !(l.wh > 8 && l.ww > 8) && !(l.wh > 4 && l.ww > 16);
+    // A conv block (16x8, 8x16 or 4x32) must hold a pool window.
+    const bool fits = l.wh <= 16 && l.ww <= 32 && !(l.wh > 8 && l.ww > 8) &&
+                      !(l.wh > 4 && l.ww > 16);
+    const bool tc_ok = l.C % 8 == 0 && l.K % 8 == 0 && fits;
+    const bool tf32_ok = l.C % 4 == 0 && l.K % 4 == 0 && fits;
     for (ConvPoolAlgorithm a : algos) {
       const bool refused = a == ConvPoolAlgorithm::kTensorCore && !tc_ok;
       failures += !RunCase<__nv_bfloat16>(l, a, 0, refused);
@@ -301,6 +308,8 @@ int main(int argc, char** argv) {
     }
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, /*expect_refused=*/true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {}, 0, /*tf32=*/true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, !tf32_ok, {}, 0, true);
   }
   // A misaligned x: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kAuto, 1);
@@ -315,9 +324,12 @@ int main(int argc, char** argv) {
     a2.N = 4;
     failures += !RunCase<__half>(a2, ConvPoolAlgorithm::kAuto, 0, false, {3});
     failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {0});
-    // Timings at N = 64 bf16 (image 0 of each checked too).
+    failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {1}, 0, true);
+    // Timings at N = 64, bf16 and fp32 as TF32 (image 0 of each checked too).
     for (const Layer& l : kNetworks)
       failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 20);
+    for (const Layer& l : kNetworks)
+      failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
   }
   std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;

@@ -5,7 +5,8 @@ activation never reaches DRAM.
 
 The primitive works on NHWC activations and HWIO weights; NCHW/CHWN callers are converted at the
 boundary (`to_layout`). CUDA runs cuda_ops/conv_pool through XLA FFI: an implicit-GEMM kernel
-(mma.sync tensor cores for bf16/fp16, fp32 FMA on CUDA cores otherwise) whose CTA tile is a 2-D
+(mma.sync tensor cores: bf16/fp16, or TF32 for fp32 at precision "default"; fp32 FMA on CUDA
+cores for "highest" and shapes the tensor-core kernel does not take) whose CTA tile is a 2-D
 block of conv outputs covering whole pool windows; bias + ReLU are applied in registers, the
 windows are reduced through shared memory and only pooled values are stored. Every other
 platform runs the lax reference. Gradients are the reference's (unfused: XLA's conv transposes
@@ -148,15 +149,16 @@ def conv2d_pool(
         smaller than the window.
       layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result. The fused kernel
         is NHWC; other layouts are converted with `to_layout` at its boundary.
-      precision: float32 math, as conv2d: None/"default" may use TF32, "highest" (or
-        lax.Precision.HIGHEST) is fp32-accurate. The CUDA kernel computes fp32 on CUDA cores
-        (fp32-accurate in both modes).
+      precision: float32 math, as conv2d: None/"default" may use TF32 (the CUDA kernel runs
+        TF32 tensor cores where C and K are multiples of 4, as XLA's DEFAULT does), "highest"
+        (or lax.Precision.HIGHEST) is fp32-accurate (fp32 FMA on CUDA cores).
       sparse: True runs the zero-skipping kernel,
         `jaxcnn.ops.sparse_conv2d.sparse_conv2d_pool` (same result up to fp rounding): worth it
         when x has many zeros (e.g. the previous layer's ReLU output). It takes no dilation
         (must be 1) and no `algorithm` (must be "auto"); `precision` is not forwarded.
-      algorithm: "auto" (tensor cores for bf16/fp16 with C and K multiples of 8, else the CUDA-
-        core kernel), "tensor_core" (an error where it cannot run) or "direct" (CUDA cores).
+      algorithm: "auto" (tensor cores for bf16/fp16 with C and K multiples of 8 and for fp32 at
+        precision "default" with multiples of 4, else the CUDA-core kernel), "tensor_core" (an
+        error where it cannot run) or "direct" (CUDA cores).
 
     Returns:
       [N, PH, PW, K] (in `layout` order) in x's dtype: each conv output accumulated in fp32,
