@@ -68,11 +68,7 @@ def make_conv_pool_config(
     window = _int_pair(pool_window, "pool_window", 1)
     pstride = window if pool_stride is None else _int_pair(pool_stride, "pool_stride", 1)
     # The pool's SAME/VALID are resolved on the conv's output extent (P, Q).
-    n, h, w, c = x_shape
-    r, s = w_shape[0], w_shape[1]
-    (pt, pb), (pl, pr) = conv.padding
-    p = (h + pt + pb - conv.dilation[0] * (r - 1) - 1) // conv.stride[0] + 1
-    q = (w + pl + pr - conv.dilation[1] * (s - 1) - 1) // conv.stride[1] + 1
+    p, q = conv_output_hw(x_shape, w_shape, conv)
     try:
         pool_pads = padding_pairs(pool_padding, (max(p, 1), max(q, 1)), window, pstride)
     except (TypeError, ValueError) as err:
