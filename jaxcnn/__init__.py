@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LAYOUTS": "jaxcnn.ops.layouts",
     "conv2d": "jaxcnn.ops",
+    "conv2d_pool": "jaxcnn.ops",
     "fire": "jaxcnn.ops",
     "conv1x1_conv3x3": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",

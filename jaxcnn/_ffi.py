@@ -27,6 +27,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_avg_pool2d_fwd": "JaxcnnAvgPool2dFwd",
     "jaxcnn_softmax_fwd": "JaxcnnSoftmaxFwd",
     "jaxcnn_fire_fwd": "JaxcnnFireFwd",
+    "jaxcnn_conv2d_pool_fwd": "JaxcnnConv2dPoolFwd",
 }
 
 
@@ -197,4 +198,31 @@ def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str
     n, h, w, c = x_nhwc
     fn(n, h, w, c, squeeze, expand1, expand3, DTYPE_CODES[jax.numpy.dtype(dtype).name],
        ALGORITHMS.index(algorithm), out, len(out))
+    return out.value.decode()
+
+
+def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:
+    """The fused conv+pool kernel's configuration for an NHWC x, HWIO w and a ConvPoolConfig on
+    the current device, as the library's one line ("kernel=tensor_core block=8x16 pooled=4x8
+    block_k=64 grid=... smem=... recompute=1.00", or "kernel=direct (why) grid=..."): what the
+    handler will launch. None when the library is not loaded (or predates the query)."""
+    if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_conv_pool_plan"):
+        return None
+    from jaxcnn.ops.conv_args import PRECISIONS
+    from jaxcnn.ops.conv_pool_args import ALGORITHMS
+
+    fn = _LOADED["lib"].jaxcnn_conv_pool_plan
+    fn.restype = ctypes.c_int64
+    i64s = ctypes.POINTER(ctypes.c_int64)
+    fn.argtypes = [i64s, i64s, i64s, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_char_p, ctypes.c_int64]
+    conv = cfg.conv
+    (pt, pb), (pl, pr) = conv.padding
+    (qt, qb), (ql, qr) = cfg.pool_padding
+    dims = (ctypes.c_int64 * 7)(*x_nhwc, w_shape[0], w_shape[1], w_shape[3])
+    conv_attrs = (ctypes.c_int64 * 8)(*conv.stride, pt, pb, pl, pr, *conv.dilation)
+    pool_attrs = (ctypes.c_int64 * 8)(*cfg.pool_window, *cfg.pool_stride, qt, qb, ql, qr)
+    out = ctypes.create_string_buffer(256)
+    fn(dims, conv_attrs, pool_attrs, DTYPE_CODES[jax.numpy.dtype(dtype).name],
+       PRECISIONS.index(conv.precision), ALGORITHMS.index(cfg.algorithm), out, len(out))
     return out.value.decode()

@@ -14,6 +14,9 @@
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
 #                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
+#     convpool   fused conv + bias + ReLU + max-pool: conv_pool_selftest (standalone nvcc build),
+#                pytest -m gpu tests/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
+#                (CONVPOOL_BENCH_ARGS, e.g. "--quick")
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
@@ -115,6 +118,19 @@ if has fusion; then
   step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
+fi
+
+if has convpool; then
+  # The selftest builds standalone (no CMake, no library) so it runs even if the build step failed.
+  CONVPOOL_SELFTEST=build/conv_pool_selftest
+  step conv_pool_selftest_build nvcc -std=c++17 -O3 -arch=${CONVPOOL_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
+    cuda_ops/selftest/conv_pool_selftest.cu cuda_ops/conv_pool/conv_pool.cu -o "$CONVPOOL_SELFTEST"
+  step conv_pool_selftest "$CONVPOOL_SELFTEST"
+  step conv_pool_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large
+  step conv_pool_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large
+  step pytest_conv2d_pool_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_conv2d_pool_gpu.xml" tests/test_conv2d_pool_gpu.py
+  # shellcheck disable=SC2086
+  step conv_pool_bench $PY scripts/bench_conv_pool.py --out "$RAW" ${CONVPOOL_BENCH_ARGS:-}
 fi
 
 if has planner; then

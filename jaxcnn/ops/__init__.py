@@ -1,9 +1,11 @@
 """One module per primitive; each exposes its public function."""
 
 from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.ops.conv2d_pool import conv2d_pool
 from jaxcnn.ops.fire import conv1x1_conv3x3, fire
 from jaxcnn.ops.layout_transform import to_layout
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
 
-__all__ = ["avg_pool2d", "conv1x1_conv3x3", "conv2d", "fire", "log_softmax", "max_pool2d", "softmax", "to_layout"]
+__all__ = ["avg_pool2d", "conv1x1_conv3x3", "conv2d", "conv2d_pool", "fire", "log_softmax",
+           "max_pool2d", "softmax", "to_layout"]

@@ -1,0 +1,254 @@
+// Launcher for the fused conv + bias + ReLU + max-pool: validate, plan (tensor cores or CUDA
+// cores; conv block shape and channel block), launch.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "conv_pool/conv_pool.h"
+#include "conv_pool/conv_pool_kernels.cuh"
+
+namespace jaxcnn {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int kMaxDevices = 64;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Compute capability major of the current device, queried once per device: launches stay
+// free of device queries (CUDA graphs).
+cudaError_t CurrentDeviceMajor(int* major) {
+  static int cache[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device >= 0 && device < kMaxDevices && cache[device] > 0) {
+    *major = cache[device];
+    return cudaSuccess;
+  }
+  int value = 0;
+  status = cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device);
+  if (status != cudaSuccess) return status;
+  if (device >= 0 && device < kMaxDevices) cache[device] = value;
+  *major = value;
+  return cudaSuccess;
+}
+
+// Conv block widths the tensor-core kernel is instantiated for (height = 128 / width).
+constexpr int kTileWidths[] = {16, 8, 32};
+
+struct BlockChoice {
+  int tile_w = 0, tile_h = 0, pooled_h = 0, pooled_w = 0;
+  int64_t tiles_h = 0, tiles_w = 0;
+};
+
+// The block shape computing the fewest conv outputs per image (whole pool windows per block;
+// ties keep the earlier width, 16 first: one m16 MMA row per block row). tile_w == 0: none fits.
+BlockChoice ChooseBlock(const ConvPoolParams& p) {
+  BlockChoice best;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (int tw : kTileWidths) {
+    const int tile_h = conv_pool::kTileM / tw;
+    if (p.pool_h > tile_h || p.pool_w > tw) continue;
+    BlockChoice c;
+    c.tile_w = tw, c.tile_h = tile_h;
+    c.pooled_h = (tile_h - p.pool_h) / p.pool_stride_h + 1;
+    c.pooled_w = (tw - p.pool_w) / p.pool_stride_w + 1;
+    c.tiles_h = CeilDiv(p.PH, c.pooled_h);
+    c.tiles_w = CeilDiv(p.PW, c.pooled_w);
+    const int64_t cost = c.tiles_h * c.tiles_w;
+    if (cost < best_cost) best = c, best_cost = cost;
+  }
+  return best;
+}
+
+// Output channels per CTA: the block (64 or 128) wasting the fewest padded channels, 128 on
+// ties (half the input-tile re-reads).
+int ChooseBlockK(int64_t K) {
+  return CeilDiv(K, 128) * 128 <= CeilDiv(K, 64) * 64 ? 128 : 64;
+}
+
+conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int block_k) {
+  conv_pool::TcArgs a{};
+  a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
+  a.K = static_cast<int>(p.K), a.S = static_cast<int>(p.S);
+  a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
+  a.pad_left = p.pad_left, a.dilation_h = p.dilation_h, a.dilation_w = p.dilation_w;
+  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
+  a.pool_h = p.pool_h, a.pool_w = p.pool_w, a.pool_stride_h = p.pool_stride_h,
+  a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
+  a.pool_pad_left = p.pool_pad_left;
+  a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+  a.pooled_h = b.pooled_h, a.pooled_w = b.pooled_w;
+  a.tiles_h = static_cast<int>(b.tiles_h), a.tiles_w = static_cast<int>(b.tiles_w);
+  a.k_blocks = static_cast<int>(CeilDiv(p.K, block_k));
+  a.c_chunks = static_cast<int>(CeilDiv(p.C, conv_pool::kBlockC));
+  a.taps = static_cast<int>(p.R * p.S);
+  a.steps = a.taps * a.c_chunks;
+  return a;
+}
+
+conv_pool::DirectArgs MakeDirectArgs(const ConvPoolParams& p) {
+  conv_pool::DirectArgs a{};
+  a.N = p.N;
+  a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
+  a.K = static_cast<int>(p.K), a.R = static_cast<int>(p.R), a.S = static_cast<int>(p.S);
+  a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
+  a.pad_left = p.pad_left, a.dilation_h = p.dilation_h, a.dilation_w = p.dilation_w;
+  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
+  a.pool_h = p.pool_h, a.pool_w = p.pool_w, a.pool_stride_h = p.pool_stride_h,
+  a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
+  a.pool_pad_left = p.pool_pad_left;
+  a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+  a.k_groups = static_cast<int>(CeilDiv(p.K, conv_pool::kDirectChannels));
+  return a;
+}
+
+template <typename T, int TW, int kWarpsN>
+cudaError_t LaunchTc(const conv_pool::TcArgs& a, int64_t grid, const ConvPoolBuffers<T>& b,
+                     cudaStream_t stream) {
+  using Shape = conv_pool::TcShape<T, kWarpsN>;
+  auto kernel = conv_pool::conv_pool_tc_kernel<T, TW, kWarpsN>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Shape::kSmemBytes);
+  if (status != cudaSuccess) return status;
+  kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kSmemBytes, stream>>>(
+      a, b.x, b.w, b.bias, b.y);
+  return cudaGetLastError();
+}
+
+template <typename T, int kWarpsN>
+cudaError_t LaunchTcWidth(int tile_w, const conv_pool::TcArgs& a, int64_t grid,
+                          const ConvPoolBuffers<T>& b, cudaStream_t stream) {
+  switch (tile_w) {
+    case 8: return LaunchTc<T, 8, kWarpsN>(a, grid, b, stream);
+    case 16: return LaunchTc<T, 16, kWarpsN>(a, grid, b, stream);
+    case 32: return LaunchTc<T, 32, kWarpsN>(a, grid, b, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+const char* conv_pool_unsupported_reason(const ConvPoolParams& p) {
+  if (p.N < 1 || p.H < 1 || p.W < 1 || p.C < 1 || p.R < 1 || p.S < 1 || p.K < 1)
+    return "every dimension of x and w must be >= 1";
+  if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1)
+    return "stride and dilation must be >= 1";
+  if (p.pad_top < 0 || p.pad_left < 0 || p.pool_pad_top < 0 || p.pool_pad_left < 0)
+    return "padding must be >= 0";
+  if (p.pool_h < 1 || p.pool_w < 1 || p.pool_stride_h < 1 || p.pool_stride_w < 1)
+    return "pool window and stride must be >= 1";
+  if (p.P < 1 || p.Q < 1 || p.PH < 1 || p.PW < 1) return "conv and pooled outputs must be >= 1";
+  if (p.pool_pad_top >= p.pool_h || p.pool_pad_left >= p.pool_w)
+    return "pool padding must be smaller than the pool window";
+  // The last pool window must start inside the conv output: with pads smaller than the
+  // window, every window then holds at least one conv output.
+  if ((p.PH - 1) * p.pool_stride_h - p.pool_pad_top >= p.P ||
+      (p.PW - 1) * p.pool_stride_w - p.pool_pad_left >= p.Q)
+    return "pooled output extent does not match the conv output, pool stride and padding";
+  // 32-bit index math inside the kernels (per-image offsets and coordinates are int).
+  if (p.H * p.W * p.C > kInt32Max || p.R * p.S * p.C * p.K > kInt32Max ||
+      p.P * static_cast<int64_t>(p.stride_h) + (p.R - 1) * p.dilation_h > kInt32Max ||
+      p.Q * static_cast<int64_t>(p.stride_w) + (p.S - 1) * p.dilation_w > kInt32Max ||
+      p.PH * p.PW * p.K > kInt32Max)
+    return "a per-image extent exceeds 32-bit indexing";
+  return nullptr;
+}
+
+template <typename T>
+ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                            ConvPoolAlgorithm algorithm) {
+  ConvPoolPlan plan;
+  if (const char* reason = conv_pool_unsupported_reason(p)) {
+    plan.unsupported = reason;
+    return plan;
+  }
+  // Why the tensor-core kernel cannot run, or nullptr. Channels move in 16-byte vectors.
+  constexpr int64_t kVec = 16 / sizeof(T);
+  const char* tc_reason = nullptr;
+  int major = 0;
+  if (std::is_same_v<T, float> && !p.allow_tf32)
+    tc_reason = "float32 at precision 'highest' runs on CUDA cores (fp32 FMA)";
+  else if (p.C % kVec != 0 || p.K % kVec != 0)
+    tc_reason = std::is_same_v<T, float> ? "channel counts C and K must be multiples of 4"
+                                         : "channel counts C and K must be multiples of 8";
+  else if (!Aligned16(b.x) || !Aligned16(b.w) || !Aligned16(b.y))
+    tc_reason = "x, w and y must be 16-byte aligned";
+  else if (CurrentDeviceMajor(&major) != cudaSuccess || major < 8)
+    tc_reason = "mma.sync needs compute capability >= 8.0";
+  BlockChoice block;
+  if (tc_reason == nullptr) {
+    block = ChooseBlock(p);
+    if (block.tile_w == 0) tc_reason = "pool window larger than every conv block (16x8, 8x16, 4x32)";
+  }
+  const int block_k = ChooseBlockK(p.K);
+  int64_t grid = 0;
+  if (tc_reason == nullptr) {
+    grid = p.N * block.tiles_h * block.tiles_w * CeilDiv(p.K, block_k);
+    if (grid > kInt32Max) tc_reason = "too many CTAs for one launch";
+  }
+  if (algorithm == ConvPoolAlgorithm::kTensorCore && tc_reason != nullptr) {
+    plan.unsupported = tc_reason;
+    return plan;
+  }
+  if (algorithm != ConvPoolAlgorithm::kDirect && tc_reason == nullptr) {
+    plan.kernel = ConvPoolAlgorithm::kTensorCore;
+    plan.why = algorithm == ConvPoolAlgorithm::kAuto ? "tensor cores apply" : "forced";
+    plan.tile_h = block.tile_h, plan.tile_w = block.tile_w;
+    plan.pooled_h = block.pooled_h, plan.pooled_w = block.pooled_w;
+    plan.block_k = block_k;
+    plan.grid = grid;
+    plan.smem_bytes = block_k == 128 ? conv_pool::TcShape<T, 4>::kSmemBytes
+                                     : conv_pool::TcShape<T, 2>::kSmemBytes;
+    plan.recompute = static_cast<double>(block.tiles_h * block.tiles_w * conv_pool::kTileM) /
+                     static_cast<double>(p.P * p.Q);
+    return plan;
+  }
+  plan.kernel = ConvPoolAlgorithm::kDirect;
+  plan.why = algorithm == ConvPoolAlgorithm::kDirect ? "forced" : tc_reason;
+  const int64_t threads =
+      p.N * p.PH * p.PW * CeilDiv(p.K, conv_pool::kDirectChannels);
+  plan.grid = CeilDiv(threads, conv_pool::kDirectThreads);
+  plan.block_k = conv_pool::kDirectChannels;
+  plan.recompute = static_cast<double>(p.PH * p.PW * p.pool_h * p.pool_w) /
+                   static_cast<double>(p.P * p.Q);
+  if (plan.grid > kInt32Max) plan.unsupported = "too many CTAs for one launch";
+  return plan;
+}
+
+template <typename T>
+cudaError_t launch_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                             ConvPoolAlgorithm algorithm, cudaStream_t stream) {
+  const ConvPoolPlan plan = plan_conv_pool<T>(p, b, algorithm);
+  if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
+  if (p.N * p.PH * p.PW * p.K == 0) return cudaSuccess;
+  if (plan.kernel == ConvPoolAlgorithm::kDirect) {
+    conv_pool::conv_pool_direct_kernel<T>
+        <<<static_cast<unsigned>(plan.grid), conv_pool::kDirectThreads, 0, stream>>>(
+            MakeDirectArgs(p), b.x, b.w, b.bias, b.y);
+    return cudaGetLastError();
+  }
+  BlockChoice block;
+  block.tile_w = plan.tile_w, block.tile_h = plan.tile_h;
+  block.pooled_h = plan.pooled_h, block.pooled_w = plan.pooled_w;
+  block.tiles_h = CeilDiv(p.PH, plan.pooled_h), block.tiles_w = CeilDiv(p.PW, plan.pooled_w);
+  const conv_pool::TcArgs a = MakeTcArgs(p, block, plan.block_k);
+  return plan.block_k == 128 ? LaunchTcWidth<T, 4>(plan.tile_w, a, plan.grid, b, stream)
+                             : LaunchTcWidth<T, 2>(plan.tile_w, a, plan.grid, b, stream);
+}
+
+#define JAXCNN_CONV_POOL_INSTANTIATE(T)                                                        \
+  template ConvPoolPlan plan_conv_pool<T>(const ConvPoolParams&, const ConvPoolBuffers<T>&,    \
+                                          ConvPoolAlgorithm);                                  \
+  template cudaError_t launch_conv_pool<T>(const ConvPoolParams&, const ConvPoolBuffers<T>&,   \
+                                           ConvPoolAlgorithm, cudaStream_t);
+JAXCNN_CONV_POOL_INSTANTIATE(float)
+JAXCNN_CONV_POOL_INSTANTIATE(__nv_bfloat16)
+JAXCNN_CONV_POOL_INSTANTIATE(__half)
+#undef JAXCNN_CONV_POOL_INSTANTIATE
+
+}  // namespace jaxcnn

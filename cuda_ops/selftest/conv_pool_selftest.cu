@@ -1,0 +1,336 @@
+// Standalone check of launch_conv_pool (fused conv + bias + ReLU + max-pool) against a host
+// float64 reference: odd spatial sizes, N = 1, strides, dilation, asymmetric and pool padding,
+// overlapping (3x3/2) and non-square pools, channel counts that are not multiples of 8 (CUDA-
+// core fallback), several channel blocks, bf16 / fp16 on tensor cores and on the CUDA-core
+// kernel, fp32 on TF32 tensor cores and on the CUDA-core kernel, a misaligned buffer (auto falls back to CUDA cores, forced tensor cores are
+// refused), then VGG-19 c1_2 and AlexNet conv2 at full size (checked on one image) and
+// cudaEvent timings of VGG-19's and AlexNet's pooled layers at N = 64, bf16 and fp32 (TF32).
+// Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch and a guard region
+// past y must stay untouched, so an unwritten or stray element fails.
+// Build alone: nvcc -std=c++17 -O3 -arch=sm_90a -I cuda_ops cuda_ops/selftest/conv_pool_selftest.cu
+//              cuda_ops/conv_pool/conv_pool.cu -o conv_pool_selftest
+// Usage: conv_pool_selftest [--skip-large]   (skips the full-size layers and timings; for
+//        sanitizers)
+// Exit status: 0 all pass, 1 a case failed, 2 CUDA error.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "conv_pool/conv_pool.h"
+#include "selftest/selftest_util.h"
+
+namespace {
+
+using jaxcnn::ConvPoolAlgorithm;
+using jaxcnn::ConvPoolBuffers;
+using jaxcnn::ConvPoolParams;
+using selftest::DType;
+
+constexpr size_t kGuardBytes = 256;
+
+const char* AlgoName(ConvPoolAlgorithm a) {
+  switch (a) {
+    case ConvPoolAlgorithm::kAuto: return "auto";
+    case ConvPoolAlgorithm::kTensorCore: return "tensor_core";
+    case ConvPoolAlgorithm::kDirect: return "direct";
+  }
+  return "?";
+}
+
+template <typename T>
+DType DTypeOf();
+template <> DType DTypeOf<float>() { return DType::kF32; }
+template <> DType DTypeOf<__nv_bfloat16>() { return DType::kBF16; }
+template <> DType DTypeOf<__half>() { return DType::kF16; }
+
+// A layer: x [N,H,W,C], w [R,S,C,K]; conv stride/pad (top, bottom, left, right)/dilation;
+// pool window/stride/pad (top, bottom, left, right).
+struct Layer {
+  const char* name;
+  int64_t N, H, W, C, R, S, K;
+  int sh, sw, pt, pb, pl, pr, dh, dw;
+  int wh, ww, psh, psw, qt, qb, ql, qr;
+};
+
+ConvPoolParams ToParams(const Layer& l) {
+  ConvPoolParams p{};
+  p.N = l.N, p.H = l.H, p.W = l.W, p.C = l.C, p.R = l.R, p.S = l.S, p.K = l.K;
+  p.stride_h = l.sh, p.stride_w = l.sw, p.pad_top = l.pt, p.pad_left = l.pl;
+  p.dilation_h = l.dh, p.dilation_w = l.dw;
+  p.P = selftest::OutSize(l.H, l.R, l.sh, l.pt, l.pb, l.dh);
+  p.Q = selftest::OutSize(l.W, l.S, l.sw, l.pl, l.pr, l.dw);
+  p.pool_h = l.wh, p.pool_w = l.ww, p.pool_stride_h = l.psh, p.pool_stride_w = l.psw;
+  p.pool_pad_top = l.qt, p.pool_pad_left = l.ql;
+  p.PH = (p.P + l.qt + l.qb - l.wh) / l.psh + 1;
+  p.PW = (p.Q + l.ql + l.qr - l.ww) / l.psw + 1;
+  return p;
+}
+
+// Host tensors of one case, already rounded to T (float copies for the reference).
+template <typename T>
+struct Case {
+  ConvPoolParams p;
+  std::vector<T> x, w, b;
+  std::vector<float> xf, wf, bf;
+};
+
+template <typename T>
+void Fill(std::vector<T>& v, std::vector<float>& f, int64_t n, float scale, float shift,
+          selftest::Lcg& rng) {
+  v.resize(n);
+  f.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = selftest::FromFloat<T>(rng.next() * scale + shift);
+    f[i] = selftest::ToFloat(v[i]);
+  }
+}
+
+template <typename T>
+Case<T> MakeCase(const ConvPoolParams& p, uint64_t seed) {
+  Case<T> c;
+  c.p = p;
+  selftest::Lcg rng{seed};
+  // Uniform scales that keep activations O(1); a bias around -0.1 leaves many ReLU zeros.
+  Fill(c.x, c.xf, p.N * p.H * p.W * p.C, 1.0f, 0.0f, rng);
+  Fill(c.w, c.wf, p.R * p.S * p.C * p.K, std::sqrt(6.0f / (p.R * p.S * p.C)), 0.0f, rng);
+  Fill(c.b, c.bf, p.K, 0.3f, -0.1f, rng);
+  return c;
+}
+
+// Pooled output of image n, [PH][PW][K], in float64.
+template <typename T>
+std::vector<double> Reference(const Case<T>& c, int64_t n) {
+  const ConvPoolParams& p = c.p;
+  std::vector<double> conv(p.P * p.Q * p.K);
+  std::vector<double> acc(p.K);
+  for (int64_t oh = 0; oh < p.P; ++oh)
+    for (int64_t ow = 0; ow < p.Q; ++ow) {
+      for (int64_t k = 0; k < p.K; ++k) acc[k] = c.bf[k];
+      for (int64_t r = 0; r < p.R; ++r) {
+        const int64_t ih = oh * p.stride_h - p.pad_top + r * p.dilation_h;
+        if (ih < 0 || ih >= p.H) continue;
+        for (int64_t s = 0; s < p.S; ++s) {
+          const int64_t iw = ow * p.stride_w - p.pad_left + s * p.dilation_w;
+          if (iw < 0 || iw >= p.W) continue;
+          const float* xp = &c.xf[((n * p.H + ih) * p.W + iw) * p.C];
+          for (int64_t ci = 0; ci < p.C; ++ci) {
+            const double xv = xp[ci];
+            const float* wp = &c.wf[((r * p.S + s) * p.C + ci) * p.K];
+            for (int64_t k = 0; k < p.K; ++k) acc[k] += xv * wp[k];
+          }
+        }
+      }
+      for (int64_t k = 0; k < p.K; ++k)
+        conv[(oh * p.Q + ow) * p.K + k] = acc[k] > 0 ? acc[k] : 0.0;
+    }
+  std::vector<double> y(p.PH * p.PW * p.K, -INFINITY);
+  for (int64_t i = 0; i < p.PH; ++i)
+    for (int64_t j = 0; j < p.PW; ++j)
+      for (int a = 0; a < p.pool_h; ++a) {
+        const int64_t oh = i * p.pool_stride_h - p.pool_pad_top + a;
+        if (oh < 0 || oh >= p.P) continue;
+        for (int b = 0; b < p.pool_w; ++b) {
+          const int64_t ow = j * p.pool_stride_w - p.pool_pad_left + b;
+          if (ow < 0 || ow >= p.Q) continue;
+          for (int64_t k = 0; k < p.K; ++k)
+            y[(i * p.PW + j) * p.K + k] =
+                std::fmax(y[(i * p.PW + j) * p.K + k], conv[(oh * p.Q + ow) * p.K + k]);
+        }
+      }
+  return y;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& v, int misalign = 0) {
+  T* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, (v.size() + misalign + 1) * sizeof(T)));
+  if (!v.empty())
+    CHECK_CUDA(cudaMemcpy(d + misalign, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d + misalign;
+}
+
+// Runs one case: poison, launch, compare images `check` (all when empty) with the float64
+// reference; returns pass. expect_refused: the plan must refuse (forced tensor cores on an
+// unsupported case). With time_iters > 0 it also prints the mean cudaEvent time.
+template <typename T>
+bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
+             bool expect_refused = false, std::vector<int64_t> check = {}, int time_iters = 0,
+             bool tf32 = false) {
+  ConvPoolParams p = ToParams(layer);
+  p.allow_tf32 = tf32;
+  const Case<T> c = MakeCase<T>(p, 0x5EED0000ULL + p.N * 7 + p.H * 131 + p.C * 31 + p.K);
+  const int64_t y_count = p.N * p.PH * p.PW * p.K;
+  ConvPoolBuffers<T> b;
+  b.x = Upload(c.x, misalign);
+  b.w = Upload(c.w);
+  b.bias = Upload(c.b);
+  unsigned char* y_raw = nullptr;
+  const size_t y_bytes = y_count * sizeof(T);
+  const size_t lead = misalign * sizeof(T);
+  CHECK_CUDA(cudaMalloc(&y_raw, y_bytes + kGuardBytes + lead));
+  b.y = reinterpret_cast<T*>(y_raw + lead);
+  CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + lead));
+
+  const jaxcnn::ConvPoolPlan plan = jaxcnn::plan_conv_pool<T>(p, b, algo);
+  bool pass;
+  double rel = 0.0, ms = 0.0;
+  int64_t bad = 0;
+  if (expect_refused) {
+    pass = plan.unsupported != nullptr &&
+           jaxcnn::launch_conv_pool<T>(p, b, algo, 0) == cudaErrorInvalidValue;
+  } else {
+    pass = plan.unsupported == nullptr;
+    if (pass) {
+      CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      CHECK_CUDA(cudaDeviceSynchronize());
+    }
+    std::vector<T> got(y_count);
+    std::vector<unsigned char> guard(kGuardBytes);
+    CHECK_CUDA(cudaMemcpy(got.data(), b.y, y_bytes, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(guard.data(), y_raw + lead + y_bytes, kGuardBytes,
+                          cudaMemcpyDeviceToHost));
+    for (unsigned char g : guard) pass = pass && g == 0xFF;
+    // Every element must be written (no poison left), checked images or not.
+    for (int64_t i = 0; pass && i < y_count; ++i)
+      if (!std::isfinite(selftest::ToFloat(got[i]))) ++bad;
+    double max_err = 0.0, max_ref = 0.0;
+    if (check.empty())
+      for (int64_t n = 0; n < p.N; ++n) check.push_back(n);
+    if (pass && bad == 0) {
+      for (int64_t n : check) {
+        const std::vector<double> want = Reference(c, n);
+        const T* g = got.data() + n * p.PH * p.PW * p.K;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double v = selftest::ToFloat(g[i]);
+          max_err = std::fmax(max_err, std::fabs(v - want[i]));
+          max_ref = std::fmax(max_ref, std::fabs(want[i]));
+        }
+      }
+    }
+    rel = max_err / std::fmax(max_ref, 1e-30);
+    // TF32 rounds every input to 10 mantissa bits (XLA's DEFAULT for fp32 does the same).
+    const double tolerance = tf32 ? 5e-3 : selftest::Tolerance(DTypeOf<T>());
+    pass = pass && bad == 0 && rel <= tolerance;
+    if (pass && time_iters > 0) {
+      cudaEvent_t start, stop;
+      CHECK_CUDA(cudaEventCreate(&start));
+      CHECK_CUDA(cudaEventCreate(&stop));
+      for (int i = 0; i < 3; ++i) CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      CHECK_CUDA(cudaEventRecord(start));
+      for (int i = 0; i < time_iters; ++i) CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float total = 0.0f;
+      CHECK_CUDA(cudaEventElapsedTime(&total, start, stop));
+      ms = total / time_iters;
+      CHECK_CUDA(cudaEventDestroy(start));
+      CHECK_CUDA(cudaEventDestroy(stop));
+    }
+  }
+  const char* kernel = plan.unsupported != nullptr ? "refused"
+                       : plan.kernel == ConvPoolAlgorithm::kTensorCore ? "tensor_core"
+                                                                       : "direct";
+  std::printf("%-4s %-24s %-11s%s N=%lld %lldx%lldx%lld -> %lldx%lldx%lld  kernel=%s", pass ? "ok" : "FAIL",
+              layer.name, AlgoName(algo), tf32 ? "+tf32" : "", static_cast<long long>(p.N),
+              static_cast<long long>(p.H), static_cast<long long>(p.W),
+              static_cast<long long>(p.C), static_cast<long long>(p.PH),
+              static_cast<long long>(p.PW), static_cast<long long>(p.K), kernel);
+  if (plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.unsupported == nullptr)
+    std::printf(" block=%dx%d pooled=%dx%d block_k=%d", plan.tile_h, plan.tile_w, plan.pooled_h,
+                plan.pooled_w, plan.block_k);
+  if (!expect_refused) std::printf(" rel_err=%.2e unwritten=%lld", rel, static_cast<long long>(bad));
+  if (ms > 0.0) {
+    const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
+    std::printf(" time=%.4f ms (%.0f TFLOP/s on the conv)", ms, flops / (ms * 1e-3) / 1e12);
+  }
+  if (plan.unsupported != nullptr) std::printf(" (%s)", plan.unsupported);
+  std::printf("\n");
+  CHECK_CUDA(cudaFree(const_cast<T*>(b.x) - misalign));
+  CHECK_CUDA(cudaFree(const_cast<T*>(b.w)));
+  CHECK_CUDA(cudaFree(const_cast<T*>(b.bias)));
+  CHECK_CUDA(cudaFree(y_raw));
+  return pass;
+}
+
+// Small layers: every one runs on each dtype and algorithm.
+const Layer kSmall[] = {
+    // name                 N   H   W   C  R  S   K  sh sw pt pb pl pr dh dw  wh ww psh psw qt qb ql qr
+    {"2x2/2 tiny",          1,  7,  9,  8, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"3x3/2 overlap",       2, 13, 11, 16, 3, 3,  24, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"2x2/2 K=72 odd",      3, 17, 33, 40, 3, 3,  72, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"5x5 3x3/2 poolpad",   1, 31, 29, 64, 5, 5, 136, 1, 1, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 1, 1, 1, 1},
+    {"stride2 dil2 pool2/1",2, 20, 21, 24, 3, 3,  16, 2, 2, 1, 2, 0, 1, 2, 2, 2, 2, 1, 1, 0, 0, 0, 0},
+    {"asym pool 2x3/(1,2)", 1, 12, 19, 32, 3, 3,  40, 1, 1, 0, 2, 1, 0, 1, 1, 2, 3, 1, 2, 0, 1, 2, 0},
+    {"no pool 1x1/1",       2,  9, 10, 16, 1, 1,  24, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0},
+    {"C=12 K=20 fallback",  2, 11, 10, 12, 3, 3,  20, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"alexnet c1-like C=3", 1, 35, 35,  3, 11, 11, 16, 4, 4, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"pool 16x1 tall",      1, 33,  9,  8, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 16, 1, 8, 1, 0, 0, 0, 0},
+    {"pool 5x17 > blocks",  1, 20, 40,  8, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 5, 17, 3, 5, 0, 0, 0, 0},
+};
+
+// Pooled layers of VGG-19 (conv before each 2x2/2 pool) and AlexNet (3x3/2 pools).
+const Layer kNetworks[] = {
+    {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"vgg19 c2_2",     64, 112, 112, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"vgg19 c3_4",     64,  56,  56, 256, 3, 3, 256, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"vgg19 c4_4",     64,  28,  28, 512, 3, 3, 512, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"vgg19 c5_4",     64,  14,  14, 512, 3, 3, 512, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"alexnet conv2",  64,  27,  27,  64, 5, 5, 192, 1, 1, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"alexnet conv5",  64,  13,  13, 256, 3, 3, 256, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool skip_large = argc > 1 && std::strcmp(argv[1], "--skip-large") == 0;
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 2;
+  }
+  int failures = 0;
+  const ConvPoolAlgorithm algos[] = {ConvPoolAlgorithm::kAuto, ConvPoolAlgorithm::kTensorCore,
+                                     ConvPoolAlgorithm::kDirect};
+  for (const Layer& l : kSmall) {
+    // A conv block (16x8, 8x16 or 4x32) must hold a pool window.
+    const bool fits = l.wh <= 16 && l.ww <= 32 && !(l.wh > 8 && l.ww > 8) &&
+                      !(l.wh > 4 && l.ww > 16);
+    const bool tc_ok = l.C % 8 == 0 && l.K % 8 == 0 && fits;
+    const bool tf32_ok = l.C % 4 == 0 && l.K % 4 == 0 && fits;
+    for (ConvPoolAlgorithm a : algos) {
+      const bool refused = a == ConvPoolAlgorithm::kTensorCore && !tc_ok;
+      failures += !RunCase<__nv_bfloat16>(l, a, 0, refused);
+      failures += !RunCase<__half>(l, a, 0, refused);
+    }
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, /*expect_refused=*/true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {}, 0, /*tf32=*/true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, !tf32_ok, {}, 0, true);
+  }
+  // A misaligned x: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
+  failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kAuto, 1);
+  failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kTensorCore, 1, true);
+
+  if (!skip_large) {
+    // Full-size layers, checked on one image (the float64 reference is slow).
+    Layer c12 = kNetworks[0];
+    c12.N = 2;
+    failures += !RunCase<__nv_bfloat16>(c12, ConvPoolAlgorithm::kAuto, 0, false, {1});
+    Layer a2 = kNetworks[5];
+    a2.N = 4;
+    failures += !RunCase<__half>(a2, ConvPoolAlgorithm::kAuto, 0, false, {3});
+    failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {0});
+    failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {1}, 0, true);
+    // Timings at N = 64, bf16 and fp32 as TF32 (image 0 of each checked too).
+    for (const Layer& l : kNetworks)
+      failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 20);
+    for (const Layer& l : kNetworks)
+      failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
+  }
+  std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,208 @@
+"""`jaxcnn.conv2d_pool`: conv + bias + ReLU + max-pool as one primitive, so the pre-pool
+activation never reaches DRAM.
+
+    y = max_pool(relu(conv(x, w) + bias), pool_window, pool_stride, pool_padding)
+
+The primitive works on NHWC activations and HWIO weights; NCHW/CHWN callers are converted at the
+boundary (`to_layout`). CUDA runs cuda_ops/conv_pool through XLA FFI: an implicit-GEMM kernel
+(mma.sync tensor cores: bf16/fp16, or TF32 for fp32 at precision "default"; fp32 FMA on CUDA
+cores for "highest" and shapes the tensor-core kernel does not take) whose CTA tile is a 2-D
+block of conv outputs covering whole pool windows; bias + ReLU are applied in registers, the
+windows are reduced through shared memory and only pooled values are stored. Every other
+platform runs the lax reference. Gradients are the reference's (unfused: XLA's conv transposes
+and select-and-scatter).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+
+from jaxcnn.ops.conv_args import PRECISIONS
+from jaxcnn.ops.conv_pool_args import (
+    ALGORITHMS,
+    OPERAND_NAMES,
+    ConvPoolConfig,
+    conv_pool_output_shape,
+    make_conv_pool_config,
+    nhwc_shape,
+)
+from jaxcnn.ops.conv_pool_reference import conv_pool_reference
+from jaxcnn.ops.primitive import BatchShardedPrimitive
+
+FFI_TARGET = "jaxcnn_conv2d_pool_fwd"
+
+
+class Conv2dPoolPrimitive(BatchShardedPrimitive):
+    name = "jaxcnn_conv2d_pool"
+    # Only the batch factor n may stay sharded: conv halos and the pool windows cross spatial
+    # tiles, the contraction needs all input channels (other factors are replicated).
+    sharding_rules = {OPERAND_NAMES: "n h w c, r s i k, k -> n p q k"}
+
+    @staticmethod
+    def abstract(x, w, bias, *, cfg: ConvPoolConfig, operand_names):
+        shape = conv_pool_output_shape(x.shape, x.dtype, w.shape, w.dtype, bias.shape,
+                                       bias.dtype, cfg)
+        return ShapedArray(shape, x.dtype)
+
+    @staticmethod
+    def reference(x, w, bias, *, cfg: ConvPoolConfig, operand_names):
+        return conv_pool_reference(x, w, bias, cfg)
+
+    @classmethod
+    def cuda_lowering(cls, ctx, x, w, bias, *, cfg: ConvPoolConfig, operand_names):
+        conv = cfg.conv
+        (pt, pb), (pl, pr) = conv.padding
+        (qt, qb), (ql, qr) = cfg.pool_padding
+        return jax.ffi.ffi_lowering(FFI_TARGET)(
+            ctx, x, w, bias,
+            stride_h=np.int64(conv.stride[0]), stride_w=np.int64(conv.stride[1]),
+            pad_top=np.int64(pt), pad_bottom=np.int64(pb),
+            pad_left=np.int64(pl), pad_right=np.int64(pr),
+            dilation_h=np.int64(conv.dilation[0]), dilation_w=np.int64(conv.dilation[1]),
+            pool_window_h=np.int64(cfg.pool_window[0]), pool_window_w=np.int64(cfg.pool_window[1]),
+            pool_stride_h=np.int64(cfg.pool_stride[0]), pool_stride_w=np.int64(cfg.pool_stride[1]),
+            pool_pad_top=np.int64(qt), pool_pad_left=np.int64(ql),
+            precision=np.int64(PRECISIONS.index(conv.precision)),
+            algorithm=np.int64(ALGORITHMS.index(cfg.algorithm)),
+        )
+
+    @classmethod
+    def batcher(cls, batched_args, batch_dims, *, cfg: ConvPoolConfig, operand_names):
+        x, w, bias = batched_args
+        xd, wd, bd = batch_dims
+        if wd is None and bd is None:
+            # vmap over x alone folds into N: one launch for all of it.
+            x = jnp.moveaxis(x, xd, 0)
+            v, n = x.shape[:2]
+            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), w, bias, cfg=cfg,
+                               operand_names=operand_names)
+            return y.reshape(v, n, *y.shape[1:]), 0
+        # Batched weights: one fused launch per vmapped slice (lax.map), unbatched operands
+        # shared by all slices.
+        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
+        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
+
+        def one(sliced):
+            operands = list(batched_args)
+            for i, a in zip(mapped, sliced):
+                operands[i] = a
+            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
+
+        return jax.lax.map(one, slices), 0
+
+
+Conv2dPoolPrimitive.register()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _conv2d_pool(cfg: ConvPoolConfig, x, w, bias):
+    return Conv2dPoolPrimitive.outer.bind(x, w, bias, cfg=cfg, operand_names=OPERAND_NAMES)
+
+
+def _conv2d_pool_fwd(cfg, x, w, bias):
+    return _conv2d_pool(cfg, x, w, bias), (x, w, bias)
+
+
+def _conv2d_pool_bwd(cfg, residuals, g):
+    # Unfused backward: XLA's transposes of the reference (it recomputes the conv output).
+    _, vjp = jax.vjp(functools.partial(conv_pool_reference, cfg=cfg), *residuals)
+    return vjp(g)
+
+
+_conv2d_pool.defvjp(_conv2d_pool_fwd, _conv2d_pool_bwd)
+
+
+def conv2d_pool(
+    x,
+    w,
+    bias=None,
+    *,
+    stride=1,
+    padding="SAME",
+    dilation=1,
+    pool_window=2,
+    pool_stride=None,
+    pool_padding="VALID",
+    layout="NHWC",
+    precision=None,
+    sparse=False,
+    algorithm="auto",
+):
+    """max_pool(relu(conv(x, w) + bias)) in one fused kernel on CUDA.
+
+    Args:
+      x: [N, H, W, C] (or the same dims in `layout` order) float32, bfloat16 or float16.
+      w: [R, S, C, K] (HWIO), same dtype as x.
+      bias: optional [K], same dtype as x (None: zero bias).
+      stride, padding, dilation: the conv's, with conv2d's forms ("SAME", "VALID", an int, an
+        (h, w) pair, or ((top, bottom), (left, right))).
+      pool_window: int or (h, w) max-pool window, >= 1.
+      pool_stride: int or (h, w); None means pool_window (non-overlapping windows). Overlapping
+        windows (e.g. AlexNet's 3x3 / 2) are supported.
+      pool_padding: the pool's padding on the conv output, in the same forms (SAME/VALID
+        resolved on the conv's output extent); pads count as -inf, and each side must be
+        smaller than the window.
+      layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result. The fused kernel
+        is NHWC; other layouts are converted with `to_layout` at its boundary.
+      precision: float32 math, as conv2d: None/"default" may use TF32 (the CUDA kernel runs
+        TF32 tensor cores where C and K are multiples of 4, as XLA's DEFAULT does), "highest"
+        (or lax.Precision.HIGHEST) is fp32-accurate (fp32 FMA on CUDA cores).
+      sparse: True runs the zero-skipping kernel,
+        `jaxcnn.ops.sparse_conv2d.sparse_conv2d_pool` (same result up to fp rounding): worth it
+        when x has many zeros (e.g. the previous layer's ReLU output). It takes no dilation
+        (must be 1) and no `algorithm` (must be "auto"); `precision` is not forwarded.
+      algorithm: "auto" (tensor cores for bf16/fp16 with C and K multiples of 8 and for fp32 at
+        precision "default" with multiples of 4, else the CUDA-core kernel), "tensor_core" (an
+        error where it cannot run) or "direct" (CUDA cores).
+
+    Returns:
+      [N, PH, PW, K] (in `layout` order) in x's dtype: each conv output accumulated in fp32,
+      bias and ReLU in fp32, rounded once, then max-pooled (NaN propagates). Equal to
+      `max_pool2d(conv2d(x, w, bias, activation="relu"), pool_window, pool_stride, pool_padding)`.
+    """
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if not isinstance(layout, str) or layout not in ("NHWC", "NCHW", "CHWN"):
+        raise ValueError(f"layout must be one of ('NHWC', 'NCHW', 'CHWN'), got {layout!r}")
+    if not isinstance(sparse, (bool, np.bool_)):
+        raise TypeError(f"sparse must be a bool, got {sparse!r}")
+    if x.ndim != 4:
+        raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x.shape)}")
+    x_nhwc_shape = nhwc_shape(x.shape, layout)
+    cfg = make_conv_pool_config(
+        x_nhwc_shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+        pool_window=pool_window, pool_stride=pool_stride, pool_padding=pool_padding,
+        layout=layout, precision=precision, algorithm=algorithm,
+    )
+    bias = jnp.zeros(w.shape[-1:], w.dtype) if bias is None else jnp.asarray(bias)
+    # Validate here too so errors point at the caller, not at a custom_vjp trace.
+    conv_pool_output_shape(x_nhwc_shape, x.dtype, w.shape, w.dtype, bias.shape, bias.dtype, cfg)
+    if sparse and cfg.conv.dilation != (1, 1):
+        raise ValueError(f"sparse=True takes no dilation (must be 1), got {dilation!r}")
+    if sparse and cfg.algorithm != "auto":
+        raise ValueError(f"sparse=True picks its own kernel: algorithm must be 'auto', got {algorithm!r}")
+
+    if layout != "NHWC":
+        from jaxcnn.ops.layout_transform import to_layout
+
+        x = to_layout(x, src=layout, dst="NHWC")
+    if sparse:
+        # Imported here: the sparse kernels live in their own module (issue 8, part A).
+        from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
+
+        y = sparse_conv2d_pool(
+            x, w, bias, stride=cfg.conv.stride, padding=cfg.conv.padding,
+            pool_window=cfg.pool_window, pool_stride=cfg.pool_stride,
+            pool_padding=cfg.pool_padding,
+        )
+    else:
+        y = _conv2d_pool(cfg, x, w, bias)
+    if layout != "NHWC":
+        from jaxcnn.ops.layout_transform import to_layout
+
+        y = to_layout(y, src="NHWC", dst=layout)
+    return y

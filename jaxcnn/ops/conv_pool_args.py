@@ -1,0 +1,126 @@
+"""Argument normalization, validation and shape rules of the fused conv + bias + ReLU + max-pool
+(`jaxcnn.conv2d_pool`).
+
+Runs at trace time on static shapes: bad input fails before any kernel runs, with an error that
+names the argument. The conv half reuses conv_args (same forms, same messages); the pool half
+reuses pool_args' padding forms, applied to the conv's output extent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from jaxcnn.ops.conv_args import Conv2dConfig, _int_pair, conv2d_output_shape, make_config, padding_pairs
+from jaxcnn.ops.layouts import LAYOUTS, convert_shape
+
+Pair = tuple[int, int]
+
+# Kernel choice; codes match cuda_ops' ConvPoolAlgorithm. "auto": tensor cores (bf16/fp16 with C
+# and K multiples of 8, fp32 at precision "default" as TF32 with multiples of 4) else the CUDA-core
+# kernel; "tensor_core" fails where it cannot run; "direct" is the CUDA-core kernel
+# (fp32-accurate, any shape).
+ALGORITHMS = ("auto", "tensor_core", "direct")
+# Operand order of the primitive and the custom call (bias is always present: zeros for None).
+OPERAND_NAMES = ("x", "w", "bias")
+
+
+@dataclass(frozen=True)
+class ConvPoolConfig:
+    """Static parameters of one fused layer. `conv` is the NHWC conv (activation "relu");
+    the pool's padding is explicit ((top, bottom), (left, right)) on the conv output."""
+
+    conv: Conv2dConfig
+    pool_window: Pair
+    pool_stride: Pair
+    pool_padding: tuple[Pair, Pair]
+    algorithm: str = "auto"
+
+    def replace(self, **changes: Any) -> "ConvPoolConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def make_conv_pool_config(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    *,
+    stride: Any = 1,
+    padding: Any = "SAME",
+    dilation: Any = 1,
+    pool_window: Any = 2,
+    pool_stride: Any = None,
+    pool_padding: Any = "VALID",
+    layout: Any = "NHWC",
+    precision: Any = None,
+    algorithm: Any = "auto",
+) -> ConvPoolConfig:
+    """Normalizes the keyword arguments of `conv2d_pool` for an NHWC x of shape `x_shape`
+    (callers convert other layouts first). pool_stride=None means pool_stride = pool_window."""
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    conv = make_config(
+        x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
+        activation="relu", layout="NHWC", precision=precision,
+    )
+    window = _int_pair(pool_window, "pool_window", 1)
+    pstride = window if pool_stride is None else _int_pair(pool_stride, "pool_stride", 1)
+    # The pool's SAME/VALID are resolved on the conv's output extent (P, Q).
+    p, q = conv_output_hw(x_shape, w_shape, conv)
+    try:
+        pool_pads = padding_pairs(pool_padding, (max(p, 1), max(q, 1)), window, pstride)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("padding", "pool_padding", 1)) from None
+    return ConvPoolConfig(conv, window, pstride, pool_pads, algorithm)
+
+
+def conv_pool_output_shape(
+    x_shape: Sequence[int],
+    x_dtype: Any,
+    w_shape: Sequence[int],
+    w_dtype: Any,
+    bias_shape: Sequence[int],
+    bias_dtype: Any,
+    cfg: ConvPoolConfig,
+) -> tuple[int, int, int, int]:
+    """Validates NHWC operands against `cfg`; returns the pooled NHWC shape [N, PH, PW, K]."""
+    n, p, q, k = conv2d_output_shape(x_shape, x_dtype, w_shape, w_dtype, bias_shape, bias_dtype,
+                                     cfg.conv)
+    (pt, pb), (pl, pr) = cfg.pool_padding
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError(f"pool_padding must be non-negative, got {cfg.pool_padding}")
+    if min(cfg.pool_window) < 1:
+        raise ValueError(f"pool_window must be >= 1, got {cfg.pool_window}")
+    if min(cfg.pool_stride) < 1:
+        raise ValueError(f"pool_stride must be >= 1, got {cfg.pool_stride}")
+    wh, ww = cfg.pool_window
+    if max(pt, pb) >= wh or max(pl, pr) >= ww:
+        # A window lying wholly in the padding would have no input to take the max of.
+        raise ValueError(
+            f"pool_padding {cfg.pool_padding} must be smaller than pool_window {cfg.pool_window} "
+            "on each side"
+        )
+    padded = (p + pt + pb, q + pl + pr)
+    if padded[0] < wh or padded[1] < ww:
+        raise ValueError(
+            f"pool_window {cfg.pool_window} does not fit the padded conv output {padded} "
+            f"(conv output {(p, q)}, pool_padding {cfg.pool_padding})"
+        )
+    ph = (padded[0] - wh) // cfg.pool_stride[0] + 1
+    pw = (padded[1] - ww) // cfg.pool_stride[1] + 1
+    return (n, ph, pw, k)
+
+
+def conv_output_hw(x_shape: Sequence[int], w_shape: Sequence[int], conv: Conv2dConfig) -> Pair:
+    """(P, Q): the pre-pool conv output extent of an NHWC x."""
+    _, h, w, _ = x_shape
+    (pt, pb), (pl, pr) = conv.padding
+    p = (h + pt + pb - conv.dilation[0] * (w_shape[0] - 1) - 1) // conv.stride[0] + 1
+    q = (w + pl + pr - conv.dilation[1] * (w_shape[1] - 1) - 1) // conv.stride[1] + 1
+    return p, q
+
+
+def nhwc_shape(shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    return tuple(convert_shape(shape, layout, "NHWC"))

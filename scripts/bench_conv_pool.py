@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Fused conv + bias + ReLU + max-pool benchmark: jaxcnn.conv2d_pool against XLA and against
+jaxcnn's own unfused layers.
+
+For every pooled layer (the conv right before each pool) of VGG-19 (3x3 convs, 2x2/2 pools) and
+AlexNet (torchvision channels, overlapping 3x3/2 pools) at each batch (default 1 and 64) and
+dtype (default bf16 and fp32): fresh random inputs; an accuracy check of jaxcnn.conv2d_pool
+against XLA on them; then, in one profiler trace, the device time (sum of GPU kernel durations,
+jaxcnn/profile/device_time.py) of
+  - jaxcnn:   jaxcnn.conv2d_pool (one fused kernel; the pre-pool activation stays on chip; fp32
+              at precision "default" = TF32 tensor cores),
+  - xla:      lax.conv_general_dilated + bias + ReLU + lax.reduce_window under jit (as a JAX
+              user writes the layer; fp32 at XLA's DEFAULT precision, i.e. TF32),
+  - jaxcnn_highest / xla_highest (fp32 only): both at precision "highest" (fp32-accurate: our
+              CUDA-core FMA kernel, XLA's fp32 conv),
+  - unfused:  jaxcnn.conv2d(activation="relu") then jaxcnn.max_pool2d (two of our kernels).
+Floor = max(bytes / 3.97e12 B/s, FLOPs / peak) with bytes = x + w + pooled y (the pre-pool tensor
+is never stored) and peak the GPU's tensor-core rate for bf16/fp16 and its TF32 rate for fp32
+(jaxcnn.profile.gpu_specs). Times are median per-call device times with their p10-p90
+spread; XLA/jaxcnn = the speedup. Issue 8 goals (bf16): >= 1.5x XLA on VGG c1_2 at N=64, >= 1.3x
+across VGG-19's pooled layers.
+
+Writes <gpu>-<date>-conv_pool[_LABEL].json (environment + rows) and .md into --out after every
+row, and prints the markdown last. Exit status: 0 when every row passed its accuracy check and
+timed, 2 when some row failed, 1 on a crash.
+
+  python scripts/bench_conv_pool.py --out /tmp/bench_conv_pool
+  python scripts/bench_conv_pool.py --out /tmp/bench_conv_pool --quick          # ~2 min on an H200
+  python scripts/bench_conv_pool.py --out /tmp/b --layers vgg19/c1_2 --batches 64 --dtypes bf16
+  JAX_PLATFORMS=cpu python scripts/bench_conv_pool.py --smoke --out /tmp/smoke   # tiny, any machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent
+
+try:
+    import jaxcnn
+except ImportError:  # run from a checkout that is not pip-installed
+    sys.path.append(str(REPO_ROOT))
+    import jaxcnn
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(SCRIPTS))
+from bench_layers import _json_safe, environment  # noqa: E402
+from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report cells)
+from gpu_check_report import gpu_slug  # noqa: E402
+
+from jaxcnn import _ffi  # noqa: E402
+from jaxcnn.ops.conv_pool_args import make_conv_pool_config  # noqa: E402
+from jaxcnn.ops.conv_pool_reference import xla_conv_pool  # noqa: E402
+from jaxcnn.profile import device_times  # noqa: E402
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200 HBM3e)
+# Peak class of gpu_specs per dtype: tensor cores (fp32 at precision "default" runs TF32).
+PEAK_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
+GOAL_HEADLINE, GOAL_VGG = 1.5, 1.3
+# max |jaxcnn - xla| / max |xla|: XLA rounds the conv output to the dtype before the bias (two
+# roundings for half types, one here); fp32 XLA DEFAULT is TF32.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 5e-3}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A conv (HWIO [r, r, c, k], stride, symmetric padding) on [n, hw, hw, c], then max pool."""
+
+    name: str
+    hw: int
+    c: int
+    k: int
+    r: int = 3
+    stride: int = 1
+    padding: int = 1
+    pool: int = 2
+    pool_stride: int = 2
+
+
+LAYERS = (
+    Layer("vgg19/c1_2", 224, 64, 64), Layer("vgg19/c2_2", 112, 128, 128),
+    Layer("vgg19/c3_4", 56, 256, 256), Layer("vgg19/c4_4", 28, 512, 512),
+    Layer("vgg19/c5_4", 14, 512, 512),
+    Layer("alexnet/conv1", 224, 3, 64, r=11, stride=4, padding=2, pool=3),
+    Layer("alexnet/conv2", 27, 64, 192, r=5, padding=2, pool=3),
+    Layer("alexnet/conv5", 13, 256, 256, pool=3),
+)
+SMOKE_LAYERS = (Layer("tiny", 9, 16, 16, pool=3),)
+# --quick: the headline layer and one of each family, bf16, N=64 (+ the headline at N=1).
+QUICK = (("vgg19/c1_2", 64, "bf16"), ("vgg19/c1_2", 1, "bf16"), ("vgg19/c4_4", 64, "bf16"),
+         ("alexnet/conv2", 64, "bf16"), ("vgg19/c3_4", 64, "fp32"))
+
+
+def layer_kwargs(layer: Layer) -> dict:
+    return dict(stride=layer.stride, padding=layer.padding, pool_window=layer.pool,
+                pool_stride=layer.pool_stride)
+
+
+def operands(layer: Layer, n: int, dtype: str, seed: int):
+    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"),
+                             zlib.crc32(f"{layer.name}/{n}/{dtype}".encode()))
+    kx, kw, kb = jax.random.split(key, 3)
+    dt = DTYPES[dtype]
+    fan_in = layer.r * layer.r * layer.c
+    x = jax.random.normal(kx, (n, layer.hw, layer.hw, layer.c), jnp.float32).astype(dt)
+    w = (jax.random.normal(kw, (layer.r, layer.r, layer.c, layer.k), jnp.float32)
+         * math.sqrt(2.0 / fan_in)).astype(dt)
+    b = (0.1 * jax.random.normal(kb, (layer.k,))).astype(dt)
+    return x, w, b
+
+
+def variants(layer: Layer, dtype: str):
+    """(name, fn(x, w, b)) of every timed implementation of the layer."""
+    kw = layer_kwargs(layer)
+
+    def cfg_of(x, w, precision=None):
+        return make_conv_pool_config(x.shape, w.shape, **kw, precision=precision)
+
+    def ours(x, w, b):
+        return jaxcnn.conv2d_pool(x, w, b, **kw)
+
+    def xla(x, w, b):
+        return xla_conv_pool(x, w, b, cfg_of(x, w))
+
+    def xla_highest(x, w, b):
+        return xla_conv_pool(x, w, b, cfg_of(x, w, "highest"))
+
+    def ours_highest(x, w, b):
+        return jaxcnn.conv2d_pool(x, w, b, **kw, precision="highest")
+
+    def unfused(x, w, b):
+        y = jaxcnn.conv2d(x, w, b, stride=layer.stride, padding=layer.padding, activation="relu")
+        return jaxcnn.max_pool2d(y, layer.pool, layer.pool_stride)
+
+    out = [("jaxcnn", ours), ("xla", xla)]
+    if dtype == "fp32":
+        out += [("jaxcnn_highest", ours_highest), ("xla_highest", xla_highest)]
+    return out + [("unfused", unfused)]
+
+
+def _accuracy(ours, theirs, dtype: str) -> dict[str, Any]:
+    a = np.asarray(ours.astype(jnp.float32), np.float64)
+    b = np.asarray(theirs.astype(jnp.float32), np.float64)
+    if a.shape != b.shape:
+        return dict(ok=False, max_rel_diff=None, error=f"shape {a.shape} != {b.shape}")
+    if not np.isfinite(a).all():
+        return dict(ok=False, max_rel_diff=None, error="non-finite output")
+    diff = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    ok = diff <= TOLERANCE[dtype]
+    return dict(ok=ok, max_rel_diff=diff, tolerance=TOLERANCE[dtype],
+                error=None if ok else f"max rel diff {diff:.2e} > {TOLERANCE[dtype]:.0e}")
+
+
+def layer_row(layer: Layer, n: int, dtype: str, *, spec, iters: int, warmup: int, seed: int):
+    x, w, b = operands(layer, n, dtype, seed)
+    cfg = make_conv_pool_config(x.shape, w.shape, **layer_kwargs(layer))
+    out_shape = jax.eval_shape(lambda x, w, b: jaxcnn.conv2d_pool(x, w, b, **layer_kwargs(layer)),
+                               x, w, b).shape
+    p = (layer.hw + 2 * layer.padding - layer.r) // layer.stride + 1
+    itemsize = jnp.dtype(DTYPES[dtype]).itemsize
+    bytes_moved = (x.size + w.size + b.size + math.prod(out_shape)) * itemsize
+    flops = 2 * n * p * p * layer.k * layer.r * layer.r * layer.c
+    fns = variants(layer, dtype)
+    try:
+        accuracy = _accuracy(jax.jit(fns[0][1])(x, w, b), jax.jit(fns[1][1])(x, w, b), dtype)
+    except Exception as exc:  # record and go on: one broken config must not stop the suite
+        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+    try:
+        timings = device_times([(name, fn, (x, w, b)) for name, fn in fns],
+                               iters=iters, warmup=warmup)
+        timings = {k: {**t.to_dict(), "kernels": [asdict(s) for s in t.kernels]}
+                   for k, t in timings.items()}
+    except Exception as exc:
+        timings = {name: dict(error=f"{type(exc).__name__}: {exc}") for name, _ in fns}
+    med = {k: t.get("median_ms") for k, t in timings.items()}
+    peak = spec.compute.get(PEAK_CLASS[dtype]) if spec is not None else None
+    bytes_floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
+    flops_floor_ms = flops / peak.per_s * 1e3 if peak is not None else None
+    floor_ms = max(bytes_floor_ms, flops_floor_ms or 0.0)
+    ours, xla = med.get("jaxcnn"), med.get("xla")
+    return dict(
+        layer=layer.name, n=n, dtype=dtype, hw=layer.hw, c=layer.c, k=layer.k, r=layer.r,
+        stride=layer.stride, padding=layer.padding, pool=layer.pool, pool_stride=layer.pool_stride,
+        out_shape=list(out_shape), bytes_moved=bytes_moved, gflop=flops / 1e9,
+        bytes_floor_ms=bytes_floor_ms, flops_floor_ms=flops_floor_ms, floor_ms=floor_ms,
+        peak_class=PEAK_CLASS[dtype], accuracy=accuracy,
+        config=_ffi.conv_pool_plan(x.shape, w.shape, DTYPES[dtype], cfg),
+        timings=timings,
+        pct_of_floor={k: (100.0 * floor_ms / v if v else None) for k, v in med.items()},
+        tflops={k: (flops / (v * 1e-3) / 1e12 if v else None) for k, v in med.items()},
+        speedup_vs_xla=xla / ours if (ours and xla) else None,
+        speedup_vs_unfused=med.get("unfused") / ours if (ours and med.get("unfused")) else None,
+        ok=accuracy["ok"] and not any("error" in t for t in timings.values()),
+    )
+
+
+def _spread(t: dict) -> str:
+    if "p10_ms" not in t:
+        return "-"
+    return f"{t['p10_ms'] * 1e3:.1f}-{t['p90_ms'] * 1e3:.1f}"
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    lines = ["| layer | N | dtype | conv | pool | MB | GFLOP | floor us | jaxcnn us (p10-p90) "
+             "| XLA us (p10-p90) | HIGHEST jaxcnn / XLA us | unfused us | XLA/jaxcnn | unfused/jaxcnn "
+             "| jaxcnn % floor | jaxcnn TFLOP/s | max rel diff | status |",
+             "|" + "---|" * 18]
+    for r in rows:
+        t = r["timings"]
+        conv = f"{r['hw']}x{r['hw']} {r['c']}->{r['k']} {r['r']}x{r['r']}/{r['stride']} p{r['padding']}"
+        cells = [r["layer"], str(r["n"]), r["dtype"], conv, f"{r['pool']}x{r['pool']}/{r['pool_stride']}",
+                 f"{r['bytes_moved'] / 2**20:.1f}", f"{r['gflop']:.1f}", f"{r['floor_ms'] * 1e3:.1f}",
+                 f"{_us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
+                 f"{_us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
+                 (f"{_us(t['jaxcnn_highest'])} / {_us(t['xla_highest'])}"
+                  if "xla_highest" in t else "-"),
+                 _us(t.get("unfused", {})), _fmt(r["speedup_vs_xla"], ".2f"),
+                 _fmt(r["speedup_vs_unfused"], ".2f"), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+                 _fmt(r["tflops"].get("jaxcnn"), ".0f"),
+                 _fmt(r["accuracy"].get("max_rel_diff"), ".1e"), _status(r)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
+    lines = ["| layer | N | dtype | variant | kernels per call | top kernels (us per call) "
+             "| launch config |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for variant, t in r["timings"].items():
+            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
+                               for k in (t.get("kernels") or [])[:4])
+            cells = [r["layer"], str(r["n"]), r["dtype"], variant,
+                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-",
+                     (r.get("config") or "-") if variant == "jaxcnn" else "-"]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def goal_summary(rows: list[dict]) -> list[str]:
+    timed = [r for r in rows if r["speedup_vs_xla"] is not None]
+    if not timed:
+        return ["- no timed rows"]
+    lines = []
+    for r in timed:
+        if r["layer"] == "vgg19/c1_2" and r["n"] == 64 and r["dtype"] == "bf16":
+            s = r["speedup_vs_xla"]
+            lines.append(f"- headline (vgg19/c1_2, N=64, bf16): jaxcnn "
+                         f"{r['timings']['jaxcnn']['median_ms'] * 1e3:.1f} us, XLA "
+                         f"{r['timings']['xla']['median_ms'] * 1e3:.1f} us, XLA/jaxcnn {s:.2f} "
+                         f"(goal >= {GOAL_HEADLINE}: {'met' if s >= GOAL_HEADLINE else 'not met'})")
+    vgg = [r for r in timed if r["layer"].startswith("vgg19/") and r["dtype"] == "bf16"
+           and r["n"] == 64]
+    if vgg:
+        spd = np.array([r["speedup_vs_xla"] for r in vgg])
+        lines.append(f"- VGG-19 pooled layers, N=64 bf16: XLA/jaxcnn min {spd.min():.2f}, median "
+                     f"{np.median(spd):.2f} over {len(spd)} layers (goal >= {GOAL_VGG} across them: "
+                     f"{'met' if spd.min() >= GOAL_VGG else 'not met'})")
+    for dtype in sorted({r["dtype"] for r in timed}):
+        for n in sorted({r["n"] for r in timed}):
+            sel = [r for r in timed if r["n"] == n and r["dtype"] == dtype]
+            if sel:
+                spd = np.array([r["speedup_vs_xla"] for r in sel])
+                lines.append(f"- {dtype} N={n}: {len(spd)} rows; XLA/jaxcnn median "
+                             f"{np.median(spd):.2f} (min {spd.min():.2f}, max {spd.max():.2f})")
+    return lines
+
+
+def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
+    git = env["git"] or {}
+    warn = []
+    if not env["jaxcnn_cuda_available"]:
+        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
+                    "the jaxcnn column is its XLA fallback.")
+    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
+        warn.append("some times are host wall time (no GPU trace), not device time.")
+    header = [
+        f"# jaxcnn fused conv + bias + ReLU + max-pool vs XLA{f' ({label})' if label else ''}",
+        "",
+        *[f"> **WARNING: {w}**" for w in warn],
+        "",
+        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
+        f"jaxlib {env['jaxlib']}",
+        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
+        "durations in a profiler trace), us, with the p10-p90 spread. MB = x + w + pooled y.",
+        f"- floor = max(MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s, GFLOP / peak) with the GPU's "
+        "bf16/fp16 tensor-core peak, TF32 peak for fp32; % floor = floor / time.",
+        "- xla: lax conv (x's dtype; fp32 at DEFAULT = TF32, as jaxcnn's fp32 default) + bias + "
+        "ReLU + reduce_window under jit; HIGHEST: both fp32-accurate; unfused: "
+        "jaxcnn.conv2d(relu) then jaxcnn.max_pool2d.",
+        f"- goals (issue 8, bf16): VGG c1_2 N=64 XLA/jaxcnn >= {GOAL_HEADLINE}; >= {GOAL_VGG} "
+        "across VGG-19's pooled layers.",
+        "",
+        "## Summary",
+        "",
+        *goal_summary(rows),
+        "",
+    ]
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+
+
+def report_stem(env: dict, label: str) -> str:
+    date = str(env.get("date_utc") or "")[:10] or "undated"
+    return f"{gpu_slug(env)}-{date}-conv_pool{f'_{label}' if label else ''}"
+
+
+def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = report_stem(env, label)
+    (out_dir / f"{stem}.json").write_text(json.dumps(
+        _json_safe(dict(environment=env, label=label, rows=rows)), indent=1, allow_nan=False) + "\n")
+    markdown = render_markdown(env, rows, iters, label)
+    (out_dir / f"{stem}.md").write_text(markdown)
+    return markdown
+
+
+def progress_line(r: dict) -> str:
+    t = r["timings"]
+    return (f"{r['layer']:<14} N={r['n']:<3} {r['dtype']:<5} jaxcnn {_us(t.get('jaxcnn', {})):>8} us  "
+            f"xla {_us(t.get('xla', {})):>8} us  unfused {_us(t.get('unfused', {})):>8} us  "
+            f"XLA/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  {_status(r)}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
+    p.add_argument("--label", default="", help="suffix of the report names")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp32"])
+    p.add_argument("--layers", type=lambda s: s.split(","), help="layer names (prefix match)")
+    p.add_argument("--iters", type=int, help="timed calls per variant (default 20; --quick 10)")
+    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="headline layer + one layer of each family (~2 minutes on an H200)")
+    p.add_argument("--smoke", action="store_true", help="one tiny layer, 2 iterations: any machine")
+    args = p.parse_args(argv)
+    bad = [d for d in args.dtypes if d not in DTYPES]
+    if bad:
+        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
+    by_name = {layer.name: layer for layer in LAYERS + SMOKE_LAYERS}
+    if args.smoke:
+        args.jobs = [(SMOKE_LAYERS[0], 2, d) for d in args.dtypes]
+    elif args.quick:
+        args.jobs = [(by_name[name], n, dtype) for name, n, dtype in QUICK]
+    else:
+        layers = LAYERS
+        if args.layers:
+            layers = [la for la in LAYERS if any(la.name.startswith(k) for k in args.layers)]
+        args.jobs = [(la, n, d) for la in layers for d in args.dtypes for n in args.batches]
+    args.iters = args.iters or (2 if args.smoke else 10 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 2 if args.quick else 3)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    spec = lookup_gpu_spec()
+    env = environment(spec)
+    rows: list[dict] = []
+    markdown = write_reports(args.out, env, rows, args.iters, args.label)  # fail early on a bad --out
+    common = dict(spec=spec, iters=args.iters, warmup=args.warmup, seed=args.seed)
+    for layer, n, dtype in args.jobs:
+        row = functools.partial(layer_row, layer, n, dtype, **common)()
+        rows.append(row)
+        print(progress_line(row), flush=True)
+        markdown = write_reports(args.out, env, rows, args.iters, args.label)
+    print()
+    print(markdown)
+    return 0 if all(r["ok"] for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""GPU suite for the fused conv + bias + ReLU + max-pool (`pytest -m gpu`): the CUDA kernels
+(tensor-core bf16/fp16 and TF32, CUDA-core fp32 "highest" and fallback) against a float64 oracle and against XLA's
+conv -> reduce_window on the same rounded values in float32, over random shapes (odd sizes,
+N = 1, strides, dilation, overlapping and padded pools), VGG-19 / AlexNet pooled layers,
+NaN-poisoned outputs, refusals and handler errors as Python exceptions, grads and vmap."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxcnn
+from jaxcnn import _ffi
+from jaxcnn.ops.conv_pool_args import make_conv_pool_config
+from reference64 import rel_err
+from test_conv2d_pool import TOL, as_f64, operands, oracle
+
+pytestmark = pytest.mark.gpu
+
+TARGET = "jaxcnn_conv2d_pool_fwd"
+# Against XLA in float32 on the same rounded inputs: the kernel rounds once to the dtype; fp32 at
+# precision "default" runs TF32 tensor cores (inputs rounded to 10 mantissa bits).
+XLA_F32_TOL = {"float32": 2e-5, "bfloat16": 1e-2, "float16": 2e-3}
+TF32_TOL = 5e-3
+
+# Pooled layers (conv before each pool): (name, N, H, W, C, R, K, conv padding, window, stride).
+VGG19_POOLED = [("vgg19/c1_2", 224, 64, 64), ("vgg19/c2_2", 112, 128, 128),
+                ("vgg19/c3_4", 56, 256, 256), ("vgg19/c4_4", 28, 512, 512),
+                ("vgg19/c5_4", 14, 512, 512)]
+ALEXNET_POOLED = [("alexnet/conv2", 27, 64, 192, 5, 2), ("alexnet/conv5", 13, 256, 256, 3, 1)]
+
+
+def run_poisoned(fn, *operands):
+    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
+    element the kernel does not write stays NaN; checks the custom call is the root."""
+    out = jax.eval_shape(fn, *operands)
+    poison = jnp.full(out.shape, jnp.nan, out.dtype)
+    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0).lower(poison, *operands).compile()
+    text = compiled.as_text()
+    root = [line for line in text.splitlines() if "ROOT" in line and "ENTRY" not in line]
+    assert any("custom-call" in line and TARGET in line for line in root[-1:]), root
+    # The pre-pool activation never exists as a buffer: no XLA conv, no reduce-window.
+    assert "convolution" not in text and "reduce-window" not in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
+        return compiled(poison, *operands)
+
+
+def xla_f32(x, w, b, **kw):
+    """XLA's conv -> bias -> ReLU -> reduce_window on the same rounded values, float32 HIGHEST."""
+    x, w, b = (jnp.asarray(a, jnp.float32) for a in (x, w, b))
+    cfg = make_conv_pool_config(x.shape, w.shape, **kw)
+    c = cfg.conv
+    y = lax.conv_general_dilated(x, w, c.stride, c.padding, rhs_dilation=c.dilation,
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                 precision=lax.Precision.HIGHEST)
+    y = jnp.maximum(y + b, 0.0)
+    return lax.reduce_window(y, -jnp.inf, lax.max, (1, *cfg.pool_window, 1),
+                             (1, *cfg.pool_stride, 1), ((0, 0), *cfg.pool_padding, (0, 0)))
+
+
+def check(x, w, b, algorithm="auto", with_oracle=True, precision=None, **kw):
+    dtype = x.dtype.name
+    tf32 = dtype == "float32" and precision is None
+    got = run_poisoned(lambda *a: jaxcnn.conv2d_pool(*a, algorithm=algorithm, precision=precision,
+                                                     **kw), x, w, b)
+    assert got.dtype == x.dtype and not np.isnan(as_f64(got)).any()
+    want = np.asarray(jax.jit(lambda *a: xla_f32(*a, **kw))(x, w, b), np.float64)
+    assert got.shape == want.shape
+    tol = TF32_TOL if tf32 else XLA_F32_TOL[dtype]
+    assert rel_err(got, want) <= tol, rel_err(got, want)
+    if with_oracle:
+        assert rel_err(got, oracle(x, w, b, **kw)) <= (TF32_TOL if tf32 else TOL[dtype])
+
+
+@st.composite
+def gpu_cases(draw):
+    mult8 = st.integers(1, 12).map(lambda v: 8 * v)
+    r = draw(st.sampled_from([1, 3, 3, 5]))
+    window = draw(st.sampled_from([(2, 2), (2, 2), (3, 3), (2, 3), (1, 1), (4, 4)]))
+    return dict(
+        n=draw(st.sampled_from([1, 1, 2, 3])), h=draw(st.integers(r + window[0], 40)),
+        w=draw(st.integers(r + window[1], 40)), c=draw(mult8), k=draw(mult8), r=r,
+        kw=dict(stride=draw(st.sampled_from([1, 1, 2, (2, 1)])),
+                padding=draw(st.sampled_from(["SAME", "VALID", ((2, 0), (0, 1))])),
+                dilation=draw(st.sampled_from([1, 1, 2])) if r > 1 else 1,
+                pool_window=window,
+                pool_stride=draw(st.sampled_from([None, None, 2, 1, (1, 2)])),
+                pool_padding=draw(st.sampled_from(["VALID", "VALID", "SAME"]))),
+        dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+        seed=draw(st.integers(0, 2**16)))
+
+
+def _fits(x, w, kw):
+    try:
+        jax.eval_shape(lambda x, w: jaxcnn.conv2d_pool(x, w, **kw), x, w)
+        return True
+    except ValueError:
+        return False
+
+
+@settings(max_examples=60, deadline=None)
+@given(gpu_cases())
+def test_tensor_core_kernel_random_shapes(case):
+    x, w, b = operands(case["seed"], case["n"], case["h"], case["w"], case["c"], case["k"],
+                       case["r"], case["r"], jnp.dtype(case["dtype"]))
+    if _fits(x, w, case["kw"]):
+        check(x, w, b, "tensor_core", **case["kw"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(3, 20), st.integers(3, 20), st.integers(1, 20),
+       st.integers(1, 20), st.sampled_from([(2, None), (3, 2)]),
+       st.sampled_from(["bfloat16", "float16", "float32"]))
+def test_any_channel_counts_run(n, h, w, c, k, pool, dtype):
+    """auto: counts off multiples of 8 (4 for fp32 TF32) take the CUDA-core kernel."""
+    x, wt, b = operands(n * h + c + k, n, h, w, c, k, dtype=jnp.dtype(dtype))
+    check(x, wt, b, pool_window=pool[0], pool_stride=pool[1])
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 2), st.integers(3, 24), st.integers(3, 24), st.integers(1, 40),
+       st.integers(1, 40), st.sampled_from([(2, None), (3, 2)]))
+def test_float32_highest_is_fp32_accurate(n, h, w, c, k, pool):
+    x, wt, b = operands(n * h + c * k, n, h, w, c, k)
+    check(x, wt, b, precision="highest", pool_window=pool[0], pool_stride=pool[1])
+
+
+@pytest.mark.parametrize("dtype,precision", [("bfloat16", None), ("float16", None),
+                                             ("float32", None), ("float32", "highest")])
+@pytest.mark.parametrize("name,hw,c,k", VGG19_POOLED)
+def test_vgg19_pooled_layers(name, hw, c, k, dtype, precision):
+    x, w, b = operands(hw + c, 2, hw, hw, c, k, dtype=jnp.dtype(dtype))
+    check(x, w, b, padding=1, with_oracle=hw <= 56, precision=precision)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name,hw,c,k,r,pad", ALEXNET_POOLED)
+def test_alexnet_overlapping_pools(name, hw, c, k, r, pad, dtype):
+    x, w, b = operands(hw + c, 2, hw, hw, c, k, r, r, jnp.dtype(dtype))
+    check(x, w, b, padding=pad, pool_window=3, pool_stride=2)
+
+
+def test_headline_vgg_c1_2_n64_bf16():
+    x, w, b = operands(0, 64, 224, 224, 64, 64, dtype=jnp.bfloat16)
+    check(x, w, b, padding=1, with_oracle=False)
+
+
+@pytest.mark.parametrize("algorithm", ["tensor_core", "direct"])
+def test_forced_algorithms_agree(algorithm):
+    x, w, b = operands(1, 2, 17, 23, 64, 72, dtype=jnp.bfloat16)
+    check(x, w, b, algorithm, pool_window=3, pool_stride=2)
+
+
+def test_forced_tensor_core_refusals_are_python_errors():
+    x, w, b = operands(2, 1, 8, 8, 16, 8, dtype=jnp.float32)
+    with pytest.raises(Exception, match="precision 'highest' runs on CUDA cores"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core",
+                                                 precision="highest"))
+    x, w, b = operands(2, 1, 8, 8, 6, 8, dtype=jnp.float32)
+    with pytest.raises(Exception, match="multiples of 4"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core"))
+    x, w, b = operands(2, 1, 8, 8, 12, 8, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="multiples of 8"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core"))
+
+
+def test_handler_errors_become_python_exceptions():
+    x, w, b = operands(3, 1, 8, 8, 8, 8, dtype=jnp.bfloat16)
+    attrs = dict(stride_h=1, stride_w=1, pad_top=1, pad_bottom=1, pad_left=1, pad_right=1,
+                 dilation_h=1, dilation_w=1, pool_window_h=2, pool_window_w=2, pool_stride_h=2,
+                 pool_stride_w=2, pool_pad_top=0, pool_pad_left=0, precision=0, algorithm=0)
+    attrs = {k: np.int64(v) for k, v in attrs.items()}
+    bad = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 9), jnp.bfloat16))
+    with pytest.raises(Exception, match="y must have shape"):
+        jax.block_until_ready(jax.jit(lambda *a: bad(*a, **attrs))(x, w, b))
+    ok = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 8), jnp.bfloat16))
+    with pytest.raises(Exception, match="algorithm must be"):
+        jax.block_until_ready(jax.jit(lambda *a: ok(*a, **{**attrs, "algorithm": np.int64(9)}))(x, w, b))
+    too_many = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 9, 4, 8), jnp.bfloat16))
+    with pytest.raises(Exception, match="pooled output extent"):
+        jax.block_until_ready(jax.jit(lambda *a: too_many(*a, **attrs))(x, w, b))
+
+
+def test_plan_query_names_the_kernel():
+    cfg = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1)
+    assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "bfloat16", cfg).startswith(
+        "kernel=tensor_core")
+    assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "float32", cfg).startswith(
+        "kernel=tensor_core")
+    highest = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1,
+                                    precision="highest")
+    assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "float32",
+                               highest).startswith("kernel=direct")
+
+
+def test_deterministic():
+    x, w, b = operands(4, 2, 27, 27, 64, 192, 5, 5, jnp.bfloat16)
+    f = jax.jit(lambda *a: jaxcnn.conv2d_pool(*a, padding=2, pool_window=3, pool_stride=2))
+    np.testing.assert_array_equal(f(x, w, b), f(x, w, b))
+
+
+def test_grads_through_kernel_match_xla():
+    x, w, b = operands(5, 2, 13, 11, 16, 24)
+    loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)  # noqa: E731
+    kw = dict(padding=1, pool_window=3, pool_stride=2)
+    got = jax.jit(jax.grad(loss(lambda *a: jaxcnn.conv2d_pool(*a, **kw)), argnums=(0, 1, 2)))(x, w, b)
+    want = jax.jit(jax.grad(loss(lambda *a: xla_f32(*a, **kw)), argnums=(0, 1, 2)))(x, w, b)
+    for g, g_want in zip(got, want):
+        # XLA's fp32 convs on GPU may use TF32 (DEFAULT precision) in the backward.
+        np.testing.assert_allclose(g, g_want, rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(g_want))))
+
+
+def test_vmap_on_gpu():
+    x, w, b = operands(6, 2, 9, 10, 32, 32, dtype=jnp.bfloat16)
+    xs = jnp.stack([x, -x, 2 * x])
+    got = jax.jit(jax.vmap(lambda x: jaxcnn.conv2d_pool(x, w, b)))(xs)
+    for i in range(3):
+        np.testing.assert_array_equal(got[i], jaxcnn.conv2d_pool(xs[i], w, b))
