@@ -5,5 +5,7 @@ from jaxcnn.ops.fire import fire
 from jaxcnn.ops.layout_transform import to_layout
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
+from jaxcnn.ops.sparse_conv2d import sparse_conv2d, sparse_conv2d_pool
 
-__all__ = ["avg_pool2d", "conv2d", "fire", "log_softmax", "max_pool2d", "softmax", "to_layout"]
+__all__ = ["avg_pool2d", "conv2d", "fire", "log_softmax", "max_pool2d", "softmax", "sparse_conv2d",
+           "sparse_conv2d_pool", "to_layout"]
