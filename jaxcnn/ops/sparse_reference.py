@@ -24,6 +24,6 @@ def sparse_reference(x, w, bias, cfg: SparseConfig):
     y = conv2d_reference(x, w, bias, conv.replace(activation="relu"))
     pool = cfg.pool
     return lax.reduce_window(
-        y, jnp.array(-jnp.inf, y.dtype), lax.max, (1, *pool.window, 1), (1, *pool.stride, 1),
+        y, -jnp.inf, lax.max, (1, *pool.window, 1), (1, *pool.stride, 1),
         ((0, 0), *pool.padding, (0, 0)),
     )
