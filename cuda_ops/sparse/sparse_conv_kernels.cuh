@@ -66,10 +66,10 @@ __device__ __forceinline__ void load_weights(const float* p, float (&v)[KPT]) {
 // (in rounds of PW when the window is larger), reduced by max in registers: the pre-pool
 // output never leaves the SM.
 // For each 32-channel group g and each stage of taps, the CTA stages W[taps, g*32.., k-block]
-// (fp32) in shared memory; then every warp, for each valid slot and tap whose input pixel is
-// inside x, reads that pixel's mask for g (warp-uniform) and, if nonzero, loads the group's 32
-// values once (one per lane) and loops over the set bits only: shuffle-broadcast the value,
-// FMA it with the staged weight row. All control flow depends on warp-uniform values only.
+// (fp32) in shared memory; then every warp, for each tap and each valid slot whose input pixel
+// is inside x, reads that pixel's mask for g (warp-uniform), loads the values of the set bits
+// (one per lane) and loops over the set bits only: shuffle-broadcast the value, FMA it with the
+// staged weight row. All control flow depends on warp-uniform values only.
 template <typename T, int KPT, int PW, bool POOL>
 __global__ void __launch_bounds__(kThreads)
     sparse_conv_kernel(ConvArgs a, const T* __restrict__ x, const uint32_t* __restrict__ masks,
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < KPT; ++j) acc[i][j] = 0.0f;
 
     for (int g = 0; g < a.G; ++g) {
-      const int c_lane = g * 32 + lane;
+      const int c_lane = g * 32 + lane;  // this lane's channel in group g
       for (int t0 = 0; t0 < taps; t0 += a.taps_per_stage) {
         const int stage_taps = min(a.taps_per_stage, taps - t0);
         __syncthreads();  // the previous stage's weights are no longer read
@@ -155,25 +155,42 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
         if (valid == 0) continue;
+        for (int tl = 0; tl < stage_taps; ++tl) {
+          const int t = t0 + tl;
+          const int r = t / a.S;
+          const int dh = r * a.dilation_h;
+          const int dw = (t - r * a.S) * a.dilation_w;
+          // Three batched phases per tap, so the PW slots' loads are in flight together:
+          // masks (warp-uniform: every lane reads the same word), then the values of the set
+          // bits (a lane loads only its own channel, and only if its bit is set: sectors of
+          // zeros are never fetched), then the FMA walk over the set bits.
+          uint32_t mask[PW];
 #pragma unroll
-        for (int i = 0; i < PW; ++i) {
-          if (!((valid >> i) & 1u)) continue;
-          for (int tl = 0; tl < stage_taps; ++tl) {
-            const int t = t0 + tl;
-            const int r = t / a.S;
-            const int s = t - r * a.S;
-            const int h = slot_h0[i] + r * a.dilation_h;
-            const int wx = slot_w0[i] + s * a.dilation_w;
-            if (h < 0 || h >= a.H || wx < 0 || wx >= a.W) continue;  // zero padding
-            const int64_t pixel = static_cast<int64_t>(slot_nh[i] + h) * a.W + wx;
-            uint32_t mask = __ldg(masks + pixel * a.G + g);
-            if (mask == 0) continue;
-            const float x_lane = c_lane < a.C ? to_float(x[pixel * a.C + c_lane]) : 0.0f;
-            const float* w_row = staged + tl * 32 * TK + lane * KPT;
-            while (mask != 0) {
-              const int bit = __ffs(mask) - 1;
-              mask &= mask - 1;
-              const float xv = __shfl_sync(kFullMask, x_lane, bit);
+          for (int i = 0; i < PW; ++i) {
+            const int h = slot_h0[i] + dh;
+            const int wx = slot_w0[i] + dw;
+            const bool inside = ((valid >> i) & 1u) && h >= 0 && h < a.H && wx >= 0 && wx < a.W;
+            mask[i] = inside ? __ldg(masks + (static_cast<int64_t>(slot_nh[i] + h) * a.W + wx) * a.G + g)
+                             : 0u;
+          }
+          float x_lane[PW];
+#pragma unroll
+          for (int i = 0; i < PW; ++i) {
+            x_lane[i] = 0.0f;
+            if ((mask[i] >> lane) & 1u) {  // implies c_lane < C (masks have no bits past C)
+              const int64_t pixel =
+                  static_cast<int64_t>(slot_nh[i] + slot_h0[i] + dh) * a.W + slot_w0[i] + dw;
+              x_lane[i] = to_float(x[pixel * a.C + c_lane]);
+            }
+          }
+          const float* w_row = staged + tl * 32 * TK + lane * KPT;
+#pragma unroll
+          for (int i = 0; i < PW; ++i) {
+            uint32_t bits = mask[i];
+            while (bits != 0) {  // warp-uniform trip count: one iteration per nonzero
+              const int bit = __ffs(bits) - 1;
+              bits &= bits - 1;
+              const float xv = __shfl_sync(kFullMask, x_lane[i], bit);
               float wv[KPT];
               load_weights<KPT>(w_row + bit * TK, wv);
 #pragma unroll
