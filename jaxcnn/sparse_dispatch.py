@@ -405,3 +405,53 @@ def explain_plan(plan: list[tuple[LayerSparsity, Decision]]) -> str:
         rows.append(f"{layer.name:<28} {shape:<18} {layer.sparsity:6.1%} zeros -> {pick:<6} "
                     f"({decision.reason})")
     return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- SQLite store
+
+
+def _store_device(kind: str) -> str:
+    """The store's device column ("cpu" | "gpu"); the GPU kind goes into the environment."""
+    return "cpu" if kind.lower() == "cpu" else "gpu"
+
+
+def record_sparsity(store, model: str, layers: list[LayerSparsity], *, batch: int, dtype,
+                    device: str | None = None, note: str | None = None) -> int:
+    """Writes measured input sparsity into a `jaxcnn.store.Store` (its `sparsity` table, one
+    row per conv layer); returns the run id."""
+    kind = device or device_kind()
+    run = store.add_run("sparsity", model=model, batch=batch, dtype=np.dtype(dtype).name,
+                        device=_store_device(kind), environment=dict(gpu_name=kind), note=note)
+    ids = store.add_layers(run, [
+        dict(idx=layer.index, name=layer.name, op="conv2d", input_shapes=[list(layer.input_shape)],
+             weight_shape=list(layer.weight_shape),
+             params=dict(stride=list(layer.stride), padding=[list(p) for p in layer.padding]))
+        for layer in layers])
+    store.add_sparsity(run, [dict(layer_id=i, zero_fraction=layer.sparsity, sample_count=batch)
+                             for i, layer in zip(ids, layers)])
+    return run
+
+
+def record_crossover(store, crossover: Crossover, *, name: str = "layer") -> int:
+    """Writes one crossover measurement into a `jaxcnn.store.Store`: a run of kind
+    "sparse_crossover" with the layer, one device_time_ms measurement per dense path and per
+    sparsity of the sparse kernel (variant "sparsity=0.9"), and the crossover in the run's extra."""
+    import json
+
+    fields = json.loads(crossover.key)
+    run = store.add_run("sparse_crossover", batch=fields["x"][0], dtype=fields["dtype"],
+                        device=_store_device(crossover.device),
+                        environment=dict(gpu_name=crossover.device),
+                        extra=dict(key=crossover.key, crossover=crossover.crossover,
+                                   dense_path=crossover.dense_path))
+    layer_id, = store.add_layers(run, [dict(idx=0, name=name, op="conv2d", input_shapes=[fields["x"]],
+                                            weight_shape=fields["w"],
+                                            params=dict(stride=fields["stride"], padding=fields["padding"],
+                                                        precision=fields["precision"]))])
+    rows = [dict(layer_id=layer_id, backend=path, metric="device_time_ms", median=ms, unit="ms")
+            for path, ms in crossover.dense_candidates_ms.items()]
+    rows += [dict(layer_id=layer_id, backend="jaxcnn_sparse", metric="device_time_ms", median=ms,
+                  unit="ms", variant=f"sparsity={s:g}")
+             for s, ms in zip(crossover.sparsities, crossover.sparse_ms)]
+    store.add_measurements(run, rows)
+    return run

@@ -253,13 +253,19 @@ def synthetic_row(layer: dict, n: int, dtype: str, sparsities, args, spec) -> di
             for prec in (("highest", "default") if dtype == "fp32" else ("default",)):
                 names = [k for k in dense_names if dtype != "fp32" or k.endswith(prec)]
                 best = min(names, key=lambda k: med(times[k]) or math.inf)
-                table.put(sparse_dispatch.Crossover(
+                record = sparse_dispatch.Crossover(
                     sparse_dispatch.device_kind(),
                     sparse_dispatch.layer_key(x_shape, layer["w"], dt, stride=layer["stride"],
                                               padding=layer["padding"], precision=prec),
                     tuple(sparsities), tuple(sparse_ms), med(times[best]),
                     "xla" if best.startswith("xla") else "jaxcnn", {k: med(times[k]) for k in names},
-                    sparse_dispatch.find_crossover(sparsities, sparse_ms, med(times[best]))))
+                    sparse_dispatch.find_crossover(sparsities, sparse_ms, med(times[best])))
+                table.put(record)
+                if args.db:
+                    from jaxcnn.store import Store
+
+                    with Store(args.db) as store:
+                        sparse_dispatch.record_crossover(store, record, name=layer["name"])
     xla_ref = med(times.get("xla_highest" if dtype == "fp32" else "xla", {}))
     goal = None
     if GOAL_SPARSITY in sparsities and xla_ref and med(times[f"sparse@{GOAL_SPARSITY:g}"]):
@@ -513,6 +519,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few minutes on an H200 (see the top)")
     p.add_argument("--store-crossovers", action="store_true", help="write crossovers to the dispatch table")
     p.add_argument("--crossover-cache", type=Path, help="dispatch table path (default: its default)")
+    p.add_argument("--db", type=Path, help="also record real-input sparsity (and stored crossovers) in this SQLite store")
     args = p.parse_args(argv)
     q = args.quick
     args.batches = args.batches or [1, 64]
@@ -560,8 +567,18 @@ def main(argv=None) -> int:
         for model in args.real_models:
             for n in ([1] if args.quick else args.batches):
                 for dtype in args.dtypes:
-                    for layer, x in real_activations(model, n, DTYPES[dtype], args.seed):
+                    measured = []
+                    for i, (layer, x) in enumerate(real_activations(model, n, DTYPES[dtype], args.seed)):
                         add(real_row(layer, x, dtype, args))
+                        measured.append(sparse_dispatch.LayerSparsity(
+                            i, layer["name"], layer["x"], layer["w"], layer["stride"], layer["padding"],
+                            rows[-1]["sparsity"]))
+                    if args.db:
+                        from jaxcnn.store import Store
+
+                        with Store(args.db) as store:
+                            sparse_dispatch.record_sparsity(store, model, measured, batch=n, dtype=DTYPES[dtype],
+                                                            note="bench_sparse real ReLU inputs")
     if "pool" in args.sections:
         acts_memo: dict[tuple, dict] = {}
 

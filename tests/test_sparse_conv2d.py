@@ -516,3 +516,19 @@ def test_measure_crossover_with_a_fake_timer(tmp_path):
     assert rec.crossover == pytest.approx(0.5 + 0.4 * (0.6 - 0.8) / (0.6 - 0.2))
     np.testing.assert_allclose(calls[2:], [0.0, 0.5, 0.9], atol=1e-3)
     assert table.get(rec.device, rec.key) == rec
+
+
+def test_sparsity_and_crossovers_go_into_the_store(tmp_path):
+    from jaxcnn.store import Store
+
+    layers = [sparse_dispatch.LayerSparsity(0, "c1", (1, 8, 8, 4), (3, 3, 4, 8), (1, 1), ((1, 1), (1, 1)), 0.25),
+              sparse_dispatch.LayerSparsity(1, "c2", (1, 8, 8, 8), (3, 3, 8, 8), (1, 1), ((1, 1), (1, 1)), 0.75)]
+    with Store(tmp_path / "s.sqlite") as store:
+        run = sparse_dispatch.record_sparsity(store, "toy", layers, batch=1, dtype="float32", device="FakeGPU")
+        sp = store.sparsity(run)
+        assert sorted(sp["zero_fraction"]) == [0.25, 0.75]
+        run2 = sparse_dispatch.record_crossover(store, fake_record(), name="vgg/conv")
+        m = store.measurements(run2)
+        assert set(m["backend"]) == {"jaxcnn", "xla", "jaxcnn_sparse"}
+        assert sorted(m[m["backend"] == "jaxcnn_sparse"]["variant"]) == [
+            "sparsity=0", "sparsity=0.5", "sparsity=0.9", "sparsity=1"]
