@@ -5,6 +5,9 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "common/float_convert.cuh"
 
 namespace jaxcnn {
@@ -44,6 +47,22 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t mask = __ballot_sync(kFullMask, nonzero);
     if (lane == 0) masks[e] = mask;
   }
+}
+
+// Four consecutive elements as floats from a 4-element-aligned address (XLA buffers are
+// 16-byte aligned; the callers' offsets are multiples of 4).
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 template <int KPT>
@@ -143,15 +162,30 @@ __global__ void __launch_bounds__(kThreads)
       for (int t0 = 0; t0 < taps; t0 += a.taps_per_stage) {
         const int stage_taps = min(a.taps_per_stage, taps - t0);
         __syncthreads();  // the previous stage's weights are no longer read
-        for (int e = threadIdx.x; e < stage_taps * 32 * TK; e += kThreads) {
-          const int kk = e % TK;
-          const int rest = e / TK;
-          const int c = g * 32 + rest % 32;
-          const int k = k0 + kk;
-          float v = 0.0f;  // channels past C / K stay zero: they never contribute
-          if (c < a.C && k < a.K)
-            v = to_float(w[(static_cast<int64_t>(t0 + rest / 32) * a.C + c) * a.K + k]);
-          staged[e] = v;
+        if (a.K % 4 == 0) {
+          // 4 consecutive k per thread: one 16-byte (fp32) / 8-byte (16-bit) load, one
+          // 16-byte shared store. k0 and K are multiples of 4, so a group is all in or all out.
+          for (int e = threadIdx.x; e < stage_taps * 32 * TK / 4; e += kThreads) {
+            const int kk = (e % (TK / 4)) * 4;
+            const int rest = e / (TK / 4);
+            const int c = g * 32 + rest % 32;
+            const int k = k0 + kk;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (c < a.C && k < a.K)
+              v = load4(w + (static_cast<int64_t>(t0 + rest / 32) * a.C + c) * a.K + k);
+            reinterpret_cast<float4*>(staged)[e] = v;
+          }
+        } else {
+          for (int e = threadIdx.x; e < stage_taps * 32 * TK; e += kThreads) {
+            const int kk = e % TK;
+            const int rest = e / TK;
+            const int c = g * 32 + rest % 32;
+            const int k = k0 + kk;
+            float v = 0.0f;  // channels past C / K stay zero: they never contribute
+            if (c < a.C && k < a.K)
+              v = to_float(w[(static_cast<int64_t>(t0 + rest / 32) * a.C + c) * a.K + k]);
+            staged[e] = v;
+          }
         }
         __syncthreads();
         if (valid == 0) continue;
