@@ -39,7 +39,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
