@@ -362,7 +362,7 @@ def conv2d_auto_sparse(x, w, bias=None, *, sparse: Any = "auto", sparsity: float
     import jaxcnn
 
     if not (sparse is True or sparse is False or (isinstance(sparse, str) and sparse == "auto")):
-        raise ValueError(f"sparse must be 'auto', True or False, got {sparse!r}")
+        raise ValueError(f"sparse must be one of {SPARSE_MODES}, got {sparse!r}")
     kw = dict(stride=stride, padding=padding, dilation=dilation, activation=activation,
               precision=precision)
     if sparse == "auto":
