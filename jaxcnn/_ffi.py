@@ -28,6 +28,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_softmax_fwd": "JaxcnnSoftmaxFwd",
     "jaxcnn_fire_fwd": "JaxcnnFireFwd",
     "jaxcnn_conv2d_pool_fwd": "JaxcnnConv2dPoolFwd",
+    "jaxcnn_sparse_conv2d_fwd": "JaxcnnSparseConv2dFwd",
 }
 
 
@@ -46,6 +47,9 @@ class LibraryState:
     reason: str  # empty when registered
     build_info: str = ""
     ffi_api_version: tuple[int, int] | None = None
+    # Targets whose handler symbol the library lacks (built from older sources): their ops
+    # lower to the reference (or fail under JAXCNN_STRICT=1); every other target still runs.
+    missing_targets: tuple[str, ...] = ()
 
 
 def _candidate_paths() -> list[Path]:
@@ -96,14 +100,17 @@ def _load(path: Path) -> LibraryState:
     mismatch = check_abi(built, runtime_ffi_api_version())
     if mismatch:
         return LibraryState(str(path), False, mismatch, info, built)
+    missing = tuple(t for t, symbol in FFI_TARGETS.items() if not hasattr(lib, symbol))
     try:
         for target, symbol in FFI_TARGETS.items():
+            if target in missing:
+                continue
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))
             jax.ffi.register_ffi_target(target, capsule, platform="CUDA")
     except Exception as e:  # registration errors come from several layers of jaxlib
         return LibraryState(str(path), False, f"registering FFI targets failed: {e}", info, built)
     _LOADED["lib"] = lib
-    return LibraryState(str(path), True, "", info, built)
+    return LibraryState(str(path), True, "", info, built, missing)
 
 
 @functools.cache
@@ -124,6 +131,23 @@ def library_state() -> LibraryState:
 def handlers_registered() -> bool:
     """True when CUDA lowerings can emit jaxcnn custom calls (no GPU needed to lower)."""
     return library_state().registered
+
+
+def target_registered(target: str) -> bool:
+    """True when `target`'s handler is registered (the library is loaded and has its symbol)."""
+    state = library_state()
+    return state.registered and target in FFI_TARGETS and target not in state.missing_targets
+
+
+def missing_target_reason(target: str) -> str:
+    """Why `target` cannot run although other targets may, or '' when it is registered."""
+    if target_registered(target):
+        return ""
+    state = library_state()
+    if not state.registered:
+        return state.reason
+    return (f"{state.path} has no handler for {target} (built from older sources): rebuild with "
+            "`pip install --no-build-isolation .`")
 
 
 def _gpu_reason() -> str:
@@ -181,6 +205,25 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
             f"order), w {tuple(w_shape)}, {jax.numpy.dtype(dtype).name}: {why}"
         )
     return int(size)
+
+
+def sparse_conv_plan(params: dict) -> str | None:
+    """The zero-skipping conv kernel's plan for these params on the current device, as the
+    library's one line ("k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=..."), or None
+    when the library (or its sparse handler) is not loaded. `params` holds the fields of
+    cuda_ops/sparse/sparse_conv.h's SparseConvParams by name."""
+    if not target_registered("jaxcnn_sparse_conv2d_fwd") or not hasattr(_LOADED["lib"], "jaxcnn_sparse_conv_plan"):
+        return None
+    fields = ("N", "H", "W", "C", "R", "S", "K", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w",
+              "dilation_h", "dilation_w", "activation", "pool_h", "pool_w", "pool_stride_h",
+              "pool_stride_w", "pool_pad_h", "pool_pad_w", "PP", "PQ")
+    values = (ctypes.c_int64 * len(fields))(*(int(params.get(f, 0)) for f in fields))
+    fn = _LOADED["lib"].jaxcnn_sparse_conv_plan
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+    out = ctypes.create_string_buffer(256)
+    fn(values, len(fields), out, len(out))
+    return out.value.decode()
 
 
 def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str | None:

@@ -17,6 +17,9 @@
 #     convpool   fused conv + bias + ReLU + max-pool: conv_pool_selftest (standalone nvcc build),
 #                pytest -m gpu tests/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
 #                (CONVPOOL_BENCH_ARGS, e.g. "--quick")
+#     sparse     zero-skipping conv: sparse_selftest (standalone nvcc build) + memcheck/racecheck
+#                (--skip-large), pytest -m gpu tests/test_sparse_conv2d_gpu.py, scripts/bench_sparse.py
+#                (SPARSE_BENCH_ARGS, e.g. "--quick"; its report lands in OUTDIR)
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
@@ -131,6 +134,21 @@ if has convpool; then
   step pytest_conv2d_pool_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_conv2d_pool_gpu.xml" tests/test_conv2d_pool_gpu.py
   # shellcheck disable=SC2086
   step conv_pool_bench $PY scripts/bench_conv_pool.py --out "$RAW" ${CONVPOOL_BENCH_ARGS:-}
+fi
+
+if has sparse; then
+  # Standalone selftest build (no CMake, no library): runs even if the build step failed.
+  SPARSE_SELFTEST=build/sparse_selftest
+  step sparse_selftest_build nvcc -std=c++17 -O3 -arch=${SPARSE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
+    cuda_ops/selftest/sparse_selftest.cu cuda_ops/sparse/sparse_conv.cu -o "$SPARSE_SELFTEST"
+  step sparse_selftest "$SPARSE_SELFTEST"
+  step sparse_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$SPARSE_SELFTEST" --skip-large
+  step sparse_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$SPARSE_SELFTEST" --skip-large
+  step pytest_sparse_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_sparse_gpu.xml" \
+    tests/test_sparse_conv2d_gpu.py
+  # shellcheck disable=SC2086
+  step sparse_bench timeout "${SPARSE_BENCH_TIMEOUT:-3600}" $PY scripts/bench_sparse.py --out "$OUT" \
+    --label "${SPARSE_LABEL:-sparse}" ${SPARSE_BENCH_ARGS:-}
 fi
 
 if has planner; then

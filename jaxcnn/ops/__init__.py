@@ -6,6 +6,7 @@ from jaxcnn.ops.fire import conv1x1_conv3x3, fire
 from jaxcnn.ops.layout_transform import to_layout
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
+from jaxcnn.ops.sparse_conv2d import sparse_conv2d, sparse_conv2d_pool
 
 __all__ = ["avg_pool2d", "conv1x1_conv3x3", "conv2d", "conv2d_pool", "fire", "log_softmax",
-           "max_pool2d", "softmax", "to_layout"]
+           "max_pool2d", "softmax", "sparse_conv2d", "sparse_conv2d_pool", "to_layout"]

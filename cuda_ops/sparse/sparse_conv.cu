@@ -1,0 +1,194 @@
+// Launcher of the zero-skipping conv: validate, plan (channels per lane, pixels per warp,
+// taps per shared-memory stage), encode the nonzeros, run the conv kernel.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "sparse/sparse_conv.h"
+#include "sparse/sparse_conv_kernels.cuh"
+
+namespace jaxcnn {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int kMaxDevices = 64;
+// Static shared-memory budget of one stage: 48 KiB needs no opt-in attribute, so launches stay
+// attribute-free (CUDA-graph safe) and up to 4 CTAs fit an SM next to each other.
+constexpr int64_t kStageBytes = 48 * 1024;
+constexpr int kMaxPoolSlots = 9;  // pooled windows up to 3x3 run in one round
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// SM count per device, queried once (launches stay free of device queries).
+cudaError_t CurrentSmCount(int* sm_count) {
+  static int cache[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device >= 0 && device < kMaxDevices && cache[device] > 0) {
+    *sm_count = cache[device];
+    return cudaSuccess;
+  }
+  int count = 0;
+  status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  if (status != cudaSuccess) return status;
+  if (device >= 0 && device < kMaxDevices) cache[device] = count;
+  *sm_count = count;
+  return cudaSuccess;
+}
+
+sparse::ConvArgs MakeArgs(const SparseConvParams& p, int taps_per_stage) {
+  sparse::ConvArgs a;
+  a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
+  a.C = static_cast<int>(p.C), a.G = static_cast<int>(p.groups32());
+  a.R = static_cast<int>(p.R), a.S = static_cast<int>(p.S), a.K = static_cast<int>(p.K);
+  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
+  a.stride_h = static_cast<int>(p.stride_h), a.stride_w = static_cast<int>(p.stride_w);
+  a.pad_h = static_cast<int>(p.pad_h), a.pad_w = static_cast<int>(p.pad_w);
+  a.dilation_h = static_cast<int>(p.dilation_h), a.dilation_w = static_cast<int>(p.dilation_w);
+  a.activation = static_cast<int>(p.activation);
+  a.pool_h = static_cast<int>(p.pool_h), a.pool_w = static_cast<int>(p.pool_w);
+  a.pool_stride_h = static_cast<int>(p.pool_stride_h);
+  a.pool_stride_w = static_cast<int>(p.pool_stride_w);
+  a.pool_pad_h = static_cast<int>(p.pool_pad_h), a.pool_pad_w = static_cast<int>(p.pool_pad_w);
+  a.PP = static_cast<int>(p.PP), a.PQ = static_cast<int>(p.PQ);
+  a.taps_per_stage = taps_per_stage;
+  a.M = p.pooled() ? p.N * p.PP * p.PQ : p.N * p.P * p.Q;
+  return a;
+}
+
+// Pixel slots per warp of the pooled kernel: the window in one round when it has 4 or 9
+// entries (2x2, 3x3), else rounds of 8.
+int PoolSlots(const SparseConvParams& p) {
+  const int64_t window = p.pool_h * p.pool_w;
+  if (window <= 4) return 4;
+  if (window <= kMaxPoolSlots) return 9;
+  return 8;
+}
+
+template <typename T, int KPT, int PW, bool POOL>
+cudaError_t LaunchConv(const SparseConvPlan& plan, const sparse::ConvArgs& args, const T* x,
+                       const uint32_t* masks, const T* w, const T* bias, T* y,
+                       cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y));
+  sparse::sparse_conv_kernel<T, KPT, PW, POOL>
+      <<<grid, sparse::kThreads, plan.smem_bytes, stream>>>(args, x, masks, w, bias, y);
+  return cudaGetLastError();
+}
+
+template <typename T, int KPT, bool POOL>
+cudaError_t LaunchSlots(const SparseConvPlan& plan, const sparse::ConvArgs& args, const T* x,
+                        const uint32_t* masks, const T* w, const T* bias, T* y,
+                        cudaStream_t stream) {
+  if constexpr (POOL) {
+    switch (plan.pixels_per_warp) {
+      case 4: return LaunchConv<T, KPT, 4, true>(plan, args, x, masks, w, bias, y, stream);
+      case 9: return LaunchConv<T, KPT, 9, true>(plan, args, x, masks, w, bias, y, stream);
+      default: return LaunchConv<T, KPT, 8, true>(plan, args, x, masks, w, bias, y, stream);
+    }
+  } else {
+    if (plan.pixels_per_warp == 4)
+      return LaunchConv<T, KPT, 4, false>(plan, args, x, masks, w, bias, y, stream);
+    return LaunchConv<T, KPT, 8, false>(plan, args, x, masks, w, bias, y, stream);
+  }
+}
+
+template <typename T, bool POOL>
+cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, const T* x,
+                      const uint32_t* masks, const T* w, const T* bias, T* y,
+                      cudaStream_t stream) {
+  switch (plan.k_per_lane) {
+    case 4: return LaunchSlots<T, 4, POOL>(plan, args, x, masks, w, bias, y, stream);
+    case 2: return LaunchSlots<T, 2, POOL>(plan, args, x, masks, w, bias, y, stream);
+    default: return LaunchSlots<T, 1, POOL>(plan, args, x, masks, w, bias, y, stream);
+  }
+}
+
+}  // namespace
+
+const char* sparse_conv_unsupported_reason(const SparseConvParams& p) {
+  if (p.N < 1 || p.H < 1 || p.W < 1 || p.C < 1) return "x must have N, H, W, C >= 1";
+  if (p.R < 1 || p.S < 1 || p.K < 1) return "w must have R, S, K >= 1";
+  if (p.P < 1 || p.Q < 1) return "the conv output must be at least 1x1";
+  if (p.stride_h < 1 || p.stride_w < 1) return "stride must be >= 1";
+  if (p.dilation_h < 1 || p.dilation_w < 1) return "dilation must be >= 1";
+  if (p.pad_h < 0 || p.pad_w < 0) return "padding must be >= 0";
+  if (p.activation != 0 && p.activation != 1) return "activation must be 0 (none) or 1 (relu)";
+  // Kernel indices are 32-bit within an image row/tensor dimension; offsets are 64-bit.
+  if (p.N * p.H > kInt32Max || p.H + p.pad_h + p.R * p.dilation_h > kInt32Max ||
+      p.W + p.pad_w + p.S * p.dilation_w > kInt32Max || p.R * p.S * p.C > kInt32Max ||
+      p.K > kInt32Max)
+    return "a dimension is too large for 32-bit indices";
+  if (p.pooled()) {
+    if (p.pool_h < 1 || p.pool_w < 1) return "pool window must be >= 1";
+    if (p.pool_stride_h < 1 || p.pool_stride_w < 1) return "pool stride must be >= 1";
+    if (p.pool_pad_h < 0 || p.pool_pad_w < 0) return "pool padding must be >= 0";
+    if (p.PP < 1 || p.PQ < 1) return "the pooled output must be at least 1x1";
+    if (p.pool_h * p.pool_w > 1024) return "pool window larger than 1024 entries";
+  }
+  return nullptr;
+}
+
+SparseConvPlan plan_sparse_conv(const SparseConvParams& p) {
+  SparseConvPlan plan;
+  plan.unsupported = sparse_conv_unsupported_reason(p);
+  if (plan.unsupported != nullptr) return plan;
+  int sm_count = 132;
+  if (CurrentSmCount(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
+  // Widest channel block the layer fills (a lane's float4 of weights per nonzero), then
+  // narrower blocks / fewer pixels per CTA until the grid covers the GPU.
+  int kpt = p.K > 64 ? 4 : (p.K > 32 ? 2 : 1);
+  const int64_t pixels = p.pooled() ? p.N * p.PP * p.PQ : p.N * p.P * p.Q;
+  auto ctas = [&](int k_per_lane, int per_warp) {
+    return CeilDiv(pixels, sparse::kWarps * per_warp) * CeilDiv(p.K, 32 * k_per_lane);
+  };
+  int per_warp;
+  if (p.pooled()) {
+    per_warp = PoolSlots(p);
+    while (kpt > 1 && ctas(kpt, 1) < sm_count) kpt /= 2;
+    plan.grid_x = CeilDiv(pixels, sparse::kWarps);
+  } else {
+    per_warp = ctas(kpt, 8) >= 2 * sm_count ? 8 : 4;
+    while (kpt > 1 && ctas(kpt, per_warp) < sm_count) kpt /= 2;
+    plan.grid_x = CeilDiv(pixels, sparse::kWarps * per_warp);
+  }
+  plan.k_per_lane = kpt;
+  plan.pixels_per_warp = per_warp;
+  plan.grid_y = CeilDiv(p.K, 32 * kpt);
+  const int64_t tap_bytes = 32 * 32 * kpt * static_cast<int64_t>(sizeof(float));
+  plan.taps_per_stage = static_cast<int>(std::max<int64_t>(1, std::min(p.R * p.S, kStageBytes / tap_bytes)));
+  plan.smem_bytes = plan.taps_per_stage * tap_bytes;
+  if (plan.grid_x > kInt32Max || plan.grid_y > 65535) plan.unsupported = "grid too large";
+  return plan;
+}
+
+template <typename T>
+cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,
+                               T* y, uint32_t* masks, cudaStream_t stream) {
+  const SparseConvPlan plan = plan_sparse_conv(p);
+  if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
+  const int64_t entries = p.N * p.H * p.W * p.groups32();
+  const int64_t encode_blocks =
+      std::min<int64_t>(CeilDiv(entries, sparse::kWarps), 1 << 20);
+  sparse::encode_nonzeros<T><<<static_cast<unsigned>(encode_blocks), sparse::kThreads, 0, stream>>>(
+      x, masks, entries, static_cast<int>(p.C), static_cast<int>(p.groups32()));
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  const sparse::ConvArgs args = MakeArgs(p, plan.taps_per_stage);
+  if (p.pooled()) return LaunchKpt<T, true>(plan, args, x, masks, w, bias, y, stream);
+  return LaunchKpt<T, false>(plan, args, x, masks, w, bias, y, stream);
+}
+
+template cudaError_t launch_sparse_conv<float>(const SparseConvParams&, const float*,
+                                               const float*, const float*, float*, uint32_t*,
+                                               cudaStream_t);
+template cudaError_t launch_sparse_conv<__nv_bfloat16>(const SparseConvParams&,
+                                                       const __nv_bfloat16*,
+                                                       const __nv_bfloat16*,
+                                                       const __nv_bfloat16*, __nv_bfloat16*,
+                                                       uint32_t*, cudaStream_t);
+template cudaError_t launch_sparse_conv<__half>(const SparseConvParams&, const __half*,
+                                                const __half*, const __half*, __half*,
+                                                uint32_t*, cudaStream_t);
+
+}  // namespace jaxcnn

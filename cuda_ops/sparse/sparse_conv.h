@@ -1,0 +1,78 @@
+// Zero-skipping 2-D convolution (NHWC activations, HWIO weights), optionally with a fused
+// ReLU + max-pool epilogue. Two kernels per call:
+//  1. encode: one warp per (input pixel, 32-channel group) ballots the group's nonzeros into a
+//     uint32 bitmask (the "encoding", built on the GPU from the dense input every call);
+//  2. conv: output-stationary; a CTA owns a block of output pixels x a block of up to 128
+//     output channels; lanes own output channels, each warp walks its pixels' receptive fields
+//     and, for each (input pixel, group) with a nonzero mask, only the set bits: the value is
+//     broadcast by shuffle and FMA'd with the weight row W[r, s, c, k-block] staged in shared
+//     memory. Masks are warp-uniform, so the walk never diverges and its length is the number
+//     of nonzeros: the work shrinks with the zeros.
+// Accumulation is fp32 FMA for every storage type; one rounding to the storage type.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace jaxcnn {
+
+// Static parameters of one call. Pool fields are all 0 for the plain conv; with a pool the
+// result is maxpool(relu(conv + bias)) over the conv output [N, P, Q, K] (the pooled output
+// is [N, PP, PQ, K]) and `activation` is ignored (the ReLU is part of the op).
+struct SparseConvParams {
+  int64_t N = 0, H = 0, W = 0, C = 0;  // x: [N, H, W, C]
+  int64_t R = 0, S = 0, K = 0;         // w: [R, S, C, K]
+  int64_t P = 0, Q = 0;                // conv output spatial size
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  int64_t activation = 0;  // 0 none, 1 relu (plain conv only)
+  int64_t pool_h = 0, pool_w = 0, pool_stride_h = 0, pool_stride_w = 0, pool_pad_h = 0,
+          pool_pad_w = 0;    // window 0: no pool; pads are the low (top/left) pads
+  int64_t PP = 0, PQ = 0;    // pooled output spatial size (pool only)
+
+  bool pooled() const { return pool_h > 0; }
+  int64_t groups32() const { return (C + 31) / 32; }
+};
+
+// Bytes of the nonzero bitmasks (uint32 per input pixel per 32-channel group): the scratch a
+// launch needs.
+inline int64_t sparse_conv_mask_bytes(const SparseConvParams& p) {
+  return p.N * p.H * p.W * p.groups32() * 4;
+}
+
+// What the conv kernel will run with (for logs and benchmarks).
+struct SparseConvPlan {
+  const char* unsupported = nullptr;  // non-null: cannot run, says why
+  int k_per_lane = 0;                 // output channels per lane (block = 32 * k_per_lane)
+  int pixels_per_warp = 0;            // conv output pixels (pool: window slots) per warp
+  int taps_per_stage = 0;             // filter taps staged in shared memory at once
+  int64_t grid_x = 0, grid_y = 0;     // pixel blocks x channel blocks
+  int64_t smem_bytes = 0;
+};
+
+// nullptr if the params can run, else a static message.
+const char* sparse_conv_unsupported_reason(const SparseConvParams& p);
+
+// The plan for these params on the current device (SM count cached per device).
+SparseConvPlan plan_sparse_conv(const SparseConvParams& p);
+
+// Encodes x's nonzeros into `masks` (sparse_conv_mask_bytes(p) bytes, 4-byte aligned) and
+// runs the conv; bias may be null (zero). Returns cudaErrorInvalidValue for unsupported
+// params, cudaSuccess without a launch for an empty output, else cudaGetLastError().
+template <typename T>
+cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,
+                               T* y, uint32_t* masks, cudaStream_t stream);
+
+extern template cudaError_t launch_sparse_conv<float>(const SparseConvParams&, const float*,
+                                                      const float*, const float*, float*,
+                                                      uint32_t*, cudaStream_t);
+extern template cudaError_t launch_sparse_conv<__nv_bfloat16>(
+    const SparseConvParams&, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+    __nv_bfloat16*, uint32_t*, cudaStream_t);
+extern template cudaError_t launch_sparse_conv<__half>(const SparseConvParams&, const __half*,
+                                                       const __half*, const __half*, __half*,
+                                                       uint32_t*, cudaStream_t);
+
+}  // namespace jaxcnn

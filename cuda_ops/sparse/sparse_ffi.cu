@@ -1,0 +1,152 @@
+// XLA FFI handler of the zero-skipping conv (+ fused ReLU/max-pool): decode, validate,
+// launch, report. The nonzero bitmasks live in the call's second result (scratch XLA
+// allocates), so the handler allocates nothing and is CUDA-graph safe.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "common/ffi_common.h"
+#include "sparse/sparse_conv.h"
+
+namespace jaxcnn {
+namespace {
+
+ffi::Error Invalid(const std::string& message) {
+  return InvalidArgumentFor("sparse_conv2d", message);
+}
+
+ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                           ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                           ffi::Result<ffi::AnyBuffer> scratch, int64_t stride_h,
+                           int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                           int64_t dilation_w, int64_t activation, int64_t pool_window_h,
+                           int64_t pool_window_w, int64_t pool_stride_h, int64_t pool_stride_w,
+                           int64_t pool_pad_h, int64_t pool_pad_w,
+                           int64_t conv_out_h, int64_t conv_out_w) {
+  const auto x_dims = x.dimensions();
+  const auto w_dims = w.dimensions();
+  const auto y_dims = y->dimensions();
+  if (x_dims.size() != 4) return Invalid("x must be rank 4 (NHWC), got " + DimsToString(x_dims));
+  if (w_dims.size() != 4) return Invalid("w must be rank 4 (HWIO), got " + DimsToString(w_dims));
+  if (y_dims.size() != 4) return Invalid("y must be rank 4 (NHWC), got " + DimsToString(y_dims));
+  const ffi::DataType dtype = x.element_type();
+  if (!IsSupportedFloatType(dtype)) return Invalid("x dtype must be float32, bfloat16 or float16");
+  if (w.element_type() != dtype || bias.element_type() != dtype || y->element_type() != dtype)
+    return Invalid("w, bias and y dtypes must equal x dtype");
+
+  SparseConvParams p;
+  p.N = x_dims[0], p.H = x_dims[1], p.W = x_dims[2], p.C = x_dims[3];
+  p.R = w_dims[0], p.S = w_dims[1], p.K = w_dims[3];
+  if (w_dims[2] != p.C)
+    return Invalid("w input channels (" + std::to_string(w_dims[2]) + ") must equal x channels (" +
+                   std::to_string(p.C) + ")");
+  if (bias.dimensions().size() != 1 || bias.dimensions()[0] != p.K)
+    return Invalid("bias must have shape [" + std::to_string(p.K) + "], got " +
+                   DimsToString(bias.dimensions()));
+  p.stride_h = stride_h, p.stride_w = stride_w, p.pad_h = pad_h, p.pad_w = pad_w;
+  p.dilation_h = dilation_h, p.dilation_w = dilation_w, p.activation = activation;
+  if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1)
+    return Invalid("stride and dilation must be >= 1");
+  p.pool_h = pool_window_h, p.pool_w = pool_window_w;
+  p.pool_stride_h = pool_stride_h, p.pool_stride_w = pool_stride_w;
+  p.pool_pad_h = pool_pad_h, p.pool_pad_w = pool_pad_w;
+  // The conv output size is an attribute: with a pool it is no result's shape. The high
+  // paddings are implied by it (the kernel bounds-checks every input tap).
+  p.P = conv_out_h, p.Q = conv_out_w;
+  if (p.pooled()) {
+    p.PP = y_dims[1], p.PQ = y_dims[2];
+  } else if (y_dims[1] != p.P || y_dims[2] != p.Q) {
+    return Invalid("y must have the conv output size [" + std::to_string(p.P) + ", " +
+                   std::to_string(p.Q) + "] in dims 1, 2, got " + DimsToString(y_dims));
+  }
+  if (y_dims[0] != p.N || y_dims[3] != p.K)
+    return Invalid("y must have batch " + std::to_string(p.N) + " and " + std::to_string(p.K) +
+                   " channels, got " + DimsToString(y_dims));
+  if (const char* reason = sparse_conv_unsupported_reason(p))
+    return Invalid(std::string("unsupported: ") + reason + " (x " + DimsToString(x_dims) +
+                   ", w " + DimsToString(w_dims) + ")");
+  if (static_cast<int64_t>(scratch->size_bytes()) < sparse_conv_mask_bytes(p))
+    return Invalid("scratch must hold " + std::to_string(sparse_conv_mask_bytes(p)) +
+                   " bytes of nonzero masks, got " + std::to_string(scratch->size_bytes()));
+  return DispatchFloatType(dtype, "sparse_conv2d", [&](auto traits) -> ffi::Error {
+    using T = typename decltype(traits)::type;
+    JAXCNN_RETURN_IF_CUDA_ERROR(
+        launch_sparse_conv<T>(p, static_cast<const T*>(x.untyped_data()),
+                              static_cast<const T*>(w.untyped_data()),
+                              static_cast<const T*>(bias.untyped_data()),
+                              static_cast<T*>(y->untyped_data()),
+                              static_cast<uint32_t*>(scratch->untyped_data()), stream),
+        "sparse_conv2d launch");
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+}  // namespace jaxcnn
+
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnSparseConv2dFwd(XLA_FFI_CallFrame*);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x [N, H, W, C]
+                                  .Arg<ffi::AnyBuffer>()  // w [R, S, C, K]
+                                  .Arg<ffi::AnyBuffer>()  // bias [K]
+                                  .Ret<ffi::AnyBuffer>()  // y [N, P, Q, K] or [N, PP, PQ, K]
+                                  .Ret<ffi::AnyBuffer>()  // scratch: nonzero masks (uint8)
+                                  .Attr<int64_t>("stride_h")
+                                  .Attr<int64_t>("stride_w")
+                                  .Attr<int64_t>("pad_h")
+                                  .Attr<int64_t>("pad_w")
+                                  .Attr<int64_t>("dilation_h")
+                                  .Attr<int64_t>("dilation_w")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("pool_window_h")
+                                  .Attr<int64_t>("pool_window_w")
+                                  .Attr<int64_t>("pool_stride_h")
+                                  .Attr<int64_t>("pool_stride_w")
+                                  .Attr<int64_t>("pool_pad_h")
+                                  .Attr<int64_t>("pool_pad_w")
+                                  .Attr<int64_t>("conv_out_h")
+                                  .Attr<int64_t>("conv_out_w"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+// The plan the handler will launch for these params on the current device, as one line
+// ("k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=98x4 smem=49152"), for benchmarks.
+// Returns the text's length (truncated to out_len - 1), or -1 when the params cannot run
+// (out then holds the reason).
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_sparse_conv_plan(const int64_t* params, int64_t count,
+                                                         char* out, int64_t out_len) {
+  jaxcnn::SparseConvParams p;
+  int64_t* fields[] = {&p.N, &p.H, &p.W, &p.C, &p.R, &p.S, &p.K, &p.P, &p.Q,
+                       &p.stride_h, &p.stride_w, &p.pad_h, &p.pad_w, &p.dilation_h,
+                       &p.dilation_w, &p.activation, &p.pool_h, &p.pool_w, &p.pool_stride_h,
+                       &p.pool_stride_w, &p.pool_pad_h, &p.pool_pad_w, &p.PP, &p.PQ};
+  constexpr int64_t kFields = sizeof(fields) / sizeof(fields[0]);
+  std::string text;
+  int64_t rc = 0;
+  if (count != kFields) {
+    text = "expected " + std::to_string(kFields) + " params";
+    rc = -1;
+  } else {
+    for (int64_t i = 0; i < kFields; ++i) *fields[i] = params[i];
+    const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p);
+    if (plan.unsupported != nullptr) {
+      text = plan.unsupported;
+      rc = -1;
+    } else {
+      text = "k_per_lane=" + std::to_string(plan.k_per_lane) +
+             " pixels_per_warp=" + std::to_string(plan.pixels_per_warp) +
+             " taps_per_stage=" + std::to_string(plan.taps_per_stage) +
+             " grid=" + std::to_string(plan.grid_x) + "x" + std::to_string(plan.grid_y) +
+             " smem=" + std::to_string(plan.smem_bytes);
+    }
+  }
+  if (out != nullptr && out_len > 0) {
+    const size_t n = std::min<size_t>(text.size(), static_cast<size_t>(out_len - 1));
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return rc < 0 ? rc : static_cast<int64_t>(text.size());
+}

@@ -1,0 +1,204 @@
+"""`jaxcnn.sparse_conv2d`: a 2-D convolution that skips the zeros of its input (e.g. ReLU
+outputs), and `jaxcnn.sparse_conv2d_pool`: the same with a fused ReLU + max-pool epilogue.
+
+CUDA runs cuda_ops/sparse through XLA FFI: an encode kernel writes one nonzero bitmask per
+input pixel per 32 channels (into scratch XLA allocates as the call's second result), then an
+output-stationary kernel walks only the set bits of each receptive field, so its work is
+proportional to the nonzeros. Every other platform runs the lax reference (a dense conv with
+the same results). One primitive, NHWC, groups 1; other layouts transpose around it.
+Gradients are dense (the reference's transposes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import mlir
+
+from jaxcnn import _ffi
+from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
+from jaxcnn.ops.conv_reference import linear_conv2d
+from jaxcnn.ops.layout_transform import to_layout
+from jaxcnn.ops.primitive import STRICT_ENV, BatchShardedPrimitive, _warn_fallback_once
+from jaxcnn.ops.sparse_args import (
+    OPERAND_NAMES,
+    SparseConfig,
+    check_conv_config,
+    make_pool_spec,
+    mask_bytes,
+    sparse_output_shape,
+)
+from jaxcnn.ops.sparse_reference import sparse_reference
+
+FFI_TARGET = "jaxcnn_sparse_conv2d_fwd"
+ACTIVATION_CODES = {None: 0, "relu": 1}
+
+
+class SparseConv2dPrimitive(BatchShardedPrimitive):
+    name = "jaxcnn_sparse_conv2d"
+    # Only the batch may stay sharded: the window needs halo rows, the contraction all channels.
+    sharding_rules = {OPERAND_NAMES: "n h w c, r s i k, k -> n p q k"}
+
+    @staticmethod
+    def abstract(x, w, bias, *, cfg: SparseConfig, operand_names):
+        shape = sparse_output_shape(x.shape, x.dtype, w.shape, w.dtype, bias.shape, bias.dtype, cfg)
+        return ShapedArray(shape, x.dtype)
+
+    @staticmethod
+    def reference(x, w, bias, *, cfg: SparseConfig, operand_names):
+        return sparse_reference(x, w, bias, cfg)
+
+    @classmethod
+    def _cuda_or_reference(cls, ctx, *args, **params):
+        # A library built before this op has no handler for it: same policy as no library.
+        if _ffi.handlers_registered() and not _ffi.target_registered(FFI_TARGET):
+            reason = _ffi.missing_target_reason(FFI_TARGET)
+            if os.environ.get(STRICT_ENV) == "1":
+                raise RuntimeError(f"{cls.name}: CUDA lowering without its handler: {reason}")
+            _warn_fallback_once(cls.name, reason)
+            return mlir.lower_fun(functools.partial(cls.reference, **params),
+                                  multiple_results=False)(ctx, *args)
+        return super()._cuda_or_reference(ctx, *args, **params)
+
+    @classmethod
+    def cuda_lowering(cls, ctx, x, w, bias, *, cfg: SparseConfig, operand_names):
+        x_aval, w_aval, b_aval = ctx.avals_in
+        conv = cfg.conv
+        _, p, q, _ = conv2d_output_shape(x_aval.shape, x_aval.dtype, w_aval.shape, w_aval.dtype,
+                                         b_aval.shape, b_aval.dtype, conv)
+        pool = cfg.pool
+        window, stride, pads = ((0, 0), (0, 0), ((0, 0), (0, 0))) if pool is None else (
+            pool.window, pool.stride, pool.padding)
+        # The nonzero masks are a second result: XLA allocates them with the program's
+        # temporaries, the handler allocates nothing (CUDA-graph safe).
+        scratch = ShapedArray((mask_bytes(x_aval.shape),), np.uint8)
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, scratch])
+        y, _ = jax.ffi.ffi_lowering(FFI_TARGET)(
+            ctx, x, w, bias,
+            stride_h=np.int64(conv.stride[0]), stride_w=np.int64(conv.stride[1]),
+            pad_h=np.int64(conv.padding[0][0]), pad_w=np.int64(conv.padding[1][0]),
+            dilation_h=np.int64(conv.dilation[0]), dilation_w=np.int64(conv.dilation[1]),
+            activation=np.int64(ACTIVATION_CODES[conv.activation]),
+            pool_window_h=np.int64(window[0]), pool_window_w=np.int64(window[1]),
+            pool_stride_h=np.int64(stride[0]), pool_stride_w=np.int64(stride[1]),
+            pool_pad_h=np.int64(pads[0][0]), pool_pad_w=np.int64(pads[1][0]),
+            conv_out_h=np.int64(p), conv_out_w=np.int64(q),
+        )
+        return [y]
+
+    @classmethod
+    def batcher(cls, batched_args, batch_dims, *, cfg: SparseConfig, operand_names):
+        x, w, bias = batched_args
+        xd, wd, bd = batch_dims
+        if wd is None and bd is None:
+            # vmap over x alone folds into N: one launch for all of it.
+            x = jnp.moveaxis(x, xd, 0)
+            v, n = x.shape[:2]
+            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), w, bias, cfg=cfg,
+                               operand_names=operand_names)
+            return y.reshape(v, n, *y.shape[1:]), 0
+        # Batched weights: one launch per vmapped slice, unbatched operands shared.
+        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
+        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
+
+        def one(sliced):
+            operands = list(batched_args)
+            for i, a in zip(mapped, sliced):
+                operands[i] = a
+            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
+
+        return jax.lax.map(one, slices), 0
+
+
+SparseConv2dPrimitive.register()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sparse(cfg: SparseConfig, x, w, bias):
+    return SparseConv2dPrimitive.outer.bind(x, w, bias, cfg=cfg, operand_names=OPERAND_NAMES)
+
+
+def _sparse_fwd(cfg, x, w, bias):
+    y = _sparse(cfg, x, w, bias)
+    return y, (x, w, bias, y)
+
+
+def _sparse_bwd(cfg, residuals, g):
+    x, w, bias, y = residuals
+    if cfg.pool is not None:
+        # Dense backward through the reference (recomputes the conv, routes the pool's max).
+        _, vjp = jax.vjp(lambda *a: sparse_reference(*a, cfg), x, w, bias)
+        return vjp(g)
+    if cfg.conv.activation == "relu":
+        g = jnp.where(y > 0, g, jnp.zeros_like(g))
+    conv = cfg.conv.replace(precision="highest")
+    _, conv_vjp = jax.vjp(lambda x_, w_: linear_conv2d(x_, w_, conv), x, w)
+    dx, dw = conv_vjp(g)
+    db = jnp.sum(g.astype(jnp.float32), axis=(0, 1, 2)).astype(bias.dtype)
+    return dx, dw, db
+
+
+_sparse.defvjp(_sparse_fwd, _sparse_bwd)
+
+
+def _bias_or_zeros(bias, w):
+    return jnp.zeros(w.shape[-1:], w.dtype) if bias is None else jnp.asarray(bias)
+
+
+def sparse_conv2d(x, w, bias=None, *, stride=1, padding="SAME", dilation=1, activation=None,
+                  layout="NHWC", precision=None):
+    """`jaxcnn.conv2d` (groups 1) that skips the zeros of `x`: its work shrinks with them.
+
+    Args: as `jaxcnn.conv2d` (x [N, H, W, C] or the same dims in `layout` order, HWIO w of
+      x's dtype, optional bias [K], stride, padding, dilation, activation None/"relu").
+      precision is accepted for conv2d compatibility and validated; the kernel always
+      computes exact fp32 products and sums (what "highest" asks for).
+
+    Returns:
+      [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32, rounded once.
+      Equal to the dense conv up to fp32 summation order (a zero times an inf/NaN weight,
+      which the dense conv would turn into NaN, is skipped).
+    """
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+                      groups=1, activation=activation, layout=layout, precision=precision)
+    conv2d_output_shape(x.shape, x.dtype, w.shape, w.dtype,
+                        None if bias is None else jnp.shape(bias),
+                        None if bias is None else jnp.asarray(bias).dtype, cfg)
+    bias = _bias_or_zeros(bias, w)
+    sparse_cfg = SparseConfig(cfg.replace(layout="NHWC"))
+    check_conv_config(sparse_cfg.conv)
+    if cfg.layout == "NHWC":
+        return _sparse(sparse_cfg, x, w, bias)
+    y = _sparse(sparse_cfg, to_layout(x, cfg.layout, "NHWC"), w, bias)
+    return to_layout(y, "NHWC", cfg.layout)
+
+
+def sparse_conv2d_pool(x, w, bias=None, *, stride=1, padding="SAME", pool_window=2, pool_stride=None,
+                       pool_padding="VALID"):
+    """maxpool(relu(conv(x, w) + bias)) in one zero-skipping kernel: the pre-pool conv output
+    stays in registers (never reaches DRAM). NHWC x, HWIO w.
+
+    Args:
+      x, w, bias, stride, padding: as `sparse_conv2d` (ReLU is implied).
+      pool_window, pool_stride, pool_padding: as `jaxcnn.max_pool2d`'s window, stride (None:
+        the window) and padding ("VALID", "SAME", ints or pairs; pads smaller than the window)
+        over the conv output; overlapping windows (e.g. 3x3 stride 2) are fine.
+
+    Returns:
+      [N, PP, PQ, K] in x's dtype, equal to reduce_window(max) of
+      sparse_conv2d(x, w, bias, activation="relu").
+    """
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, groups=1,
+                      activation="relu", layout="NHWC", precision="highest")
+    _, p, q, _ = conv2d_output_shape(x.shape, x.dtype, w.shape, w.dtype,
+                                     None if bias is None else jnp.shape(bias),
+                                     None if bias is None else jnp.asarray(bias).dtype, cfg)
+    sparse_cfg = SparseConfig(cfg, make_pool_spec((p, q), pool_window, pool_stride, pool_padding))
+    return _sparse(sparse_cfg, x, w, _bias_or_zeros(bias, w))

@@ -1,0 +1,205 @@
+"""GPU suite for the zero-skipping conv (`pytest -m gpu`): the CUDA kernels against the dense
+conv (XLA at HIGHEST precision in float32 on the same rounded values) and a float64 oracle,
+over random shapes x sparsity levels (no zeros, 50%, 90%, 99%, all zeros), NaN-poisoned
+outputs, the fused pool equal to conv -> reduce_window, VGG/AlexNet layer shapes, grads, vmap,
+handler errors as Python exceptions."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxcnn
+from reference64 import conv2d_f64
+from test_sparse_conv2d import SPARSITIES, f64, pool_f64, sparse_x, weights
+
+pytestmark = pytest.mark.gpu
+
+TARGET = "jaxcnn_sparse_conv2d_fwd"
+DTYPES = ("float32", "bfloat16", "float16")
+# Against the float64 oracle: fp32 summation in another order, one rounding to the dtype.
+TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
+       "float16": dict(rtol=3e-3, atol=3e-3)}
+
+
+def run_poisoned(fn, *operands):
+    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
+    element the kernel does not write stays NaN; checks the custom call is the root."""
+    out = jax.eval_shape(fn, *operands)
+    poison = jnp.full(out.shape, jnp.nan, out.dtype)
+    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0).lower(poison, *operands).compile()
+    text = compiled.as_text()
+    assert TARGET in text and "convolution" not in text, text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
+        return compiled(poison, *operands)
+
+
+def xla_dense(x, w, b, **kw):
+    """XLA's dense conv in float32 at HIGHEST precision on the same (rounded) values."""
+    f32 = lambda a: None if a is None else jnp.asarray(a, jnp.float32)  # noqa: E731
+    return jax.jit(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision="highest", algorithm="xla", **kw))(
+        f32(x), f32(w), f32(b))
+
+
+def check(x, w, b, **kw):
+    dtype = x.dtype.name
+    got = run_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, **kw), x, w, b)
+    assert got.dtype == x.dtype and not np.isnan(f64(got)).any()
+    want = conv2d_f64(f64(x), f64(w), f64(b), **kw)
+    np.testing.assert_allclose(f64(got), want, **TOL[dtype])
+    np.testing.assert_allclose(f64(got), f64(xla_dense(x, w, b, **kw)), **TOL[dtype])
+
+
+@st.composite
+def gpu_cases(draw):
+    r = draw(st.sampled_from([1, 3, 3, 5]))
+    return dict(
+        n=draw(st.sampled_from([1, 1, 2, 3])), h=draw(st.integers(3, 40)), w=draw(st.integers(3, 40)),
+        c=draw(st.one_of(st.integers(1, 70), st.sampled_from([64, 96, 128, 256]))),
+        k=draw(st.one_of(st.integers(1, 70), st.sampled_from([64, 128, 192, 256]))),
+        r=r, stride=draw(st.sampled_from([1, 1, 2])), dilation=draw(st.sampled_from([1, 1, 2])),
+        padding=draw(st.sampled_from(["SAME", "SAME", 0, (1, 2)])),
+        activation=draw(st.sampled_from([None, "relu"])), sparsity=draw(st.sampled_from(SPARSITIES)),
+        dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(gpu_cases())
+def test_random_shapes_x_sparsity(case):
+    c = case
+    span = c["dilation"] * (c["r"] - 1) + 1
+    pad = {"SAME": span, 0: 0, (1, 2): 2}[c["padding"]]
+    if min(c["h"], c["w"]) + pad < span:
+        return
+    dtype = jnp.dtype(c["dtype"])
+    x = sparse_x(c["seed"], (c["n"], c["h"], c["w"], c["c"]), c["sparsity"], dtype)
+    w, b = weights(c["seed"], c["r"], c["r"], c["c"], c["k"], dtype)
+    check(x, w, b, stride=c["stride"], padding=c["padding"], dilation=c["dilation"],
+          activation=c["activation"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sparsity", SPARSITIES)
+def test_edge_sparsities_n1_odd_sizes(dtype, sparsity):
+    dtype = jnp.dtype(dtype)
+    x = sparse_x(1, (1, 15, 13, 40), sparsity, dtype)
+    w, b = weights(1, 3, 3, 40, 72, dtype)
+    check(x, w, b, activation="relu")
+    check(x, w, b, stride=2, padding="VALID")
+
+
+# name: (x shape NHWC, R, K, stride, pad)
+LAYERS = {
+    "vgg_c1_2": ((1, 224, 224, 64), 3, 64, 1, 1),
+    "vgg_c3_2": ((2, 56, 56, 256), 3, 256, 1, 1),
+    "vgg_c5_2": ((1, 14, 14, 512), 3, 512, 1, 1),
+    "alexnet_c1": ((2, 224, 224, 3), 11, 64, 4, 2),
+    "alexnet_c2": ((2, 27, 27, 64), 5, 192, 1, 2),
+    "alexnet_c3": ((2, 13, 13, 192), 3, 384, 1, 1),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("sparsity", [0.0, 0.9])
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_network_layers(layer, sparsity, dtype):
+    shape, r, k, stride, pad = LAYERS[layer]
+    dtype = jnp.dtype(dtype)
+    x = sparse_x(2, shape, sparsity, dtype, signed=False)
+    w, b = weights(2, r, r, shape[-1], k, dtype)
+    check(x, w, b, stride=stride, padding=pad, activation="relu")
+
+
+POOLS = [((2, 2), None, "VALID"), ((3, 3), (2, 2), "VALID"), ((3, 3), (2, 2), "SAME"),
+         ((2, 2), (1, 1), "VALID"), ((4, 4), (3, 3), ((1, 1), (1, 1)))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,stride,padding", POOLS)
+@pytest.mark.parametrize("sparsity", [0.0, 0.9, 1.0])
+def test_pool_equals_conv_then_reduce_window(window, stride, padding, sparsity, dtype):
+    dtype = jnp.dtype(dtype)
+    x = sparse_x(3, (2, 27, 25, 48), sparsity, dtype)
+    w, b = weights(3, 3, 3, 48, 96, dtype)
+    fused = lambda x, w, b: jaxcnn.sparse_conv2d_pool(  # noqa: E731
+        x, w, b, pool_window=window, pool_stride=stride, pool_padding=padding)
+    got = run_poisoned(fused, x, w, b)
+    assert "reduce-window" not in jax.jit(fused).lower(x, w, b).compile().as_text()
+    conv = jaxcnn.sparse_conv2d(x, w, b, activation="relu")
+    pads = padding if isinstance(padding, str) else ((0, 0), *padding, (0, 0))
+    want = lax.reduce_window(conv, -jnp.inf, lax.max, (1, *window, 1), (1, *(stride or window), 1), pads)
+    # The same conv values (same kernel, same summation order) pooled: bitwise equal.
+    np.testing.assert_array_equal(f64(got), f64(want))
+    explicit = lax.padtype_to_pads(conv.shape[1:3], window, stride or window, padding) \
+        if isinstance(padding, str) else padding
+    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), activation="relu"), window, stride or window, explicit)
+    np.testing.assert_allclose(f64(got), ref, **TOL[dtype.name])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vgg_pooled_layer_n4(dtype):
+    dtype = jnp.dtype(dtype)
+    x = sparse_x(4, (4, 112, 112, 128), 0.8, dtype, signed=False)
+    w, b = weights(4, 3, 3, 128, 128, dtype)
+    got = run_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d_pool(x, w, b), x, w, b)
+    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), activation="relu"), (2, 2), (2, 2), ((0, 0), (0, 0)))
+    np.testing.assert_allclose(f64(got), ref, **TOL[dtype.name])
+
+
+def test_grads_and_vmap_on_gpu():
+    x = sparse_x(5, (2, 12, 11, 24), 0.7)
+    w, b = weights(5, 3, 3, 24, 16)
+    loss = lambda f: lambda x, w, b: jnp.sum(f(x, w, b) ** 2)  # noqa: E731
+    got = jax.jit(jax.grad(loss(lambda *a: jaxcnn.sparse_conv2d(*a, activation="relu")), argnums=(0, 1, 2)))(x, w, b)
+    want = jax.grad(loss(lambda *a: xla_dense(*a, activation="relu")), argnums=(0, 1, 2))(x, w, b)
+    for g, ref in zip(got, want):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4)
+    xs = jnp.stack([x, 2 * x])
+    ys = jax.jit(jax.vmap(lambda x: jaxcnn.sparse_conv2d_pool(x, w, b)))(xs)
+    for i in range(2):
+        np.testing.assert_array_equal(ys[i], jaxcnn.sparse_conv2d_pool(xs[i], w, b))
+
+
+def test_nan_input_propagates_like_dense():
+    x = sparse_x(6, (1, 6, 6, 8), 0.5).at[0, 2, 3, 1].set(jnp.nan)
+    w, b = weights(6, 3, 3, 8, 4)
+    y = jaxcnn.sparse_conv2d(x, w, b)
+    dense = xla_dense(x, w, b)
+    np.testing.assert_array_equal(np.isnan(f64(y)), np.isnan(f64(dense)))
+
+
+def test_handler_errors_become_python_exceptions():
+    x, w, b = jnp.ones((1, 4, 4, 8)), jnp.ones((3, 3, 8, 4)), jnp.ones((4,))
+    attrs = dict(stride_h=1, stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, activation=0,
+                 pool_window_h=0, pool_window_w=0, pool_stride_h=0, pool_stride_w=0, pool_pad_h=0,
+                 pool_pad_w=0, conv_out_h=4, conv_out_w=4)
+    attrs = {k: np.int64(v) for k, v in attrs.items()}
+    scratch = jax.ShapeDtypeStruct((64,), jnp.uint8)
+    bad_y = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 5), jnp.float32), scratch))
+    with pytest.raises(Exception, match="must have batch 1 and 4 channels"):
+        jax.block_until_ready(jax.jit(lambda *a: bad_y(*a, **attrs))(x, w, b))
+    small = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 4), jnp.float32),
+                                      jax.ShapeDtypeStruct((8,), jnp.uint8)))
+    with pytest.raises(Exception, match="scratch must hold 64 bytes"):
+        jax.block_until_ready(jax.jit(lambda *a: small(*a, **attrs))(x, w, b))
+
+
+def test_plan_query_reports_the_launch():
+    from jaxcnn import _ffi
+
+    text = _ffi.sparse_conv_plan(dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1,
+                                      stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1))
+    assert text is not None and text.startswith("k_per_lane="), text
+
+
+def test_deterministic():
+    x = sparse_x(7, (2, 28, 28, 128), 0.9, jnp.bfloat16)
+    w, b = weights(7, 3, 3, 128, 128, jnp.bfloat16)
+    f = jax.jit(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, activation="relu"))
+    np.testing.assert_array_equal(f(x, w, b), f(x, w, b))
