@@ -360,3 +360,24 @@ def test_cuda_lowering_is_one_ffi_custom_call(library_registered, algorithm, cod
 
 def test_cuda_lowering_target_is_registered_with_the_library():
     assert _ffi.FFI_TARGETS["jaxcnn_conv2d_pool_fwd"] == "JaxcnnConv2dPoolFwd"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window,stride", [(2, 2), (3, 2)])
+def test_sparse_true_routes_to_the_zero_skipping_kernel_with_the_same_result(dtype, window, stride):
+    k = jax.random.split(jax.random.PRNGKey(7), 3)
+    x = jax.nn.relu(jax.random.normal(k[0], (2, 11, 9, 6))).astype(dtype)  # ~50% zeros
+    w = (0.3 * jax.random.normal(k[1], (3, 3, 6, 5))).astype(dtype)
+    b = (0.1 * jax.random.normal(k[2], (5,))).astype(dtype)
+    kw = dict(padding=1, pool_window=window, pool_stride=stride)
+    dense = jaxcnn.conv2d_pool(x, w, b, **kw)
+    sparse = jaxcnn.conv2d_pool(x, w, b, sparse=True, **kw)
+    assert sparse.shape == dense.shape and sparse.dtype == dense.dtype
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(sparse, np.float32), np.asarray(dense, np.float32),
+                               rtol=tol, atol=tol)
+    if not _ffi.target_registered("jaxcnn_sparse_conv2d_fwd"):
+        pytest.skip("library built without the sparse handler: CUDA lowering falls back")
+    text = jax.jit(lambda *a: jaxcnn.conv2d_pool(*a, sparse=True, **kw)).trace(x, w, b).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "jaxcnn_sparse_conv2d_fwd" in text and "jaxcnn_conv2d_pool_fwd" not in text

@@ -222,3 +222,16 @@ def test_vmap_on_gpu():
     got = jax.jit(jax.vmap(lambda x: jaxcnn.conv2d_pool(x, w, b)))(xs)
     for i in range(3):
         np.testing.assert_array_equal(got[i], jaxcnn.conv2d_pool(xs[i], w, b))
+
+
+@pytest.mark.parametrize("window,stride", [(2, 2), (3, 2)])
+def test_sparse_true_matches_dense_fused_kernel(window, stride):
+    k = jax.random.split(jax.random.PRNGKey(8), 3)
+    x = jax.nn.relu(jax.random.normal(k[0], (2, 29, 31, 64)) - 1.0)  # ~84% zeros
+    w = 0.05 * jax.random.normal(k[1], (3, 3, 64, 64))
+    b = 0.1 * jax.random.normal(k[2], (64,))
+    kw = dict(padding=1, pool_window=window, pool_stride=stride, precision="highest")
+    dense = jaxcnn.conv2d_pool(x, w, b, **kw)
+    sparse = jaxcnn.conv2d_pool(x, w, b, sparse=True, **{**kw, "precision": None})
+    assert not np.isnan(np.asarray(sparse)).any()
+    np.testing.assert_allclose(np.asarray(sparse), np.asarray(dense), rtol=1e-4, atol=1e-4)
