@@ -14,6 +14,7 @@ _LAZY = {
     "LAYOUTS": "jaxcnn.ops.layouts",
     "conv2d": "jaxcnn.ops",
     "fire": "jaxcnn.ops",
+    "inception": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",
     "max_pool2d": "jaxcnn.ops",
     "avg_pool2d": "jaxcnn.ops",
