@@ -14,6 +14,9 @@
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
 #                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
+#     fusionplan fusion planner + fused inception: pytest -m gpu tests/test_fusion_planner_gpu.py
+#                tests/test_inception_gpu.py, scripts/bench_squeezenet.py (FUSIONPLAN_BENCH_ARGS,
+#                e.g. "--quick"): SqueezeNet 1.0/1.1 end to end, fire modules, inception blocks
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
@@ -115,6 +118,14 @@ if has fusion; then
   step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
+fi
+
+if has fusionplan; then
+  step pytest_fusionplan_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fusionplan_gpu.xml" \
+    tests/test_fusion_planner_gpu.py tests/test_inception_gpu.py
+  # shellcheck disable=SC2086
+  step fusionplan_bench timeout "${FUSIONPLAN_TIMEOUT:-1800}" $PY scripts/bench_squeezenet.py --out "$OUT" \
+    --cache "$RAW/fusion_autotune.json" ${FUSIONPLAN_BENCH_ARGS:-}
 fi
 
 if has planner; then
