@@ -7,7 +7,8 @@ GoogLeNet inception block fused vs XLA.
      fusion   jaxcnn.fusion.plan_fusion's plan (fused fires where it chose them; measured on
               the GPU, cached in --cache) run by plan.apply;
      fused    every fire module fused (the plan forced), to show what fusing alone gives;
-     layouts  jaxcnn.layouts.plan_model_layouts' plan run by apply_plan.
+     layouts  jaxcnn.layouts.plan_model_layouts' plan run by apply_plan;
+     fusion_layouts  the fusion plan with every other layer in the layout plan's layout/kernel.
    Device time per forward (median, p10-p90; sum of GPU kernel durations in one profiler
    trace) and host wall latency per call (time.perf_counter around each synced call of the
    jitted function after warm-up, --wall-iters calls: median, p90). Logits checked vs XLA.
@@ -43,10 +44,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
 
 try:
-    import jaxcnn
+    import jaxcnn  # noqa: F401
 except ImportError:  # run from a checkout that is not pip-installed
     sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+    import jaxcnn  # noqa: F401
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -62,7 +63,7 @@ from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-VARIANTS = ("xla", "fusion", "fused", "layouts")
+VARIANTS = ("xla", "fusion", "fused", "layouts", "fusion_layouts")
 GOAL_DEVICE = 1.8  # squeezenet1_1, N=64: XLA / fusion device time
 GOAL_WALL = 2.0  # N=1: XLA / fusion wall latency
 ISSUE_XLA_MS = {("squeezenet1_1", 64): 0.731}  # issue 7's H200 XLA device time
@@ -114,6 +115,7 @@ def e2e_row(model: str, batch: int, dtype: str, args) -> dict[str, Any]:
         "fusion": lambda p, x: fplan.apply(p, x),
         "fused": lambda p, x: all_fused.apply(p, x),
         "layouts": lambda p, x: layouts.apply_plan(lplan, p, x),
+        "fusion_layouts": lambda p, x: fplan.apply(p, x, rest=lplan),
     }
     outputs = {k: jax.jit(f)(params, x) for k, f in forwards.items()}
     diffs = {k: rel_diff(v, outputs["xla"]) for k, v in outputs.items() if k != "xla"}
@@ -203,14 +205,16 @@ def markdown(env: dict, e2e: list[dict], fires: list[dict], incs: list[dict], ar
              f"- device time: median (p10-p90) per forward over {args.iters} calls in one profiler trace; "
              f"wall: median / p90 of {args.wall_iters} synced calls (time.perf_counter) after warm-up.",
              "- fusion = plan_fusion's choices; fused = every fire forced fused; layouts = plan_model_layouts "
-             f"({args.layout_costs} costs).", "", "## Goals (issue 7)", "", *goal_lines(e2e), "",
+             f"({args.layout_costs} costs); fusion_layouts = the fusion plan, the other layers as the layout plan.",
+             "", "## Goals (issue 7)", "", *goal_lines(e2e), "",
              "## End to end", "",
              "| model | N | dtype | variant | device ms (p10-p90) | XLA/variant device | wall ms | wall p90 | "
              "XLA/variant wall | kernels/call | rel diff vs XLA |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in e2e:
         if "device" not in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['dtype']} | error: {r.get('error', '')[:100]} |" + " |" * 7)
+            error = r.get("error", "")[:100]
+            lines.append(f"| {r['model']} | {r['batch']} | {r['dtype']} | error: {error} |" + " |" * 7)
             continue
         for v in VARIANTS:
             d, w = r["device"][v], r["wall"][v]
@@ -229,7 +233,8 @@ def markdown(env: dict, e2e: list[dict], fires: list[dict], incs: list[dict], ar
                   "XLA/jaxcnn layers | rel diff fused | ok |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in incs:
             if "timings" not in r:
-                lines.append(f"| {r['group']} | {r['n']} | {r['dtype']} | error: {r.get('error', '')[:100]} |" + " |" * 8)
+                error = r.get("error", "")[:100]
+                lines.append(f"| {r['group']} | {r['n']} | {r['dtype']} | error: {error} |" + " |" * 8)
                 continue
             t, s = r["timings"], r["speedup_vs_xla"]
             lines.append(

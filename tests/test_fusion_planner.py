@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxcnn import cli, fusion, layouts as L
-from jaxcnn.fusion import cost, groups as G, planner as P
+from jaxcnn.fusion import cost, planner as P
 from jaxcnn.models import get_model
 from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS
 
@@ -197,9 +197,8 @@ def test_apply_rest_jaxcnn_and_bad_rest():
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """The measured path on the CPU: device 'FakeGPU'; every case already ran once (the
-    planner's _try_run, on the CPU reference) and gets a time from a table: fused wins fire2,
-    XLA wins the rest."""
+    """The measured path on the CPU: device 'FakeGPU'; every case is traced once (the
+    planner's _try_run) and gets a time from a table: fused wins fire2, XLA wins the rest."""
     calls = []
 
     def measure(cases, iters, warmup):
@@ -211,9 +210,19 @@ def fake_gpu(monkeypatch):
             out[key] = dict(time_ms=t, measured=True, note="trace/periodic", kernels=["k"])
         return out
 
+    def try_run(fn, args):
+        # Trace only (a candidate that cannot run raises while tracing/lowering): compiling
+        # 24 block programs on the CPU would only slow the test down.
+        try:
+            jax.eval_shape(fn, *args)
+        except ValueError as err:
+            return f"ValueError: {err}"
+        return ""
+
     monkeypatch.setattr(L, "_should_measure", lambda measure: measure is not False)
     monkeypatch.setattr(L, "_device_kind", lambda: "FakeGPU")
     monkeypatch.setattr(L, "_measure", measure)
+    monkeypatch.setattr(L, "_try_run", try_run)
     return calls
 
 
@@ -306,34 +315,93 @@ def test_apply_with_conv_pool_equals_unfused(conv2d_pool_module):
     assert w_shape == (3, 3, 3, 64) and window == (3, 3) and stride == (2, 2)
     pool = next(i for i in get_model("squeezenet1_1").layers(1) if i.name == "maxpool1")
     assert padding == tuple(map(tuple, pool.padding))  # the zoo's (ceil-mode) pads, explicit
+    # Measured fastest layer by layer on the "jaxcnn" backend: jaxcnn's conv, that table's pool.
+    per_layer = P.dataclasses.replace(plan, decisions=tuple(
+        P.dataclasses.replace(d, choice="jaxcnn" if d.group.kind == "conv_pool" else "xla")
+        for d in plan.decisions))
+    calls = len(conv2d_pool_module)
+    got, want, params, x = run_both("squeezenet1_1", per_layer, 1, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    jaxpr = str(jax.make_jaxpr(per_layer.apply)(params, x))
+    assert jaxpr.count("jaxcnn_conv2d") == 1  # conv1 only; the rest is XLA
+    assert len(conv2d_pool_module) == calls
 
 
 # ---------------------------------------------------------------- user jaxprs
 
 
-def user_fire(x, p):
+def user_fire(x, p, *, oihw=False):
     def conv(x, w, b, pad):
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        spec = ("NHWC", "OIHW", "NHWC") if oihw else ("NHWC", "HWIO", "NHWC")
+        w = jnp.transpose(w, (3, 2, 0, 1)) if oihw else w
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=spec)
         return jax.nn.relu(y + b)
     s = conv(x, p["sq"], p["bsq"], "VALID")
     return jnp.concatenate([conv(s, p["e1"], p["b1"], "VALID"), conv(s, p["e3"], p["b3"], ((1, 1), (1, 1)))], -1)
 
 
+def user_params(c=16, s=8, e=12):
+    k = jax.random.split(jax.random.PRNGKey(0), 7)
+    he = lambda key, shape: jax.random.normal(key, shape) * np.sqrt(2.0 / np.prod(shape[:3]))  # noqa: E731
+    return {"sq": he(k[0], (1, 1, c, s)), "bsq": 0.1 * jax.random.normal(k[3], (s,)),
+            "e1": he(k[1], (1, 1, s, e)), "b1": 0.1 * jax.random.normal(k[4], (e,)),
+            "e3": he(k[2], (3, 3, s, e)), "b3": 0.1 * jax.random.normal(k[5], (e,))}
+
+
+def two_fires(x, p):
+    return user_fire(jax.nn.relu(user_fire(x, p)[..., :16]), p)
+
+
 def test_fire_groups_in_a_user_jaxpr():
-    k = jax.random.split(jax.random.PRNGKey(0), 4)
-    p = {"sq": jax.random.normal(k[0], (1, 1, 16, 8)), "bsq": jnp.zeros(8),
-         "e1": jax.random.normal(k[1], (1, 1, 8, 12)), "b1": jnp.zeros(12),
-         "e3": jax.random.normal(k[2], (3, 3, 8, 12)), "b3": jnp.zeros(12)}
-    x = jax.random.normal(k[3], (2, 9, 9, 16))
-    found = fusion.find_jaxpr_groups(lambda x, p: user_fire(jax.nn.relu(user_fire(x, p)[..., :16]), p), x, p)
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(3), (2, 9, 9, 16))
+    found = fusion.find_jaxpr_groups(two_fires, x, p)
     assert len(found) == 2 and all(g.kind == "fire" for g in found)
     assert found[0].x_shape == (2, 9, 9, 16) and found[0].y_shape == (2, 9, 9, 24)
     assert found[0].weight_shapes == ((1, 1, 16, 8), (1, 1, 8, 12), (3, 3, 8, 12))
     assert "fire: x 2x9x9x16 float32" in found[0].describe()
     nested = fusion.find_jaxpr_groups(jax.jit(user_fire), x, p)
     assert len(nested) == 1 and nested[0].path.startswith("jit")
-    # A 3x3 without padding 1 is no fire module.
     assert fusion.find_jaxpr_groups(lambda x: jnp.concatenate([x, x], -1), x) == []
+
+    def squeeze_read_twice(x, p):  # the squeeze output escapes: no fire module
+        s = jax.nn.relu(jax.lax.conv_general_dilated(x, p["sq"], (1, 1), "VALID",
+                                                     dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bsq"])
+        return user_fire(x, p), s
+    assert len(fusion.find_jaxpr_groups(squeeze_read_twice, x, p)) == 1  # only user_fire's own
+    group = found[0].to_group()
+    assert group.kind == "fire" and group.short_members().endswith("squeeze1x1,expand1x1,expand3x3,concat")
+
+
+@pytest.mark.parametrize("oihw", [False, True])
+def test_fusion_optimize_replaces_user_fire_modules(oihw):
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(4), (2, 9, 7, 16))
+    fn = lambda x, p: two_fires(x, p) if not oihw else user_fire(x, p, oihw=True)  # noqa: E731
+    fast = fusion.optimize(fn, groups="all")
+    np.testing.assert_allclose(jax.jit(fast)(x, p), fn(x, p), rtol=1e-5, atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(fast)(x, p))
+    assert jaxpr.count("jaxcnn_fire") == (1 if oihw else 2) and "conv_general_dilated" not in jaxpr
+    text = fast.explain(x, p)
+    assert "fused" in text and "jaxcnn.fire(" in text and "groups='all'" in text
+    g = jax.grad(lambda x: jnp.sum(fast(x, p) ** 2))(x)
+    np.testing.assert_allclose(g, jax.grad(lambda x: jnp.sum(fn(x, p) ** 2))(x), rtol=1e-4, atol=1e-4)
+
+
+def test_fusion_optimize_decides_with_the_planner():
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(5), (1, 9, 9, 16))
+    fast = fusion.optimize(two_fires, costs="model")
+    decisions = fast.decisions(x, p)
+    assert len(decisions) == 2 and all(d.source == "model" for _, _, d in decisions)
+    assert [take for _, take, _ in decisions] == [d.choice == "fused" for _, _, d in decisions]
+    assert "model: fused" in fast.explain(x, p)
+    none = fusion.optimize(two_fires, groups="none")
+    assert "jaxcnn_fire" not in str(jax.make_jaxpr(none)(x, p))
+    assert str(jax.make_jaxpr(none)(x, p)).count("jaxcnn_conv2d") == 6
+    picky = fusion.optimize(two_fires, groups=lambda g: g.eqn_indices[0] == 0)
+    assert str(jax.make_jaxpr(picky)(x, p)).count("jaxcnn_fire") == 1
+    with pytest.raises(ValueError, match="groups must be one of"):
+        fusion.optimize(two_fires, groups="some")
+    with pytest.raises(ValueError, match="nothing to fuse"):
+        fusion.optimize(two_fires, policy="xla")
 
 
 # ---------------------------------------------------------------- CLI
@@ -353,3 +421,22 @@ def test_cli_fuse(capsys, tmp_path):
     if not __import__("jaxcnn").cuda_available():
         assert cli.main(["fuse", "squeezenet1_1", "--autotune"]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_apply_with_a_layout_plan_for_the_rest():
+    """rest=ChainPlan: fused fires, every other layer in the layout plan's layout and kernel;
+    the plan's NCHW/CHWN layers really run in those layouts and the logits stay XLA's."""
+    lplan = L.plan_model_layouts("squeezenet1_1", 2, "float32", costs="model")
+    # Force a layout mix so transforms and the layer count of _LayoutOps are exercised.
+    steps = tuple(L.dataclasses.replace(s, layout="NCHW") if s.name in ("conv1", "maxpool1", "conv10")
+                  else s for s in lplan.steps)
+    lplan = L.dataclasses.replace(lplan, steps=steps)
+    plan = fusion.plan_fusion("squeezenet1_1", batch=2, dtype="float32", costs="model")
+    got, want, params, x = run_both("squeezenet1_1", plan, 2, jnp.float32, rest=lplan)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    jaxpr = str(jax.make_jaxpr(lambda p, x: plan.apply(p, x, rest=lplan))(params, x))
+    assert jaxpr.count("jaxcnn_fire") == 8 and "jaxcnn_layout_transform" in jaxpr
+    with pytest.raises(ValueError, match="layout plan of 'vgg16'"):
+        plan.apply(params, x, rest=L.dataclasses.replace(lplan, model="vgg16"))
+    with pytest.raises(TypeError, match="ChainPlan"):
+        plan.apply(params, x, rest=3)

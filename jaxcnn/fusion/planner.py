@@ -160,18 +160,34 @@ class FusionPlan:
             lines.append(f"skipped kind {kind}: {why}")
         return "\n".join(lines)
 
-    def apply(self, params, x, *, rest: str = "xla", softmax: bool = False):
+    def apply(self, params, x, *, rest: Any = "xla", softmax: bool = False):
         """Run the model on NHWC images `x`: fused groups through their fused kernels (the
         backends-table route of Net.block), "jaxcnn"-chosen groups layer by layer on jaxcnn's
-        kernels, everything else on `rest`'s ops ("xla" or "jaxcnn"). Works under jit/grad/vmap."""
+        kernels, everything else on `rest`: "xla" or "jaxcnn" (that backend's ops), or a
+        jaxcnn.layouts ChainPlan of the same model (each other layer in the plan's layout and
+        kernel, as apply_plan runs it, "jaxcnn"-chosen groups included; pass it where its
+        explain() beats XLA). Works under jit, grad and vmap."""
         from jaxcnn.models import get_model
-        from jaxcnn.models.backends import get_ops
+        from jaxcnn.models.backends import JAXCNN_OPS, get_ops
 
-        if rest not in RESTS:
-            raise ValueError(f"rest must be one of {RESTS}, got {rest!r}")
         spec = get_model(self.model)
         table = spec.layers(x.shape[0], x.dtype)
-        net = _PlannedNet(get_ops(rest), params, self, table)
+        layout_ops = None
+        if isinstance(rest, str):
+            if rest not in RESTS:
+                raise ValueError(f"rest must be one of {RESTS} or a jaxcnn.layouts ChainPlan, got {rest!r}")
+            ops = get_ops(rest)
+        else:
+            from jaxcnn.layouts import ChainPlan, _LayoutOps
+
+            if not isinstance(rest, ChainPlan):
+                raise TypeError(f"rest must be one of {RESTS} or a jaxcnn.layouts ChainPlan, got "
+                                f"{type(rest).__name__}")
+            if rest.model not in (None, self.model):
+                raise ValueError(f"rest is a layout plan of {rest.model!r}, this plan is of {self.model!r}")
+            layout_ops = _LayoutOps(table, rest.assignments(), JAXCNN_OPS)
+            ops = layout_ops.table()
+        net = _PlannedNet(ops, params, self, table, layout_ops)
         logits = spec.body(net, x)
         return net.softmax("softmax", logits) if softmax else logits
 
@@ -203,26 +219,35 @@ class _PlannedNet(Net):
     conv2d_pool call (the conv's own result is still returned to the body, so any other reader
     stays correct; under jit XLA drops it when the pool was its only reader)."""
 
-    def __init__(self, ops, params, plan: FusionPlan, table):
+    def __init__(self, ops, params, plan: FusionPlan, table, layout_ops=None):
         from jaxcnn.models.backends import JAXCNN_OPS
 
+        # With a layout plan the rest runs through jaxcnn.layouts' _LayoutOps, which counts
+        # the ops it runs: layers a fused kernel replaces are skipped over in its count.
+        self._layout_ops = layout_ops
         self._jaxcnn_ops = JAXCNN_OPS
         self._names = [info.name for info in table]
         self._choice = plan.choices()
         self._straight = {d.group.members[0].name: d.group for d in plan.decisions
                           if d.group.kind == "conv_pool" and d.choice == "fused"}
+        # conv->pool pairs measured fastest as two jaxcnn kernels (without a layout plan).
+        self._per_layer = set() if layout_ops is not None else {
+            m.name for d in plan.decisions if d.group.kind == "conv_pool" and d.choice == "jaxcnn"
+            for m in d.group.members}
         self._pending: dict[int, tuple] = {}
         super().__init__(self._wrap(ops), params)
 
     def _wrap(self, ops):
-        if not self._straight:
+        if not self._straight and not self._per_layer:
             return dict(ops)
-        base_conv, base_pool = ops["conv2d"], ops["maxpool"]
         pools = {g.members[1].name: g for g in self._straight.values()}
 
+        def base(op, name):
+            return (self._jaxcnn_ops if name in self._per_layer else ops)[op]
+
         def conv2d(x, w, b=None, **kw):
-            y = base_conv(x, w, b, **kw)
             name = self._names[len(self.layers)]
+            y = base("conv2d", name)(x, w, b, **kw)
             if name in self._straight:
                 self._pending[id(y)] = (y, x, w, b, self._straight[name])
             return y
@@ -232,17 +257,30 @@ class _PlannedNet(Net):
             hit = self._pending.get(id(x))
             if name in pools and hit is not None and hit[0] is x and hit[4] is pools[name]:
                 _, cx, w, b, group = hit
+                if self._layout_ops is not None:
+                    self._layout_ops.index += 1  # the pool layer, run inside conv2d_pool
                 return _conv_pool_call(group.members[0], group.members[1], cx, w, b)
-            return base_pool(x, **kw)
+            return base("maxpool", name)(x, **kw)
 
         return {**ops, "conv2d": conv2d, "maxpool": maxpool}
+
+    def _fused(self, kind):
+        fn = fused_block_fn(kind)
+        if self._layout_ops is None:
+            return fn
+
+        def counted(layers, params, x):
+            self._layout_ops.index += len(layers)
+            return fn(layers, params, x)
+
+        return counted
 
     def block(self, kind, name, body, x, **kwargs):
         choice = self._choice.get(name)
         saved = self.ops
         if choice == "fused":
-            self.ops = {**saved, kind: fused_block_fn(kind)}
-        elif choice == "jaxcnn":
+            self.ops = {**saved, kind: self._fused(kind)}
+        elif choice == "jaxcnn" and self._layout_ops is None:
             self.ops = {k: v for k, v in self._jaxcnn_ops.items() if k != kind}
         else:
             self.ops = {k: v for k, v in saved.items() if k != kind}
@@ -289,20 +327,20 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
 
 
 def group_params(group: FusionGroup, seed: int = 0):
-    """He-normal weights and small biases for the group's convs, and a normal input."""
-    import jax
+    """He-normal weights and small biases for the group's convs, and a normal input (drawn with
+    NumPy: jax.random would compile one program per shape, seconds per group on a CPU)."""
     import jax.numpy as jnp
 
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), len(group.members))
+    rng = np.random.default_rng([seed, len(group.members), *group.x_shape])
     params = {}
-    for i, m in enumerate(group.members):
+    for m in group.members:
         if m.weight_shape is None:
             continue
-        kw, kb = jax.random.split(jax.random.fold_in(key, i))
         std = math.sqrt(2.0 / math.prod(m.weight_shape[:-1]))
-        params[m.name] = {"w": (jax.random.normal(kw, m.weight_shape) * std).astype(m.dtype),
-                          "b": (0.01 * jax.random.normal(kb, m.weight_shape[-1:])).astype(m.dtype)}
-    x = jax.random.normal(jax.random.fold_in(key, 999), group.x_shape).astype(group.dtype)
+        params[m.name] = {"w": jnp.asarray((rng.standard_normal(m.weight_shape) * std).astype(np.float32), m.dtype),
+                          "b": jnp.asarray((0.01 * rng.standard_normal(m.weight_shape[-1:])).astype(np.float32),
+                                           m.dtype)}
+    x = jnp.asarray(rng.standard_normal(group.x_shape, dtype=np.float32), group.dtype)
     return params, x
 
 
@@ -394,6 +432,29 @@ def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: in
     return out, device
 
 
+def decide_groups(groups: Sequence[FusionGroup], *, costs: str = "auto", cache: Any = None,
+                  iters: int = 20, warmup: int = 3, refresh: bool = False, gpu: Any = None):
+    """(decisions, source, device, note) for `groups`: measured where the CUDA kernels run
+    (costs "auto"/"measured"), else the cost model. Shared by zoo models and user functions."""
+    from jaxcnn import layouts
+
+    if costs not in COSTS:
+        raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
+    layouts._check_iters(iters, warmup)
+    store = layouts._check_cache_and_gpu(cache, gpu)
+    measure = layouts._should_measure({"auto": None, "measured": True, "model": False}[costs])
+    spec, spec_note = layouts._resolve_spec(gpu, measured=measure)
+    decisions = [_model_decision(g, spec, spec_note) for g in groups]
+    device = spec.name
+    if measure and groups:
+        records, device = _measure_groups(groups, store, iters, warmup, refresh)
+        decisions = [_measured_decision(g, records[g.name][0], d, records[g.name][1])
+                     for g, d in zip(groups, decisions)]
+    sources = {d.source for d in decisions} or {"measured" if measure else "model"}
+    source = sources.pop() if len(sources) == 1 else "mixed"
+    return decisions, source, device, spec_note if source != "measured" else ""
+
+
 def plan_fusion(model: str, batch: int = 1, dtype: Any = "bfloat16", *, costs: str = "auto",
                 kinds: Sequence[str] = KINDS, cache: Any = None, iters: int = 20, warmup: int = 3,
                 refresh: bool = False, gpu: Any = None) -> FusionPlan:
@@ -412,17 +473,8 @@ def plan_fusion(model: str, batch: int = 1, dtype: Any = "bfloat16", *, costs: s
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
     dtype = layouts._dtype_name(dtype)
     layouts._check_iters(iters, warmup)
-    store = layouts._check_cache_and_gpu(cache, gpu)
+    layouts._check_cache_and_gpu(cache, gpu)
     groups, skipped = find_groups(model, batch, dtype, kinds=kinds)
-    measure = layouts._should_measure({"auto": None, "measured": True, "model": False}[costs])
-    spec, spec_note = layouts._resolve_spec(gpu, measured=measure)
-    decisions = [_model_decision(g, spec, spec_note) for g in groups]
-    device = spec.name
-    if measure and groups:
-        records, device = _measure_groups(groups, store, iters, warmup, refresh)
-        decisions = [_measured_decision(g, records[g.name][0], d, records[g.name][1])
-                     for g, d in zip(groups, decisions)]
-    sources = {d.source for d in decisions} or {"measured" if measure else "model"}
-    source = sources.pop() if len(sources) == 1 else "mixed"
-    note = spec_note if source != "measured" else ""
+    decisions, source, device, note = decide_groups(groups, costs=costs, cache=cache, iters=iters,
+                                                    warmup=warmup, refresh=refresh, gpu=gpu)
     return FusionPlan(model, int(batch), dtype, tuple(decisions), source, device, dict(skipped), note)
