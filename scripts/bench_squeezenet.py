@@ -70,6 +70,9 @@ ISSUE_XLA_MS = {("squeezenet1_1", 64): 0.731}  # issue 7's H200 XLA device time
 # Logits vs XLA's, relative to their largest magnitude (bf16 activations through 26 layers).
 TOLERANCE = {"float32": 2e-2, "bfloat16": 1e-1, "float16": 5e-2}
 FIRE_PREFIX = {"squeezenet1_0": "sq1_0_", "squeezenet1_1": "sq1_1_"}
+# --quick: the headline fire and SqueezeNet 1.1's fires, three inception blocks, at N=64 only.
+QUICK_FIRE_PREFIXES = ("headline", "sq1_1_")
+QUICK_INCEPTION = ("inception3a", "inception4e", "inception5b")
 
 
 def rel_diff(a, b) -> float:
@@ -139,6 +142,8 @@ def e2e_row(model: str, batch: int, dtype: str, args) -> dict[str, Any]:
 
 def inception_rows(batch: int, dtype: str, args) -> list[dict[str, Any]]:
     groups, _ = fusion.find_groups("googlenet", batch, dtype, kinds=("inception",))
+    if args.quick:
+        groups = [g for g in groups if g.name in QUICK_INCEPTION]
     rows = []
     for g in groups:
         params, x = fusion.group_params(g)
@@ -270,7 +275,8 @@ def parse_args(argv=None):
     p.add_argument("--no-fires", action="store_true", help="skip the per-fire-module section")
     p.add_argument("--no-inception", action="store_true", help="skip the inception section")
     p.add_argument("--quick", action="store_true",
-                   help="fewer calls, model-cost layout plans, fire modules and inception blocks at N=64 only")
+                   help="fewer calls, model-cost layout plans; the headline and SqueezeNet 1.1 fire modules "
+                        "and inception 3a/4e/5b at N=64 only (about 3 minutes on an H200)")
     args = p.parse_args(argv)
     args.models = args.models.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -317,9 +323,12 @@ def main(argv=None) -> int:
     fire_batches = [b for b in args.batches if b == 64] if args.quick else args.batches
     if not args.no_fires:
         short = {"bf16": "bf16", "float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}[args.dtype]
-        cases = [c for c in bench_fusion.FIRE_CASES if any(c.name.startswith(FIRE_PREFIX[m]) for m in args.models)]
+        prefixes = QUICK_FIRE_PREFIXES if args.quick else ("headline",) + tuple(FIRE_PREFIX[m] for m in args.models)
+        # The headline case has its own batch (64): only with 64 among --batches.
+        cases = [c for c in bench_fusion.FIRE_CASES if c.name.startswith(prefixes)
+                 and (c.batch is None or c.batch in args.batches)]
         for case in cases:
-            for n in fire_batches:
+            for n in ([case.batch] if case.batch else fire_batches):
                 row = bench_fusion.fire_row(case, n, short, iters=args.iters, warmup=args.warmup, seed=0)
                 fires.append(row)
                 print(bench_fusion.progress_line(row), flush=True)

@@ -1,5 +1,4 @@
-"""Fusable groups of a zoo model (from its layer table) or of a traced user function (from
-the jaxpr that jaxcnn.optimize rewrites).
+"""Fusable groups of a zoo model, from its layer table (user functions: jaxcnn.fusion.user).
 
 Kinds:
   "fire"       SqueezeNet fire module: squeeze 1x1 -> (expand 1x1, expand 3x3) -> concat
