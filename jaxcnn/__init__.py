@@ -16,6 +16,7 @@ _LAZY = {
     "conv2d_pool": "jaxcnn.ops",
     "fire": "jaxcnn.ops",
     "conv1x1_conv3x3": "jaxcnn.ops",
+    "inception": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",
     "max_pool2d": "jaxcnn.ops",
     "avg_pool2d": "jaxcnn.ops",

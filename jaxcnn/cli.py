@@ -1,5 +1,5 @@
-"""`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds
-and layout plans, compare runs, start the dashboard."""
+"""`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds,
+layout and fusion plans, compare runs, start the dashboard."""
 
 from __future__ import annotations
 
@@ -175,6 +175,26 @@ def cmd_layouts(args) -> int:
     return 0
 
 
+def cmd_fuse(args) -> int:
+    import json
+
+    from jaxcnn import fusion
+
+    costs = "measured" if args.autotune else "model" if args.model_only else "auto"
+    try:
+        plan = fusion.plan_fusion(_model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype),
+                                  costs=costs, cache=args.cache if args.cache else None,
+                                  iters=args.iters)
+    except RuntimeError as err:  # --autotune without the CUDA kernels
+        raise CliError(str(err)) from None
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+        print(f"wrote the plan to {args.json}")
+    print(plan.explain())
+    return 0
+
+
 def cmd_compare(args) -> int:
     import pandas as pd
 
@@ -274,6 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let each layer of a block pick its own layout (linear approximation)")
     p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_layouts)
+
+    p = sub.add_parser("fuse", help="choose which blocks (fire, inception, conv->pool) run fused")
+    model_args(p)
+    p.add_argument("--autotune", action="store_true",
+                   help="time fused vs unfused on the GPU (cached); default: measured where the "
+                        "CUDA kernels run, else the cost model")
+    p.add_argument("--model-only", action="store_true", help="cost model even on a GPU")
+    p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
+                                   "~/.cache/jaxcnn/autotune.json)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+    p.add_argument("--json", help="also write the plan as JSON to this file")
+    p.set_defaults(run=cmd_fuse)
 
     p = sub.add_parser("compare", help="per-layer device time of two stored runs")
     p.add_argument("run_a", type=int)

@@ -20,6 +20,9 @@
 #     sparse     zero-skipping conv: sparse_selftest (standalone nvcc build) + memcheck/racecheck
 #                (--skip-large), pytest -m gpu tests/test_sparse_conv2d_gpu.py, scripts/bench_sparse.py
 #                (SPARSE_BENCH_ARGS, e.g. "--quick"; its report lands in OUTDIR)
+#     fusionplan fusion planner + fused inception: pytest -m gpu tests/test_fusion_planner_gpu.py
+#                tests/test_inception_gpu.py, scripts/bench_squeezenet.py (FUSIONPLAN_BENCH_ARGS,
+#                e.g. "--quick"): SqueezeNet 1.0/1.1 end to end, fire modules, inception blocks
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
@@ -149,6 +152,14 @@ if has sparse; then
   # shellcheck disable=SC2086
   step sparse_bench timeout "${SPARSE_BENCH_TIMEOUT:-3600}" $PY scripts/bench_sparse.py --out "$OUT" \
     --label "${SPARSE_LABEL:-sparse}" ${SPARSE_BENCH_ARGS:-}
+fi
+
+if has fusionplan; then
+  step pytest_fusionplan_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fusionplan_gpu.xml" \
+    tests/test_fusion_planner_gpu.py tests/test_inception_gpu.py
+  # shellcheck disable=SC2086
+  step fusionplan_bench timeout "${FUSIONPLAN_TIMEOUT:-1800}" $PY scripts/bench_squeezenet.py --out "$OUT" \
+    --cache "$RAW/fusion_autotune.json" ${FUSIONPLAN_BENCH_ARGS:-}
 fi
 
 if has planner; then

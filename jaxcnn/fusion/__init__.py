@@ -1,0 +1,31 @@
+"""Cross-layer fusion planning for the model zoo: find fusable groups (fire modules,
+inception blocks, straight conv->ReLU->max pool), decide each from a cost model checked by
+on-device autotuning, explain the decision and run the model with the chosen fused kernels.
+
+    from jaxcnn import fusion
+    plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bfloat16")
+    print(plan.explain())
+    logits = jax.jit(plan.apply)(params, x)
+    fast = fusion.optimize(user_fn)      # jaxcnn.optimize + one jaxcnn.fire per fire-shaped group
+"""
+
+from jaxcnn.fusion.cost import fused_cost, unfused_cost
+from jaxcnn.fusion.groups import KINDS, FusionGroup, conv_pool_available, find_groups
+from jaxcnn.fusion.planner import (
+    CANDIDATES,
+    Candidate,
+    FusionPlan,
+    decide_groups,
+    GroupDecision,
+    group_fn,
+    group_params,
+    plan_fusion,
+)
+from jaxcnn.fusion.user import FusedOptimized, JaxprGroup, find_jaxpr_groups, optimize
+
+__all__ = [
+    "CANDIDATES", "KINDS", "Candidate", "FusedOptimized", "FusionGroup", "FusionPlan",
+    "GroupDecision", "JaxprGroup", "conv_pool_available", "decide_groups", "find_groups",
+    "find_jaxpr_groups", "fused_cost", "group_fn", "group_params", "optimize", "plan_fusion",
+    "unfused_cost",
+]

@@ -1,0 +1,151 @@
+"""Analytical cost of a fusion group, fused and unfused: per-kernel roofline times
+(max(FLOPs / peak, DRAM bytes / bandwidth, a kernel floor)) plus a launch cost per kernel.
+
+What fusion saves is explicit: the DRAM bytes of intermediates that stay on chip (written
+once and read by each consumer) and of the concatenate copy (the branch outputs read again and
+the output written again), and the launches of the kernels that disappear. Peaks and bandwidth
+come from jaxcnn.profile.gpu_specs (H200 when no GPU is visible, as jaxcnn.layouts does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxcnn.fusion.groups import FusionGroup, bytes_of
+from jaxcnn.profile.gpu_specs import GpuSpec
+
+# Device time of the shortest kernel (ramp-up and tail of a tiny grid; jaxcnn.layouts' floor).
+KERNEL_FLOOR_MS = 0.002
+# Cost of one more kernel in a program beyond its own run time: launch and the gap between
+# kernels (~2-5 us per op on H100/H200 timelines of small batches). An assumption, labelled
+# as such in explain(); measurements replace it on a GPU.
+LAUNCH_MS = 0.003
+# The fused fire kernel's spatial output tile (the library's plan line "tile=8x16"): the
+# squeeze is recomputed on the 1-pixel halo of each tile for the 3x3 expand.
+FIRE_TILE = (8, 16)
+# The fused fire kernel's tensor-core path (cuda_ops/fusion): bf16/fp16, every channel count a
+# multiple of 8, at most this many squeeze channels (the squeeze tile lives in shared memory).
+FIRE_TC_MAX_SQUEEZE = 64
+FIRE_TC_CHANNEL_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a version of a group: what it computes and moves."""
+
+    what: str
+    flops: float
+    bytes: float
+    math: str  # "tensor" (bf16/fp16/tf32 tensor cores), "fp32" (3xTF32 or FMA), "fma", "memory"
+
+    def ms(self, spec: GpuSpec, dtype: str) -> float:
+        return max(KERNEL_FLOOR_MS, self.bytes / spec.memory.per_s * 1e3,
+                   self.flops / _peak(spec, dtype, self.math) * 1e3 if self.flops else 0.0)
+
+
+@dataclass(frozen=True)
+class VersionCost:
+    """A version of a group (fused or XLA's unfused) under the model."""
+
+    name: str
+    kernels: tuple[Kernel, ...]
+    kernel_ms: float  # sum of roofline times
+    launch_ms: float  # kernels x LAUNCH_MS
+    dram_bytes: float
+
+    @property
+    def time_ms(self) -> float:
+        return self.kernel_ms + self.launch_ms
+
+    @property
+    def launches(self) -> int:
+        return len(self.kernels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(name=self.name, time_ms=self.time_ms, kernel_ms=self.kernel_ms,
+                    launch_ms=self.launch_ms, dram_bytes=self.dram_bytes, launches=self.launches,
+                    kernels=[k.what for k in self.kernels])
+
+
+def _peak(spec: GpuSpec, dtype: str, math_kind: str) -> float:
+    if math_kind == "fma":
+        return spec.fp32_fma_peak.per_s
+    if math_kind == "fp32":
+        return spec.compute["fp32"].per_s
+    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "tf32"}[dtype]
+    return spec.compute[key].per_s
+
+
+def _conv_kernel(info, dtype: str, what: str | None = None, math_kind: str = "tensor") -> Kernel:
+    return Kernel(what or info.name.rsplit("/", 1)[-1], float(info.flops), float(info.bytes), math_kind)
+
+
+def _layer_kernel(info, dtype: str) -> Kernel:
+    if info.op == "conv2d":
+        return _conv_kernel(info, dtype)
+    return Kernel(info.name.rsplit("/", 1)[-1], 0.0, float(info.bytes), "memory")
+
+
+def _version(name: str, kernels, spec: GpuSpec, dtype: str) -> VersionCost:
+    kernels = tuple(kernels)
+    return VersionCost(name, kernels, float(sum(k.ms(spec, dtype) for k in kernels)),
+                       LAUNCH_MS * len(kernels), float(sum(k.bytes for k in kernels)))
+
+
+def unfused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
+    """XLA's version: one kernel per layer (conv with its bias and ReLU fused by XLA, the pool,
+    the concatenate copy), each moving its inputs, weights and output once."""
+    return _version("xla", (_layer_kernel(m, group.dtype) for m in group.members), spec, group.dtype)
+
+
+def fire_uses_tensor_cores(group: FusionGroup) -> bool:
+    """Whether jaxcnn.fire's "auto" picks its tensor-core kernel for these shapes."""
+    c = group.x_shape[3]
+    s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
+    return (group.dtype in ("bfloat16", "float16") and s <= FIRE_TC_MAX_SQUEEZE
+            and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3)))
+
+
+def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
+    """The fused version's kernels (see each kind's docstring in jaxcnn.ops)."""
+    dtype, item = group.dtype, np.dtype(group.dtype).itemsize
+    weights = sum(math.prod(m.weight_shape) + m.weight_shape[-1] for m in group.members
+                  if m.weight_shape is not None) * item
+    if group.kind == "fire":
+        n, h, w, _ = group.x_shape
+        sq = group.role("squeeze1x1")
+        th, tw = FIRE_TILE
+        halo = ((th + 2) * (tw + 2)) / (th * tw)  # squeeze recomputed on each tile's halo
+        flops = sum(m.flops for m in group.members if m.op == "conv2d") + sq.flops * (halo - 1)
+        math_kind = "tensor" if fire_uses_tensor_cores(group) else "fma"
+        moved = bytes_of(group.x_shape, dtype) + bytes_of(group.y_shape, dtype) + weights
+        return _version("fused", [Kernel("jaxcnn_fire", flops, moved, math_kind)], spec, dtype)
+    if group.kind == "inception":
+        r = {m.name.rsplit("/", 1)[-1]: m for m in group.members}
+        n, h, w, c = group.x_shape
+        k1, r3, r5 = (r[k].weight_shape[3] for k in ("1x1", "3x3_reduce", "5x5_reduce"))
+        split_out = (n, h, w, k1 + r3 + r5)
+        split_w = (c + 1) * (k1 + r3 + r5) * item  # weights and biases
+        x_bytes = bytes_of(group.x_shape, dtype)
+        kernels = [
+            Kernel("split 1x1 (x read once)", float(r["1x1"].flops + r["3x3_reduce"].flops + r["5x5_reduce"].flops),
+                   x_bytes + split_w + bytes_of(split_out, dtype), "tensor"),
+            # The branch convs take dense operands: XLA copies the reduce slices out.
+            Kernel("slice copy 3x3_reduce", 0.0, 2 * bytes_of((n, h, w, r3), dtype), "memory"),
+            Kernel("slice copy 5x5_reduce", 0.0, 2 * bytes_of((n, h, w, r5), dtype), "memory"),
+            _conv_kernel(r["3x3"], dtype), _conv_kernel(r["5x5"], dtype),
+            _layer_kernel(r["pool"], dtype), _conv_kernel(r["pool_proj"], dtype),
+            _layer_kernel(r["concat"], dtype),
+        ]
+        return _version("fused", kernels, spec, dtype)
+    if group.kind == "conv_pool":
+        conv, pool = group.members
+        moved = bytes_of(conv.input_shape, dtype) + weights + bytes_of(pool.output_shape, dtype)
+        return _version("fused", [Kernel("jaxcnn_conv2d_pool", float(conv.flops), moved, "tensor")],
+                        spec, dtype)
+    raise ValueError(f"no cost model for group kind {group.kind!r}")
+

@@ -1,0 +1,442 @@
+"""jaxcnn.fusion on the CPU: group finding on the zoo (squeezenet1_0/1_1, googlenet, vgg16),
+cost-model decisions, the measured path and its cache (with a fake device), explain() text,
+plan.apply == the unfused model numerically, the straight conv->pool kind with a stand-in
+conv2d_pool module, fire groups in a user jaxpr, and the `jaxcnn fuse` CLI."""
+
+import json
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcnn import cli, fusion, layouts as L
+from jaxcnn.fusion import cost, planner as P
+from jaxcnn.models import get_model
+from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS
+
+FIRE_MEMBERS = "squeeze1x1,expand1x1,expand3x3,concat"
+
+
+def fire_configs(layers):
+    return [layer for layer in layers if layer != "pool"]
+
+
+@pytest.mark.parametrize("model,layers", [("squeezenet1_0", SQUEEZENET1_0_LAYERS),
+                                          ("squeezenet1_1", SQUEEZENET1_1_LAYERS)])
+def test_squeezenet_has_its_eight_fire_groups(model, layers):
+    groups, skipped = fusion.find_groups(model, batch=2, dtype="bfloat16")
+    assert [g.name for g in groups] == [f"fire{i}" for i in range(2, 10)]
+    assert all(g.kind == "fire" and g.short_members() == FIRE_MEMBERS for g in groups)
+    assert [(g.attrs["squeeze"], g.attrs["expand1x1"], g.attrs["expand3x3"]) for g in groups] == \
+        fire_configs(layers)
+    table = {i.name: i for i in get_model(model).layers(2, "bfloat16")}
+    for g in groups:
+        assert g.x_shape == table[f"{g.name}/squeeze1x1"].input_shape
+        assert g.y_shape == table[f"{g.name}/concat"].output_shape
+        assert g.modes == ("straight", "split", "merge") and g.dtype == "bfloat16"
+    if not fusion.conv_pool_available()[0]:
+        assert "conv2d_pool" in skipped["conv_pool"]
+
+
+def test_googlenet_has_nine_inception_groups():
+    groups, _ = fusion.find_groups("googlenet", batch=1, dtype="float32")
+    assert [g.name for g in groups] == [f"inception{s}" for s in
+                                        ("3a", "3b", "4a", "4b", "4c", "4d", "4e", "5a", "5b")]
+    g = groups[0]
+    assert g.kind == "inception" and g.modes == ("split", "merge")
+    assert g.attrs["filters"] == (64, 96, 128, 16, 32, 32)
+    assert g.x_shape == (1, 28, 28, 192) and g.y_shape == (1, 28, 28, 256)
+    assert g.role("5x5").weight_shape == (5, 5, 16, 32)  # the zoo's third branch is a true 5x5
+
+
+def test_models_without_blocks_have_no_groups_unless_conv_pool_exists():
+    for model in ("vgg16", "resnet50"):
+        groups, _ = fusion.find_groups(model, kinds=("fire", "inception"))
+        assert groups == []
+
+
+def test_kinds_are_validated():
+    with pytest.raises(ValueError, match="kinds must be among"):
+        fusion.find_groups("squeezenet1_1", kinds=("fire", "winograd"))
+    with pytest.raises(TypeError, match="kinds must be a sequence"):
+        fusion.find_groups("squeezenet1_1", kinds="fire")
+    with pytest.raises(ValueError, match="batch must be an int >= 1"):
+        fusion.find_groups("squeezenet1_1", batch=0)
+    with pytest.raises(ValueError, match="unknown model"):
+        fusion.find_groups("squeezenet2")
+
+
+# ---------------------------------------------------------------- the cost model
+
+
+def test_fire_cost_model_counts_saved_bytes_and_launches():
+    (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16")
+    spec = L._resolve_spec("H200", False)[0]
+    fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
+    assert (fused.launches, xla.launches) == (1, 4)
+    item = 2
+    squeeze = 64 * 55 * 55 * 16 * item
+    y = 64 * 55 * 55 * 128 * item
+    # Saved: the squeeze output (written, read by both expands) and the concatenate's copy.
+    assert xla.dram_bytes - fused.dram_bytes == pytest.approx(3 * squeeze + 2 * y)
+    assert fused.time_ms < xla.time_ms
+    assert fused.launch_ms == pytest.approx(cost.LAUNCH_MS)
+
+
+def test_fp32_fire_at_large_batch_is_left_to_xla_by_the_model():
+    """fp32 runs the fused fire on CUDA-core FMA; at N=64 that is compute-bound and slower than
+    XLA's TF32 tensor-core convs, so the model keeps XLA; bf16 fuses every fire."""
+    fp32 = fusion.plan_fusion("squeezenet1_0", batch=64, dtype="float32", costs="model")
+    bf16 = fusion.plan_fusion("squeezenet1_0", batch=64, dtype="bfloat16", costs="model")
+    assert set(bf16.choices().values()) == {"fused"}
+    assert "xla" in fp32.choices().values()
+    d = next(d for d in fp32.decisions if d.choice == "xla")
+    assert "CUDA-core FMA" in d.reason and d.time("fused") >= d.time("xla")
+
+
+def test_inception_model_is_honest_about_the_composition():
+    (g, *_), _ = fusion.find_groups("googlenet", batch=64, dtype="bfloat16")
+    spec = L._resolve_spec("H200", False)[0]
+    fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
+    # Two convs fewer, two slice copies more; x read once instead of three times.
+    assert fused.launches == xla.launches == 8
+    x_bytes = 64 * 28 * 28 * 192 * 2
+    copies = 2 * 64 * 28 * 28 * (96 + 16) * 2
+    assert xla.dram_bytes - fused.dram_bytes == pytest.approx(2 * x_bytes - copies)
+
+
+# ---------------------------------------------------------------- plans and explain()
+
+
+def test_plan_explain_lists_every_group_with_candidates_and_reasons():
+    plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bf16", costs="model")
+    text = plan.explain()
+    assert plan.source == "model" and plan.fused_groups == tuple(f"fire{i}" for i in range(2, 10))
+    assert text.splitlines()[0].startswith("squeezenet1_1 batch=64 bfloat16: fusion plan (model costs")
+    for header in ("group", "members", "fused ms", "XLA ms", "DRAM MiB XLA->fused", "choice", "why"):
+        assert header in text
+    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->1") == 8
+    assert "groups: 8 of 8 fused" in text and "launch (assumed)" in text
+    assert "saves" in text and "kernel launches" in text
+    d = plan.to_dict()
+    assert json.loads(json.dumps(d))["fused_groups"] == list(plan.fused_groups)
+    assert d["chosen_ms"] < d["xla_ms"]
+
+
+def test_plan_without_groups_says_so():
+    text = fusion.plan_fusion("vgg16", costs="model", kinds=("fire", "inception")).explain()
+    assert "no fusable group" in text
+
+
+def test_plan_fusion_validates_arguments():
+    with pytest.raises(ValueError, match="costs must be one of"):
+        fusion.plan_fusion("squeezenet1_1", costs="guess")
+    with pytest.raises(TypeError, match="dtype must be"):
+        fusion.plan_fusion("squeezenet1_1", dtype="int8")
+    with pytest.raises(ValueError, match="iters must be >= 1"):
+        fusion.plan_fusion("squeezenet1_1", iters=0)
+    with pytest.raises(TypeError, match="cache must be"):
+        fusion.plan_fusion("squeezenet1_1", cache=3)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        if not __import__("jaxcnn").cuda_available():
+            fusion.plan_fusion("squeezenet1_1", costs="measured")
+        else:
+            raise RuntimeError("CUDA here: nothing to check")
+
+
+# ---------------------------------------------------------------- apply
+
+
+def run_both(model, plan, batch, dtype, rest="xla"):
+    spec = get_model(model)
+    params = spec.init(0, dtype)
+    x = jax.random.normal(jax.random.PRNGKey(1), spec.input_shape(batch)).astype(dtype)
+    got = jax.jit(lambda p, x: plan.apply(p, x, rest=rest))(params, x)
+    want = jax.jit(lambda p, x: spec.apply(p, x, backend="xla"))(params, x)
+    return got, want, params, x
+
+
+def test_apply_squeezenet_equals_the_unfused_model():
+    plan = fusion.plan_fusion("squeezenet1_0", batch=2, dtype="float32", costs="model")
+    assert len(plan.fused_groups) == 8
+    got, want, params, x = run_both("squeezenet1_0", plan, 2, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    jaxpr = str(jax.make_jaxpr(plan.apply)(params, x))
+    assert jaxpr.count("jaxcnn_fire") == 8
+
+
+def test_apply_googlenet_runs_chosen_inception_blocks_fused():
+    plan = fusion.plan_fusion("googlenet", batch=1, dtype="float32", costs="model")
+    # Force a mix: the first two blocks fused, the third on jaxcnn's per-layer kernels.
+    decisions = list(plan.decisions)
+    for i, choice in enumerate(("fused", "fused", "jaxcnn")):
+        decisions[i] = P.dataclasses.replace(decisions[i], choice=choice)
+    for i in range(3, len(decisions)):
+        decisions[i] = P.dataclasses.replace(decisions[i], choice="xla")
+    mixed = P.dataclasses.replace(plan, decisions=tuple(decisions))
+    got, want, params, x = run_both("googlenet", mixed, 1, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    jaxpr = str(jax.make_jaxpr(mixed.apply)(params, x))
+    assert jaxpr.count("jaxcnn_inception") == 2
+    assert jaxpr.count("jaxcnn_conv2d") == 6  # inception4a's six convs, one kernel each
+
+
+def test_apply_rest_jaxcnn_and_bad_rest():
+    plan = fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", costs="model")
+    got, want, params, x = run_both("squeezenet1_1", plan, 1, jnp.float32, rest="jaxcnn")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="rest must be one of"):
+        plan.apply(params, x, rest="cudnn")
+
+
+# ---------------------------------------------------------------- measured path (fake device)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The measured path on the CPU: device 'FakeGPU'; every case is traced once (the
+    planner's _try_run) and gets a time from a table: fused wins fire2, XLA wins the rest."""
+    calls = []
+
+    def measure(cases, iters, warmup):
+        calls.append([key for key, _, _ in cases])
+        out = {}
+        for key, fn, args in cases:
+            group, version = key
+            t = {"fused": 0.010 if group == "fire2" else 0.050, "xla": 0.030, "jaxcnn": 0.040}[version]
+            out[key] = dict(time_ms=t, measured=True, note="trace/periodic", kernels=["k"])
+        return out
+
+    def try_run(fn, args):
+        # Trace only (a candidate that cannot run raises while tracing/lowering): compiling
+        # 24 block programs on the CPU would only slow the test down.
+        try:
+            jax.eval_shape(fn, *args)
+        except ValueError as err:
+            return f"ValueError: {err}"
+        return ""
+
+    monkeypatch.setattr(L, "_should_measure", lambda measure: measure is not False)
+    monkeypatch.setattr(L, "_device_kind", lambda: "FakeGPU")
+    monkeypatch.setattr(L, "_measure", measure)
+    monkeypatch.setattr(L, "_try_run", try_run)
+    return calls
+
+
+def test_measured_decisions_and_cache(fake_gpu, tmp_path):
+    cache = L.AutotuneCache(tmp_path / "autotune.json")
+    plan = fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", cache=cache, iters=2, warmup=1)
+    assert plan.source == "measured" and plan.device == "FakeGPU"
+    assert plan.choices()["fire2"] == "fused" and plan.choices()["fire3"] == "xla"
+    assert len(fake_gpu) == 1 and len(fake_gpu[0]) == 8 * 3  # every candidate of every group, one trace
+    d = plan.decisions[1]
+    assert "measured: xla fastest" in d.reason and "overrules the model" in d.reason
+    text = plan.explain()
+    assert "0.0100" in text and "0.0500" in text and "0.0400" in text and "launch (assumed)" not in text
+    entries = cache.load()
+    keys = [json.loads(k) for k in entries]
+    assert sum(k["op"] == "fusion_group" and k["device"] == "FakeGPU" for k in keys) == 8
+    again = fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", cache=cache, iters=2, warmup=1)
+    assert len(fake_gpu) == 1 and "(cache)" in again.decisions[0].reason
+    assert again.choices() == plan.choices()
+    fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", cache=cache, refresh=True)
+    assert len(fake_gpu) == 2
+
+
+def test_measured_candidate_that_cannot_run_is_recorded(fake_gpu, tmp_path, monkeypatch):
+    real = P.group_fn
+
+    def broken(group, version):
+        if version == "fused":
+            def fn(p, x):
+                raise ValueError("jaxcnn.fire: algorithm='tensor_core' cannot run")
+            return fn
+        return real(group, version)
+
+    monkeypatch.setattr(P, "group_fn", broken)
+    plan = fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", cache=False)
+    assert set(plan.choices().values()) == {"xla"}
+    assert "cannot run" in plan.explain() and "fused: cannot run" in plan.explain()
+
+
+# ---------------------------------------------------------------- straight conv->pool
+
+
+@pytest.fixture
+def conv2d_pool_module(monkeypatch):
+    """A stand-in jaxcnn.ops.conv2d_pool with the agreed signature (the real one lives on
+    another branch): the unfused composition, recorded per call."""
+    from jaxcnn.ops.conv2d import conv2d
+    from jaxcnn.ops.pool2d import max_pool2d
+
+    calls = []
+
+    def conv2d_pool(x, w, bias=None, *, stride=1, padding="SAME", dilation=1, pool_window=2,
+                    pool_stride=None, pool_padding="VALID", layout="NHWC", precision=None,
+                    sparse=False, algorithm="auto"):
+        calls.append((x.shape, w.shape, pool_window, pool_stride, pool_padding))
+        y = conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, activation="relu")
+        return max_pool2d(y, pool_window, pool_stride, pool_padding)
+
+    module = types.ModuleType("jaxcnn.ops.conv2d_pool")
+    module.conv2d_pool = conv2d_pool
+    monkeypatch.setitem(sys.modules, "jaxcnn.ops.conv2d_pool", module)
+    return calls
+
+
+def test_conv_pool_kind_is_skipped_cleanly_without_its_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jaxcnn.ops.conv2d_pool", None)  # import fails
+    groups, skipped = fusion.find_groups("vgg16")
+    assert groups == [] and "not importable" in skipped["conv_pool"]
+    assert "skipped kind conv_pool" in fusion.plan_fusion("vgg16", costs="model").explain()
+
+
+def test_conv_pool_groups_on_vgg_and_squeezenet(conv2d_pool_module):
+    groups, skipped = fusion.find_groups("vgg16", batch=1, dtype="float32")
+    assert not skipped
+    assert [g.name for g in groups] == ["conv1_2+pool1", "conv2_2+pool2", "conv3_3+pool3",
+                                        "conv4_3+pool4", "conv5_3+pool5"]
+    assert all(g.kind == "conv_pool" and g.modes == ("straight",) for g in groups)
+    goog, _ = fusion.find_groups("googlenet", batch=1)
+    assert [g.name for g in goog if g.kind == "conv_pool"] == ["conv1+maxpool1", "conv3+maxpool2"]
+    sq, _ = fusion.find_groups("squeezenet1_1", batch=1)
+    assert [g.kind for g in sq][:2] == ["conv_pool", "fire"] and sq[0].name == "conv1+maxpool1"
+
+
+def test_apply_with_conv_pool_equals_unfused(conv2d_pool_module):
+    plan = fusion.plan_fusion("squeezenet1_1", batch=1, dtype="float32", costs="model")
+    assert plan.choices()["conv1+maxpool1"] == "fused"
+    got, want, _, _ = run_both("squeezenet1_1", plan, 1, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (x_shape, w_shape, window, stride, padding), = conv2d_pool_module[-1:]
+    assert w_shape == (3, 3, 3, 64) and window == (3, 3) and stride == (2, 2)
+    pool = next(i for i in get_model("squeezenet1_1").layers(1) if i.name == "maxpool1")
+    assert padding == tuple(map(tuple, pool.padding))  # the zoo's (ceil-mode) pads, explicit
+    # Measured fastest layer by layer on the "jaxcnn" backend: jaxcnn's conv, that table's pool.
+    per_layer = P.dataclasses.replace(plan, decisions=tuple(
+        P.dataclasses.replace(d, choice="jaxcnn" if d.group.kind == "conv_pool" else "xla")
+        for d in plan.decisions))
+    calls = len(conv2d_pool_module)
+    got, want, params, x = run_both("squeezenet1_1", per_layer, 1, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    jaxpr = str(jax.make_jaxpr(per_layer.apply)(params, x))
+    assert jaxpr.count("jaxcnn_conv2d") == 1  # conv1 only; the rest is XLA
+    assert len(conv2d_pool_module) == calls
+
+
+# ---------------------------------------------------------------- user jaxprs
+
+
+def user_fire(x, p, *, oihw=False):
+    def conv(x, w, b, pad):
+        spec = ("NHWC", "OIHW", "NHWC") if oihw else ("NHWC", "HWIO", "NHWC")
+        w = jnp.transpose(w, (3, 2, 0, 1)) if oihw else w
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=spec)
+        return jax.nn.relu(y + b)
+    s = conv(x, p["sq"], p["bsq"], "VALID")
+    return jnp.concatenate([conv(s, p["e1"], p["b1"], "VALID"), conv(s, p["e3"], p["b3"], ((1, 1), (1, 1)))], -1)
+
+
+def user_params(c=16, s=8, e=12):
+    k = jax.random.split(jax.random.PRNGKey(0), 7)
+    he = lambda key, shape: jax.random.normal(key, shape) * np.sqrt(2.0 / np.prod(shape[:3]))  # noqa: E731
+    return {"sq": he(k[0], (1, 1, c, s)), "bsq": 0.1 * jax.random.normal(k[3], (s,)),
+            "e1": he(k[1], (1, 1, s, e)), "b1": 0.1 * jax.random.normal(k[4], (e,)),
+            "e3": he(k[2], (3, 3, s, e)), "b3": 0.1 * jax.random.normal(k[5], (e,))}
+
+
+def two_fires(x, p):
+    return user_fire(jax.nn.relu(user_fire(x, p)[..., :16]), p)
+
+
+def test_fire_groups_in_a_user_jaxpr():
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(3), (2, 9, 9, 16))
+    found = fusion.find_jaxpr_groups(two_fires, x, p)
+    assert len(found) == 2 and all(g.kind == "fire" for g in found)
+    assert found[0].x_shape == (2, 9, 9, 16) and found[0].y_shape == (2, 9, 9, 24)
+    assert found[0].weight_shapes == ((1, 1, 16, 8), (1, 1, 8, 12), (3, 3, 8, 12))
+    assert "fire: x 2x9x9x16 float32" in found[0].describe()
+    nested = fusion.find_jaxpr_groups(jax.jit(user_fire), x, p)
+    assert len(nested) == 1 and nested[0].path.startswith("jit")
+    assert fusion.find_jaxpr_groups(lambda x: jnp.concatenate([x, x], -1), x) == []
+
+    def squeeze_read_twice(x, p):  # the squeeze output escapes: no fire module
+        s = jax.nn.relu(jax.lax.conv_general_dilated(x, p["sq"], (1, 1), "VALID",
+                                                     dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bsq"])
+        return user_fire(x, p), s
+    assert len(fusion.find_jaxpr_groups(squeeze_read_twice, x, p)) == 1  # only user_fire's own
+    group = found[0].to_group()
+    assert group.kind == "fire" and group.short_members().endswith("squeeze1x1,expand1x1,expand3x3,concat")
+
+
+@pytest.mark.parametrize("oihw", [False, True])
+def test_fusion_optimize_replaces_user_fire_modules(oihw):
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(4), (2, 9, 7, 16))
+    fn = lambda x, p: two_fires(x, p) if not oihw else user_fire(x, p, oihw=True)  # noqa: E731
+    fast = fusion.optimize(fn, groups="all")
+    np.testing.assert_allclose(jax.jit(fast)(x, p), fn(x, p), rtol=1e-5, atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(fast)(x, p))
+    assert jaxpr.count("jaxcnn_fire") == (1 if oihw else 2) and "conv_general_dilated" not in jaxpr
+    text = fast.explain(x, p)
+    assert "fused" in text and "jaxcnn.fire(" in text and "groups='all'" in text
+    g = jax.grad(lambda x: jnp.sum(fast(x, p) ** 2))(x)
+    np.testing.assert_allclose(g, jax.grad(lambda x: jnp.sum(fn(x, p) ** 2))(x), rtol=1e-4, atol=1e-4)
+
+
+def test_fusion_optimize_decides_with_the_planner():
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(5), (1, 9, 9, 16))
+    fast = fusion.optimize(two_fires, costs="model")
+    decisions = fast.decisions(x, p)
+    assert len(decisions) == 2 and all(d.source == "model" for _, _, d in decisions)
+    assert [take for _, take, _ in decisions] == [d.choice == "fused" for _, _, d in decisions]
+    assert "model: fused" in fast.explain(x, p)
+    none = fusion.optimize(two_fires, groups="none")
+    assert "jaxcnn_fire" not in str(jax.make_jaxpr(none)(x, p))
+    assert str(jax.make_jaxpr(none)(x, p)).count("jaxcnn_conv2d") == 6
+    picky = fusion.optimize(two_fires, groups=lambda g: g.eqn_indices[0] == 0)
+    assert str(jax.make_jaxpr(picky)(x, p)).count("jaxcnn_fire") == 1
+    with pytest.raises(ValueError, match="groups must be one of"):
+        fusion.optimize(two_fires, groups="some")
+    with pytest.raises(ValueError, match="nothing to fuse"):
+        fusion.optimize(two_fires, policy="xla")
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_fuse(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert cli.main(["fuse", "squeezenet1_1", "--batch", "64", "--dtype", "bf16", "--model-only",
+                     "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "squeezenet1_1 batch=64 bfloat16: fusion plan" in text and "fire9" in text
+    assert json.loads(out.read_text())["fused_groups"][0] == "fire2"
+    assert cli.main(["fuse", "googlenet", "--model-only"]) == 0
+    assert "inception5b" in capsys.readouterr().out
+    assert cli.main(["fuse", "nonet"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    if not __import__("jaxcnn").cuda_available():
+        assert cli.main(["fuse", "squeezenet1_1", "--autotune"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+
+
+def test_apply_with_a_layout_plan_for_the_rest():
+    """rest=ChainPlan: fused fires, every other layer in the layout plan's layout and kernel;
+    the plan's NCHW/CHWN layers really run in those layouts and the logits stay XLA's."""
+    lplan = L.plan_model_layouts("squeezenet1_1", 2, "float32", costs="model")
+    # Force a layout mix so transforms and the layer count of _LayoutOps are exercised.
+    steps = tuple(L.dataclasses.replace(s, layout="NCHW") if s.name in ("conv1", "maxpool1", "conv10")
+                  else s for s in lplan.steps)
+    lplan = L.dataclasses.replace(lplan, steps=steps)
+    plan = fusion.plan_fusion("squeezenet1_1", batch=2, dtype="float32", costs="model")
+    got, want, params, x = run_both("squeezenet1_1", plan, 2, jnp.float32, rest=lplan)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    jaxpr = str(jax.make_jaxpr(lambda p, x: plan.apply(p, x, rest=lplan))(params, x))
+    assert jaxpr.count("jaxcnn_fire") == 8 and "jaxcnn_layout_transform" in jaxpr
+    with pytest.raises(ValueError, match="layout plan of 'vgg16'"):
+        plan.apply(params, x, rest=L.dataclasses.replace(lplan, model="vgg16"))
+    with pytest.raises(TypeError, match="ChainPlan"):
+        plan.apply(params, x, rest=3)
