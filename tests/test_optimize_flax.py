@@ -37,7 +37,7 @@ EXPECTED = {
     "linen_squeezenet1_1": (26, 26, 3, 1, "softmax"),
     "linen_vgg19": (16, 16, 5, 0, "softmax"),
     "linen_lenet": (2, 2, 0, 2, "log_softmax"),
-    "linen_resnet_small": (6, 0, 1, 0, "softmax"),  # no bias; ReLUs after the residual add stay
+    "linen_resnet_small": (6, 1, 1, 0, "softmax"),  # block convs have no bias; ReLUs after the residual add stay
     "nnx_squeezenet1_1": (26, 26, 3, 1, "softmax"),
     "nnx_vgg19": (16, 16, 5, 0, "softmax"),
     "nnx_cnn": (2, 2, 0, 2, "log_softmax"),
