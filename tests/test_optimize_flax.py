@@ -191,3 +191,15 @@ def test_random_equinox_conv_and_pool(k, stride, padding, bias, relu, pool, wind
     assert (c.op, c.bias, c.kwargs["activation"], c.layout) == ("conv2d", bias, "relu" if relu else None, "NCHW")
     assert (p.op, p.layout, p.kwargs["window"]) == (f"{pool}_pool2d", "NCHW", (window, window))
     assert_close(opt(x), fn(x))
+
+
+def test_autotune_policy_keeps_xla_where_it_wins():
+    # policy="autotune": jaxcnn.layouts' choice per conv (model estimates on CPU); a conv whose
+    # winner is XLA's stays lax, the rest run the chosen kernel.
+    m = build("equinox_cnn")
+    opt = jaxcnn.optimize(m.apply, policy="autotune")
+    rewrites = opt.rewrites(m.params, m.x)
+    convs = [r for r in rewrites if r.op == "conv2d"]
+    assert all(r.algorithm in ("direct", "tensor_core", "depthwise") for r in convs)
+    assert [r.op for r in rewrites if r.op != "conv2d"] == ["max_pool2d", "log_softmax"]
+    assert_close(opt(m.params, m.x), m.apply(m.params, m.x))
