@@ -105,12 +105,12 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
     ]
 
     checked = []
-    for name, needs, fn, shape, axes in ROWS:
+    for i, (name, needs, fn, shape, axes) in enumerate(ROWS):
         if not hasattr(jaxcnn, needs):
             print("SKIP (jaxcnn has no %s): %s" % (needs, name))
             continue
         in_axis, out_axis = axes if isinstance(axes, tuple) else (axes, axes)
-        x = jax.random.normal(next(key), shape)
+        x = jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(1), i), shape)
         spec = lambda rank, axis: P(*[("data" if i == axis else None) for i in range(rank)])
         xs = jax.device_put(x, NamedSharding(mesh, spec(x.ndim, in_axis)))
         want = jax.jit(fn)(x)

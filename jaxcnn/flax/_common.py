@@ -98,14 +98,14 @@ def conv_apply(x, kernel, bias, *, strides, padding, kernel_dilation, feature_gr
 def max_pool(inputs, window_shape, strides=None, padding="VALID"):
     """flax.linen.max_pool (NHWC, 2-D windows) on jaxcnn.max_pool2d."""
     window = pair(window_shape, "window_shape", allow_int=False)
-    stride = window if strides is None else pair(strides, "strides")
+    stride = pair(strides, "strides")  # None: 1, as in Flax (not the window, as in jaxcnn)
     return batched(lambda x: max_pool2d(x, window, stride, padding=pool_padding(padding)), inputs)
 
 
 def avg_pool(inputs, window_shape, strides=None, padding="VALID", count_include_pad=True):
     """flax.linen.avg_pool (NHWC, 2-D windows) on jaxcnn.avg_pool2d."""
     window = pair(window_shape, "window_shape", allow_int=False)
-    stride = window if strides is None else pair(strides, "strides")
+    stride = pair(strides, "strides")  # None: 1, as in Flax (not the window, as in jaxcnn)
     if not isinstance(count_include_pad, bool):
         raise TypeError(f"count_include_pad: expected a bool, got {type(count_include_pad).__name__}")
     return batched(lambda x: avg_pool2d(x, window, stride, padding=pool_padding(padding),
