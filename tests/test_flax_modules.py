@@ -105,7 +105,6 @@ def test_nnx_conv_and_fire_match_flax_nnx():
     np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(ours, x), ref(x), **TOL)
 
     fire = jf.nnx.Fire(8, 4, 6, 5, rngs=nnx.Rngs(2))
-    s = nnx.relu(nnx.Conv(8, 4, (1, 1), rngs=nnx.Rngs(0))(x))
     convs = {name: getattr(fire, name) for name in ("squeeze", "expand1x1", "expand3x3")}
     s = nnx.relu(x @ convs["squeeze"].kernel[...][0, 0] + convs["squeeze"].bias[...])
     e1 = nnx.relu(s @ convs["expand1x1"].kernel[...][0, 0] + convs["expand1x1"].bias[...])

@@ -4,7 +4,7 @@ pools (nnx uses linen's pooling functions, so these are the same functions)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax.numpy as jnp
 from flax import nnx  # the flax package (absolute import: this module is jaxcnn.flax.nnx)
