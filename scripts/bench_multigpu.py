@@ -63,15 +63,15 @@ def gpu_slug() -> str:
     return re.sub("[^a-z0-9]+", "", kind) or "device"
 
 
-def run_config(name, dtype, n_devices, batch, iters, warmup, hw) -> dict:
+def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto") -> dict:
     """One (model, GPU count, global batch) point."""
-    row = dict(model=name, dtype=dtype, gpus=n_devices, batch=batch, ok=False)
+    row = dict(model=name, dtype=dtype, gpus=n_devices, batch=batch, policy=policy, ok=False)
     try:
         m = tm.build(name, batch=batch, hw=hw, dtype=DTYPES[dtype])
         mesh = jax.make_mesh((n_devices,), ("data",), devices=jax.devices()[:n_devices])
         params = jax.device_put(m.params, NamedSharding(mesh, P()))
         x = jax.device_put(m.x, NamedSharding(mesh, P("data")))
-        fast = jax.jit(jaxcnn.optimize(m.apply))
+        fast = jax.jit(jaxcnn.optimize(m.apply, policy=policy))
         hlo = fast.lower(params, x).compile().as_text()
         row["collectives"] = {c: hlo.count(c + "(") + hlo.count(c + "-start(") for c in COLLECTIVES
                               if c in hlo}
@@ -79,7 +79,7 @@ def run_config(name, dtype, n_devices, batch, iters, warmup, hw) -> dict:
         y = np.asarray(fast(params, x), np.float32)
         if n_devices > 1:  # the same call on one GPU
             one = jax.devices()[0]
-            want = np.asarray(jax.jit(jaxcnn.optimize(m.apply))(jax.device_put(m.params, one),
+            want = np.asarray(jax.jit(jaxcnn.optimize(m.apply, policy=policy))(jax.device_put(m.params, one),
                                                                   jax.device_put(m.x, one)), np.float32)
             row["max_rel_diff"] = float(np.max(np.abs(y - want)) / max(float(np.max(np.abs(want))), 1e-30))
         t = device_times([("optimized", fast, (params, x))], iters=iters, warmup=warmup)["optimized"]
@@ -158,6 +158,8 @@ def parse_args(argv=None):
     p.add_argument("--hw", type=int, default=224)
     p.add_argument("--iters", type=int, help="default 20; --quick 5")
     p.add_argument("--warmup", type=int, help="default 3; --quick 1")
+    p.add_argument("--policy", choices=["auto", "autotune"], default="auto",
+                   help="jaxcnn.optimize's policy (autotune: jaxcnn.layouts' measured choice per conv, XLA kept where it wins)")
     p.add_argument("--quick", action="store_true", help="smaller batches, fewer calls: ~2-3 min")
     args = p.parse_args(argv)
     bad = [m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
                     if batch % g:
                         continue
                     t0 = time.time()
-                    row = run_config(name, dtype, g, batch, args.iters, args.warmup, args.hw)
+                    row = run_config(name, dtype, g, batch, args.iters, args.warmup, args.hw, args.policy)
                     row["kind"] = kind
                     if g == 1:
                         base = row

@@ -20,7 +20,8 @@
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
 #     flax       jaxcnn.optimize on Flax/Equinox models: pytest -m gpu tests/test_optimize_gpu.py,
-#                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"); needs flax + equinox
+#                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
+#                adds a --policy autotune run); needs flax + equinox
 #     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
 #                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
@@ -165,6 +166,12 @@ if has flax; then
   # shellcheck disable=SC2086
   step bench_optimize_flax timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py --out "$OUT" \
     ${FLAX_BENCH_ARGS:-}
+  if [ "${FLAX_BENCH_AUTOTUNE:-0}" = 1 ]; then
+    # The same with each conv autotuned (jaxcnn.layouts, XLA's conv kept where it wins).
+    # shellcheck disable=SC2086
+    step bench_optimize_flax_autotune timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
+      --out "$OUT" --policy autotune --name optimize_flax_autotune ${FLAX_BENCH_ARGS:-}
+  fi
 fi
 
 if has multigpu; then
