@@ -111,6 +111,8 @@ def render_markdown(env, rows, args) -> str:
         "- device img/s: global batch / (summed GPU kernel time per call / GPUs); wall img/s: calls issued back"
         " to back, one sync at the end. scaling: vs the same model's 1-GPU row of that scaling kind.",
         f"- goal: weak scaling >= {GOAL_2GPU}x on 2 GPUs.",
+        *(["- NO GPU TRACE on some rows: their 'device' columns are host wall time per synced call."]
+          if any(not r.get("is_device_time", True) for r in rows) else []),
         "",
         "| model | dtype | scaling | GPUs | global batch | per-GPU busy ms | device img/s | wall img/s |"
         " scaling (device) | scaling (wall) | collectives | rel diff vs 1 GPU | status |",
