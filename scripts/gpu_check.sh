@@ -28,6 +28,11 @@
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
+#     flax       jaxcnn.optimize on Flax/Equinox models: pytest -m gpu tests/test_optimize_gpu.py,
+#                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
+#                adds a --policy autotune run); needs flax + equinox
+#     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
+#                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR [SECTIONS] [--quick]}
@@ -197,6 +202,31 @@ if has perfmodel; then
   [ -s "$RAW/ncu.csv" ] && PM_ARGS+=(--ncu "$RAW/ncu.csv")
   [ -f "$RAW/zoo.sqlite" ] && PM_ARGS+=(--store "$RAW/zoo.sqlite")
   step perfmodel $PY scripts/validate_perfmodel.py "${PM_ARGS[@]}"
+fi
+
+if has flax; then
+  step flax_import $PY -c "import flax, equinox; print('flax', flax.__version__, 'equinox', equinox.__version__)"
+  step pytest_optimize_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_optimize_gpu.xml" \
+    tests/test_optimize_gpu.py
+  # shellcheck disable=SC2086
+  step bench_optimize_flax timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py --out "$OUT" \
+    ${FLAX_BENCH_ARGS:-}
+  if [ "${FLAX_BENCH_AUTOTUNE:-0}" = 1 ]; then
+    # The same with each conv autotuned (jaxcnn.layouts, XLA's conv kept where it wins).
+    # shellcheck disable=SC2086
+    step bench_optimize_flax_autotune timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
+      --out "$OUT" --policy autotune --name optimize_flax_autotune ${FLAX_BENCH_ARGS:-}
+  fi
+fi
+
+if has multigpu; then
+  step gpu_count $PY -c "import jax; print(jax.device_count(), jax.devices())"
+  # The CPU sharding checks (8 forced host devices) and the optimize'd-model data-parallel test.
+  step pytest_sharding env JAX_PLATFORMS=cpu $PY -m pytest -q -p no:cacheprovider --junitxml="$RAW/pytest_sharding.xml" \
+    tests/test_sharding.py tests/test_pool_softmax_sharding.py
+  step pytest_multigpu $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_optimize_gpu.py -k data_parallel
+  # shellcheck disable=SC2086
+  step bench_multigpu timeout "${MULTIGPU_TIMEOUT:-2400}" $PY scripts/bench_multigpu.py --out "$OUT" ${MULTIGPU_ARGS:-}
 fi
 
 EXTRA=()

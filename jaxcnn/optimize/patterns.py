@@ -150,6 +150,40 @@ def relu_input(eqn):
     return eqn.invars[0] if relu_input(body.eqns[0]) is body.invars[0] else None
 
 
+def _non_unit(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def is_unit_reshape(eqn) -> bool:
+    """True when `eqn` only inserts or removes size-1 axes (a reshape keeping the order and
+    extents of every other axis: no data moves). Equinox under vmap wraps each conv and pool in
+    such reshapes / squeezes / broadcasts."""
+    name = eqn.primitive.name
+    if name not in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim") or not isinstance(eqn.invars[0], Var):
+        return False
+    if name == "reshape" and eqn.params.get("dimensions") is not None:
+        return False
+    src, dst = tuple(eqn.invars[0].aval.shape), tuple(eqn.outvars[0].aval.shape)
+    if name == "broadcast_in_dim" and (len(eqn.invars) != 1 or int(np.prod(src)) != int(np.prod(dst))):
+        return False  # a real broadcast (or dynamic shape operands)
+    return _non_unit(src) == _non_unit(dst)
+
+
+def _unit_reshape_chain(uses: Uses, var, want_shape) -> tuple[Any, list[int]]:
+    """Follows `var` through the unit reshapes that alone read it; returns the last variable of
+    shape `want_shape` on that chain (`var` itself when none) and the chain's equation indices
+    up to it. A chain of reshapes ending in the shape it started from moves no data."""
+    best, best_chain, chain = var, [], []
+    while True:
+        reader = uses.sole_reader(var)
+        if reader is None or not is_unit_reshape(uses.jaxpr.eqns[reader]):
+            return best, best_chain
+        chain.append(reader)
+        var = uses.jaxpr.eqns[reader].outvars[0]
+        if tuple(var.aval.shape) == tuple(want_shape):
+            best, best_chain = var, list(chain)
+
+
 def _bias_source(uses: Uses, var, axis: int, k: int, rank: int, chain: list):
     """The 1-D [K] variable `var` broadcasts along `axis` (through broadcast_in_dim/reshape), or
     None; appends the indices of those broadcast equations to `chain`."""
@@ -163,25 +197,25 @@ def _bias_source(uses: Uses, var, axis: int, k: int, rank: int, chain: list):
         if shape == (k,):
             return var
         found = uses.defining(var)
-        if found is None:
-            return None
-        chain.append(found[0])
-        eqn = found[1]
+        eqn = found and found[1]
+        if eqn is None or eqn.primitive.name not in ("broadcast_in_dim", "reshape") or not isinstance(eqn.invars[0], Var):
+            # A [K]-sized source of another rank (Equinox keeps its bias as [K, 1, 1]): the
+            # replacement reshapes it to [K].
+            return var
         src = eqn.invars[0]
-        if not isinstance(src, Var):
-            return None
         src_shape = tuple(src.aval.shape)
         if eqn.primitive.name == "broadcast_in_dim":
             dims = tuple(eqn.params["broadcast_dimensions"])
-            if kpos not in dims:
+            if kpos not in dims or len(eqn.invars) != 1:
                 return None
             src_kpos = dims.index(kpos)
-        elif eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is None:
+        elif eqn.params.get("dimensions") is None:
             src_kpos = next((i for i, d in enumerate(src_shape) if d != 1), 0)
         else:
             return None
         if any(d != 1 for i, d in enumerate(src_shape) if i != src_kpos) or src_shape[src_kpos] != k:
             return None
+        chain.append(found[0])
         var, shape, kpos = src, src_shape, src_kpos
 
 
@@ -246,8 +280,12 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     w_hwio_shape = tuple(w.aval.shape[a] for a in to_hwio)
 
     indices, out, replaced = [index], eqn.outvars[0], ["conv_general_dilated"]
+    conv_shape = tuple(out.aval.shape)
     channel_axis, k = layout.index("C"), w_hwio_shape[3]
     bias = None
+    out, reshapes = _unit_reshape_chain(uses, out, conv_shape)  # Equinox under vmap: [N,1,K,H,W] and back
+    indices += reshapes
+    replaced += [uses.jaxpr.eqns[i].primitive.name for i in reshapes]
     reader = uses.sole_reader(out)
     if reader is not None and uses.jaxpr.eqns[reader].primitive.name == "add":
         add = uses.jaxpr.eqns[reader]
@@ -257,8 +295,9 @@ def match_conv(uses: Uses, index: int) -> Match | None:
             bias = _bias_source(uses, other, channel_axis, k, 4, chain)
             if bias is not None and bias.aval.dtype == x.aval.dtype:
                 indices.append(reader)
-                out = add.outvars[0]
-                replaced.append("add(bias)")
+                out, more = _unit_reshape_chain(uses, add.outvars[0], conv_shape)
+                indices += more
+                replaced += ["add(bias)", *(uses.jaxpr.eqns[i].primitive.name for i in more)]
                 reader = uses.sole_reader(out)
             else:
                 bias = None
@@ -282,10 +321,10 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     def make_build(algorithm):
         def build(x, w, *b):
             w = w if identity else jnp.transpose(w, to_hwio)
-            return conv2d(x, w, b[0] if b else None, algorithm=algorithm, **kwargs)
+            return conv2d(x, w, b[0].reshape(k) if b else None, algorithm=algorithm, **kwargs)
         return build
 
-    avals = [x.aval, w.aval] + ([bias.aval] if bias is not None else [])
+    avals = [x.aval, w.aval] + ([jax.ShapeDtypeStruct((k,), bias.aval.dtype)] if bias is not None else [])
     if not _accepts(make_build("auto"), out.aval, *avals):
         return None
     site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, w_hwio_shape,
@@ -306,57 +345,143 @@ def _pool_layout(window, strides, padding) -> str | None:
     return None
 
 
+def _align_unit_axes(src_shape, dst_shape) -> tuple[int, ...] | None:
+    """For dst_shape = src_shape with size-1 axes inserted: the dst axis of each src axis."""
+    mapping = []
+    for axis, d in enumerate(dst_shape):
+        if len(mapping) < len(src_shape) and d == src_shape[len(mapping)]:
+            mapping.append(axis)
+        elif d != 1:
+            return None
+    return tuple(mapping) if len(mapping) == len(src_shape) else None
+
+
+def _widening(eqn) -> bool:
+    src, dst = eqn.invars[0], eqn.outvars[0]
+    return (isinstance(src, Var) and jnp.issubdtype(src.aval.dtype, jnp.floating)
+            and jnp.issubdtype(dst.aval.dtype, jnp.floating)
+            and jnp.dtype(dst.aval.dtype).itemsize >= jnp.dtype(src.aval.dtype).itemsize)
+
+
+@dataclass
+class _PoolEnd:
+    """A rank-4 value on the layout-only path into (or out of) a reduce_window."""
+
+    var: Any
+    indices: tuple[int, ...]  # equations between it and the reduce_window
+    perm: tuple[int, ...] | None  # transpose on that path
+    div: bool = False  # the path divides by the window size (after the sum)
+
+
+def _pool_inputs(uses: Uses, x) -> list[_PoolEnd]:
+    """The rank-4 values x is a layout-only view of, nearest first: walking back through unit
+    reshapes (Equinox under vmap adds a size-1 axis), then one transpose (Equinox pools
+    channel-last and transposes back) and widening converts (a bf16 model summing in f32), each
+    read by that path alone."""
+    found, back, var, perm, converted = [], [], x, None, False
+    while True:
+        if var.aval.ndim == 4:
+            found.append(_PoolEnd(var, tuple(back), perm))
+        producer = uses.defining(var)
+        if producer is None or uses.sole_reader(var) is None:
+            return found
+        i, eqn = producer
+        name = eqn.primitive.name
+        if perm is None and not found and is_unit_reshape(eqn):
+            pass
+        elif name == "transpose" and perm is None and found and eqn.invars[0].aval.ndim == 4:
+            perm = tuple(eqn.params["permutation"])
+        elif name == "convert_element_type" and not converted and _widening(eqn):
+            converted = True
+        else:
+            return found
+        back.append(i)
+        var = eqn.invars[0]
+
+
+def _pool_outputs(uses: Uses, out, divisor: int | None) -> list[_PoolEnd]:
+    """The rank-4 values on the layout-only path out of a reduce_window, nearest first: unit
+    reshapes, one transpose, one convert and (sums) one division by `divisor`."""
+    found, fwd, var, perm, converted, div = [], [], out, None, False, False
+    while True:
+        if var.aval.ndim == 4:
+            found.append(_PoolEnd(var, tuple(fwd), perm, div))
+        reader = uses.sole_reader(var)
+        if reader is None:
+            return found
+        eqn = uses.jaxpr.eqns[reader]
+        name = eqn.primitive.name
+        if perm is None and is_unit_reshape(eqn):
+            pass
+        elif name == "transpose" and perm is None and var.aval.ndim == 4:
+            perm = tuple(eqn.params["permutation"])
+        elif name == "convert_element_type" and not converted:
+            converted = True
+        elif (name == "div" and divisor is not None and not div and eqn.invars[0] is var
+              and _literal_value(eqn.invars[1]) == divisor):
+            div = True
+        else:
+            return found
+        fwd.append(reader)
+        var = eqn.outvars[0]
+
+
 def match_pool(uses: Uses, index: int) -> Match | None:
-    """reduce_window_max -> max_pool2d; [convert to f32 ->] reduce_window_sum -> div by the
-    window size [-> convert back] -> avg_pool2d (count_include_pad=True, lax's sum / size)."""
+    """reduce_window_max -> max_pool2d; reduce_window_sum then a division by the window size ->
+    avg_pool2d (count_include_pad=True: lax's sum / size), pooling 2 spatial axes of a rank-4
+    NHWC/NCHW value. The reduce_window may see that value through layout-only steps (size-1 axes
+    added, a transpose undone after the pool, the f32 converts around a bf16 sum): those steps
+    are absorbed and the pool runs on the rank-4 value in its own layout."""
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x = eqn.invars[0]
-    if not isinstance(x, Var) or x.aval.ndim != 4:
+    if not isinstance(x, Var) or x.aval.ndim < 4:
         return None
     if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
-    layout = _pool_layout(p["window_dimensions"], p["window_strides"], p["padding"])
-    if layout is None:
+    rank = x.aval.ndim
+    win, strides, pads = tuple(p["window_dimensions"]), tuple(p["window_strides"]), tuple(map(tuple, p["padding"]))
+    trivial = [win[a] == 1 and strides[a] == 1 and pads[a] == (0, 0) for a in range(rank)]
+    if rank > 4 and not all(trivial[a] for a in range(rank) if x.aval.shape[a] == 1):
+        return None  # a pooled size-1 axis: which rank-4 axis it is would be ambiguous
+    is_max = eqn.primitive.name == "reduce_window_max"
+    op, fn = ("max_pool2d", max_pool2d) if is_max else ("avg_pool2d", avg_pool2d)
+    inputs = _pool_inputs(uses, x)
+    if not inputs:
         return None
-    spatial = (1, 2) if layout == "NHWC" else (2, 3)
-    window = tuple(p["window_dimensions"][a] for a in spatial)
-    kwargs = dict(window=window, stride=tuple(p["window_strides"][a] for a in spatial),
-                  padding=tuple(tuple(p["padding"][a]) for a in spatial), layout=layout)
-    indices, out = [index], eqn.outvars[0]
-    if eqn.primitive.name == "reduce_window_max":
-        op, fn, replaced = "max_pool2d", max_pool2d, ["reduce_window_max"]
-    else:
-        op, fn, replaced = "avg_pool2d", avg_pool2d, ["reduce_window_sum"]
-        reader = uses.sole_reader(out)
-        if reader is None:
-            return None
-        div = uses.jaxpr.eqns[reader]
-        if div.primitive.name != "div" or div.invars[0] is not out or _literal_value(div.invars[1]) != window[0] * window[1]:
-            return None
-        indices.append(reader)
-        out = div.outvars[0]
-        replaced.append("div")
-        # bf16/f16 models sum in f32 between two converts; avg_pool2d does the same inside.
-        found = uses.defining(x)
-        reader = uses.sole_reader(out)
-        if found is not None and reader is not None and found[1].primitive.name == "convert_element_type":
-            src = found[1].invars[0]
-            back = uses.jaxpr.eqns[reader]
-            if (isinstance(src, Var) and back.primitive.name == "convert_element_type"
-                    and back.outvars[0].aval.dtype == src.aval.dtype
-                    and uses.sole_reader(x) == index):
-                indices = [found[0], *indices, reader]
-                x, out = src, back.outvars[0]
-                replaced = ["convert_element_type", *replaced, "convert_element_type"]
-    if not uses.internal(indices, out):
+    view = inputs[0].var  # x's rank-4 view: x with size-1 axes inserted
+    axes = _align_unit_axes(tuple(view.aval.shape), tuple(x.aval.shape))
+    if axes is None or not all(trivial[a] for a in range(rank) if a not in axes):
         return None
-    build_fn = functools.partial(fn, **kwargs)
-    if not _accepts(build_fn, out.aval, x.aval):
-        return None
-    site = Site(op, layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, kwargs=kwargs)
-    return Match(op, tuple(indices), out, (x,), site, tuple(replaced),
-                 make_build=lambda algorithm: build_fn)
+    outputs = _pool_outputs(uses, eqn.outvars[0], None if is_max else int(np.prod(win)))
+    for base in reversed(inputs):  # the furthest source first: absorb the most steps
+        # view axis j is base axis perm[j]: the pool's parameters on base's axes
+        perm = base.perm or (0, 1, 2, 3)
+        on_base = [None] * 4
+        for j, a in enumerate(axes):
+            on_base[perm[j]] = (win[a], strides[a], pads[a])
+        bw, bs, bp = zip(*on_base)
+        layout = _pool_layout(bw, bs, bp)
+        if layout is None:
+            continue
+        spatial = (1, 2) if layout == "NHWC" else (2, 3)
+        kwargs = dict(window=tuple(bw[a] for a in spatial), stride=tuple(bs[a] for a in spatial),
+                      padding=tuple(bp[a] for a in spatial), layout=layout)
+        build_fn = functools.partial(fn, **kwargs)
+        for end in reversed(outputs):
+            undone = end.perm is not None and tuple(perm[q] for q in end.perm) == (0, 1, 2, 3)
+            if (base.perm is not None or end.perm is not None) and not undone:
+                continue
+            if not (is_max or end.div):
+                continue
+            indices = [*base.indices, index, *end.indices]
+            if not uses.internal(indices, end.var) or not _accepts(build_fn, end.var.aval, base.var.aval):
+                continue
+            names = [uses.jaxpr.eqns[i].primitive.name for i in sorted(indices)]
+            site = Site(op, layout, tuple(base.var.aval.shape), jnp.dtype(base.var.aval.dtype).name, kwargs=kwargs)
+            return Match(op, tuple(sorted(indices)), end.var, (base.var,), site, tuple(names),
+                         make_build=lambda algorithm, f=build_fn: f)
+    return None
 
 
 def match_softmax(uses: Uses, index: int) -> Match | None:
@@ -426,10 +551,10 @@ def match_softmax(uses: Uses, index: int) -> Match | None:
             replaced = ["convert_element_type", *replaced, "convert_element_type"]
     if not uses.internal(indices, out):
         return None
-    build_fn = functools.partial(fn, axis=axis)
+    build_fn = functools.partial(fn, axis=int(axis))
     if not _accepts(build_fn, out.aval, x.aval):
         return None
-    site = Site(op, None, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, kwargs=dict(axis=axis))
+    site = Site(op, None, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, kwargs=dict(axis=int(axis)))
     return Match(op, tuple(sorted(indices)), out, (x,), site, tuple(replaced),
                  make_build=lambda algorithm: build_fn)
 

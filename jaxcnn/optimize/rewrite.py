@@ -19,7 +19,7 @@ from jax.extend.core import Literal
 from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
 
-POLICIES = ("auto", "xla")
+POLICIES = ("auto", "xla", "autotune")
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,34 @@ class Plan:
         return out
 
 
+def autotune_policy(site: Site):
+    """policy="autotune": jaxcnn.layouts.autotune_conv's choice among the kernels that run in
+    the site's own layout and XLA's conv (measured device times on a GPU, cached per GPU kind;
+    model estimates elsewhere). XLA winning keeps the conv as lax: never slower than XLA on a
+    layer the autotuner measured. Pools and softmax take jaxcnn's kernel."""
+    if site.op != "conv2d":
+        return "auto"
+    import jaxcnn.layouts as L  # not imported by jaxcnn.optimize until this policy is used
+
+    k = site.kwargs
+    channels = site.logical_x_shape()[3]
+    candidates = [(site.layout, "direct"), (site.layout, "xla")]
+    if site.layout == "NHWC":
+        candidates.append(("NHWC", "tensor_core"))
+    if k["groups"] == channels and channels > 1:
+        candidates.append((site.layout, "depthwise"))
+    return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, stride=k["stride"],
+                           padding=k["padding"], dilation=k["dilation"], groups=k["groups"],
+                           activation=k["activation"], precision=k["precision"], bias=site.bias,
+                           candidates=candidates)
+
+
 def choose_algorithm(policy, site: Site) -> str | None:
     """The conv algorithm for `site` (None: leave the pattern as lax)."""
     if policy == "auto":
         return "auto"
+    if policy == "autotune":
+        policy = autotune_policy
     choice = policy(site)
     if choice is None or choice == "xla":
         return None
@@ -263,7 +287,9 @@ def optimize(fn: Callable, *, example_args=None, policy="auto") -> Optimized:
       fn: the function to optimize (array pytrees in, array pytrees out).
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
       policy: "auto" (conv2d picks its kernel; off CUDA the primitives run their lax reference),
-        "xla" (nothing is rewritten), or a callable(Site) -> algorithm name ("auto",
+        "xla" (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
+        winner among its layout's kernels and XLA's conv, see autotune_policy), or a
+        callable(Site) -> algorithm name ("auto",
         "tensor_core", "direct", "depthwise"; "xla" or None keeps that op as lax). Plugging in
         the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
 

@@ -1,0 +1,205 @@
+"""jaxcnn.optimize on models written with Flax (linen, nnx) and Equinox layers: every conv,
+pool and softmax they trace to is rewritten (bias and ReLU fused), the optimized model computes
+what the original does (values, jit, grad, vmap), unrecognised ops stay lax. CPU: the jaxcnn
+primitives run their lax references here."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import jaxcnn
+
+flax = pytest.importorskip("flax")
+eqx = pytest.importorskip("equinox")
+import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import thirdparty_models as tm  # noqa: E402
+
+TOL = {jnp.float32: dict(rtol=2e-4, atol=2e-5), jnp.bfloat16: dict(rtol=5e-2, atol=2e-2)}
+# Small heads and images keep the CPU compile short; the layer structure is the real one.
+SMALL = {
+    "linen_squeezenet1_1": dict(hw=48, num_classes=10),
+    "linen_vgg19": dict(hw=32, num_classes=10, hidden=16),
+    "nnx_squeezenet1_1": dict(hw=48, num_classes=10),
+    "nnx_vgg19": dict(hw=32, num_classes=10, hidden=16),
+    "equinox_squeezenet1_1": dict(hw=48, num_classes=10),
+}
+# name: (convs, of them with bias + ReLU fused, max pools, avg pools, softmax op)
+EXPECTED = {
+    "linen_squeezenet1_1": (26, 26, 3, 1, "softmax"),
+    "linen_vgg19": (16, 16, 5, 0, "softmax"),
+    "linen_lenet": (2, 2, 0, 2, "log_softmax"),
+    "linen_resnet_small": (6, 1, 1, 0, "softmax"),  # block convs have no bias; ReLUs after the residual add stay
+    "nnx_squeezenet1_1": (26, 26, 3, 1, "softmax"),
+    "nnx_vgg19": (16, 16, 5, 0, "softmax"),
+    "nnx_cnn": (2, 2, 0, 2, "log_softmax"),
+    "equinox_squeezenet1_1": (26, 26, 3, 1, "softmax"),
+    "equinox_cnn": (2, 1, 1, 0, "log_softmax"),  # conv -> pool -> relu: the first ReLU is not the conv's
+}
+
+
+def build(name, batch=2, dtype=jnp.float32):
+    return tm.build(name, batch=batch, dtype=dtype, **SMALL.get(name, {}))
+
+
+def assert_close(got, want, dtype=jnp.float32):
+    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got_leaves) == len(want_leaves) > 0
+    for g, w in zip(got_leaves, want_leaves):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **TOL[dtype])
+
+
+def count_in_jaxpr(fn, *args, name):
+    return str(jax.make_jaxpr(fn)(*args)).count(f"{name}[")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_op_rewritten_and_values_equal(name):
+    m = build(name)
+    opt = jaxcnn.optimize(m.apply)
+    rewrites = opt.rewrites(m.params, m.x)
+    convs, fused, max_pools, avg_pools, softmax = EXPECTED[name]
+    ops = [r.op for r in rewrites]
+    assert ops.count("conv2d") == convs == count_in_jaxpr(m.apply, m.params, m.x, name="conv_general_dilated")
+    assert sum(r.bias and r.kwargs["activation"] == "relu" for r in rewrites) == fused
+    assert ops.count("max_pool2d") == max_pools and ops.count("avg_pool2d") == avg_pools
+    assert ops.count(softmax) == 1 and len(ops) == convs + max_pools + avg_pools + 1
+    assert {r.layout for r in rewrites if r.op != softmax} == {m.layout}
+    text = opt.explain(m.params, m.x)
+    assert text.splitlines()[0].startswith(f"{len(ops)} rewrite(s)") and len(text.splitlines()) == len(ops) + 1
+    assert_close(jax.jit(opt)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
+
+
+@pytest.mark.parametrize("name", ["linen_squeezenet1_1", "nnx_vgg19", "equinox_squeezenet1_1"])
+def test_bf16(name):
+    m = build(name, dtype=jnp.bfloat16)
+    opt = jaxcnn.optimize(m.apply)
+    rewrites = opt.rewrites(m.params, m.x)
+    convs, fused, max_pools, avg_pools, _ = EXPECTED[name]
+    assert len(rewrites) == convs + max_pools + avg_pools + 1
+    assert sum(r.bias and r.kwargs["activation"] == "relu" for r in rewrites) == fused
+    assert {r.dtype for r in rewrites} == {"bfloat16"}
+    assert_close(jax.jit(opt)(m.params, m.x), jax.jit(m.apply)(m.params, m.x), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["linen_lenet", "linen_resnet_small", "nnx_cnn", "equinox_cnn"])
+def test_grad(name):
+    m = build(name)
+    weights = jnp.cos(jnp.arange(10.0))
+
+    def loss(apply):
+        return lambda params, x: jnp.sum(apply(params, x) * weights)
+
+    got = jax.jit(jax.grad(loss(jaxcnn.optimize(m.apply)), argnums=(0, 1)))(m.params, m.x)
+    want = jax.grad(loss(m.apply), argnums=(0, 1))(m.params, m.x)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ["linen_lenet", "equinox_cnn"])
+def test_vmap(name):
+    m = build(name)
+    xs = jnp.stack([m.x, -m.x, 0.5 * m.x + 1.0])
+    got = jax.jit(jax.vmap(jaxcnn.optimize(m.apply), in_axes=(None, 0)))(m.params, xs)
+    want = jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs)
+    assert_close(got, want)
+
+
+def test_nnx_module_called_directly_and_under_nnx_jit():
+    m = build("nnx_cnn")
+    model = m.module
+    want = model(m.x)
+    # The module itself (its parameters become constants of the trace) ...
+    direct = jaxcnn.optimize(model)
+    assert [r.op for r in direct.rewrites(m.x)].count("conv2d") == 2
+    assert_close(direct(m.x), want)
+
+    # ... and an nnx.jit step taking the module (its body is a pjit sub-jaxpr).
+    @nnx.jit
+    def predict(model, x):
+        return model(x)
+
+    opt = jaxcnn.optimize(predict)
+    rewrites = opt.rewrites(model, m.x)
+    assert [r.op for r in rewrites] == ["conv2d", "avg_pool2d", "conv2d", "avg_pool2d", "log_softmax"]
+    assert all(r.path.startswith("jit") for r in rewrites)
+    assert_close(opt(model, m.x), want)
+
+
+def test_unrecognised_layers_stay_lax():
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.ConvTranspose(4, (3, 3), strides=(2, 2))(x)  # lhs-dilated conv: stays lax
+            x = nn.relu(nn.Conv(6, (3, 3), kernel_dilation=2)(x))
+            return nn.max_pool(x, (2, 2), strides=(1, 1), padding="SAME") + nn.avg_pool(x, (3, 3), padding=((1, 1), (1, 1)),
+                                                                                         count_include_pad=False)
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 7, 7, 3))
+    module = Decoder()
+    params = module.init(jax.random.PRNGKey(1), x)
+    opt = jaxcnn.optimize(module.apply)
+    rewrites = opt.rewrites(params, x)
+    # ConvTranspose and the count_include_pad=False average (sum / per-tap counts) stay lax.
+    assert [r.op for r in rewrites] == ["conv2d", "max_pool2d"]
+    assert rewrites[0].kwargs["dilation"] == (2, 2) and rewrites[0].bias
+    assert_close(opt(params, x), module.apply(params, x))
+
+
+# -- random single layers -----------------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.sampled_from([1, 2, 3, 5]), stride=st.integers(1, 2), padding=st.sampled_from(["SAME", "VALID", 1, ((2, 0), (1, 1))]),
+       groups=st.sampled_from([1, 2]), bias=st.booleans(), relu=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_linen_conv(k, stride, padding, groups, bias, relu, seed):
+    layer = nn.Conv(6, (k, k), strides=stride, padding=padding, feature_group_count=groups, use_bias=bias)
+    x = jax.random.normal(jax.random.PRNGKey(seed), (2, 9, 8, 4))
+    params = layer.init(jax.random.PRNGKey(seed + 1), x)
+    if bias:  # Flax initialises biases to zero: make a dropped bias show
+        params = jax.tree.map(lambda p: p + 0.5 if p.ndim == 1 else p, params)
+    fn = (lambda p, x: nn.relu(layer.apply(p, x))) if relu else layer.apply
+    opt = jaxcnn.optimize(fn)
+    [r] = opt.rewrites(params, x)
+    assert (r.bias, r.kwargs["activation"], r.kwargs["groups"], r.layout) == (bias, "relu" if relu else None, groups, "NHWC")
+    assert_close(opt(params, x), fn(params, x))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.sampled_from([1, 3]), stride=st.integers(1, 2), padding=st.integers(0, 2), bias=st.booleans(),
+       relu=st.booleans(), pool=st.sampled_from(["max", "avg"]), window=st.integers(2, 3), seed=st.integers(0, 2**16))
+def test_random_equinox_conv_and_pool(k, stride, padding, bias, relu, pool, window, seed):
+    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    conv = eqx.nn.Conv2d(3, 5, k, stride=stride, padding=padding, use_bias=bias, key=kw)
+    pool_layer = (eqx.nn.MaxPool2d if pool == "max" else eqx.nn.AvgPool2d)(window, stride=1)
+
+    def one(x):
+        y = conv(x)
+        return pool_layer(jax.nn.relu(y) if relu else y)
+
+    fn = jax.vmap(one)
+    x = jax.random.normal(kx, (2, 3, 8, 7))
+    opt = jaxcnn.optimize(fn)
+    [c, p] = opt.rewrites(x)
+    assert (c.op, c.bias, c.kwargs["activation"], c.layout) == ("conv2d", bias, "relu" if relu else None, "NCHW")
+    assert (p.op, p.layout, p.kwargs["window"]) == (f"{pool}_pool2d", "NCHW", (window, window))
+    assert_close(opt(x), fn(x))
+
+
+def test_autotune_policy_keeps_xla_where_it_wins():
+    # policy="autotune": jaxcnn.layouts' choice per conv (model estimates on CPU); a conv whose
+    # winner is XLA's stays lax, the rest run the chosen kernel.
+    m = build("equinox_cnn")
+    opt = jaxcnn.optimize(m.apply, policy="autotune")
+    rewrites = opt.rewrites(m.params, m.x)
+    convs = [r for r in rewrites if r.op == "conv2d"]
+    assert all(r.algorithm in ("direct", "tensor_core", "depthwise") for r in convs)
+    assert [r.op for r in rewrites if r.op != "conv2d"] == ["max_pool2d", "log_softmax"]
+    assert_close(opt(m.params, m.x), m.apply(m.params, m.x))
