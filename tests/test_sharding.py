@@ -86,6 +86,8 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
     e1 = jax.random.normal(next(key), (1, 1, 3, 4)) * 0.3
     e3 = jax.random.normal(next(key), (3, 3, 3, 5)) * 0.3
     NHWC, NCHW, CHWN = (16, 7, 5, 6), (16, 6, 7, 5), (6, 7, 5, 16)
+    inc = [jax.random.normal(next(key), shape) * 0.3 for shape in
+           ((1, 1, 6, 2), (1, 1, 6, 3), (3, 3, 3, 4), (1, 1, 6, 2), (5, 5, 2, 3), (1, 1, 6, 2))]
 
     ROWS = [
         # name, jaxcnn function it needs, fn, input shape, batch axis (input, output)
@@ -102,6 +104,11 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
         ("to_layout NHWC->CHWN", "to_layout", lambda x: jaxcnn.to_layout(x, "NHWC", "CHWN"), NHWC, (0, 3)),
         ("to_layout CHWN->NCHW", "to_layout", lambda x: jaxcnn.to_layout(x, "CHWN", "NCHW"), CHWN, (3, 0)),
         ("fire", "fire", lambda x: jaxcnn.fire(x, sq, e1, e3), NHWC, 0),
+        ("conv1x1_conv3x3", "conv1x1_conv3x3", lambda x: jaxcnn.conv1x1_conv3x3(x, sq, e3), NHWC, 0),
+        ("conv2d_pool 3x3/2", "conv2d_pool", lambda x: jaxcnn.conv2d_pool(x, w3, bias, pool_window=3, pool_stride=2), NHWC, 0),
+        ("sparse_conv2d", "sparse_conv2d", lambda x: jaxcnn.sparse_conv2d(jax.nn.relu(x), w3, bias), NHWC, 0),
+        ("sparse_conv2d_pool", "sparse_conv2d_pool", lambda x: jaxcnn.sparse_conv2d_pool(x, w3, bias), NHWC, 0),
+        ("inception", "inception", lambda x: jaxcnn.inception(x, *inc), NHWC, 0),
     ]
 
     checked = []
@@ -137,7 +144,7 @@ def test_every_primitive_shards_over_the_batch():
     out = run_on_8_devices(PRIMITIVES_SCRIPT)
     assert "PRIMITIVES OK" in out
     checked = int(out.split("CHECKED ")[1].split()[0])
-    assert checked >= 12, out  # the rows above for what exists today; later primitives add to it
+    assert checked >= 17, out  # every row above: a missing function would be skipped
 
 
 # Data-parallel inference of Flax-written SqueezeNet 1.1 and VGG-19 through jaxcnn.optimize.
