@@ -32,12 +32,12 @@ from jaxcnn.ops.conv_pool_args import (
     nhwc_shape,
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
-from jaxcnn.ops.primitive import BatchShardedPrimitive
+from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv2d_pool_fwd"
 
 
-class Conv2dPoolPrimitive(BatchShardedPrimitive):
+class Conv2dPoolPrimitive(LeadingBatchPrimitive):
     name = "jaxcnn_conv2d_pool"
     # Only the batch factor n may stay sharded: conv halos and the pool windows cross spatial
     # tiles, the contraction needs all input channels (other factors are replicated).
@@ -71,29 +71,6 @@ class Conv2dPoolPrimitive(BatchShardedPrimitive):
             algorithm=np.int64(ALGORITHMS.index(cfg.algorithm)),
         )
 
-    @classmethod
-    def batcher(cls, batched_args, batch_dims, *, cfg: ConvPoolConfig, operand_names):
-        x, w, bias = batched_args
-        xd, wd, bd = batch_dims
-        if wd is None and bd is None:
-            # vmap over x alone folds into N: one launch for all of it.
-            x = jnp.moveaxis(x, xd, 0)
-            v, n = x.shape[:2]
-            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), w, bias, cfg=cfg,
-                               operand_names=operand_names)
-            return y.reshape(v, n, *y.shape[1:]), 0
-        # Batched weights: one fused launch per vmapped slice (lax.map), unbatched operands
-        # shared by all slices.
-        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
-        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
-
-        def one(sliced):
-            operands = list(batched_args)
-            for i, a in zip(mapped, sliced):
-                operands[i] = a
-            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
-
-        return jax.lax.map(one, slices), 0
 
 
 Conv2dPoolPrimitive.register()

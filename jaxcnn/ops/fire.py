@@ -22,12 +22,12 @@ from jax.core import ShapedArray
 
 from jaxcnn.ops.fire_args import ALGORITHMS, OPERAND_NAMES, FireConfig, fire_output_shape, make_fire_config
 from jaxcnn.ops.fire_reference import fire_reference
-from jaxcnn.ops.primitive import BatchShardedPrimitive
+from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_fire_fwd"
 
 
-class FirePrimitive(BatchShardedPrimitive):
+class FirePrimitive(LeadingBatchPrimitive):
     name = "jaxcnn_fire"
     # Only the batch factor n may stay sharded: the 3x3 needs halo rows/columns, the
     # contractions need all channels (every other factor is replicated).
@@ -48,29 +48,6 @@ class FirePrimitive(BatchShardedPrimitive):
             ctx, *operands, algorithm=np.int64(ALGORITHMS.index(cfg.algorithm))
         )
 
-    @classmethod
-    def batcher(cls, batched_args, batch_dims, *, cfg: FireConfig, operand_names):
-        x, *weights = batched_args
-        xd, *wds = batch_dims
-        if all(d is None for d in wds):
-            # vmap over x alone folds into N: one launch for all of it.
-            x = jnp.moveaxis(x, xd, 0)
-            v, n = x.shape[:2]
-            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), *weights, cfg=cfg,
-                               operand_names=operand_names)
-            return y.reshape(v, n, *y.shape[1:]), 0
-        # Batched weights: one fused launch per vmapped slice (lax.map), unbatched operands
-        # shared by all slices.
-        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
-        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
-
-        def one(sliced):
-            operands = list(batched_args)
-            for i, a in zip(mapped, sliced):
-                operands[i] = a
-            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
-
-        return jax.lax.map(one, slices), 0
 
 
 FirePrimitive.register()

@@ -43,12 +43,12 @@ from jaxcnn.ops.inception_args import (
 )
 from jaxcnn.ops.inception_reference import conv_config, inception_reference, pool_config
 from jaxcnn.ops.pool2d import Pool2dPrimitive
-from jaxcnn.ops.primitive import BatchShardedPrimitive
+from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 _CONV_NAMES = ("x", "w", "bias")
 
 
-class InceptionPrimitive(BatchShardedPrimitive):
+class InceptionPrimitive(LeadingBatchPrimitive):
     name = "jaxcnn_inception"
     # Only the batch factor n may stay sharded: the branch convs and the pool need halos,
     # the contractions need every channel.
@@ -70,28 +70,6 @@ class InceptionPrimitive(BatchShardedPrimitive):
         return mlir.lower_fun(functools.partial(_cuda_composition, cfg=cfg),
                               multiple_results=False)(ctx, *operands)
 
-    @classmethod
-    def batcher(cls, batched_args, batch_dims, *, cfg: InceptionConfig, operand_names):
-        x, *weights = batched_args
-        xd, *wds = batch_dims
-        if all(d is None for d in wds):
-            # vmap over x alone folds into N: one block for all of it.
-            x = jnp.moveaxis(x, xd, 0)
-            v, n = x.shape[:2]
-            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), *weights, cfg=cfg,
-                               operand_names=operand_names)
-            return y.reshape(v, n, *y.shape[1:]), 0
-        # Batched weights: one block per vmapped slice (lax.map); unbatched operands shared.
-        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
-        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
-
-        def one(sliced):
-            operands = list(batched_args)
-            for i, a in zip(mapped, sliced):
-                operands[i] = a
-            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
-
-        return jax.lax.map(one, slices), 0
 
 
 def _conv(x, w, b, cfg: InceptionConfig):

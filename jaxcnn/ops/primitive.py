@@ -17,6 +17,8 @@ import os
 import warnings
 from typing import Any, Callable, ClassVar
 
+import jax
+import jax.numpy as jnp
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -160,6 +162,34 @@ class BatchShardedPrimitive:
             cls.inner, mlir.lower_fun(cls.reference, multiple_results=False)
         )
         mlir.register_lowering(cls.inner, cls._cuda_or_reference, platform="cuda")
+
+
+class LeadingBatchPrimitive(BatchShardedPrimitive):
+    """An op whose first operand is the activation with its batch axis leading (NHWC) and
+    whose other operands are weights and biases."""
+
+    @classmethod
+    def batcher(cls, batched_args, batch_dims, **params):
+        x, *weights = batched_args
+        xd, *wds = batch_dims
+        if all(d is None for d in wds):
+            # vmap over x alone folds into N: one launch for all of it.
+            x = jnp.moveaxis(x, xd, 0)
+            v, n = x.shape[:2]
+            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), *weights, **params)
+            return y.reshape(v, n, *y.shape[1:]), 0
+        # Batched weights: one launch per vmapped slice (lax.map); unbatched operands are
+        # shared by all slices.
+        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
+        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
+
+        def one(sliced):
+            operands = list(batched_args)
+            for i, a in zip(mapped, sliced):
+                operands[i] = a
+            return cls.outer.bind(*operands, **params)
+
+        return jax.lax.map(one, slices), 0
 
 
 def _single_device(ctx) -> bool:

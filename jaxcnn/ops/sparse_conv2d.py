@@ -24,7 +24,7 @@ from jaxcnn import _ffi
 from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
 from jaxcnn.ops.conv_reference import linear_conv2d
 from jaxcnn.ops.layout_transform import to_layout
-from jaxcnn.ops.primitive import STRICT_ENV, BatchShardedPrimitive, _warn_fallback_once
+from jaxcnn.ops.primitive import STRICT_ENV, LeadingBatchPrimitive, _warn_fallback_once
 from jaxcnn.ops.sparse_args import (
     OPERAND_NAMES,
     SparseConfig,
@@ -39,7 +39,7 @@ FFI_TARGET = "jaxcnn_sparse_conv2d_fwd"
 ACTIVATION_CODES = {None: 0, "relu": 1}
 
 
-class SparseConv2dPrimitive(BatchShardedPrimitive):
+class SparseConv2dPrimitive(LeadingBatchPrimitive):
     name = "jaxcnn_sparse_conv2d"
     # Only the batch may stay sharded: the window needs halo rows, the contraction all channels.
     sharding_rules = {OPERAND_NAMES: "n h w c, r s i k, k -> n p q k"}
@@ -91,28 +91,6 @@ class SparseConv2dPrimitive(BatchShardedPrimitive):
         )
         return [y]
 
-    @classmethod
-    def batcher(cls, batched_args, batch_dims, *, cfg: SparseConfig, operand_names):
-        x, w, bias = batched_args
-        xd, wd, bd = batch_dims
-        if wd is None and bd is None:
-            # vmap over x alone folds into N: one launch for all of it.
-            x = jnp.moveaxis(x, xd, 0)
-            v, n = x.shape[:2]
-            y = cls.outer.bind(x.reshape(v * n, *x.shape[2:]), w, bias, cfg=cfg,
-                               operand_names=operand_names)
-            return y.reshape(v, n, *y.shape[1:]), 0
-        # Batched weights: one launch per vmapped slice, unbatched operands shared.
-        mapped = [i for i, d in enumerate(batch_dims) if d is not None]
-        slices = [jnp.moveaxis(batched_args[i], batch_dims[i], 0) for i in mapped]
-
-        def one(sliced):
-            operands = list(batched_args)
-            for i, a in zip(mapped, sliced):
-                operands[i] = a
-            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
-
-        return jax.lax.map(one, slices), 0
 
 
 SparseConv2dPrimitive.register()
