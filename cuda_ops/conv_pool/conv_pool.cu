@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/device_attribute.h"
 #include "conv_pool/conv_pool.h"
 #include "conv_pool/conv_pool_kernels.cuh"
 
@@ -12,30 +13,10 @@ namespace jaxcnn {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int kMaxDevices = 64;
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Compute capability major of the current device, queried once per device: launches stay
-// free of device queries (CUDA graphs).
-cudaError_t CurrentDeviceMajor(int* major) {
-  static int cache[kMaxDevices] = {};
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  if (device >= 0 && device < kMaxDevices && cache[device] > 0) {
-    *major = cache[device];
-    return cudaSuccess;
-  }
-  int value = 0;
-  status = cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device);
-  if (status != cudaSuccess) return status;
-  if (device >= 0 && device < kMaxDevices) cache[device] = value;
-  *major = value;
-  return cudaSuccess;
-}
 
 // Conv block widths the tensor-core kernel is instantiated for (height = 128 / width).
 constexpr int kTileWidths[] = {16, 8, 32};
@@ -178,7 +159,7 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
                                          : "channel counts C and K must be multiples of 8";
   else if (!Aligned16(b.x) || !Aligned16(b.w) || !Aligned16(b.y))
     tc_reason = "x, w and y must be 16-byte aligned";
-  else if (CurrentDeviceMajor(&major) != cudaSuccess || major < 8)
+  else if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess || major < 8)
     tc_reason = "mma.sync needs compute capability >= 8.0";
   BlockChoice block;
   if (tc_reason == nullptr) {

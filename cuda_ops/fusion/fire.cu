@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/device_attribute.h"
 #include "fusion/fire.h"
 #include "fusion/fire_kernels.cuh"
 
@@ -12,13 +13,12 @@ namespace jaxcnn {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int kMaxDevices = 64;
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Per-device attributes, queried once: launches stay free of device queries (CUDA graphs).
+// The current device's attributes the plan needs (each cached: common/device_attribute.h).
 struct DeviceInfo {
   int sm_count = 0;
   int smem_optin = 0;
@@ -26,25 +26,13 @@ struct DeviceInfo {
 };
 
 cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
-  static DeviceInfo cache[kMaxDevices];
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  if (device >= 0 && device < kMaxDevices && cache[device].sm_count > 0) {
-    *info = cache[device];
-    return cudaSuccess;
-  }
-  DeviceInfo d;
-  if ((status = cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device)) !=
+  cudaError_t status;
+  if ((status = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&info->sm_count)) !=
           cudaSuccess ||
-      (status = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                       device)) != cudaSuccess ||
-      (status = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device)) !=
-          cudaSuccess)
+      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+           &info->smem_optin)) != cudaSuccess)
     return status;
-  if (device >= 0 && device < kMaxDevices) cache[device] = d;
-  *info = d;
-  return cudaSuccess;
+  return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major);
 }
 
 int SqueezeK(int64_t S) { return static_cast<int>(CeilDiv(S, 16) * 16); }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/device_attribute.h"
 #include "sparse/sparse_conv.h"
 #include "sparse/sparse_conv_kernels.cuh"
 
@@ -11,31 +12,12 @@ namespace jaxcnn {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int kMaxDevices = 64;
 // Static shared-memory budget of one stage: 48 KiB needs no opt-in attribute, so launches stay
 // attribute-free (CUDA-graph safe) and up to 4 CTAs fit an SM next to each other.
 constexpr int64_t kStageBytes = 48 * 1024;
 constexpr int kMaxPoolSlots = 9;  // pooled windows up to 3x3 run in one round
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// SM count per device, queried once (launches stay free of device queries).
-cudaError_t CurrentSmCount(int* sm_count) {
-  static int cache[kMaxDevices] = {};
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  if (device >= 0 && device < kMaxDevices && cache[device] > 0) {
-    *sm_count = cache[device];
-    return cudaSuccess;
-  }
-  int count = 0;
-  status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
-  if (device >= 0 && device < kMaxDevices) cache[device] = count;
-  *sm_count = count;
-  return cudaSuccess;
-}
 
 sparse::ConvArgs MakeArgs(const SparseConvParams& p, int taps_per_stage) {
   sparse::ConvArgs a;
@@ -134,7 +116,7 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p) {
   plan.unsupported = sparse_conv_unsupported_reason(p);
   if (plan.unsupported != nullptr) return plan;
   int sm_count = 132;
-  if (CurrentSmCount(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
+  if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
   // Widest channel block the layer fills (a lane's float4 of weights per nonzero), then
   // narrower blocks / fewer pixels per CTA until the grid covers the GPU.
   int kpt = p.K > 64 ? 4 : (p.K > 32 ? 2 : 1);
