@@ -33,6 +33,7 @@ from jaxcnn.ops.conv_pool_args import (
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
+from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
 
 FFI_TARGET = "jaxcnn_conv2d_pool_fwd"
 
@@ -168,9 +169,6 @@ def conv2d_pool(
 
         x = to_layout(x, src=layout, dst="NHWC")
     if sparse:
-        # Imported here: the sparse kernels live in their own module (issue 8, part A).
-        from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
-
         y = sparse_conv2d_pool(
             x, w, bias, stride=cfg.conv.stride, padding=cfg.conv.padding,
             pool_window=cfg.pool_window, pool_stride=cfg.pool_stride,
