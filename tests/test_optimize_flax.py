@@ -203,3 +203,21 @@ def test_autotune_policy_keeps_xla_where_it_wins():
     assert all(r.algorithm in ("direct", "tensor_core", "depthwise") for r in convs)
     assert [r.op for r in rewrites if r.op != "conv2d"] == ["max_pool2d", "log_softmax"]
     assert_close(opt(m.params, m.x), m.apply(m.params, m.x))
+
+
+@pytest.mark.parametrize("name", ["linen_squeezenet1_1", "nnx_squeezenet1_1"])
+def test_fuse_all_turns_every_fire_module_into_one_fused_call(name):
+    m = build(name)
+    fast = jaxcnn.optimize(m.apply, fuse="all")
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_fire") == 8  # SqueezeNet 1.1's fires
+    # The two convs outside the fires (conv1, the classifier) stay separate conv2d calls.
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d") == 2
+    assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
+    assert "fire" in fast.explain(m.params, m.x)
+    unfused = jaxcnn.optimize(m.apply)  # fuse="none": the same model, no fire calls
+    assert count_in_jaxpr(unfused, m.params, m.x, name="jaxcnn_fire") == 0
+
+
+def test_fuse_rejects_unknown_values():
+    with pytest.raises(ValueError, match="fuse must be one of"):
+        jaxcnn.optimize(lambda x: x, fuse="everything")

@@ -269,7 +269,7 @@ class Optimized:
         return "\n".join(lines)
 
 
-def optimize(fn: Callable, *, example_args=None, policy="auto") -> Optimized:
+def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none") -> Optimized:
     """`fn` with the lax patterns it traces to replaced by jaxcnn kernels.
 
     Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
@@ -278,7 +278,9 @@ def optimize(fn: Callable, *, example_args=None, policy="auto") -> Optimized:
         precision, [+ bias broadcast along the channel axis] [+ max(x, 0)] -> jaxcnn.conv2d;
       * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
         f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
-      * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax.
+      * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
+      * with `fuse`: fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] -> concatenate, as
+        three of the conv matches above) -> one fused jaxcnn.fire (jaxcnn.fusion.optimize).
     A bias or ReLU is fused only when nothing else reads the value before it. Everything else
     (lhs_dilation, batch groups, a preferred_element_type that changes the dtype, ...) runs as
     traced. The result works under jax.jit, jax.grad and jax.vmap.
@@ -304,8 +306,18 @@ def optimize(fn: Callable, *, example_args=None, policy="auto") -> Optimized:
                                        activation=k["activation"], bias=site.bias).algorithm
             fast = jaxcnn.optimize(model_fn, policy=tuned)
 
+      fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group fused where the
+        fusion planner measures the fused kernel faster on this GPU, or its cost model says so
+        off GPU), "all", or a callable(jaxcnn.fusion.JaxprGroup) -> bool.
+
     Returns:
       An `Optimized` callable with `.explain(*args)` (text) and `.rewrites(*args)` (Rewrite list);
       the trace is cached per argument structure, shapes and dtypes.
     """
+    if fuse != "none":
+        from jaxcnn.fusion.user import GROUPS, optimize as fused_optimize  # imports this module
+
+        if not (callable(fuse) or fuse in GROUPS):
+            raise ValueError(f"fuse must be one of {GROUPS} or a callable(group) -> bool, got {fuse!r}")
+        return fused_optimize(fn, example_args=example_args, policy=policy, groups=fuse)
     return Optimized(fn, example_args, policy)
