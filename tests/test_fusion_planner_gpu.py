@@ -13,6 +13,9 @@ import pytest
 from jaxcnn import fusion, layouts as L
 from jaxcnn.models import get_model
 
+# The block kinds these tests are about (conv_pool groups have their own tests).
+BLOCKS = ("fire", "inception")
+
 pytestmark = pytest.mark.gpu
 
 # Logits vs XLA's model relative to their scale (bf16 activations through the whole net).
@@ -33,7 +36,7 @@ def rel(a, b):
 @pytest.mark.parametrize("model,batch", [("squeezenet1_1", 1), ("squeezenet1_0", 4)])
 def test_measured_plan_runs_and_matches_xla(model, batch, tmp_path):
     cache = L.AutotuneCache(tmp_path / "autotune.json")
-    plan = fusion.plan_fusion(model, batch, "bfloat16", costs="measured", cache=cache, iters=5, warmup=1)
+    plan = fusion.plan_fusion(model, batch, "bfloat16", costs="measured", cache=cache, iters=5, warmup=1, kinds=BLOCKS)
     assert plan.source == "measured" and plan.device == jax.devices()[0].device_kind
     for d in plan.decisions:
         assert d.source == "measured" and d.choice in fusion.CANDIDATES
@@ -44,7 +47,7 @@ def test_measured_plan_runs_and_matches_xla(model, batch, tmp_path):
     keys = [json.loads(k) for k in cache.load()]
     assert sum(k["op"] == "fusion_group" for k in keys) == len({json.dumps(d.group.cache_fields(), sort_keys=True)
                                                                  for d in plan.decisions})
-    again = fusion.plan_fusion(model, batch, "bfloat16", costs="measured", cache=cache)
+    again = fusion.plan_fusion(model, batch, "bfloat16", costs="measured", cache=cache, kinds=BLOCKS)
     assert all("(cache)" in d.reason for d in again.decisions)
 
     spec = get_model(model)
@@ -61,7 +64,7 @@ def test_measured_plan_runs_and_matches_xla(model, batch, tmp_path):
 
 def test_googlenet_inception_groups_measured_and_applied(tmp_path):
     plan = fusion.plan_fusion("googlenet", 2, "bfloat16", costs="measured",
-                              cache=tmp_path / "c.json", iters=5, warmup=1)
+                              cache=tmp_path / "c.json", iters=5, warmup=1, kinds=BLOCKS)
     assert len(plan.decisions) == 9 and all(d.source == "measured" for d in plan.decisions)
     spec = get_model("googlenet")
     params = spec.init(0, jnp.bfloat16)
@@ -73,7 +76,7 @@ def test_googlenet_inception_groups_measured_and_applied(tmp_path):
 
 
 def test_group_candidates_time_real_kernels():
-    (g, *_), _ = fusion.find_groups("squeezenet1_1", 64, "bfloat16")
+    (g, *_), _ = fusion.find_groups("squeezenet1_1", 64, "bfloat16", kinds=BLOCKS)
     params, x = fusion.group_params(g)
     hlo = {v: jax.jit(fusion.group_fn(g, v)).lower(params, x).compile().as_text() for v in fusion.CANDIDATES}
     target = 'custom_call_target="{}"'.format

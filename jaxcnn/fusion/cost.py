@@ -110,6 +110,15 @@ def fire_uses_tensor_cores(group: FusionGroup) -> bool:
             and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3)))
 
 
+def conv_pool_uses_tensor_cores(group: FusionGroup) -> bool:
+    """Whether jaxcnn.conv2d_pool's "auto" picks its tensor-core kernel: 16-byte channel
+    vectors (C and K multiples of 8 in bf16/fp16, of 4 in fp32, which runs TF32 at the default
+    precision); anything else runs its CUDA-core fp32 kernel (e.g. a C=3 stem conv)."""
+    conv = group.members[0]
+    vec = 16 // np.dtype(group.dtype).itemsize
+    return conv.input_shape[3] % vec == 0 and conv.weight_shape[3] % vec == 0
+
+
 def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
     """The fused version's kernels (see each kind's docstring in jaxcnn.ops)."""
     dtype, item = group.dtype, np.dtype(group.dtype).itemsize
@@ -145,7 +154,8 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
     if group.kind == "conv_pool":
         conv, pool = group.members
         moved = bytes_of(conv.input_shape, dtype) + weights + bytes_of(pool.output_shape, dtype)
-        return _version("fused", [Kernel("jaxcnn_conv2d_pool", float(conv.flops), moved, "tensor")],
+        math_kind = "tensor" if conv_pool_uses_tensor_cores(group) else "fma"
+        return _version("fused", [Kernel("jaxcnn_conv2d_pool", float(conv.flops), moved, math_kind)],
                         spec, dtype)
     raise ValueError(f"no cost model for group kind {group.kind!r}")
 
