@@ -310,3 +310,14 @@ def test_random_convs(n, hw, c, k, r, stride, dilation, padding, bias, relu, lay
     [rw] = opt.rewrites(x, w, b)
     assert (rw.bias, rw.kwargs["activation"], rw.layout) == (bias, "relu" if relu else None, layout)
     assert_close(opt(x, w, b), fn(x, w, b))
+
+
+def test_the_callable_module_forwards_every_keyword():
+    """`jaxcnn.optimize` is the module once a submodule was imported: its __call__ must take
+    every keyword the function takes (fuse included)."""
+    import jaxcnn.optimize as module
+
+    with pytest.raises(ValueError, match="fuse must be one of"):
+        module(lambda x: x, fuse="everything")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        module(lambda x: x, policy="fastest")

@@ -16,8 +16,8 @@ __all__ = ["Optimized", "Rewrite", "Site", "optimize"]
 
 
 class _CallableModule(types.ModuleType):
-    def __call__(self, fn, *, example_args=None, policy="auto"):
-        return optimize(fn, example_args=example_args, policy=policy)
+    def __call__(self, fn, **kwargs):
+        return optimize(fn, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule
