@@ -241,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch", type=int, default=batch)
         p.add_argument("--dtype", default=dtype, help="bf16, fp16 or fp32")
 
+    def autotune_args(p, autotune_help, model_only_help):
+        """The measured-or-model options `layouts` and `fuse` share (jaxcnn.layouts' cache)."""
+        p.add_argument("--autotune", action="store_true", help=autotune_help)
+        p.add_argument("--model-only", action="store_true", help=model_only_help)
+        p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
+                                       "~/.cache/jaxcnn/autotune.json)")
+        p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+
     p = sub.add_parser("profile", help="time every layer and the whole model on each backend into the store")
     model_args(p)
     p.add_argument("--backend", default="both", help="xla, jaxcnn or both")
@@ -283,13 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("layouts", help="choose the activation layout (and kernel) of every layer")
     model_args(p)
-    p.add_argument("--autotune", action="store_true",
-                   help="measure every candidate on the GPU (cached); default: measured where the "
-                        "CUDA kernels run, else model estimates")
-    p.add_argument("--model-only", action="store_true", help="model estimates even on a GPU")
-    p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
-                                   "~/.cache/jaxcnn/autotune.json)")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+    autotune_args(p, "measure every candidate on the GPU (cached); default: measured where the "
+                     "CUDA kernels run, else model estimates", "model estimates even on a GPU")
     p.add_argument("--split-blocks", action="store_true",
                    help="let each layer of a block pick its own layout (linear approximation)")
     p.add_argument("--json", help="also write the plan as JSON to this file")
@@ -297,13 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fuse", help="choose which blocks (fire, inception, conv->pool) run fused")
     model_args(p)
-    p.add_argument("--autotune", action="store_true",
-                   help="time fused vs unfused on the GPU (cached); default: measured where the "
-                        "CUDA kernels run, else the cost model")
-    p.add_argument("--model-only", action="store_true", help="cost model even on a GPU")
-    p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
-                                   "~/.cache/jaxcnn/autotune.json)")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+    autotune_args(p, "time fused vs unfused on the GPU (cached); default: measured where the "
+                     "CUDA kernels run, else the cost model", "cost model even on a GPU")
     p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_fuse)
 
