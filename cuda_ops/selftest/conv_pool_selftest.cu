@@ -41,11 +41,7 @@ const char* AlgoName(ConvPoolAlgorithm a) {
   return "?";
 }
 
-template <typename T>
-DType DTypeOf();
-template <> DType DTypeOf<float>() { return DType::kF32; }
-template <> DType DTypeOf<__nv_bfloat16>() { return DType::kBF16; }
-template <> DType DTypeOf<__half>() { return DType::kF16; }
+using selftest::DTypeOf;
 
 // A layer: x [N,H,W,C], w [R,S,C,K]; conv stride/pad (top, bottom, left, right)/dilation;
 // pool window/stride/pad (top, bottom, left, right).

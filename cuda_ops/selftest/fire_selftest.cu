@@ -41,11 +41,7 @@ const char* AlgoName(FireAlgorithm a) {
   return "?";
 }
 
-template <typename T>
-DType DTypeOf();
-template <> DType DTypeOf<float>() { return DType::kF32; }
-template <> DType DTypeOf<__nv_bfloat16>() { return DType::kBF16; }
-template <> DType DTypeOf<__half>() { return DType::kF16; }
+using selftest::DTypeOf;
 
 template <typename T>
 double Round(double v) {  // to T and back, as the kernel rounds the squeeze output

@@ -60,6 +60,12 @@ inline int64_t OutSize(int64_t in, int64_t window, int stride, int pad_lo,
 // Storage types of the conv selftests and their max-rel-error bounds vs float64.
 enum class DType { kF32, kBF16, kF16 };
 
+// The DType of a storage type.
+template <typename T> DType DTypeOf();
+template <> inline DType DTypeOf<float>() { return DType::kF32; }
+template <> inline DType DTypeOf<__nv_bfloat16>() { return DType::kBF16; }
+template <> inline DType DTypeOf<__half>() { return DType::kF16; }
+
 inline const char* DTypeName(DType d) {
   switch (d) {
     case DType::kF32: return "f32";

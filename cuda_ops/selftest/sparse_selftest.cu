@@ -31,10 +31,7 @@ using selftest::DType;
 constexpr size_t kGuardBytes = 256;
 constexpr unsigned char kPoison = 0xFF;
 
-template <typename T> DType DTypeOf();
-template <> DType DTypeOf<float>() { return DType::kF32; }
-template <> DType DTypeOf<__nv_bfloat16>() { return DType::kBF16; }
-template <> DType DTypeOf<__half>() { return DType::kF16; }
+using selftest::DTypeOf;
 
 // A layer: conv (+ optional pool). pool_* = 0: plain conv.
 struct Shape {
