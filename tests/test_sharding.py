@@ -79,6 +79,8 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
 
     assert jax.device_count() == 8, jax.devices()
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    # Under Explicit axes the batch sharding is part of the type: the result's must say it.
+    explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
     key = iter(jax.random.split(jax.random.PRNGKey(0), 16))
     w3 = jax.random.normal(next(key), (3, 3, 6, 4)) * 0.2
     bias = jax.random.normal(next(key), (4,))
@@ -130,6 +132,8 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
         local[out_axis] //= 8
         assert y.addressable_shards[0].data.shape == tuple(local), (name, y.addressable_shards[0].data.shape)
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=name)
+        typed = jax.eval_shape(fn, jax.device_put(x, NamedSharding(explicit, spec(x.ndim, in_axis))))
+        assert typed.sharding.spec[out_axis] == "data", (name, "Explicit mesh", typed.sharding)
         sm = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(spec(x.ndim, in_axis),),
                                    out_specs=spec(want.ndim, out_axis)))
         np.testing.assert_allclose(sm(xs), want, rtol=1e-5, atol=1e-5, err_msg=name + " (shard_map)")
@@ -155,10 +159,13 @@ MODELS_SCRIPT = textwrap.dedent(
     import jaxcnn
     from benchmarks import thirdparty_models as tm
 
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-    for name, kw in (("linen_squeezenet1_1", dict(hw=48, num_classes=16)),
-                     ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32)),
-                     ("equinox_squeezenet1_1", dict(hw=48, num_classes=16))):
+    # Explicit axes (jax.make_mesh's default) type each value with its sharding; VGG's
+    # pool -> flatten -> dense needs the pool's result typed batch-sharded there.
+    for name, kw, axis_type in (("linen_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto),
+                                ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Auto),
+                                ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Explicit),
+                                ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto)):
+        mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
         m = tm.build(name, batch=16, **kw)
         opt = jaxcnn.optimize(m.apply)
         assert len(opt.rewrites(m.params, m.x)) > 10
@@ -170,7 +177,7 @@ MODELS_SCRIPT = textwrap.dedent(
         y = fwd(params, xs)
         assert y.sharding.spec[0] == "data", (name, y.sharding)
         np.testing.assert_allclose(y, jax.jit(m.apply)(m.params, m.x), rtol=2e-4, atol=2e-5, err_msg=name)
-        print("OK", name)
+        print("OK", name, axis_type)
     print("MODELS OK")
     """
 )

@@ -137,6 +137,24 @@ class BatchShardedPrimitive:
         return partitioned
 
     @classmethod
+    def _abstract_with_sharding(cls, *avals, **params):
+        """The result aval carries the batch operand's batch sharding: under an Explicit mesh
+        a sharding-less result would read as replicated, and the ops after it (a reshape, a
+        dot) would all-gather the batch."""
+        out = cls.abstract(*avals, **params)
+        operand_axes, out_axis = cls.batch_axes(params)
+        for aval, axis in zip(avals, operand_axes):
+            sharding = getattr(aval, "sharding", None)
+            if axis is None or sharding is None or sharding.mesh.empty or out_axis is None:
+                continue
+            entry = _spec_entry(aval, axis)
+            if entry is not None:
+                spec = _batch_spec(out.ndim, out_axis, entry)
+                return out.update(sharding=NamedSharding(sharding.mesh, spec))
+            break
+        return out
+
+    @classmethod
     def _outer_lowering(cls, ctx, *args, **params):
         if _single_device(ctx):
             # One device needs no partitioning (and custom_partitioning would insist on a mesh).
@@ -153,7 +171,8 @@ class BatchShardedPrimitive:
         cls.inner = Primitive(cls.name + "_shard")
         for prim in (cls.outer, cls.inner):
             prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-            prim.def_abstract_eval(cls.abstract)
+        cls.outer.def_abstract_eval(cls._abstract_with_sharding)
+        cls.inner.def_abstract_eval(cls.abstract)
         batching.primitive_batchers[cls.outer] = cls.batcher
         # custom_partitioning needs the device assignment while lowering.
         dispatch.prim_requires_devices_during_lowering.add(cls.outer)

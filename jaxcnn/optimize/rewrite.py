@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from jax.extend.core import Literal
+from jax.sharding import AxisType
 
 from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
@@ -187,6 +188,16 @@ def _call_consts(eqn):
     return []
 
 
+def _explicit_sharding(aval):
+    """The aval's sharding where a mesh with Explicit axes gives it (and so the traced jaxpr's
+    types must carry it: a sharding-less type reads as replicated there), else None."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or not any(t == AxisType.Explicit for t in mesh.axis_types):
+        return None
+    return sharding
+
+
 @dataclass
 class _Traced:
     closed: Any
@@ -222,8 +233,9 @@ class Optimized:
                 aval = jax.typeof(leaf)
             except TypeError:
                 raise TypeError(f"args: every leaf must be an array or scalar, got {type(leaf).__name__}") from None
-            avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False)))
-        key = (treedef, tuple((a.shape, a.dtype, a.weak_type) for a in avals))
+            avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False),
+                                              sharding=_explicit_sharding(aval)))
+        key = (treedef, tuple((a.shape, a.dtype, a.weak_type, a.sharding) for a in avals))
         traced = self._cache.get(key)
         if traced is None:
             def flat_fn(*flat):
