@@ -68,13 +68,13 @@ def timing_dict(t) -> dict:
 
 
 def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int | None = None,
-            policy: str = "auto") -> dict:
-    row = dict(model=name, n=batch, dtype=dtype, policy=policy, ok=False, timings={})
+            policy: str = "auto", fuse: str = "none") -> dict:
+    row = dict(model=name, n=batch, dtype=dtype, policy=policy, fuse=fuse, ok=False, timings={})
     try:
         # --hw applies to the ImageNet models; the small ones keep their own input size
         size = hw if hw and tm.MODELS[name][2] == 224 else None
         m = tm.build(name, batch=batch, hw=size, dtype=DTYPES[dtype])
-        opt = jaxcnn.optimize(m.apply, policy=policy)
+        opt = jaxcnn.optimize(m.apply, policy=policy, fuse=fuse)
         rewrites = opt.rewrites(m.params, m.x)
         row["rewrites"] = {op: [r.op for r in rewrites].count(op) for op in sorted({r.op for r in rewrites})}
         row["explain"] = opt.explain(m.params, m.x)
@@ -121,7 +121,7 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
            "HOST WALL TIME (no GPU trace: not a device-time measurement)."),
         "- ratio = original / optimized (unmodified model under jit vs jaxcnn.optimize(model) under jit);"
         " goal: >= 1.5 SqueezeNet 1.1, >= 1.2 VGG-19, >= 1.0 every model.",
-        f"- jaxcnn.optimize policy: {rows[0]['policy'] if rows else '-'}.",
+        f"- jaxcnn.optimize policy: {rows[0]['policy'] if rows else '-'}, fuse: {rows[0]['fuse'] if rows else '-'}.",
         "- rel diff = max |optimized - original| / max |original| of the model outputs (softmax).",
         "",
         "| model | N | dtype | rewrites | original ms | optimized ms | ratio | goal | rel diff | status |",
@@ -165,8 +165,11 @@ def parse_args(argv=None):
     p.add_argument("--hw", type=int, help="image size of the ImageNet models (default 224; a CPU smoke test: 64)")
     p.add_argument("--iters", type=int, help="timed calls (default 20; --quick 5)")
     p.add_argument("--warmup", type=int, help="untimed calls (default 3; --quick 1)")
-    p.add_argument("--policy", choices=["auto", "autotune"], default="auto",
-                   help="jaxcnn.optimize's policy (autotune: jaxcnn.layouts' measured choice per conv, XLA kept where it wins)")
+    p.add_argument("--policy", choices=["auto", "all", "autotune"], default="auto",
+                   help="jaxcnn.optimize's policy (all: every recognised op; autotune: jaxcnn.layouts' measured "
+                        "choice per conv, XLA kept where it wins)")
+    p.add_argument("--fuse", choices=["none", "auto", "all"], default="none",
+                   help="jaxcnn.optimize's fuse (auto: fire modules fused where the fusion planner measures a gain)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_MODELS} at N=1 and 8: ~2-3 min")
     args = p.parse_args(argv)
     args.models = args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS)
@@ -189,7 +192,7 @@ def main(argv=None) -> int:
         for dtype in args.dtypes:
             for n in args.batches:
                 t0 = time.time()
-                row = run_row(name, n, dtype, args.iters, args.warmup, args.hw, args.policy)
+                row = run_row(name, n, dtype, args.iters, args.warmup, args.hw, args.policy, args.fuse)
                 rows.append(row)
                 print(f"{name:<24} N={n:<3} {dtype} ratio {_fmt(row.get('ratio'), '.2f'):>5} "
                       f"rel diff {_fmt(row.get('max_rel_diff'), '.1e')} {'ok' if row['ok'] else 'FAIL ' + row.get('error', 'accuracy')}"

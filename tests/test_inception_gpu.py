@@ -35,7 +35,10 @@ def check(ops, algorithm="auto", precision=None):
     assert "jaxcnn_conv2d_fwd" in hlo and "jaxcnn_max_pool2d_fwd" in hlo, hlo[:2000]
     got = fn(*ops)
     assert got.dtype == ops[0].dtype and np.isfinite(as_f64(got)).all()
-    np.testing.assert_allclose(as_f64(got), as_f64(xla_f32(ops)), **XLA_F32_TOL[dtype])
+    # The zoo block has GoogLeNet's 3x3 and 5x5 branches; other kernel sizes have the float64
+    # oracle alone.
+    if (ops[3].shape[0], ops[5].shape[0]) == (3, 5):
+        np.testing.assert_allclose(as_f64(got), as_f64(xla_f32(ops)), **XLA_F32_TOL[dtype])
     np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL[dtype])
 
 

@@ -25,7 +25,7 @@ def rand(seed, shape, dtype=jnp.float32):
 
 
 def ops(fn, *args):
-    return [r.op for r in jaxcnn.optimize(fn).rewrites(*args)]
+    return [r.op for r in jaxcnn.optimize(fn, policy="all").rewrites(*args)]
 
 
 def assert_close(got, want, dtype=jnp.float32):
@@ -52,7 +52,7 @@ X, W, Bias = rand(0, (2, 9, 9, 4)), rand(1, (3, 3, 4, 8)), rand(2, (8,))
     ("zoo xla_conv2d", lambda x, w, b: B.xla_conv2d(x, w, b, padding=((1, 1), (1, 1)), activation="relu"), True, "relu"),
 ])
 def test_conv_fusions(name, fn, bias, activation):
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     [r] = opt.rewrites(X, W, Bias)
     assert (r.op, r.bias, r.kwargs["activation"], r.layout, r.w_shape) == ("conv2d", bias, activation, "NHWC", (3, 3, 4, 8))
     assert_close(opt(X, W, Bias), fn(X, W, Bias))
@@ -62,13 +62,13 @@ def test_no_fusion_when_the_intermediate_has_another_reader():
     def conv_read_twice(x, w, b):
         y = conv(x, w)
         return y + b, y
-    [r] = jaxcnn.optimize(conv_read_twice).rewrites(X, W, Bias)
+    [r] = jaxcnn.optimize(conv_read_twice, policy="all").rewrites(X, W, Bias)
     assert not r.bias and r.kwargs["activation"] is None
 
     def sum_read_twice(x, w, b):
         y = conv(x, w) + b
         return jax.nn.relu(y), y * 2
-    opt = jaxcnn.optimize(sum_read_twice)
+    opt = jaxcnn.optimize(sum_read_twice, policy="all")
     [r] = opt.rewrites(X, W, Bias)
     assert r.bias and r.kwargs["activation"] is None
     assert_close(opt(X, W, Bias), sum_read_twice(X, W, Bias))
@@ -78,7 +78,7 @@ def test_bias_broadcast_with_another_reader_still_fuses_and_stays_computed():
     def fn(x, w, b):
         bb = jnp.broadcast_to(b, (1, 1, 1, 8))
         return conv(x, w) + bb, bb * 3
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     [r] = opt.rewrites(X, W, Bias)
     assert r.bias
     assert_close(opt(X, W, Bias), fn(X, W, Bias))
@@ -87,16 +87,16 @@ def test_bias_broadcast_with_another_reader_still_fuses_and_stays_computed():
 def test_non_bias_add_is_not_fused():
     other = rand(3, (2, 9, 9, 8))
     fn = lambda x, w, b: conv(x, w) + b  # b is a full tensor here, not a [K] broadcast
-    [r] = jaxcnn.optimize(fn).rewrites(X, W, other)
+    [r] = jaxcnn.optimize(fn, policy="all").rewrites(X, W, other)
     assert not r.bias
-    assert_close(jaxcnn.optimize(fn)(X, W, other), fn(X, W, other))
+    assert_close(jaxcnn.optimize(fn, policy="all")(X, W, other), fn(X, W, other))
 
 
 def test_nchw_oihw_highest():
     x, w = rand(4, (2, 4, 10, 10)), rand(5, (8, 4, 3, 3))
     fn = lambda x, w, b: jax.nn.relu(
         lax.conv(x, w, (2, 2), "SAME", precision=lax.Precision.HIGHEST) + b.reshape(1, 8, 1, 1))
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     [r] = opt.rewrites(x, w, Bias)
     assert (r.layout, r.w_shape, r.kwargs["precision"], r.kwargs["stride"], r.bias, r.kwargs["activation"]) == \
         ("NCHW", (3, 3, 4, 8), "highest", (2, 2), True, "relu")
@@ -107,7 +107,7 @@ def test_chwn_layout_and_dilation():
     x = rand(6, (4, 12, 12, 2))  # CHWN
     fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID", rhs_dilation=(2, 2),
                                                dimension_numbers=("CHWN", "HWIO", "CHWN"))
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     [r] = opt.rewrites(x, W)
     assert r.layout == "CHWN" and r.kwargs["dilation"] == (2, 2)
     assert_close(opt(x, W), fn(x, W))
@@ -117,7 +117,7 @@ def test_grouped_and_depthwise():
     x = rand(7, (2, 8, 8, 8))
     for groups, w in ((2, rand(8, (3, 3, 4, 6))), (8, rand(9, (3, 3, 1, 8)))):
         fn = lambda x, w: conv(x, w, feature_group_count=groups)
-        opt = jaxcnn.optimize(fn)
+        opt = jaxcnn.optimize(fn, policy="all")
         [r] = opt.rewrites(x, w)
         assert r.kwargs["groups"] == groups
         assert_close(opt(x, w), fn(x, w))
@@ -127,7 +127,7 @@ def test_left_alone():
     x = rand(10, (2, 8, 8, 4))
     lhs_dilated = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), lhs_dilation=(2, 2), dimension_numbers=NHWC)
     assert ops(lhs_dilated, x, W) == []
-    assert_close(jaxcnn.optimize(lhs_dilated)(x, W), lhs_dilated(x, W))
+    assert_close(jaxcnn.optimize(lhs_dilated, policy="all")(x, W), lhs_dilated(x, W))
     widening = lambda x, w: conv(x, w, preferred_element_type=jnp.float32)
     assert ops(widening, x.astype(jnp.bfloat16), W.astype(jnp.bfloat16)) == []
     conv1d = lambda x, w: lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
@@ -144,7 +144,7 @@ def test_pools(dtype):
     mx = lambda x: B.max_pool(x, window=(3, 3), stride=(2, 2), padding=((0, 1), (0, 1)))
     av = lambda x: B.avg_pool(x, window=(2, 2), stride=(1, 1), padding=((1, 1), (1, 1)))
     for fn, op in ((mx, "max_pool2d"), (av, "avg_pool2d")):
-        opt = jaxcnn.optimize(fn)
+        opt = jaxcnn.optimize(fn, policy="all")
         [r] = opt.rewrites(x)
         assert (r.op, r.layout, r.dtype) == (op, "NHWC", jnp.dtype(dtype).name)
         assert_close(opt(x), fn(x), dtype)
@@ -153,9 +153,9 @@ def test_pools(dtype):
 def test_nchw_pool_and_unmatched_divisor():
     x = rand(14, (2, 5, 8, 8))
     fn = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
-    [r] = jaxcnn.optimize(fn).rewrites(x)
+    [r] = jaxcnn.optimize(fn, policy="all").rewrites(x)
     assert (r.op, r.layout, r.kwargs["window"]) == ("avg_pool2d", "NCHW", (2, 2))
-    assert_close(jaxcnn.optimize(fn)(x), fn(x))
+    assert_close(jaxcnn.optimize(fn, policy="all")(x), fn(x))
     not_mean = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 3
     assert ops(not_mean, x) == []
     channel_pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 1, 2), (1, 1, 1, 1), "VALID")
@@ -167,7 +167,7 @@ def test_softmax(dtype):
     x = rand(15, (4, 3, 33), dtype)
     for fn, op in ((jax.nn.softmax, "softmax"), (jax.nn.log_softmax, "log_softmax"),
                    (lambda x: jax.nn.softmax(x, axis=1), "softmax"), (B.softmax, "softmax")):
-        opt = jaxcnn.optimize(fn)
+        opt = jaxcnn.optimize(fn, policy="all")
         [r] = opt.rewrites(x)
         assert r.op == op
         assert_close(opt(x), fn(x), dtype)
@@ -188,7 +188,7 @@ NET_ARGS = (X, W, Bias, rand(16, (2, 2, 8, 6)))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_small_net_values_jit_and_rewrites(dtype):
     args = tuple(a.astype(dtype) for a in NET_ARGS)
-    opt = jaxcnn.optimize(small_net)
+    opt = jaxcnn.optimize(small_net, policy="all")
     rewrites = opt.rewrites(*args)
     assert [r.op for r in rewrites] == ["conv2d", "max_pool2d", "conv2d", "log_softmax"]
     assert rewrites[2].path == "jit[<lambda>]" and rewrites[2].kwargs["activation"] == "relu"
@@ -199,23 +199,23 @@ def test_small_net_values_jit_and_rewrites(dtype):
 
 def test_grad_matches_original():
     loss = lambda f: lambda *a: jnp.sum(f(*a) * jnp.sin(jnp.arange(108.0)).reshape(2, 54))
-    got = jax.grad(loss(jaxcnn.optimize(small_net)), argnums=(0, 1, 2, 3))(*NET_ARGS)
+    got = jax.grad(loss(jaxcnn.optimize(small_net, policy="all")), argnums=(0, 1, 2, 3))(*NET_ARGS)
     want = jax.grad(loss(small_net), argnums=(0, 1, 2, 3))(*NET_ARGS)
     assert_close(got, want)
-    got = jax.jit(jax.grad(loss(jaxcnn.optimize(small_net)), argnums=1))(*NET_ARGS)
+    got = jax.jit(jax.grad(loss(jaxcnn.optimize(small_net, policy="all")), argnums=1))(*NET_ARGS)
     assert_close(got, want[1])
 
 
 def test_vmap():
     xs = jnp.stack([X, X * 0.5 + 1.0, -X])
-    opt = jaxcnn.optimize(small_net)
+    opt = jaxcnn.optimize(small_net, policy="all")
     got = jax.vmap(opt, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
     want = jax.vmap(small_net, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
     assert_close(got, want)
 
 
 def test_cuda_lowering_has_jaxcnn_custom_calls():
-    text = jax.jit(jaxcnn.optimize(small_net)).trace(*NET_ARGS).lower(lowering_platforms=("cuda",)).as_text()
+    text = jax.jit(jaxcnn.optimize(small_net, policy="all")).trace(*NET_ARGS).lower(lowering_platforms=("cuda",)).as_text()
     targets = set(re.findall(r"jaxcnn_\w+_fwd", text))
     assert {"jaxcnn_conv2d_fwd", "jaxcnn_max_pool2d_fwd", "jaxcnn_softmax_fwd"} <= targets
     assert "stablehlo.convolution" not in text and "reduce_window" not in text
@@ -224,7 +224,7 @@ def test_cuda_lowering_has_jaxcnn_custom_calls():
 # -- API ---------------------------------------------------------------------------------------
 
 def test_explain_policy_and_cache():
-    opt = jaxcnn.optimize(small_net, example_args=NET_ARGS)
+    opt = jaxcnn.optimize(small_net, example_args=NET_ARGS, policy="all")
     text = opt.explain()
     assert text.splitlines()[0] == "4 rewrite(s): 2 conv2d, 1 max_pool2d, 1 log_softmax"
     assert "x[2, 9, 9, 4] w(HWIO)[3, 3, 4, 8] +bias float32" in text and "-> [2, 9, 9, 8]" in text
@@ -251,22 +251,48 @@ def test_explain_policy_and_cache():
     assert_close(chosen(*NET_ARGS), small_net(*NET_ARGS))
 
 
+def test_auto_policy_rewrites_only_what_pays():
+    """policy="auto" (the default): tensor-core-shaped NHWC convs and depthwise convs become
+    jaxcnn.conv2d; convs that would run on the CUDA-core direct kernel (NCHW, grouped, K off
+    16 bytes), pools and softmax stay XLA's. policy="all" rewrites all of them."""
+    x = rand(3, (2, 9, 9, 8))
+    def net(x):
+        y = conv(x, rand(4, (3, 3, 8, 16)))                                   # tensor core
+        y = conv(y, rand(5, (3, 3, 1, 16)), feature_group_count=16)           # depthwise
+        y = conv(y, rand(6, (3, 3, 8, 16)), feature_group_count=2)            # grouped: direct
+        y = conv(y, rand(7, (1, 1, 16, 6)))                                   # K=6: direct
+        y = jax.lax.conv_general_dilated(jnp.transpose(y, (0, 3, 1, 2)), rand(8, (8, 6, 1, 1)), (1, 1),
+                                         "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))  # NCHW
+        y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        return jax.nn.softmax(y.reshape(2, -1))
+    auto = jaxcnn.optimize(net)
+    kept = [(r.op, r.w_shape) for r in auto.rewrites(x)]
+    assert kept == [("conv2d", (3, 3, 8, 16)), ("conv2d", (3, 3, 1, 16))], kept
+    assert_close(auto(x), net(x))
+    every = [r.op for r in jaxcnn.optimize(net, policy="all").rewrites(x)]
+    assert every == ["conv2d"] * 5 + ["max_pool2d", "softmax"], every
+    # The fp32 tensor-core rows are 16 bytes = 4 channels: K=12 runs there, K=6 does not.
+    f32 = lambda x, w: conv(x, w)
+    assert [r.op for r in jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["conv2d"]
+    assert jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 6))) == []
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="policy"):
         jaxcnn.optimize(small_net, policy="fast")
     with pytest.raises(TypeError, match="fn"):
-        jaxcnn.optimize(3)
+        jaxcnn.optimize(3, policy="all")
     with pytest.raises(TypeError, match="example_args"):
-        jaxcnn.optimize(small_net, example_args=X)
+        jaxcnn.optimize(small_net, example_args=X, policy="all")
     with pytest.raises(ValueError, match="args"):
-        jaxcnn.optimize(small_net).explain()
+        jaxcnn.optimize(small_net, policy="all").explain()
     with pytest.raises(ValueError, match="policy returned"):
         jaxcnn.optimize(small_net, policy=lambda s: "fastest").rewrites(*NET_ARGS)
 
 
 def test_module_is_callable_after_submodule_import():
     import jaxcnn.optimize.rewrite  # binds the module to jaxcnn.optimize
-    assert jaxcnn.optimize(small_net).rewrites(*NET_ARGS)
+    assert jaxcnn.optimize(small_net, policy="all").rewrites(*NET_ARGS)
 
 
 # -- zoo -----------------------------------------------------------------------------------------
@@ -277,7 +303,7 @@ def test_zoo_models(name, size):
     params = spec.init(0)
     x = rand(17, (2, size, size, spec.channels))
     fn = lambda p, x: spec.apply(p, x, backend="xla")
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     found = [r.op for r in opt.rewrites(params, x)]
     layers = [layer.op for layer in spec.layers(2)]
     assert found.count("conv2d") == layers.count("conv2d") > 0
@@ -306,7 +332,7 @@ def test_random_convs(n, hw, c, k, r, stride, dilation, padding, bias, relu, lay
             y = y + jnp.expand_dims(b, [a for a in range(4) if a != axis])
         return jax.nn.relu(y) if relu else y
 
-    opt = jaxcnn.optimize(fn)
+    opt = jaxcnn.optimize(fn, policy="all")
     [rw] = opt.rewrites(x, w, b)
     assert (rw.bias, rw.kwargs["activation"], rw.layout) == (bias, "relu" if relu else None, layout)
     assert_close(opt(x, w, b), fn(x, w, b))

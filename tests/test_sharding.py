@@ -167,7 +167,7 @@ MODELS_SCRIPT = textwrap.dedent(
                                 ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto)):
         mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
         m = tm.build(name, batch=16, **kw)
-        opt = jaxcnn.optimize(m.apply)
+        opt = jaxcnn.optimize(m.apply, policy="all")
         assert len(opt.rewrites(m.params, m.x)) > 10
         xs = jax.device_put(m.x, NamedSharding(mesh, P("data")))
         params = jax.device_put(m.params, NamedSharding(mesh, P()))

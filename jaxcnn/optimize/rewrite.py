@@ -20,7 +20,7 @@ from jax.sharding import AxisType
 from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
 
-POLICIES = ("auto", "xla", "autotune")
+POLICIES = ("auto", "all", "xla", "autotune")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,30 @@ class Plan:
         return out
 
 
+# Pools and softmax stay XLA's under policy="auto": on the H200 (pool_softmax bench) XLA's
+# reduce_window / softmax ran at 0.43-1.01x of jaxcnn's time on CNN shapes, and XLA fuses them
+# into their neighbours, which a custom call prevents.
+AUTO_KEEPS_XLA = ("max_pool2d", "avg_pool2d", "softmax", "log_softmax")
+
+
+def auto_policy(site: Site) -> str | None:
+    """policy="auto": the rewrites that pay. A conv is rewritten when jaxcnn.conv2d's "auto"
+    runs it on the tensor-core implicit GEMM (NHWC, groups == 1, K a multiple of 16 bytes) or
+    the depthwise kernel. Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN,
+    grouped, odd K) stay XLA's: cuDNN runs them on tensor cores. Pools and softmax stay XLA's
+    (AUTO_KEEPS_XLA). policy="all" rewrites every recognised pattern instead."""
+    if site.op != "conv2d":
+        return None if site.op in AUTO_KEEPS_XLA else "auto"
+    n, h, w, c = site.logical_x_shape()
+    k, groups = site.w_shape[3], site.kwargs["groups"]
+    if groups == c and k % c == 0:
+        return "auto"  # the depthwise kernel
+    align = 16 // jax.numpy.dtype(site.dtype).itemsize
+    if site.layout == "NHWC" and groups == 1 and k % align == 0 and max(site.kwargs["stride"]) <= 8:
+        return "auto"  # the tensor-core kernel
+    return None
+
+
 def autotune_policy(site: Site):
     """policy="autotune": jaxcnn.layouts.autotune_conv's choice among the kernels that run in
     the site's own layout and XLA's conv (measured device times on a GPU, cached per GPU kind;
@@ -99,8 +123,10 @@ def autotune_policy(site: Site):
 
 def choose_algorithm(policy, site: Site) -> str | None:
     """The conv algorithm for `site` (None: leave the pattern as lax)."""
-    if policy == "auto":
+    if policy == "all":
         return "auto"
+    if policy == "auto":
+        policy = auto_policy
     if policy == "autotune":
         policy = autotune_policy
     choice = policy(site)
@@ -300,11 +326,13 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none") -> 
     Args:
       fn: the function to optimize (array pytrees in, array pytrees out).
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
-      policy: "auto" (conv2d picks its kernel; off CUDA the primitives run their lax reference),
-        "xla" (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
+      policy: "auto" (the rewrites that pay on a Hopper GPU: convs that run on jaxcnn's
+        tensor-core or depthwise kernels; see auto_policy), "all" (every recognised pattern, conv2d
+        picking its kernel), "xla" (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
         winner among its layout's kernels and XLA's conv, see autotune_policy), or a
         callable(Site) -> algorithm name ("auto",
-        "tensor_core", "direct", "depthwise"; "xla" or None keeps that op as lax). Plugging in
+        "tensor_core", "direct", "depthwise"; "xla" or None keeps that op as lax). Off CUDA the
+        rewritten ops run their lax reference. Plugging in
         the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
 
             import jaxcnn.layouts as L
