@@ -275,6 +275,10 @@ def test_auto_policy_rewrites_only_what_pays():
     f32 = lambda x, w: conv(x, w)
     assert [r.op for r in jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["conv2d"]
     assert jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 6))) == []
+    # An image's few channels (C < 8, C = 1 included: groups == C there too) stay XLA's.
+    gray = rand(10, (2, 9, 9, 1))
+    assert jaxcnn.optimize(f32).rewrites(gray, rand(11, (3, 3, 1, 16))) == []
+    assert jaxcnn.optimize(f32).rewrites(rand(12, (2, 9, 9, 3)), rand(13, (3, 3, 3, 16))) == []
 
 
 def test_bad_arguments():

@@ -83,18 +83,21 @@ AUTO_KEEPS_XLA = ("max_pool2d", "avg_pool2d", "softmax", "log_softmax")
 
 def auto_policy(site: Site) -> str | None:
     """policy="auto": the rewrites that pay. A conv is rewritten when jaxcnn.conv2d's "auto"
-    runs it on the tensor-core implicit GEMM (NHWC, groups == 1, K a multiple of 16 bytes) or
-    the depthwise kernel. Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN,
+    runs it on the tensor-core implicit GEMM (NHWC, groups == 1, C >= 8, K a multiple of 16
+    bytes) or the depthwise kernel (groups == C > 1). Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN,
     grouped, odd K) stay XLA's: cuDNN runs them on tensor cores. Pools and softmax stay XLA's
     (AUTO_KEEPS_XLA). policy="all" rewrites every recognised pattern instead."""
     if site.op != "conv2d":
         return None if site.op in AUTO_KEEPS_XLA else "auto"
     n, h, w, c = site.logical_x_shape()
     k, groups = site.w_shape[3], site.kwargs["groups"]
-    if groups == c and k % c == 0:
+    if groups == c > 1 and k % c == 0:
         return "auto"  # the depthwise kernel
     align = 16 // jax.numpy.dtype(site.dtype).itemsize
-    if site.layout == "NHWC" and groups == 1 and k % align == 0 and max(site.kwargs["stride"]) <= 8:
+    # C < 8 (an image's 1-3 channels) pads GEMM-K with zeros: cuDNN's own first-layer kernels
+    # won there (H200: a C=1 MNIST conv ran at 0.92x of XLA).
+    if (site.layout == "NHWC" and groups == 1 and c >= 8 and k % align == 0
+            and max(site.kwargs["stride"]) <= 8):
         return "auto"  # the tensor-core kernel
     return None
 
