@@ -195,13 +195,14 @@ def test_random_equinox_conv_and_pool(k, stride, padding, bias, relu, pool, wind
 
 def test_autotune_policy_keeps_xla_where_it_wins():
     # policy="autotune": jaxcnn.layouts' choice per conv (model estimates on CPU); a conv whose
-    # winner is XLA's stays lax, the rest run the chosen kernel.
+    # winner is XLA's stays lax, the rest run the chosen kernel; pools and softmax stay XLA's
+    # as under policy="auto" (the H200 measured them no faster as custom calls).
     m = build("equinox_cnn")
     opt = jaxcnn.optimize(m.apply, policy="autotune")
     rewrites = opt.rewrites(m.params, m.x)
     convs = [r for r in rewrites if r.op == "conv2d"]
     assert all(r.algorithm in ("direct", "tensor_core", "depthwise") for r in convs)
-    assert [r.op for r in rewrites if r.op != "conv2d"] == ["max_pool2d", "log_softmax"]
+    assert [r.op for r in rewrites if r.op != "conv2d"] == []
     assert_close(opt(m.params, m.x), m.apply(m.params, m.x))
 
 

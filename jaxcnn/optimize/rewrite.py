@@ -106,9 +106,9 @@ def autotune_policy(site: Site):
     """policy="autotune": jaxcnn.layouts.autotune_conv's choice among the kernels that run in
     the site's own layout and XLA's conv (measured device times on a GPU, cached per GPU kind;
     model estimates elsewhere). XLA winning keeps the conv as lax: never slower than XLA on a
-    layer the autotuner measured. Pools and softmax take jaxcnn's kernel."""
+    layer the autotuner measured. Pools and softmax follow auto_policy (XLA's)."""
     if site.op != "conv2d":
-        return "auto"
+        return auto_policy(site)
     import jaxcnn.layouts as L  # not imported by jaxcnn.optimize until this policy is used
 
     k = site.kwargs
