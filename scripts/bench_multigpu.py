@@ -160,8 +160,9 @@ def parse_args(argv=None):
     p.add_argument("--hw", type=int, default=224)
     p.add_argument("--iters", type=int, help="default 20; --quick 5")
     p.add_argument("--warmup", type=int, help="default 3; --quick 1")
-    p.add_argument("--policy", choices=["auto", "autotune"], default="auto",
-                   help="jaxcnn.optimize's policy (autotune: jaxcnn.layouts' measured choice per conv, XLA kept where it wins)")
+    p.add_argument("--policy", choices=["auto", "all", "autotune", "xla"], default="auto",
+                   help="jaxcnn.optimize's policy (autotune: jaxcnn.layouts' measured choice per conv, XLA kept where "
+                        "it wins; xla: the unmodified model, the baseline for the wall-time scaling)")
     p.add_argument("--quick", action="store_true", help="smaller batches, fewer calls: ~2-3 min")
     args = p.parse_args(argv)
     bad = [m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]

@@ -227,6 +227,10 @@ if has multigpu; then
   step pytest_multigpu $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_optimize_gpu.py -k data_parallel
   # shellcheck disable=SC2086
   step bench_multigpu timeout "${MULTIGPU_TIMEOUT:-2400}" $PY scripts/bench_multigpu.py --out "$OUT" ${MULTIGPU_ARGS:-}
+  # The unmodified models' scaling: is a wall-time gap jaxcnn's or the multi-device dispatch's?
+  # shellcheck disable=SC2086
+  step bench_multigpu_xla timeout "${MULTIGPU_TIMEOUT:-2400}" $PY scripts/bench_multigpu.py --out "$OUT" \
+    --policy xla --name multigpu_xla ${MULTIGPU_ARGS:-}
 fi
 
 EXTRA=()
