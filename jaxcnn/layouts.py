@@ -967,6 +967,27 @@ def autotune_conv(x_shape, w_shape, dtype="bfloat16", *, stride=1, padding="SAME
     return _measured_conv_choice(layer, cands, rule, store, iters, warmup, refresh)
 
 
+def cached_conv_choice(x_shape, w_shape, dtype="bfloat16", *, stride=1, padding="SAME", dilation=1,
+                       groups=1, activation=None, precision=None, bias=True, candidates=None,
+                       cache: Any = None) -> ConvChoice | None:
+    """autotune_conv's measured choice when the cache already holds it for this GPU, else None.
+    Never measures, and None off the GPU (where nothing was measured for the kernels)."""
+    if not _should_measure(None):
+        return None
+    layer = conv_layer(x_shape, w_shape, dtype, stride=stride, padding=padding, dilation=dilation,
+                       groups=groups, activation=activation, precision=precision, bias=bias)
+    cands = _check_candidates(candidates) if candidates is not None else default_conv_candidates(layer)
+    store = _as_cache(cache)
+    if store is None:
+        return None
+    device = _device_kind()
+    hit = store.get(_conv_key(device, layer))
+    if hit is None or not all(c in {(r["layout"], r["algorithm"]) for r in hit.get("candidates", ())}
+                              for c in cands):
+        return None
+    return _conv_choice_from_record(layer, hit, cands, _rule_conv_layer(layer), device)
+
+
 def _check_cache_and_gpu(cache: Any, gpu: Any) -> "AutotuneCache | None":
     """Validate both up front, so a bad argument fails the same way with or without a GPU."""
     store = _as_cache(cache)

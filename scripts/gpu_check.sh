@@ -30,7 +30,8 @@
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
 #     flax       jaxcnn.optimize on Flax/Equinox models: pytest -m gpu tests/test_optimize_gpu.py,
 #                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
-#                adds a --policy autotune run); needs flax + equinox
+#                adds a --policy autotune run; a --fuse auto run of SqueezeNet/VGG-19 follows);
+#                needs flax + equinox
 #     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
 #                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
@@ -217,6 +218,11 @@ if has flax; then
     step bench_optimize_flax_autotune timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
       --out "$OUT" --policy autotune --name optimize_flax_autotune ${FLAX_BENCH_ARGS:-}
   fi
+  # Fusion through optimize: fire modules and conv->max-pool pairs, each where the planner
+  # measures it faster (SqueezeNet's fires, VGG's stage ends).
+  # shellcheck disable=SC2086
+  step bench_optimize_flax_fuse timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
+    --out "$OUT" --fuse auto --name optimize_flax_fuse --models linen_squeezenet1_1,linen_vgg19 ${FLAX_BENCH_ARGS:-}
 fi
 
 if has multigpu; then

@@ -281,6 +281,69 @@ def test_auto_policy_rewrites_only_what_pays():
     assert jaxcnn.optimize(f32).rewrites(rand(12, (2, 9, 9, 3)), rand(13, (3, 3, 3, 16))) == []
 
 
+def test_auto_policy_takes_the_autotuners_cached_measurement(tmp_path, monkeypatch):
+    """Where the autotune cache holds a conv measured on this GPU, policy="auto" takes that
+    winner (XLA's conv included) instead of its rule; off the GPU the cache is not read."""
+    import jaxcnn.layouts as L
+
+    monkeypatch.setenv(L.CACHE_ENV, str(tmp_path / "autotune.json"))
+    x, w = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16))
+    fn = lambda x, w: conv(x, w)
+    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # the rule: tensor cores
+
+    def record(winner):
+        times = {"direct": 3.0, "xla": 2.0, "tensor_core": 1.0}
+        times[winner] = 0.5
+        return dict(op="conv2d", device="Fake GPU", candidates=[
+            dict(layout="NHWC", algorithm=a, time_ms=t, source="measured") for a, t in times.items()],
+            xla=dict(time_ms=times["xla"], measured=True))
+    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), bias=False)
+    key = L._conv_key("Fake GPU", layer)
+    L.AutotuneCache().put(key, record("xla"))
+    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # CPU: not read
+    monkeypatch.setattr(L, "_should_measure", lambda measure: True)
+    monkeypatch.setattr(L, "_device_kind", lambda: "Fake GPU")
+    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
+    L.AutotuneCache().put(key, record("direct"))
+    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["direct"]
+    other = rand(32, (3, 3, 8, 24))  # no record for this layer: the rule again
+    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, other)] == ["auto"]
+
+
+def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
+    """sparse="auto": each NHWC conv's input zeros are measured on the concrete arguments, and
+    the layer's stored crossover decides; no record -> dense. A record saying sparse wins at
+    that sparsity makes the conv a sparse_conv2d with the same values."""
+    from jaxcnn import sparse_dispatch as sd
+
+    monkeypatch.setenv(sd.CACHE_ENV, str(tmp_path / "crossover.json"))
+    x, w1, w2 = rand(20, (2, 9, 9, 8)), rand(21, (3, 3, 8, 16)), rand(22, (3, 3, 16, 8))
+    def net(x, w1, w2):
+        return conv(jax.nn.relu(conv(x, w1)), w2)     # conv2 reads a ReLU output: ~half zeros
+    dense = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto")
+    assert [r.algorithm for r in dense.rewrites()] == ["auto", "auto"]
+    text = dense.explain()
+    assert "dense or sparse (2 conv(s)" in text and "no crossover measured" in text
+    assert "jaxcnn_sparse" not in str(jax.make_jaxpr(dense)(x, w1, w2))
+
+    zeros = float(jnp.mean(jax.nn.relu(conv(x, w1)) == 0))
+    assert 0.3 < zeros < 0.7
+    key = sd.layer_key((2, 9, 9, 16), (3, 3, 16, 8), "float32", stride=(1, 1), padding=((1, 1), (1, 1)),
+                       precision="default")
+    # Measured: sparse 0.01 ms at any sparsity vs dense 1 ms (a made-up record for the test).
+    sd.CrossoverTable().put(sd.Crossover(sd.device_kind(), key, (0.0, 1.0), (0.01, 0.01), 1.0, "xla"))
+    picked = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto")
+    assert [r.algorithm for r in picked.rewrites()] == ["auto", "sparse"]
+    assert f"sparse_conv2d at {zeros:.1%} zeros" in picked.explain()
+    assert "jaxcnn_sparse" in str(jax.make_jaxpr(picked)(x, w1, w2))
+    assert_close(jax.jit(picked)(x, w1, w2), net(x, w1, w2))
+    # Zeros are measured on concrete values: under jit with no example_args there are none.
+    with pytest.raises(ValueError, match="concrete"):
+        jax.jit(jaxcnn.optimize(net, policy="all", sparse="auto"))(x, w1, w2)
+    with pytest.raises(ValueError, match="sparse must be one of"):
+        jaxcnn.optimize(net, sparse="yes")
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="policy"):
         jaxcnn.optimize(small_net, policy="fast")

@@ -211,12 +211,44 @@ def test_fuse_all_turns_every_fire_module_into_one_fused_call(name):
     m = build(name)
     fast = jaxcnn.optimize(m.apply, fuse="all", policy="all")
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_fire") == 8  # SqueezeNet 1.1's fires
-    # The two convs outside the fires (conv1, the classifier) stay separate conv2d calls.
-    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d") == 2
+    # Outside the fires: conv1 + ReLU + its 3x3/2 max pool become one conv2d_pool, the
+    # classifier conv stays a conv2d call.
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 1
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d") == 1
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
     assert "fire" in fast.explain(m.params, m.x)
     unfused = jaxcnn.optimize(m.apply, policy="all")  # fuse="none": the same model, no fire calls
     assert count_in_jaxpr(unfused, m.params, m.x, name="jaxcnn_fire") == 0
+
+
+def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
+    """fuse= also takes an NHWC conv + bias + ReLU read only by a max pool (Flax's VGG stages):
+    one conv2d_pool each; values, grads and vmap as the original. A conv the pool does not read
+    alone, or one the policy leaves to XLA, stays out."""
+    m = build("linen_vgg19")
+    fast = jaxcnn.optimize(m.apply, fuse="all", policy="all")
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 5  # one per VGG stage
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_max_pool2d") == 0
+    assert [g.kind for g, fused, _ in fast.decisions(m.params, m.x)] == ["conv_pool"] * 5
+    assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
+    loss = lambda f: lambda p, x: jnp.sum(f(p, x) ** 2)
+    got = jax.grad(loss(fast))(m.params, m.x)
+    want = jax.grad(loss(m.apply))(m.params, m.x)
+    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
+    xs = jnp.stack([m.x, m.x * 0.5])
+    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+    # Off the GPU "auto" decides with the cost model; "none" and kinds=("fire",) fuse nothing here.
+    assert count_in_jaxpr(jaxcnn.optimize(m.apply, fuse="none"), m.params, m.x, name="jaxcnn_conv2d_pool") == 0
+    only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
+    assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_conv2d_pool") == 0
+    with pytest.raises(ValueError, match="kinds"):
+        jaxcnn.fusion.optimize(m.apply, kinds=("conv_pool", "inception"))
+
+    def two_readers(x, w):  # the conv's output is also returned: no conv2d_pool
+        y = jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+        return y, jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    x, w = jnp.ones((1, 8, 8, 8)), jnp.ones((3, 3, 8, 8))
+    assert jaxcnn.fusion.optimize(two_readers, groups="all").decisions(x, w) == []
 
 
 def test_fuse_rejects_unknown_values():

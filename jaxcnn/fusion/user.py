@@ -1,5 +1,6 @@
-"""Fusion in a plain JAX function: fire-shaped groups in the jaxpr that jaxcnn.optimize
-rewrites, decided like the zoo's groups and replaced by one `jaxcnn.fire` each.
+"""Fusion in a plain JAX function: fire-shaped and conv->max-pool groups in the jaxpr that
+jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one `jaxcnn.fire` /
+`jaxcnn.conv2d_pool` each.
 
     fast = fusion.optimize(model_fn)                 # jaxcnn.optimize + fused fire modules
     y = jax.jit(fast)(params, x)
@@ -9,12 +10,16 @@ A group is what jaxcnn.optimize matches as three NHWC conv2d sites (stride 1, Re
 "squeeze" whose output only two convs read, a 1x1 and a 3x3 (padding 1) "expand", whose outputs
 only one channel concatenate reads, in that order. Searched in call bodies too (jit,
 custom_jvp/vjp). Weights in any order are transposed to HWIO, as optimize does.
+
+A conv->pool group is an NHWC conv2d site (ReLU, groups 1) whose output only a max pool reads
+(straight to its reduce_window_max, NHWC): one conv2d_pool, the pre-pool activation never
+written to memory.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
@@ -25,23 +30,26 @@ from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.planner import GroupDecision, _fmt_ms, _table, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv_args import conv2d_flops
-from jaxcnn.optimize.patterns import Match, Site, Uses
+from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, match_pool
 from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan
 
 GROUPS = ("auto", "all", "none")
+USER_KINDS = ("fire", "conv_pool")
 
 
 @dataclass(frozen=True)
 class JaxprGroup:
-    """A fire-shaped group of a traced function: where it is and its shapes."""
+    """A fusable group of a traced function: where it is and its shapes."""
 
     kind: str
     path: str
     x_shape: tuple[int, ...]
     y_shape: tuple[int, ...]
     dtype: str
-    weight_shapes: tuple[tuple[int, ...], ...]  # HWIO: squeeze, expand 1x1, expand 3x3
+    weight_shapes: tuple[tuple[int, ...], ...]  # HWIO: squeeze, expand 1x1, expand 3x3 / the conv
     eqn_indices: tuple[int, ...]
+    # conv_pool: the conv's and the pool's keywords, and the conv's output shape
+    attrs: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def name(self) -> str:
@@ -54,8 +62,10 @@ class JaxprGroup:
                 f"{'x'.join(map(str, self.y_shape))}{where}")
 
     def to_group(self) -> FusionGroup:
-        """The same fire module as a zoo-style FusionGroup (synthetic LayerInfos), so the cost
+        """The same group as a zoo-style FusionGroup (synthetic LayerInfos), so the cost
         model and the autotuner treat it like a model's."""
+        if self.kind == "conv_pool":
+            return self._conv_pool_group()
         sq_w, e1_w, e3_w = self.weight_shapes
         n, h, w, _ = self.x_shape
         s_shape = (n, h, w, sq_w[3])
@@ -78,6 +88,24 @@ class JaxprGroup:
                            dict(squeeze=sq_w[3], expand1x1=e1_w[3], expand3x3=e3_w[3]))
 
 
+    def _conv_pool_group(self) -> FusionGroup:
+        (w_shape,) = self.weight_shapes
+        conv_kw, pool_kw, mid = self.attrs["conv"], self.attrs["pool"], self.attrs["conv_out"]
+        item = np.dtype(self.dtype).itemsize
+        conv = LayerInfo(f"{self.name}/conv", "conv2d", self.dtype, (self.x_shape,), mid, w_shape, (w_shape[3],),
+                         stride=tuple(conv_kw["stride"]), padding=tuple(map(tuple, conv_kw["padding"])),
+                         dilation=tuple(conv_kw["dilation"]), groups=1, activation="relu",
+                         flops=conv2d_flops(self.x_shape, w_shape, mid),
+                         bytes=(math.prod(self.x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(mid)) * item)
+        window = tuple(pool_kw["window"])
+        pool = LayerInfo(f"{self.name}/pool", "maxpool", self.dtype, (mid,), self.y_shape,
+                         window=window, stride=tuple(pool_kw["stride"]),
+                         padding=tuple(map(tuple, pool_kw["padding"])), flops=math.prod(self.y_shape) * math.prod(window),
+                         bytes=(math.prod(mid) + math.prod(self.y_shape)) * item)
+        return FusionGroup(self.name, "conv_pool", (conv, pool), self.x_shape, self.y_shape, self.dtype,
+                           ("straight",))
+
+
 @dataclass
 class _FireSite:
     plan: Plan
@@ -94,6 +122,15 @@ def _conv_ok(m: Match, kernel: int) -> bool:
     return (s.layout == "NHWC" and s.w_shape[:2] == (kernel, kernel) and s.kwargs["activation"] == "relu"
             and tuple(s.kwargs["stride"]) == (1, 1) and tuple(s.kwargs["dilation"]) == (1, 1)
             and s.kwargs["groups"] == 1 and tuple(map(tuple, s.kwargs["padding"])) == ((pad, pad),) * 2)
+
+
+def _call_bodies(plan: Plan, path: str):
+    """(plan of a call body holding a rewrite, its call path) for each such body."""
+    for i, child in plan.calls.items():
+        eqn = plan.jaxpr.eqns[i]
+        name = eqn.params.get("name", "")
+        label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
+        yield child, f"{path}/{label}" if path else label
 
 
 def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
@@ -125,18 +162,97 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
                            sq.site.dtype, (tuple(sq.site.w_shape), tuple(e1.site.w_shape),
                                            tuple(e3.site.w_shape)), indices)
         found.append(_FireSite(plan, i, sq, e1, e3, group))
-    for i, child in plan.calls.items():
-        eqn = jaxpr.eqns[i]
-        name = eqn.params.get("name", "")
-        label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
-        found.extend(_fire_sites(child, f"{path}/{label}" if path else label))
+    for child, child_path in _call_bodies(plan, path):
+        found.extend(_fire_sites(child, child_path))
     return found
 
 
+@dataclass
+class _ConvPoolSite:
+    plan: Plan
+    conv: Match
+    pool: Match
+    group: JaxprGroup
+
+
+def _conv_eqn(plan: Plan, m: Match):
+    return next(plan.jaxpr.eqns[i] for i in m.eqn_indices
+                if plan.jaxpr.eqns[i].primitive.name == "conv_general_dilated")
+
+
+def _conv_pool_build(perm, conv_kw, pool_kw):
+    def build(x, w, *b):
+        from jaxcnn.ops.conv2d_pool import conv2d_pool
+
+        w = w if perm == (0, 1, 2, 3) else jnp.transpose(w, perm)
+        return conv2d_pool(x, w, b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
+                           padding=conv_kw["padding"], dilation=conv_kw["dilation"],
+                           pool_window=pool_kw["window"], pool_stride=pool_kw["stride"],
+                           pool_padding=pool_kw["padding"], precision=conv_kw["precision"])
+    return build
+
+
+def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
+    jaxpr = plan.jaxpr
+    uses = Uses(jaxpr)
+    found = []
+    for m in list(plan.matches.values()):
+        s = m.site
+        if (m.op != "conv2d" or s.layout != "NHWC" or s.kwargs["activation"] != "relu"
+                or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
+            continue
+        readers = uses.readers.get(m.out_var, [])
+        if len(readers) != 1 or jaxpr.eqns[readers[0]].primitive.name != "reduce_window_max":
+            continue
+        pool = match_pool(uses, readers[0])
+        if pool is None or pool.op != "max_pool2d" or pool.site.layout != "NHWC" or pool.in_vars[0] is not m.out_var:
+            continue
+        # The pool's equations are free, or the policy matched this very pool.
+        planned = plan.matches.get(max(pool.eqn_indices))
+        same = planned is not None and planned.eqn_indices == pool.eqn_indices
+        if not same and any(i in plan.matches or i in plan.skipped for i in pool.eqn_indices):
+            continue
+        build = _conv_pool_build(_to_hwio(_conv_eqn(plan, m)), s.kwargs, pool.site.kwargs)
+        avals = [v.aval for v in m.in_vars]
+        if not _accepts(build, pool.out_var.aval, *avals):
+            continue  # a pool conv2d_pool does not take (e.g. padding as wide as the window)
+        group = JaxprGroup("conv_pool", path, tuple(s.x_shape), tuple(pool.out_var.aval.shape), s.dtype,
+                           (tuple(s.w_shape),), tuple(sorted({*m.eqn_indices, *pool.eqn_indices})),
+                           dict(conv=dict(s.kwargs), pool=dict(pool.site.kwargs),
+                                conv_out=tuple(m.out_var.aval.shape)))
+        found.append(_ConvPoolSite(plan, m, pool, group))
+    for child, child_path in _call_bodies(plan, path):
+        found.extend(_conv_pool_sites(child, child_path))
+    return found
+
+
+def _replace_conv_pool(site: _ConvPoolSite) -> None:
+    """Puts one conv2d_pool match in place of the conv match (and the pool's, if planned)."""
+    plan, conv, pool = site.plan, site.conv, site.pool
+    plan.matches.pop(max(conv.eqn_indices))
+    plan.skipped.difference_update(conv.eqn_indices)
+    planned = plan.matches.get(max(pool.eqn_indices))
+    if planned is not None and planned.eqn_indices == pool.eqn_indices:
+        plan.matches.pop(max(pool.eqn_indices))
+        plan.skipped.difference_update(pool.eqn_indices)
+    g = site.group
+    kwargs = {k: v for k, v in conv.site.kwargs.items() if k not in ("activation", "groups", "layout")}
+    kwargs.update(pool_window=pool.site.kwargs["window"], pool_stride=pool.site.kwargs["stride"],
+                  pool_padding=pool.site.kwargs["padding"])
+    build = _conv_pool_build(_to_hwio(_conv_eqn(plan, conv)), conv.site.kwargs, pool.site.kwargs)
+    match = Match("conv2d_pool", g.eqn_indices, pool.out_var, conv.in_vars,
+                  Site("conv2d_pool", "NHWC", g.x_shape, g.dtype, g.weight_shapes[0], conv.site.bias, kwargs),
+                  conv.replaced + pool.replaced, build=build, algorithm="auto")
+    plan.matches[max(g.eqn_indices)] = match
+    plan.skipped.update(j for j in g.eqn_indices if j != max(g.eqn_indices))
+
+
 def find_jaxpr_groups(fn: Callable, *args, **kwargs) -> list[JaxprGroup]:
-    """Fire-shaped groups in `fn`'s jaxpr on these arguments (see the module docstring)."""
+    """Fire-shaped and conv->max-pool groups in `fn`'s jaxpr on these arguments (see the module
+    docstring), whichever convs optimize's default policy would leave to XLA."""
     closed = jax.make_jaxpr(lambda a, k: fn(*a, **k))(args, kwargs)
-    return [site.group for site in _fire_sites(build_plan(closed.jaxpr, "auto"))]
+    plan = build_plan(closed.jaxpr, "all")
+    return [site.group for site in _fire_sites(plan) + _conv_pool_sites(plan)]
 
 
 def _replace(site: _FireSite) -> None:
@@ -182,22 +298,27 @@ def _to_hwio(conv_eqn) -> tuple[int, ...]:
 
 
 class FusedOptimized(Optimized):
-    """jaxcnn.optimize's rewrites plus one jaxcnn.fire per chosen fire-shaped group."""
+    """jaxcnn.optimize's rewrites plus one jaxcnn.fire per chosen fire-shaped group and one
+    jaxcnn.conv2d_pool per chosen conv->max-pool group."""
 
-    def __init__(self, fn, example_args, policy, groups, decide_kwargs):
+    def __init__(self, fn, example_args, policy, groups, decide_kwargs, kinds=USER_KINDS, sparse="none"):
         if not (callable(groups) or groups in GROUPS):
             raise ValueError(f"groups must be one of {GROUPS} or a callable(JaxprGroup) -> bool, got {groups!r}")
+        if isinstance(kinds, str) or not set(kinds) <= set(USER_KINDS):
+            raise ValueError(f"kinds must be a sequence of {USER_KINDS}, got {kinds!r}")
+        self.kinds = tuple(kinds)
         if policy == "xla":
             raise ValueError("policy='xla' rewrites nothing, so there is nothing to fuse: use fn itself")
         self.groups = groups
         self.decide_kwargs = decide_kwargs
         self._decisions: dict[int, list] = {}
-        super().__init__(fn, example_args, policy)
+        super().__init__(fn, example_args, policy, sparse)
 
     def _traced(self, args, kwargs):
         traced = super()._traced(args, kwargs)
         if id(traced) not in self._decisions:
-            sites = _fire_sites(traced.plan)
+            sites = ((_fire_sites(traced.plan) if "fire" in self.kinds else [])
+                     + (_conv_pool_sites(traced.plan) if "conv_pool" in self.kinds else []))
             chosen: list = []
             if self.groups == "auto" and sites:
                 decisions, *_ = decide_groups([s.group.to_group() for s in sites], **self.decide_kwargs)
@@ -208,12 +329,12 @@ class FusedOptimized(Optimized):
                     chosen.append((s, take, None))
             for s, take, _ in chosen:
                 if take:
-                    _replace(s)
+                    (_replace_conv_pool if isinstance(s, _ConvPoolSite) else _replace)(s)
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
         return traced
 
     def decisions(self, *args, **kwargs) -> list[tuple[JaxprGroup, bool, GroupDecision | None]]:
-        """(group, fused?, the planner's decision or None) per fire-shaped group found."""
+        """(group, fused?, the planner's decision or None) per group found."""
         traced = self._traced(*self._args(args, kwargs))
         return self._decisions[id(traced)]
 
@@ -224,19 +345,23 @@ class FusedOptimized(Optimized):
             times = (_fmt_ms(d.time("fused")), _fmt_ms(d.time("xla"))) if d is not None else ("-", "-")
             rows.append([g.name, g.describe(), *times, "fused" if take else "as optimize", why])
         head = (_table(["group", "what", "fused ms", "XLA ms", "choice", "why"], rows) if rows
-                else "no fire-shaped group")
+                else "no fusable group")
         return head + "\n" + super().explain(*args, **kwargs)
 
 
 def optimize(fn: Callable, *, example_args=None, policy="auto", groups: Any = "auto",
-             costs: str = "auto", cache: Any = None, iters: int = 20, warmup: int = 3) -> FusedOptimized:
-    """`jaxcnn.optimize(fn, policy=policy)` plus fused fire modules.
+             costs: str = "auto", cache: Any = None, iters: int = 20, warmup: int = 3,
+             kinds=USER_KINDS, sparse="none") -> FusedOptimized:
+    """`jaxcnn.optimize(fn, policy=policy)` plus fused fire modules and conv->max-pool pairs.
 
-    groups: "auto" (each fire-shaped group decided like a zoo model's: measured where the CUDA
-      kernels run, else the cost model; `costs`, `cache`, `iters`, `warmup` as plan_fusion's),
-      "all", "none", or a callable(JaxprGroup) -> bool.
+    groups: "auto" (each group decided like a zoo model's: measured where the CUDA kernels run,
+      else the cost model; `costs`, `cache`, `iters`, `warmup` as plan_fusion's), "all", "none",
+      or a callable(JaxprGroup) -> bool.
+    kinds: the group kinds to look for, among USER_KINDS ("fire", "conv_pool"). A conv the policy
+      leaves to XLA is in no group.
+    sparse: as jaxcnn.optimize's.
     Returns a callable with .explain(*args) (decisions, then every rewrite), .decisions(*args)
     and .rewrites(*args); it works under jit, grad and vmap like jaxcnn.optimize's.
     """
     return FusedOptimized(fn, example_args, policy, groups,
-                          dict(costs=costs, cache=cache, iters=iters, warmup=warmup))
+                          dict(costs=costs, cache=cache, iters=iters, warmup=warmup), kinds, sparse)

@@ -21,6 +21,7 @@ from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
 
 POLICIES = ("auto", "all", "xla", "autotune")
+SPARSE = ("none", "auto")
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,18 @@ AUTO_KEEPS_XLA = ("max_pool2d", "avg_pool2d", "softmax", "log_softmax")
 
 
 def auto_policy(site: Site) -> str | None:
-    """policy="auto": the rewrites that pay. A conv is rewritten when jaxcnn.conv2d's "auto"
-    runs it on the tensor-core implicit GEMM (NHWC, groups == 1, C >= 8, K a multiple of 16
-    bytes) or the depthwise kernel (groups == C > 1). Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN,
-    grouped, odd K) stay XLA's: cuDNN runs them on tensor cores. Pools and softmax stay XLA's
-    (AUTO_KEEPS_XLA). policy="all" rewrites every recognised pattern instead."""
+    """policy="auto": the rewrites that pay. A conv the autotuner has measured on this GPU (its
+    cache holds the layer) takes that measured winner, XLA's conv included. Otherwise a conv is
+    rewritten when jaxcnn.conv2d's "auto" runs it on the tensor-core implicit GEMM (NHWC,
+    groups == 1, C >= 8, K a multiple of 16 bytes) or the depthwise kernel (groups == C > 1).
+    Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN, grouped, odd K) stay
+    XLA's: cuDNN runs them on tensor cores. Pools and softmax stay XLA's (AUTO_KEEPS_XLA).
+    policy="all" rewrites every recognised pattern instead."""
     if site.op != "conv2d":
         return None if site.op in AUTO_KEEPS_XLA else "auto"
+    measured = _cached_choice(site)
+    if measured is not None:
+        return measured
     n, h, w, c = site.logical_x_shape()
     k, groups = site.w_shape[3], site.kwargs["groups"]
     if groups == c > 1 and k % c == 0:
@@ -102,6 +108,32 @@ def auto_policy(site: Site) -> str | None:
     return None
 
 
+def _conv_candidates(site: Site) -> list[tuple[str, str]]:
+    """The kernels a conv site can run in its own layout, and XLA's conv."""
+    channels = site.logical_x_shape()[3]
+    candidates = [(site.layout, "direct"), (site.layout, "xla")]
+    if site.layout == "NHWC":
+        candidates.append(("NHWC", "tensor_core"))
+    if site.kwargs["groups"] == channels and channels > 1:
+        candidates.append((site.layout, "depthwise"))
+    return candidates
+
+
+def _conv_layer_kwargs(site: Site) -> dict:
+    k = site.kwargs
+    return dict(stride=k["stride"], padding=k["padding"], dilation=k["dilation"], groups=k["groups"],
+                activation=k["activation"], precision=k["precision"], bias=site.bias,
+                candidates=_conv_candidates(site))
+
+
+def _cached_choice(site: Site):
+    """The autotuner's measured choice for this conv when its cache already holds one for
+    this GPU (e.g. from `jaxcnn layouts --autotune` or policy="autotune"), else None."""
+    import jaxcnn.layouts as L  # imported only when a conv site is decided
+
+    return L.cached_conv_choice(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
+
+
 def autotune_policy(site: Site):
     """policy="autotune": jaxcnn.layouts.autotune_conv's choice among the kernels that run in
     the site's own layout and XLA's conv (measured device times on a GPU, cached per GPU kind;
@@ -111,17 +143,7 @@ def autotune_policy(site: Site):
         return auto_policy(site)
     import jaxcnn.layouts as L  # not imported by jaxcnn.optimize until this policy is used
 
-    k = site.kwargs
-    channels = site.logical_x_shape()[3]
-    candidates = [(site.layout, "direct"), (site.layout, "xla")]
-    if site.layout == "NHWC":
-        candidates.append(("NHWC", "tensor_core"))
-    if k["groups"] == channels and channels > 1:
-        candidates.append((site.layout, "depthwise"))
-    return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, stride=k["stride"],
-                           padding=k["padding"], dilation=k["dilation"], groups=k["groups"],
-                           activation=k["activation"], precision=k["precision"], bias=site.bias,
-                           candidates=candidates)
+    return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
 
 
 def choose_algorithm(policy, site: Site) -> str | None:
@@ -232,16 +254,71 @@ class _Traced:
     closed: Any
     out_tree: Any
     plan: Plan | None
+    sparse: list = field(default_factory=list)  # (Match, sparse_dispatch.Decision) per conv site
+
+
+def _sparse_build(conv_eqn, kwargs, k):
+    """The conv match's replacement as jaxcnn.sparse_conv2d (weights to HWIO, bias to [K])."""
+    o_axis, i_axis, r_axis, s_axis = conv_eqn.params["dimension_numbers"].rhs_spec
+    perm = (r_axis, s_axis, i_axis, o_axis)
+
+    def build(x, w, *b):
+        from jaxcnn.ops.sparse_conv2d import sparse_conv2d
+
+        w = w if perm == (0, 1, 2, 3) else jax.numpy.transpose(w, perm)
+        return sparse_conv2d(x, w, b[0].reshape(k) if b else None, stride=kwargs["stride"],
+                             padding=kwargs["padding"], dilation=kwargs["dilation"],
+                             activation=kwargs["activation"], precision=kwargs["precision"])
+    return build
+
+
+def plan_sparse(plan: Plan, closed, leaves) -> list:
+    """sparse="auto": for each top-level NHWC conv match (groups 1, undilated), the fraction of
+    zeros of its input on these concrete arguments, and jaxcnn.sparse_dispatch's pick at that
+    sparsity from the crossover measured for the layer on this GPU (none measured: dense). A
+    sparse pick swaps the match's build for jaxcnn.sparse_conv2d. Returns (match, Decision)s."""
+    from jaxcnn import sparse_dispatch
+
+    sites = [m for _, m in sorted(plan.matches.items())
+             if m.op == "conv2d" and m.site.layout == "NHWC" and m.site.kwargs["groups"] == 1
+             and tuple(m.site.kwargs["dilation"]) == (1, 1) and not isinstance(m.in_vars[0], Literal)]
+    if not sites:
+        return []
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        raise ValueError("sparse='auto' measures each conv input's zeros on concrete arguments: give "
+                         "optimize example_args (or call the optimized function outside jit first)")
+    jaxpr = plan.jaxpr
+    # The same program, returning each site's input instead of the outputs.
+    probe = jaxpr.replace(outvars=[m.in_vars[0] for m in sites],
+                          debug_info=jaxpr.debug_info._replace(result_paths=None))
+    inputs = jax.core.eval_jaxpr(probe, closed.consts, *leaves)
+    table, device = sparse_dispatch.CrossoverTable(), sparse_dispatch.device_kind()
+    picks = []
+    for m, x in zip(sites, inputs):
+        s = m.site
+        sparsity = float(np.mean(np.asarray(x) == 0))
+        decision = sparse_dispatch.choose(s.x_shape, s.w_shape, s.dtype, sparsity, stride=s.kwargs["stride"],
+                                          padding=s.kwargs["padding"], precision=s.kwargs["precision"],
+                                          table=table, device=device)
+        if decision.sparse:
+            conv_eqn = next(jaxpr.eqns[i] for i in m.eqn_indices
+                            if jaxpr.eqns[i].primitive.name == "conv_general_dilated")
+            m.build, m.algorithm = _sparse_build(conv_eqn, s.kwargs, s.w_shape[3]), "sparse"
+        picks.append((m, decision))
+    return picks
 
 
 class Optimized:
     """`fn` with jaxcnn kernels in place of the lax patterns it traces to (see `optimize`)."""
 
-    def __init__(self, fn: Callable, example_args, policy):
+    def __init__(self, fn: Callable, example_args, policy, sparse="none"):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if not (callable(policy) or policy in POLICIES):
             raise ValueError(f"policy must be one of {POLICIES} or a callable(site) -> algorithm, got {policy!r}")
+        if not (isinstance(sparse, str) and sparse in SPARSE):
+            raise ValueError(f"sparse must be one of {SPARSE}, got {sparse!r}")
+        self.sparse = sparse
         if example_args is not None and not isinstance(example_args, (tuple, list)):
             raise TypeError(f"example_args must be a tuple of fn's positional arguments, got {type(example_args).__name__}")
         self.fn = fn
@@ -272,7 +349,8 @@ class Optimized:
                 return self.fn(*a, **k)
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
             plan = None if self.policy == "xla" else build_plan(closed.jaxpr, self.policy)
-            traced = self._cache[key] = _Traced(closed, jax.tree.structure(out_shape), plan)
+            picks = plan_sparse(plan, closed, leaves) if plan is not None and self.sparse == "auto" else []
+            traced = self._cache[key] = _Traced(closed, jax.tree.structure(out_shape), plan, picks)
         return traced
 
     def __call__(self, *args, **kwargs):
@@ -307,10 +385,16 @@ class Optimized:
         summary = ", ".join(f"{n} {op}" for op, n in counts.items()) or "no pattern found"
         lines = [f"{len(found)} rewrite(s): {summary}"]
         lines += [f"  {i}. {r.describe()}" for i, r in enumerate(found, 1)]
+        picks = self._traced(*self._args(args, kwargs)).sparse
+        if picks:
+            lines.append(f"dense or sparse ({len(picks)} conv(s), sparse='auto'):")
+            for m, decision in picks:
+                shapes = f"x{list(m.site.x_shape)} w(HWIO){list(m.site.w_shape)}"
+                lines.append(f"  {shapes}: " + decision.explain().replace("\n", "\n    "))
         return "\n".join(lines)
 
 
-def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none") -> Optimized:
+def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", sparse="none") -> Optimized:
     """`fn` with the lax patterns it traces to replaced by jaxcnn kernels.
 
     Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
@@ -349,9 +433,16 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none") -> 
                                        activation=k["activation"], bias=site.bias).algorithm
             fast = jaxcnn.optimize(model_fn, policy=tuned)
 
-      fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group fused where the
+      fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group and each NHWC
+        conv+ReLU read only by a max pool fused, into jaxcnn.fire / jaxcnn.conv2d_pool, where the
         fusion planner measures the fused kernel faster on this GPU, or its cost model says so
         off GPU), "all", or a callable(jaxcnn.fusion.JaxprGroup) -> bool.
+      sparse: "none" (dense convs) or "auto": each top-level NHWC conv (groups 1, undilated)
+        runs jaxcnn.sparse_conv2d where jaxcnn.sparse_dispatch's crossover, measured for that
+        layer on this GPU (sparse_dispatch.measure_crossover), says so at the fraction of zeros
+        its input has on the concrete arguments traced (example_args, or the first call outside
+        jit); no crossover measured means dense. explain() lists each pick and why. A conv
+        that fusion takes (fuse=) runs fused whatever its pick.
 
     Returns:
       An `Optimized` callable with `.explain(*args)` (text) and `.rewrites(*args)` (Rewrite list);
@@ -362,5 +453,5 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none") -> 
 
         if not (callable(fuse) or fuse in GROUPS):
             raise ValueError(f"fuse must be one of {GROUPS} or a callable(group) -> bool, got {fuse!r}")
-        return fused_optimize(fn, example_args=example_args, policy=policy, groups=fuse)
-    return Optimized(fn, example_args, policy)
+        return fused_optimize(fn, example_args=example_args, policy=policy, groups=fuse, sparse=sparse)
+    return Optimized(fn, example_args, policy, sparse)
