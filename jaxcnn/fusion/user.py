@@ -92,15 +92,16 @@ class JaxprGroup:
         (w_shape,) = self.weight_shapes
         conv_kw, pool_kw, mid = self.attrs["conv"], self.attrs["pool"], self.attrs["conv_out"]
         item = np.dtype(self.dtype).itemsize
+        moved = (math.prod(self.x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(mid)) * item
         conv = LayerInfo(f"{self.name}/conv", "conv2d", self.dtype, (self.x_shape,), mid, w_shape, (w_shape[3],),
                          stride=tuple(conv_kw["stride"]), padding=tuple(map(tuple, conv_kw["padding"])),
                          dilation=tuple(conv_kw["dilation"]), groups=1, activation="relu",
-                         flops=conv2d_flops(self.x_shape, w_shape, mid),
-                         bytes=(math.prod(self.x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(mid)) * item)
+                         flops=conv2d_flops(self.x_shape, w_shape, mid), bytes=moved)
         window = tuple(pool_kw["window"])
         pool = LayerInfo(f"{self.name}/pool", "maxpool", self.dtype, (mid,), self.y_shape,
                          window=window, stride=tuple(pool_kw["stride"]),
-                         padding=tuple(map(tuple, pool_kw["padding"])), flops=math.prod(self.y_shape) * math.prod(window),
+                         padding=tuple(map(tuple, pool_kw["padding"])),
+                         flops=math.prod(self.y_shape) * math.prod(window),
                          bytes=(math.prod(mid) + math.prod(self.y_shape)) * item)
         return FusionGroup(self.name, "conv_pool", (conv, pool), self.x_shape, self.y_shape, self.dtype,
                            ("straight",))

@@ -289,8 +289,9 @@ def plan_sparse(plan: Plan, closed, leaves) -> list:
                          "optimize example_args (or call the optimized function outside jit first)")
     jaxpr = plan.jaxpr
     # The same program, returning each site's input instead of the outputs.
+    info = jaxpr.debug_info
     probe = jaxpr.replace(outvars=[m.in_vars[0] for m in sites],
-                          debug_info=jaxpr.debug_info._replace(result_paths=None))
+                          debug_info=None if info is None else info._replace(result_paths=None))
     inputs = jax.core.eval_jaxpr(probe, closed.consts, *leaves)
     table, device = sparse_dispatch.CrossoverTable(), sparse_dispatch.device_kind()
     picks = []
@@ -414,13 +415,13 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
       fn: the function to optimize (array pytrees in, array pytrees out).
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
       policy: "auto" (the rewrites that pay on a Hopper GPU: convs that run on jaxcnn's
-        tensor-core or depthwise kernels; see auto_policy), "all" (every recognised pattern, conv2d
-        picking its kernel), "xla" (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
+        tensor-core or depthwise kernels, or the autotuner's cached measurement; see
+        auto_policy), "all" (every recognised pattern, conv2d picking its kernel), "xla"
+        (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
         winner among its layout's kernels and XLA's conv, see autotune_policy), or a
-        callable(Site) -> algorithm name ("auto",
-        "tensor_core", "direct", "depthwise"; "xla" or None keeps that op as lax). Off CUDA the
-        rewritten ops run their lax reference. Plugging in
-        the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
+        callable(Site) -> algorithm name ("auto", "tensor_core", "direct", "depthwise"; "xla" or
+        None keeps that op as lax). Off CUDA the rewritten ops run their lax reference. Plugging
+        in the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
 
             import jaxcnn.layouts as L
             def tuned(site):
