@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup
@@ -176,17 +175,13 @@ class _ConvPoolSite:
     group: JaxprGroup
 
 
-def _conv_eqn(plan: Plan, m: Match):
-    return next(plan.jaxpr.eqns[i] for i in m.eqn_indices
-                if plan.jaxpr.eqns[i].primitive.name == "conv_general_dilated")
+def _conv_pool_build(conv: Match, pool_kw):
+    conv_kw = conv.site.kwargs
 
-
-def _conv_pool_build(perm, conv_kw, pool_kw):
     def build(x, w, *b):
         from jaxcnn.ops.conv2d_pool import conv2d_pool
 
-        w = w if perm == (0, 1, 2, 3) else jnp.transpose(w, perm)
-        return conv2d_pool(x, w, b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
+        return conv2d_pool(x, conv.weight_hwio(w), b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
                            padding=conv_kw["padding"], dilation=conv_kw["dilation"],
                            pool_window=pool_kw["window"], pool_stride=pool_kw["stride"],
                            pool_padding=pool_kw["padding"], precision=conv_kw["precision"])
@@ -213,7 +208,7 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
         same = planned is not None and planned.eqn_indices == pool.eqn_indices
         if not same and any(i in plan.matches or i in plan.skipped for i in pool.eqn_indices):
             continue
-        build = _conv_pool_build(_to_hwio(_conv_eqn(plan, m)), s.kwargs, pool.site.kwargs)
+        build = _conv_pool_build(m, pool.site.kwargs)
         avals = [v.aval for v in m.in_vars]
         if not _accepts(build, pool.out_var.aval, *avals):
             continue  # a pool conv2d_pool does not take (e.g. padding as wide as the window)
@@ -240,7 +235,7 @@ def _replace_conv_pool(site: _ConvPoolSite) -> None:
     kwargs = {k: v for k, v in conv.site.kwargs.items() if k not in ("activation", "groups", "layout")}
     kwargs.update(pool_window=pool.site.kwargs["window"], pool_stride=pool.site.kwargs["stride"],
                   pool_padding=pool.site.kwargs["padding"])
-    build = _conv_pool_build(_to_hwio(_conv_eqn(plan, conv)), conv.site.kwargs, pool.site.kwargs)
+    build = _conv_pool_build(conv, pool.site.kwargs)
     match = Match("conv2d_pool", g.eqn_indices, pool.out_var, conv.in_vars,
                   Site("conv2d_pool", "NHWC", g.x_shape, g.dtype, g.weight_shapes[0], conv.site.bias, kwargs),
                   conv.replaced + pool.replaced, build=build, algorithm="auto")
@@ -263,8 +258,6 @@ def _replace(site: _FireSite) -> None:
     for m in parts:
         plan.matches.pop(max(m.eqn_indices))
         plan.skipped.difference_update(m.eqn_indices)
-    # Weights in the user's order go to HWIO through each conv eqn's dimension numbers.
-    to_hwio = [_to_hwio(plan.jaxpr.eqns[m.eqn_indices[0]]) for m in parts]
     # Read x once, then (w[, b]) of each conv: the expands' input is the squeeze, inside.
     counts = [len(m.in_vars) - 1 for m in parts]
 
@@ -273,9 +266,9 @@ def _replace(site: _FireSite) -> None:
 
         it = iter(vals)
         ws, bs = [], []
-        for perm, count in zip(to_hwio, counts):
+        for m, count in zip(parts, counts):
             w, *b = [next(it) for _ in range(count)]
-            ws.append(w if perm == (0, 1, 2, 3) else jnp.transpose(w, perm))
+            ws.append(m.weight_hwio(w))  # the user's weight order to HWIO
             bs.append(b[0] if b else None)
         return fire(x, *ws, *bs)
 
@@ -291,11 +284,6 @@ def _replace(site: _FireSite) -> None:
                   build=build, algorithm="auto")
     plan.matches[max(indices)] = match
     plan.skipped.update(j for j in indices if j != max(indices))
-
-
-def _to_hwio(conv_eqn) -> tuple[int, ...]:
-    o_axis, i_axis, r_axis, s_axis = conv_eqn.params["dimension_numbers"].rhs_spec
-    return (r_axis, s_axis, i_axis, o_axis)
 
 
 class FusedOptimized(Optimized):

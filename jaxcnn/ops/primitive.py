@@ -143,16 +143,11 @@ class BatchShardedPrimitive:
         dot) would all-gather the batch."""
         out = cls.abstract(*avals, **params)
         operand_axes, out_axis = cls.batch_axes(params)
-        for aval, axis in zip(avals, operand_axes):
-            sharding = getattr(aval, "sharding", None)
-            if axis is None or sharding is None or sharding.mesh.empty or out_axis is None:
-                continue
-            entry = _spec_entry(aval, axis)
-            if entry is not None:
-                spec = _batch_spec(out.ndim, out_axis, entry)
-                return out.update(sharding=NamedSharding(sharding.mesh, spec))
-            break
-        return out
+        entry = cls._mesh_batch_axis(params, avals)
+        if entry is None or out_axis is None:
+            return out
+        mesh = next(a.sharding.mesh for a, axis in zip(avals, operand_axes) if axis is not None)
+        return out.update(sharding=NamedSharding(mesh, _batch_spec(out.ndim, out_axis, entry)))
 
     @classmethod
     def _outer_lowering(cls, ctx, *args, **params):

@@ -66,6 +66,12 @@ class Match:
     build: Callable[..., Any] | None = None  # set once the policy chose an algorithm
     make_build: Callable[[str], Callable[..., Any]] | None = None
     algorithm: str | None = None
+    w_to_hwio: tuple[int, ...] | None = None  # conv matches: the weight's axes in HWIO order
+
+    def weight_hwio(self, w):
+        """A conv match's weight operand (in the user's axis order) as HWIO."""
+        perm = self.w_to_hwio
+        return w if perm is None or perm == (0, 1, 2, 3) else jnp.transpose(w, perm)
 
 
 class Uses:
@@ -330,7 +336,8 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, w_hwio_shape,
                 bias is not None, kwargs)
     in_vars = (x, w) + ((bias,) if bias is not None else ())
-    return Match("conv2d", tuple(indices), out, in_vars, site, tuple(replaced), make_build=make_build)
+    return Match("conv2d", tuple(indices), out, in_vars, site, tuple(replaced), make_build=make_build,
+                 w_to_hwio=to_hwio)
 
 
 def _pool_layout(window, strides, padding) -> str | None:

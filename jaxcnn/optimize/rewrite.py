@@ -257,16 +257,14 @@ class _Traced:
     sparse: list = field(default_factory=list)  # (Match, sparse_dispatch.Decision) per conv site
 
 
-def _sparse_build(conv_eqn, kwargs, k):
+def _sparse_build(m: Match):
     """The conv match's replacement as jaxcnn.sparse_conv2d (weights to HWIO, bias to [K])."""
-    o_axis, i_axis, r_axis, s_axis = conv_eqn.params["dimension_numbers"].rhs_spec
-    perm = (r_axis, s_axis, i_axis, o_axis)
+    kwargs, k = m.site.kwargs, m.site.w_shape[3]
 
     def build(x, w, *b):
         from jaxcnn.ops.sparse_conv2d import sparse_conv2d
 
-        w = w if perm == (0, 1, 2, 3) else jax.numpy.transpose(w, perm)
-        return sparse_conv2d(x, w, b[0].reshape(k) if b else None, stride=kwargs["stride"],
+        return sparse_conv2d(x, m.weight_hwio(w), b[0].reshape(k) if b else None, stride=kwargs["stride"],
                              padding=kwargs["padding"], dilation=kwargs["dilation"],
                              activation=kwargs["activation"], precision=kwargs["precision"])
     return build
@@ -302,9 +300,7 @@ def plan_sparse(plan: Plan, closed, leaves) -> list:
                                           padding=s.kwargs["padding"], precision=s.kwargs["precision"],
                                           table=table, device=device)
         if decision.sparse:
-            conv_eqn = next(jaxpr.eqns[i] for i in m.eqn_indices
-                            if jaxpr.eqns[i].primitive.name == "conv_general_dilated")
-            m.build, m.algorithm = _sparse_build(conv_eqn, s.kwargs, s.w_shape[3]), "sparse"
+            m.build, m.algorithm = _sparse_build(m), "sparse"
         picks.append((m, decision))
     return picks
 
