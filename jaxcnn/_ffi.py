@@ -227,9 +227,10 @@ def sparse_conv_plan(params: dict) -> str | None:
 
 
 def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str | None:
-    """The fused fire kernel's configuration for these shapes on the current device, as the
-    library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ..."): what
-    the handler will launch. None when the library is not loaded (or predates the query)."""
+    """The fire module's kernel configuration for these shapes on the current device, as the
+    library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ...", or
+    "kernel=wgmma convs=3 workspace=..."): what the handler will launch. None when the library
+    is not loaded (or predates the query)."""
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_fire_plan"):
         return None
     from jaxcnn.ops.fire_args import ALGORITHMS
@@ -242,6 +243,23 @@ def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str
     fn(n, h, w, c, squeeze, expand1, expand3, DTYPE_CODES[jax.numpy.dtype(dtype).name],
        ALGORITHMS.index(algorithm), out, len(out))
     return out.value.decode()
+
+
+def fire_workspace_bytes(x_nhwc, squeeze, expand1, expand3, dtype, algorithm) -> int:
+    """Device scratch bytes the fire handler needs (the squeeze output when it runs the three
+    wgmma convs; 0 for the fused kernels). Asks the library, so the size matches the handler's
+    own choice; 0 when the library is not loaded. A kernel that cannot run is the handler's
+    error to report, at run time."""
+    if not handlers_registered():
+        return 0
+    from jaxcnn.ops.fire_args import ALGORITHMS
+
+    fn = _LOADED["lib"].jaxcnn_fire_workspace_bytes
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64] * 9
+    n, h, w, c = x_nhwc
+    return int(fn(n, h, w, c, squeeze, expand1, expand3,
+                  DTYPE_CODES[jax.numpy.dtype(dtype).name], ALGORITHMS.index(algorithm)))
 
 
 def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:

@@ -3,12 +3,15 @@
 
 For every fire module of SqueezeNet 1.0 and 1.1 (torchvision channels, 224x224 input) at each
 batch (default 1 and 64) and dtype (default bf16), plus the issue's headline case (55x55,
-128 -> 32 -> (128, 128), N = 64): fresh random inputs; an accuracy check of jaxcnn.fire against
-XLA's composition on them; then, in one profiler trace, the device time (sum of GPU kernel
-durations, jaxcnn/profile/device_time.py) of
-  - jaxcnn: jaxcnn.fire (one fused kernel),
+128 -> 32 -> (128, 128), N = 64): fresh random inputs; an accuracy check of every jaxcnn.fire
+algorithm against XLA's composition on them; then, in one profiler trace, the device time (sum
+of GPU kernel durations, jaxcnn/profile/device_time.py) of
+  - jaxcnn: jaxcnn.fire, algorithm "auto" (what users get),
+  - fused:  algorithm "tensor_core" (the single mma.sync kernel),
+  - wgmma:  algorithm "wgmma" (three wgmma convs, expands into their slices of the output),
   - xla:    the zoo's fire module on XLA's ops under jit (squeeze conv + bias + ReLU, two
             expand convs + bias + ReLU, concatenate): what a plain JAX SqueezeNet runs.
+fused/wgmma are skipped (with their reason) where they cannot run.
 Floor = (x bytes + y bytes) / 3.97e12 s (H200 HBM3e; weights are negligible); "% floor" =
 floor / time; XLA/jaxcnn = the speedup. Issue goal for the headline case: >= 2.5x XLA.
 
@@ -60,6 +63,8 @@ from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200)
 GOAL_SPEEDUP = 2.5
+# Forced algorithms timed next to "auto" (report column -> jaxcnn.fire algorithm).
+FORCED_VARIANTS = (("fused", "tensor_core"), ("wgmma", "wgmma"))
 # max |jaxcnn - xla| relative to max |xla|: XLA rounds each conv's output before its bias,
 # jaxcnn once per conv; a few ulps of the dtype.
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-4}
@@ -134,27 +139,45 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
     itemsize = jnp.dtype(DTYPES[dtype]).itemsize
     bytes_moved = n * case.hw * case.hw * (case.c + 2 * case.e) * itemsize
     flops = 2 * n * case.hw * case.hw * (case.c * case.s + case.s * case.e + 9 * case.s * case.e)
+    shape = ((n, case.hw, case.hw, case.c), case.s, case.e, case.e, DTYPES[dtype])
+    variants = [("jaxcnn", jaxcnn.fire)]
+    skipped = {}
+    for name, algorithm in FORCED_VARIANTS:
+        plan = _ffi.fire_plan(*shape, algorithm=algorithm)
+        if plan is not None and not plan.startswith("kernel="):
+            skipped[name] = plan  # the library's reason it cannot run
+        else:
+            variants.append((name, functools.partial(jaxcnn.fire, algorithm=algorithm)))
+    want = jax.jit(xla_fire)(*ops)
+    accuracy, per_variant = dict(ok=True, max_rel_diff=0.0, error=None), {}
+    for name, fn in variants:
+        try:
+            acc = _accuracy(jax.jit(fn)(*ops), want, dtype)
+        except Exception as exc:  # record and go on: one broken config must not stop the suite
+            acc = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+        per_variant[name] = acc
+        if not acc["ok"] and accuracy["ok"]:
+            accuracy = dict(acc, error=f"{name}: {acc['error']}")
+        elif acc["ok"] and accuracy["ok"]:
+            accuracy["max_rel_diff"] = max(accuracy["max_rel_diff"], acc["max_rel_diff"])
+            accuracy["tolerance"] = acc["tolerance"]
     try:
-        accuracy = _accuracy(jax.jit(jaxcnn.fire)(*ops), jax.jit(xla_fire)(*ops), dtype)
-    except Exception as exc:  # record and go on: one broken config must not stop the suite
-        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
-    try:
-        timings = device_times([("jaxcnn", jaxcnn.fire, ops), ("xla", xla_fire, ops)],
+        timings = device_times([*((k, f, ops) for k, f in variants), ("xla", xla_fire, ops)],
                                iters=iters, warmup=warmup)
         timings = {k: {**t.to_dict(), "kernels": [asdict(s) for s in t.kernels]}
                    for k, t in timings.items()}
     except Exception as exc:
-        timings = {k: dict(error=f"{type(exc).__name__}: {exc}") for k in ("jaxcnn", "xla")}
+        timings = {k: dict(error=f"{type(exc).__name__}: {exc}")
+                   for k in [*(k for k, _ in variants), "xla"]}
     # The fused kernel's launch configuration (tile, channel split, weight residency).
-    config = _ffi.fire_plan((n, case.hw, case.hw, case.c), case.s, case.e, case.e,
-                            DTYPES[dtype])
+    config = _ffi.fire_plan(*shape)
     med = {k: t.get("median_ms") for k, t in timings.items()}
     floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
     ours, xla = med.get("jaxcnn"), med.get("xla")
     return dict(
         case=case.name, n=n, dtype=dtype, hw=case.hw, c=case.c, s=case.s, e=case.e,
         bytes_moved=bytes_moved, gflop=flops / 1e9, floor_ms=floor_ms, accuracy=accuracy,
-        config=config,
+        accuracy_per_variant=per_variant, skipped=skipped, config=config,
         timings=timings,
         pct_of_floor={k: (100.0 * floor_ms / v if v else None) for k, v in med.items()},
         tflops={k: (flops / (v * 1e-3) / 1e12 if v else None) for k, v in med.items()},
@@ -165,8 +188,9 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
 
 def summary_table(rows: list[dict]) -> list[str]:
     lines = ["| case | N | dtype | HxW | C->S->(E,E) | MB | GFLOP | floor us | jaxcnn us | XLA us "
-             "| jaxcnn % floor | XLA % floor | jaxcnn TFLOP/s | XLA/jaxcnn | max rel diff | status |",
-             "|" + "---|" * 16]
+             "| jaxcnn % floor | XLA % floor | jaxcnn TFLOP/s | XLA/jaxcnn | fused us | wgmma us "
+             "| max rel diff | status |",
+             "|" + "---|" * 18]
     for r in rows:
         t = r["timings"]
         cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
@@ -174,7 +198,8 @@ def summary_table(rows: list[dict]) -> list[str]:
                  f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", _us(t.get("jaxcnn", {})),
                  _us(t.get("xla", {})), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
                  _fmt(r["pct_of_floor"].get("xla"), ".0f"), _fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 _fmt(r["speedup_vs_xla"], ".2f"), _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
+                 _fmt(r["speedup_vs_xla"], ".2f"), *(_us(t[v]) if v in t else "-" for v in ("fused", "wgmma")),
+                 _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
                  _status(r)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines

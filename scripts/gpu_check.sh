@@ -120,10 +120,12 @@ if has layoutchoice; then
 fi
 
 if has fusion; then
-  # The selftest builds standalone (no CMake, no library) so it runs even if the build step failed.
+  # The fire launcher's wgmma path calls the CUTLASS conv kernels: link the selftest against the
+  # build step's kernel archive (no second CUTLASS compile).
   FIRE_SELFTEST=build/fire_selftest
+  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
   step fire_selftest_build nvcc -std=c++17 -O3 -arch=${FIRE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/fire_selftest.cu cuda_ops/fusion/fire.cu -o "$FIRE_SELFTEST"
+    cuda_ops/selftest/fire_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$FIRE_SELFTEST"
   step fire_selftest "$FIRE_SELFTEST"
   step fire_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large
   step fire_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large

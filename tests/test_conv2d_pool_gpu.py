@@ -118,7 +118,8 @@ def test_tensor_core_kernel_random_shapes(case):
        st.integers(1, 20), st.sampled_from([(2, None), (3, 2)]),
        st.sampled_from(["bfloat16", "float16", "float32"]))
 def test_any_channel_counts_run(n, h, w, c, k, pool, dtype):
-    """auto: counts off multiples of 8 (4 for fp32 TF32) take the CUDA-core kernel."""
+    """auto: C below 16 or off a multiple of 8 (4 for fp32 TF32) runs the tensor-core kernel's
+    flat-K mode, K off that multiple the CUDA-core kernel."""
     x, wt, b = operands(n * h + c + k, n, h, w, c, k, dtype=jnp.dtype(dtype))
     check(x, wt, b, pool_window=pool[0], pool_stride=pool[1])
 
@@ -162,12 +163,31 @@ def test_forced_tensor_core_refusals_are_python_errors():
     with pytest.raises(Exception, match="precision 'highest' runs on CUDA cores"):
         jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core",
                                                  precision="highest"))
-    x, w, b = operands(2, 1, 8, 8, 6, 8, dtype=jnp.float32)
-    with pytest.raises(Exception, match="multiples of 4"):
+    x, w, b = operands(2, 1, 8, 8, 8, 6, dtype=jnp.float32)
+    with pytest.raises(Exception, match="K must be a multiple of 4"):
         jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core"))
-    x, w, b = operands(2, 1, 8, 8, 12, 8, dtype=jnp.bfloat16)
-    with pytest.raises(Exception, match="multiples of 8"):
+    x, w, b = operands(2, 1, 8, 8, 16, 12, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="K must be a multiple of 8"):
         jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="tensor_core"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("c,r,kw", [
+    (3, 3, dict(stride=2, padding="VALID", pool_window=3, pool_stride=2)),  # SqueezeNet 1.1
+    (3, 7, dict(stride=2, padding=3, pool_window=3, pool_stride=2, pool_padding=1)),  # ResNet
+    (3, 11, dict(stride=4, padding=2, pool_window=3, pool_stride=2)),  # AlexNet
+    (1, 3, dict(padding=1)), (5, 5, dict(padding=2, dilation=2, pool_window=3, pool_stride=2)),
+    (12, 3, dict(padding=1, pool_window=3, pool_stride=2)), (20, 3, dict(padding=1)),
+])
+def test_flat_k_stems_and_small_channel_counts(c, r, kw, dtype):
+    """C=3 stems, C below 16 and C off the 16-byte multiple run forced tensor cores in flat-K
+    mode (C=20 in fp32 is a multiple of 4: the chunked mode)."""
+    x, w, b = operands(c + r, 2, 37, 35, c, 64, r, r, jnp.dtype(dtype))
+    check(x, w, b, "tensor_core", **kw)
+    cfg = make_conv_pool_config(x.shape, w.shape, **kw)
+    plan = _ffi.conv_pool_plan(x.shape, w.shape, dtype, cfg)
+    flat = c < 16 or c % (16 // jnp.dtype(dtype).itemsize) != 0
+    assert plan.startswith("kernel=tensor_core") and plan.endswith(f"flat_k={int(flat)}"), plan
 
 
 def test_handler_errors_become_python_exceptions():

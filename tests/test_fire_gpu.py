@@ -1,5 +1,5 @@
-"""GPU suite for the fused fire module (`pytest -m gpu`): the CUDA kernels (tensor-core
-bf16/fp16, CUDA-core fp32 and fallback) against XLA's unfused composition computed in float32
+"""GPU suite for the fire module (`pytest -m gpu`): the CUDA kernels (fused tensor-core
+bf16/fp16, the three wgmma convs, CUDA-core fp32 and fallback) against XLA's unfused composition computed in float32
 and a float64 oracle, over random shapes (odd H/W, N = 1), every SqueezeNet 1.0/1.1 fire,
 NaN-poisoned outputs, grads and vmap."""
 
@@ -31,9 +31,14 @@ def run_poisoned(fn, *operands):
     element the kernel does not write stays NaN; checks the custom call is the root."""
     out = jax.eval_shape(fn, *operands)
     poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0).lower(poison, *operands).compile()
-    root = [line for line in compiled.as_text().splitlines() if "ROOT" in line and "ENTRY" not in line]
-    assert any("custom-call" in line and TARGET in line for line in root[-1:]), root
+    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0, keep_unused=True).lower(
+        poison, *operands).compile()
+    text = compiled.as_text()
+    assert f'custom_call_target="{TARGET}"' in text, text
+    # The custom call's first result (the second is its workspace) is the program's output.
+    root = [line for line in text.splitlines() if "ROOT" in line][-1]
+    assert "get-tuple-element" in root or "custom-call" in root, root
+    assert "input_output_alias" in text, "the poisoned output buffer must be donated"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
         return compiled(poison, *operands)
@@ -93,7 +98,38 @@ def test_headline_fire_module_n64_bf16():
     check(fire_operands(0, 64, 55, 55, 128, 32, 128, 128, jnp.bfloat16))
 
 
-@pytest.mark.parametrize("algorithm", ["tensor_core", "fma"])
+@settings(max_examples=40, deadline=None)
+@given(gpu_cases())
+def test_wgmma_path_random_shapes(case):
+    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")),
+                        jnp.dtype(case["dtype"]))
+    check(ops, "wgmma")
+
+
+@pytest.mark.parametrize("c,s,e", SQUEEZENET_FIRES)
+@pytest.mark.parametrize("n,hw", [(1, 13), (4, 27)])
+def test_wgmma_squeezenet_fires(n, hw, c, s, e):
+    check(fire_operands(c + s + hw + 1, n, hw, hw, c, s, e, e, jnp.bfloat16), "wgmma")
+
+
+def test_auto_plan_takes_wgmma_for_the_headline_and_fused_for_small():
+    from jaxcnn import _ffi
+    big = _ffi.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
+    small = _ffi.fire_plan((1, 13, 13, 64), 16, 64, 64, jnp.bfloat16)
+    assert big.startswith("kernel=wgmma"), big
+    assert small.startswith("kernel=tensor_core"), small
+    assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == \
+        64 * 55 * 55 * 32 * 2
+    assert _ffi.fire_workspace_bytes((1, 13, 13, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
+
+
+def test_forced_wgmma_on_float32_is_a_python_error():
+    ops = fire_operands(2, 1, 8, 8, 16, 8, 8, 8, jnp.float32)
+    with pytest.raises(Exception, match="wgmma fire path is bf16/fp16 only"):
+        jax.block_until_ready(jaxcnn.fire(*ops, algorithm="wgmma"))
+
+
+@pytest.mark.parametrize("algorithm", ["tensor_core", "fma", "wgmma"])
 def test_forced_algorithms_agree(algorithm):
     check(fire_operands(1, 2, 17, 23, 64, 16, 64, 64, jnp.bfloat16), algorithm)
 
@@ -138,7 +174,7 @@ def test_vmap_on_gpu():
         np.testing.assert_array_equal(got[i], jaxcnn.fire(xs[i], *ops[1:]))
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "tensor_core", "fma"])
+@pytest.mark.parametrize("algorithm", ["auto", "tensor_core", "fma", "wgmma"])
 @pytest.mark.parametrize("n,h,w,c,m,k", [(1, 13, 13, 64, 16, 64), (2, 9, 21, 72, 24, 40),
                                          (3, 27, 27, 128, 32, 128), (1, 1, 1, 8, 8, 8)])
 def test_straight_conv1x1_conv3x3(algorithm, n, h, w, c, m, k):

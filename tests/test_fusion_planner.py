@@ -76,17 +76,26 @@ def test_kinds_are_validated():
 
 
 def test_fire_cost_model_counts_saved_bytes_and_launches():
-    (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
+    """Small fires run the single fused kernel (saves s's round trip and the concatenate);
+    big ones on Hopper the three wgmma convs (saves the concatenate only)."""
     spec = L._resolve_spec("H200", False)[0]
-    fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
-    assert (fused.launches, xla.launches) == (1, 4)
     item = 2
-    squeeze = 64 * 55 * 55 * 16 * item
-    y = 64 * 55 * 55 * 128 * item
-    # Saved: the squeeze output (written, read by both expands) and the concatenate's copy.
-    assert xla.dram_bytes - fused.dram_bytes == pytest.approx(3 * squeeze + 2 * y)
-    assert fused.time_ms < xla.time_ms
-    assert fused.launch_ms == pytest.approx(cost.LAUNCH_MS)
+    for batch, launches in ((2, 1), (64, 3)):
+        (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=batch, dtype="bfloat16", kinds=BLOCKS)
+        fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
+        assert (fused.launches, xla.launches) == (launches, 4)
+        assert cost.fire_uses_wgmma(g, spec) == (launches == 3)
+        squeeze = batch * 55 * 55 * 16 * item
+        y = batch * 55 * 55 * 128 * item
+        # The concatenate's copy (read + write of y); the fused kernel also keeps s on chip
+        # (written once, read by both expands).
+        saved = 2 * y + (3 * squeeze if launches == 1 else 0)
+        assert xla.dram_bytes - fused.dram_bytes == pytest.approx(saved)
+        assert fused.time_ms < xla.time_ms
+        assert fused.launch_ms == pytest.approx(launches * cost.LAUNCH_MS)
+    # Not on other GPUs: wgmma is Hopper's.
+    (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
+    assert not cost.fire_uses_wgmma(g, L._resolve_spec("A100 SXM 80GB", False)[0])
 
 
 def test_fp32_fire_at_large_batch_is_left_to_xla_by_the_model():
@@ -121,7 +130,8 @@ def test_plan_explain_lists_every_group_with_candidates_and_reasons():
     assert text.splitlines()[0].startswith("squeezenet1_1 batch=64 bfloat16: fusion plan (model costs")
     for header in ("group", "members", "fused ms", "XLA ms", "DRAM MiB XLA->fused", "choice", "why"):
         assert header in text
-    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->1") == 8
+    # N=64 on Hopper: the three wgmma convs (one launch fewer than XLA).
+    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->3") == 8
     assert "groups: 8 of 8 fused" in text and "launch (assumed)" in text
     assert "saves" in text and "kernel launches" in text
     d = plan.to_dict()
@@ -309,15 +319,22 @@ def test_conv_pool_groups_on_vgg_and_squeezenet(conv2d_pool_module):
     assert [g.kind for g in sq][:2] == ["conv_pool", "fire"] and sq[0].name == "conv1+maxpool1"
 
 
-def test_conv_pool_cost_model_knows_the_cuda_core_fallback():
-    """conv2d_pool's tensor-core kernel needs 16-byte channel vectors: the C=3 stem conv runs on
-    CUDA cores (fp32 FMA peak), VGG's 64-channel convs on tensor cores."""
+def test_conv_pool_cost_model_knows_the_tensor_core_rule():
+    """conv2d_pool's tensor-core kernel takes any input channel count (the C=3 stem conv runs its
+    flat-K mode, bf16 and fp32 as TF32) but needs K in 16-byte vectors: K=20 in bf16 runs on CUDA
+    cores (fp32 FMA peak)."""
     spec = L._resolve_spec("H200", False)[0]
-    stem = next(g for g in fusion.find_groups("squeezenet1_1", 64, "bfloat16", kinds=("conv_pool",))[0])
-    vgg = fusion.find_groups("vgg16", 64, "bfloat16", kinds=("conv_pool",))[0][0]
-    assert not cost.conv_pool_uses_tensor_cores(stem) and cost.conv_pool_uses_tensor_cores(vgg)
-    assert [k.math for k in fusion.fused_cost(stem, spec).kernels] == ["fma"]
-    assert [k.math for k in fusion.fused_cost(vgg, spec).kernels] == ["tensor"]
+    first = lambda model, dtype: fusion.find_groups(model, 64, dtype, kinds=("conv_pool",))[0][0]  # noqa: E731
+    stem, stem32, vgg = first("squeezenet1_1", "bfloat16"), first("squeezenet1_1", "float32"), first("vgg16", "bfloat16")
+    assert stem.name == "conv1+maxpool1" and stem.members[0].input_shape[3] == 3
+    for group in (stem, stem32, vgg):
+        assert cost.conv_pool_uses_tensor_cores(group)
+        assert [k.math for k in fusion.fused_cost(group, spec).kernels] == ["tensor"]
+    conv, pool = stem.members
+    k20 = P.dataclasses.replace(stem, members=(
+        P.dataclasses.replace(conv, weight_shape=(*conv.weight_shape[:3], 20)), pool))
+    assert not cost.conv_pool_uses_tensor_cores(k20)
+    assert [k.math for k in fusion.fused_cost(k20, spec).kernels] == ["fma"]
 
 
 def test_apply_with_conv_pool_equals_unfused(conv2d_pool_module):

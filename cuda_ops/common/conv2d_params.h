@@ -39,6 +39,11 @@ struct Conv2dParams {
   bool relu;
   TensorLayout layout = TensorLayout::kNHWC;
   MathPrecision precision = MathPrecision::kHighest;
+  // Elements between consecutive output pixels of y; 0 = K (packed). Larger values write a
+  // channel slice of a wider NHWC tensor (y then points at the slice's first channel): the
+  // fire module's expands store into their halves of the concatenated output this way.
+  // Tensor-core kernel only.
+  int64_t y_pixel_stride = 0;
 };
 
 }  // namespace jaxcnn

@@ -46,6 +46,7 @@ const char* conv2d_direct_unsupported_reason(const Conv2dParams& q) {
   if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
       q.layout != TensorLayout::kCHWN)
     return "unknown tensor layout";
+  if (q.y_pixel_stride != 0) return "y_pixel_stride is supported by the tensor-core kernel only";
   if (q.groups < 1) return "groups must be >= 1";
   if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
   if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";

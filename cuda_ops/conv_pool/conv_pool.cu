@@ -52,7 +52,8 @@ int ChooseBlockK(int64_t K) {
   return CeilDiv(K, 128) * 128 <= CeilDiv(K, 64) * 64 ? 128 : 64;
 }
 
-conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int block_k) {
+conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int block_k,
+                             bool flat_k) {
   conv_pool::TcArgs a{};
   a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
   a.K = static_cast<int>(p.K), a.S = static_cast<int>(p.S);
@@ -68,7 +69,8 @@ conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int 
   a.k_blocks = static_cast<int>(CeilDiv(p.K, block_k));
   a.c_chunks = static_cast<int>(CeilDiv(p.C, conv_pool::kBlockC));
   a.taps = static_cast<int>(p.R * p.S);
-  a.steps = a.taps * a.c_chunks;
+  a.steps = flat_k ? static_cast<int>(CeilDiv(p.R * p.S * p.C, conv_pool::kBlockC))
+                   : a.taps * a.c_chunks;
   return a;
 }
 
@@ -88,11 +90,11 @@ conv_pool::DirectArgs MakeDirectArgs(const ConvPoolParams& p) {
   return a;
 }
 
-template <typename T, int TW, int kWarpsN>
+template <typename T, int TW, int kWarpsN, bool kFlatK>
 cudaError_t LaunchTc(const conv_pool::TcArgs& a, int64_t grid, const ConvPoolBuffers<T>& b,
                      cudaStream_t stream) {
   using Shape = conv_pool::TcShape<T, kWarpsN>;
-  auto kernel = conv_pool::conv_pool_tc_kernel<T, TW, kWarpsN>;
+  auto kernel = conv_pool::conv_pool_tc_kernel<T, TW, kWarpsN, kFlatK>;
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Shape::kSmemBytes);
   if (status != cudaSuccess) return status;
@@ -101,15 +103,23 @@ cudaError_t LaunchTc(const conv_pool::TcArgs& a, int64_t grid, const ConvPoolBuf
   return cudaGetLastError();
 }
 
-template <typename T, int kWarpsN>
+template <typename T, int kWarpsN, bool kFlatK>
 cudaError_t LaunchTcWidth(int tile_w, const conv_pool::TcArgs& a, int64_t grid,
                           const ConvPoolBuffers<T>& b, cudaStream_t stream) {
   switch (tile_w) {
-    case 8: return LaunchTc<T, 8, kWarpsN>(a, grid, b, stream);
-    case 16: return LaunchTc<T, 16, kWarpsN>(a, grid, b, stream);
-    case 32: return LaunchTc<T, 32, kWarpsN>(a, grid, b, stream);
+    case 8: return LaunchTc<T, 8, kWarpsN, kFlatK>(a, grid, b, stream);
+    case 16: return LaunchTc<T, 16, kWarpsN, kFlatK>(a, grid, b, stream);
+    case 32: return LaunchTc<T, 32, kWarpsN, kFlatK>(a, grid, b, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// The plan's channel block (kWarpsN = block_k / 32) and conv block width.
+template <typename T, bool kFlatK>
+cudaError_t LaunchTcPlan(const ConvPoolPlan& plan, const conv_pool::TcArgs& a,
+                         const ConvPoolBuffers<T>& b, cudaStream_t stream) {
+  return plan.block_k == 128 ? LaunchTcWidth<T, 4, kFlatK>(plan.tile_w, a, plan.grid, b, stream)
+                             : LaunchTcWidth<T, 2, kFlatK>(plan.tile_w, a, plan.grid, b, stream);
 }
 
 }  // namespace
@@ -148,17 +158,23 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.unsupported = reason;
     return plan;
   }
-  // Why the tensor-core kernel cannot run, or nullptr. Channels move in 16-byte vectors.
+  // Why the tensor-core kernel cannot run, or nullptr. Weights and outputs move in 16-byte
+  // vectors of output channels; x in 16-byte vectors of input channels, except flat-K, which
+  // gathers it element by element: C off the vector multiple, or so small that a 32-channel
+  // chunk per filter tap would be mostly zero padding.
   constexpr int64_t kVec = 16 / sizeof(T);
+  const bool flat_k = p.C % kVec != 0 || p.C < 16;
   const char* tc_reason = nullptr;
   int major = 0;
   if (std::is_same_v<T, float> && !p.allow_tf32)
     tc_reason = "float32 at precision 'highest' runs on CUDA cores (fp32 FMA)";
-  else if (p.C % kVec != 0 || p.K % kVec != 0)
-    tc_reason = std::is_same_v<T, float> ? "channel counts C and K must be multiples of 4"
-                                         : "channel counts C and K must be multiples of 8";
-  else if (!Aligned16(b.x) || !Aligned16(b.w) || !Aligned16(b.y))
-    tc_reason = "x, w and y must be 16-byte aligned";
+  else if (p.K % kVec != 0)
+    tc_reason = std::is_same_v<T, float> ? "output channels K must be a multiple of 4"
+                                         : "output channels K must be a multiple of 8";
+  else if (!Aligned16(b.w) || !Aligned16(b.y))
+    tc_reason = "w and y must be 16-byte aligned";
+  else if (!flat_k && !Aligned16(b.x))
+    tc_reason = "x must be 16-byte aligned (C is a multiple of 16 bytes)";
   else if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess || major < 8)
     tc_reason = "mma.sync needs compute capability >= 8.0";
   BlockChoice block;
@@ -178,7 +194,12 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
   }
   if (algorithm != ConvPoolAlgorithm::kDirect && tc_reason == nullptr) {
     plan.kernel = ConvPoolAlgorithm::kTensorCore;
-    plan.why = algorithm == ConvPoolAlgorithm::kAuto ? "tensor cores apply" : "forced";
+    if (algorithm == ConvPoolAlgorithm::kAuto)
+      plan.why = flat_k ? "tensor cores apply, flat-K (C below 16 or off the 16-byte multiple)"
+                        : "tensor cores apply";
+    else
+      plan.why = flat_k ? "forced, flat-K" : "forced";
+    plan.flat_k = flat_k;
     plan.tile_h = block.tile_h, plan.tile_w = block.tile_w;
     plan.pooled_h = block.pooled_h, plan.pooled_w = block.pooled_w;
     plan.block_k = block_k;
@@ -217,9 +238,9 @@ cudaError_t launch_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& 
   block.tile_w = plan.tile_w, block.tile_h = plan.tile_h;
   block.pooled_h = plan.pooled_h, block.pooled_w = plan.pooled_w;
   block.tiles_h = CeilDiv(p.PH, plan.pooled_h), block.tiles_w = CeilDiv(p.PW, plan.pooled_w);
-  const conv_pool::TcArgs a = MakeTcArgs(p, block, plan.block_k);
-  return plan.block_k == 128 ? LaunchTcWidth<T, 4>(plan.tile_w, a, plan.grid, b, stream)
-                             : LaunchTcWidth<T, 2>(plan.tile_w, a, plan.grid, b, stream);
+  const conv_pool::TcArgs a = MakeTcArgs(p, block, plan.block_k, plan.flat_k);
+  return plan.flat_k ? LaunchTcPlan<T, true>(plan, a, b, stream)
+                     : LaunchTcPlan<T, false>(plan, a, b, stream);
 }
 
 #define JAXCNN_CONV_POOL_INSTANTIATE(T)                                                        \

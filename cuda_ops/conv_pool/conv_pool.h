@@ -22,8 +22,9 @@ namespace jaxcnn {
 // Which kernel runs the layer; codes match jaxcnn/ops/conv_pool_args.py ALGORITHMS.
 enum class ConvPoolAlgorithm : int {
   kAuto = 0,        // tensor cores where they apply, else the CUDA-core kernel
-  kTensorCore = 1,  // mma.sync (sm_80+), 16-byte aligned buffers: bf16/fp16 with C, K multiples
-                    // of 8; float as TF32 (allow_tf32) with C, K multiples of 4
+  kTensorCore = 1,  // mma.sync (sm_80+): bf16/fp16 with K a multiple of 8, float as TF32
+                    // (allow_tf32) with K a multiple of 4; w and y 16-byte aligned, x too
+                    // unless it runs flat-K (see ConvPoolPlan::flat_k)
   kDirect = 2,      // CUDA-core fp32 FMA: any dtype, any shape (fp32-accurate)
 };
 
@@ -55,6 +56,11 @@ struct ConvPoolPlan {
   int block_k = 0;
   int64_t grid = 0;
   int64_t smem_bytes = 0;
+  // Tensor-core kernel's GEMM-K: false steps over (32-channel chunk, filter tap) with 16-byte
+  // channel vectors of x (C a multiple of 8 in 16-bit, 4 in float, and x 16-byte aligned);
+  // true ("flat-K") over the flattened (r, s, c) filter index, 32 at a time, gathering x
+  // element by element: C that is not such a multiple or is below 16 (a C=3 stem conv).
+  bool flat_k = false;
   // Conv outputs computed / conv outputs P * Q (1.0 for non-overlapping pools on whole
   // blocks; > 1 counts recomputed overlap rows/columns and edge blocks' waste).
   double recompute = 0.0;

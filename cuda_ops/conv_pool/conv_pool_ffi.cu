@@ -140,7 +140,7 @@ jaxcnn::ConvPoolPlan PlanWithAlignedBuffers(const jaxcnn::ConvPoolParams& p,
 
 // The configuration the handler will launch on the current device for an NHWC layer, as one
 // line of text ("kernel=tensor_core block=8x16 pooled=4x8 block_k=64 grid=25088 smem=59392
-// recompute=1.00"), for benchmarks and logs. precision: 0 default, 1 highest (codes of
+// recompute=1.00 flat_k=0"), for benchmarks and logs. precision: 0 default, 1 highest (codes of
 // conv_args.PRECISIONS). dims: N, H, W, C, R, S, K; conv: stride_h,
 // stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w; pool: window_h,
 // window_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right. Returns the text's
@@ -183,7 +183,7 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv_pool_plan(const int64_t* dims, cons
            std::to_string(plan.tile_w) + " pooled=" + std::to_string(plan.pooled_h) + "x" +
            std::to_string(plan.pooled_w) + " block_k=" + std::to_string(plan.block_k) +
            " grid=" + std::to_string(plan.grid) + " smem=" + std::to_string(plan.smem_bytes) +
-           " recompute=" + recompute;
+           " recompute=" + recompute + " flat_k=" + (plan.flat_k ? "1" : "0");
   }
   if (out != nullptr && out_len > 0) {
     const size_t n_copy = std::min<size_t>(text.size(), static_cast<size_t>(out_len - 1));

@@ -11,6 +11,12 @@
 //             the image: the conv padding; via L1, which serves the R x S shifted re-reads of a
 //             chunk), the B stage 32 x kBlockK weights of HWIO; warps
 //             2 (M) x kWarpsN (N), each a 64 x 32 accumulator tile, ldmatrix(.trans) operands.
+//   flat-K    (kFlatK: C not a multiple of 16 bytes, or C < 16, e.g. a C=3 RGB stem) GEMM-K is
+//             HWIO's flattened (r, s, c) index, 32 per step, ceil(R*S*C / 32) steps: the A
+//             stage gathers its elements one by one (plain loads: cp.async has no 2-byte
+//             form), so no 32-channel chunk is mostly padding and x needs no alignment; the
+//             B stage is still 16-byte cp.async (HWIO row kf is contiguous). Same MMAs and
+//             epilogue.
 //   epilogue  bias + ReLU in fp32 registers, one rounding to T (monotonic, so pooling the
 //             rounded values equals rounding the pooled ones: the reference's semantics) into
 //             a shared-memory tile that reuses the pipeline's buffers; then each thread takes
@@ -41,7 +47,7 @@ namespace conv_pool {
 
 // ------------------------------------------------------------------ tensor-core kernel
 constexpr int kTileM = 128;  // conv outputs per CTA (GEMM M)
-constexpr int kBlockC = 32;  // input channels per pipeline stage (GEMM-K chunk)
+constexpr int kBlockC = 32;  // GEMM-K per pipeline stage (input channels; flat-K: (r, s, c))
 
 // Row stride (elements of a 16-bit type) for `cols` columns: rows 16-byte aligned and
 // row_bytes / 16 odd (conflict-free ldmatrix over 8 consecutive rows).
@@ -87,7 +93,7 @@ struct TcArgs {
   int k_blocks;                // ceil(K / kBlockK)
   int c_chunks;                // ceil(C / kBlockC)
   int taps;                    // R * S
-  int steps;                   // c_chunks * taps
+  int steps;                   // c_chunks * taps; flat-K: ceil(taps * C / kBlockC)
 };
 
 // cp.async / ldmatrix / mma.sync helpers (common/mma_sm80.cuh).
@@ -121,7 +127,7 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
 // ReLU that keeps NaN (like jnp.maximum(v, 0)); fmaxf would turn NaN into 0.
 __device__ __forceinline__ float Relu(float v) { return v < 0.0f ? 0.0f : v; }
 
-template <typename T, int TW, int kWarpsN>
+template <typename T, int TW, int kWarpsN, bool kFlatK>
 __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWarpsN>::kMinBlocks)
     conv_pool_tc_kernel(TcArgs a, const T* __restrict__ x, const T* __restrict__ w,
                         const T* __restrict__ bias, T* __restrict__ y) {
@@ -155,18 +161,32 @@ __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWar
   const int oh0 = th * a.pooled_h * a.pool_stride_h - a.pool_pad_top;
   const int ow0 = tw * a.pooled_w * a.pool_stride_w - a.pool_pad_left;
 
-  // A loads: thread owns 16-byte vector tid % kAVecs of pixels tid / kAVecs + j * kPixStep.
-  constexpr int kAVecs = kBlockC / kVec;  // 16-byte vectors per pixel and stage
-  constexpr int kPixStep = kThreads / kAVecs;
+  // Input row/column of conv-block pixel m at filter tap (0, 0); outside [0, H) x [0, W)
+  // is the conv's zero padding.
+  auto in_row = [&](int m) { return (oh0 + m / TW) * a.stride_h - a.pad_top; };
+  auto in_col = [&](int m) { return (ow0 + m % TW) * a.stride_w - a.pad_left; };
+  auto inside = [&](int ih, int iw) {
+    return static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+           static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+  };
+  // A loads: thread owns columns a_col .. a_col + kAPerLoad - 1 of pixels
+  // tid / kALoads + j * kPixStep (a 16-byte vector of channels; flat-K: one element).
+  constexpr int kAPerLoad = kFlatK ? 1 : kVec;
+  constexpr int kALoads = kBlockC / kAPerLoad;  // loads per pixel and stage
+  constexpr int kPixStep = kThreads / kALoads;
   constexpr int kAPixels = kTileM / kPixStep;
   static_assert(kAPixels * kPixStep == kTileM, "A stage split evenly");
-  const int a_vec = tid % kAVecs;
-  int in_h[kAPixels], in_w[kAPixels];
+  const int a_col = (tid % kALoads) * kAPerLoad;
+  const int a_pix = tid / kALoads;
+  // Normal mode keeps its few pixels' positions in registers; flat-K (16-32 pixels per
+  // thread) recomputes them each step instead.
+  int in_h[kFlatK ? 1 : kAPixels], in_w[kFlatK ? 1 : kAPixels];
+  if constexpr (!kFlatK) {
 #pragma unroll
-  for (int j = 0; j < kAPixels; ++j) {
-    const int m = tid / kAVecs + j * kPixStep;
-    in_h[j] = (oh0 + m / TW) * a.stride_h - a.pad_top;
-    in_w[j] = (ow0 + m % TW) * a.stride_w - a.pad_left;
+    for (int j = 0; j < kAPixels; ++j) {
+      in_h[j] = in_row(a_pix + j * kPixStep);
+      in_w[j] = in_col(a_pix + j * kPixStep);
+    }
   }
   const T* x_img = x + n * a.H * a.W * a.C;
   constexpr int kBVecsPerRow = kBlockK / kVec;
@@ -176,29 +196,55 @@ __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWar
   auto issue = [&](int step) {
     T* as = smem + (step % kStages) * Shape::kStageElems;
     T* bs = as + Shape::kAElems;
-    // Channel chunk outer, filter tap inner: consecutive steps re-read the same input
-    // pixels (shifted), which stay in L1.
-    const int chunk = step / a.taps;
-    const int rs = step - chunk * a.taps;
-    const int c0 = chunk * kBlockC;
-    const int r = rs / a.S, s = rs - r * a.S;
-    const int c = c0 + a_vec * kVec;
+    // This stage's B rows are HWIO rows b_row0 .. b_row0 + kBlockC - 1, the first b_rows valid.
+    int b_row0, b_rows;
+    if constexpr (kFlatK) {
+      // Column kf = (r * S + s) * C + c of GEMM-K. Plain loads and stores: the __syncthreads
+      // at the top of the mainloop iteration consuming this stage makes them visible.
+      const int sc = a.S * a.C, rsc = a.taps * a.C;  // GEMM-K per filter row, in all
+      const int kf = step * kBlockC + a_col;
+      const int r = kf / sc, s = (kf - r * sc) / a.C;
+      const int c = kf - r * sc - s * a.C;
+      const bool k_valid = kf < rsc;
+      const int dh = r * a.dilation_h, dw = s * a.dilation_w;
+      using Elem = RawVecOf<T, 1>;  // moved as raw bits: zero bits are +0 in every T
+      const Elem* x_elems = reinterpret_cast<const Elem*>(x_img);
+      Elem* a_elems = reinterpret_cast<Elem*>(as);
 #pragma unroll
-    for (int j = 0; j < kAPixels; ++j) {
-      const int m = tid / kAVecs + j * kPixStep;
-      const int ih = in_h[j] + r * a.dilation_h, iw = in_w[j] + s * a.dilation_w;
-      const bool valid = c < a.C && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-                         static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-      const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : x;
-      CpAsync16L1(as + m * kAStride + a_vec * kVec, src, valid);
+      for (int j = 0; j < kAPixels; ++j) {
+        const int m = a_pix + j * kPixStep;
+        const int ih = in_row(m) + dh, iw = in_col(m) + dw;
+        a_elems[m * kAStride + a_col] =
+            k_valid && inside(ih, iw) ? x_elems[(ih * a.W + iw) * a.C + c] : Elem{0};
+      }
+      b_row0 = step * kBlockC;
+      b_rows = rsc - b_row0;
+    } else {
+      // Channel chunk outer, filter tap inner: consecutive steps re-read the same input
+      // pixels (shifted), which stay in L1.
+      const int chunk = step / a.taps;
+      const int rs = step - chunk * a.taps;
+      const int c0 = chunk * kBlockC;
+      const int r = rs / a.S, s = rs - r * a.S;
+      const int c = c0 + a_col;
+#pragma unroll
+      for (int j = 0; j < kAPixels; ++j) {
+        const int m = a_pix + j * kPixStep;
+        const int ih = in_h[j] + r * a.dilation_h, iw = in_w[j] + s * a.dilation_w;
+        const bool valid = c < a.C && inside(ih, iw);
+        const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : x;
+        CpAsync16L1(as + m * kAStride + a_col, src, valid);
+      }
+      b_row0 = rs * a.C + c0;
+      b_rows = a.C - c0;
     }
 #pragma unroll
     for (int j = 0; j < kBPerThread; ++j) {
       const int i = tid + j * kThreads;
       const int row = i / kBVecsPerRow, v = i % kBVecsPerRow;
-      const int cc = c0 + row, kk = k0 + v * kVec;
-      const bool valid = cc < a.C && kk < a.K;
-      const T* src = valid ? w + (static_cast<int64_t>(rs) * a.C + cc) * a.K + kk : w;
+      const int kk = k0 + v * kVec;
+      const bool valid = row < b_rows && kk < a.K;
+      const T* src = valid ? w + static_cast<int64_t>(b_row0 + row) * a.K + kk : w;
       CpAsync16(bs + row * kBStride + v * kVec, src, valid);
     }
   };

@@ -20,7 +20,8 @@ struct TcProblem {
   const void* x = nullptr;  // [N, H, W, C] with the strides below
   const void* w = nullptr;  // KRSC [K, R, S, C], packed
   const void* bias = nullptr;  // [K] or null
-  void* y = nullptr;           // [N, P, Q, K], packed
+  void* y = nullptr;           // [N, P, Q, K], pixels y_stride_pixel elements apart
+  int64_t y_stride_pixel = 0;
   int N = 0, H_eff = 0, W_eff = 0, C = 0;
   int64_t x_stride_n = 0, x_stride_h = 0, x_stride_w = 0;  // elements
   int R = 0, S = 0, K = 0, P = 0, Q = 0;

@@ -628,7 +628,7 @@ struct TcConvRunner {
                   BiasReluArgs{p.relu ? 1 : 0}};
     epi.ptr_C = nullptr;
     epi.ptr_D = static_cast<Element*>(p.y);
-    epi.dD = typename Kernel::StrideD{int64_t(p.K), cute::_1{}, gemm_m * p.K};
+    epi.dD = typename Kernel::StrideD{p.y_stride_pixel, cute::_1{}, gemm_m * p.y_stride_pixel};
     args->hw_info.device_id = p.device;
     args->hw_info.sm_count = p.sm_count;
     return true;

@@ -138,6 +138,7 @@ TcProblem MakeProblem(const Conv2dParams& p, TcDType dtype) {
   t.dil_h = p.dil_h;
   t.dil_w = p.dil_w;
   t.relu = p.relu;
+  t.y_stride_pixel = p.y_pixel_stride > 0 ? p.y_pixel_stride : p.K;
   return t;
 }
 
@@ -237,6 +238,8 @@ const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& q,
   if (q.K % align != 0)
     return dtype == TcDType::kF32 ? "K must be a multiple of 4 (16-byte TMA rows)"
                                   : "K must be a multiple of 8 (16-byte TMA rows)";
+  if (q.y_pixel_stride != 0 && (q.y_pixel_stride < q.K || q.y_pixel_stride % align != 0))
+    return "y_pixel_stride must be 0 (packed) or >= K and a multiple of 16 bytes (TMA store)";
   if (q.stride_h > kMaxTraversalStride || q.stride_w > kMaxTraversalStride)
     return "strides above 8 (TMA im2col traversal stride limit)";
 

@@ -407,6 +407,7 @@ const char* conv2d_depthwise_unsupported_reason(const Conv2dParams& q) {
   if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
       q.layout != TensorLayout::kCHWN)
     return "unknown layout";
+  if (q.y_pixel_stride != 0) return "y_pixel_stride is supported by the tensor-core kernel only";
   if (q.C < 1 || q.groups != q.C)
     return "not depthwise: the depthwise kernel needs groups == C >= 1";
   if (q.K < q.C || q.K % q.C != 0)

@@ -1,11 +1,12 @@
-// Launcher for the fused fire module: validate, plan (tensor cores or CUDA cores; tile,
-// channel split, which weights stay in shared memory), launch.
+// Launcher for the fire module: validate, plan (three wgmma convs, the fused mma.sync kernel
+// or the CUDA-core kernel; tile, channel split, which weights stay in shared memory), launch.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
 #include "common/device_attribute.h"
+#include "conv_tc/conv2d_tensorcore.h"
 #include "fusion/fire.h"
 #include "fusion/fire_kernels.cuh"
 
@@ -141,6 +142,72 @@ const char* TcUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
   }
 }
 
+// kAuto takes the three wgmma convs from this many output pixels on (or for any S > 32,
+// where the fused kernel splits the expand channels and recomputes the squeeze per slice):
+// below it the fused kernel's single launch wins. H200 measurements: scripts/bench_fusion.py.
+constexpr int64_t kWgmmaMinPixels = 8192;
+constexpr size_t kWorkspaceAlign = 256;
+
+// The kWgmma path's convs: squeeze into the packed workspace, then each expand into its
+// channel slice of y (pixels E1 + E3 elements apart).
+struct WgmmaConvs {
+  Conv2dParams squeeze, expand1, expand3;
+};
+
+WgmmaConvs MakeWgmmaConvs(const FireParams& p) {
+  auto conv = [&p](int64_t c_in, int64_t k, int window, int64_t y_pixel_stride) {
+    Conv2dParams c{};
+    c.N = p.N, c.H = p.H, c.W = p.W, c.C = c_in;
+    c.R = c.S = window, c.K = k, c.P = p.H, c.Q = p.W;
+    c.stride_h = c.stride_w = 1;
+    c.pad_h = c.pad_w = window / 2;
+    c.dil_h = c.dil_w = 1;
+    c.groups = 1;
+    c.relu = true;
+    c.layout = TensorLayout::kNHWC;
+    c.precision = MathPrecision::kDefault;  // unused: 16-bit types only
+    c.y_pixel_stride = y_pixel_stride;
+    return c;
+  };
+  const int64_t y_channels = p.E1 + p.E3;
+  return {conv(p.C, p.S, 1, 0), conv(p.S, p.E1, 1, y_channels), conv(p.S, p.E3, 3, y_channels)};
+}
+
+int64_t WgmmaWorkspaceBytes(const FireParams& p, size_t element_bytes) {
+  const int64_t s_bytes = p.N * p.H * p.W * p.S * static_cast<int64_t>(element_bytes);
+  return CeilDiv(s_bytes, kWorkspaceAlign) * kWorkspaceAlign;
+}
+
+// Why the kWgmma path cannot run these params/buffers (workspace aside), or nullptr.
+template <typename T>
+const char* WgmmaUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return "the wgmma fire path is bf16/fp16 only (float32 runs the CUDA-core kernel)";
+  } else {
+    if (p.C % 8 != 0 || p.S % 8 != 0 || p.E1 % 8 != 0 || p.E3 % 8 != 0)
+      return "the wgmma fire path needs C, squeeze, expand1 and expand3 channels that are "
+             "multiples of 8 (16-byte TMA rows)";
+    if (p.S == 0) return "the wgmma fire path needs squeeze channels";
+    if (!Aligned16(b.x) || !Aligned16(b.y) || !Aligned16(b.w_sq) || !Aligned16(b.w_e1) ||
+        !Aligned16(b.w_e3))
+      return "the wgmma fire path needs 16-byte aligned x, y and weights";
+    const WgmmaConvs convs = MakeWgmmaConvs(p);
+    constexpr TcDType dtype = TcDTypeOf<T>::value;
+    for (const Conv2dParams* c : {&convs.squeeze, &convs.expand1, &convs.expand3}) {
+      if (const char* reason = conv2d_tensorcore_unsupported_reason(*c, dtype)) return reason;
+      // 16-bit convs with 16-byte channel rows need no scratch of their own.
+      if (conv2d_tensorcore_workspace_bytes(*c, dtype) != 0)
+        return "a wgmma fire conv needs scratch (unexpected for bf16/fp16)";
+    }
+    return nullptr;
+  }
+}
+
+bool HasWorkspace(const void* workspace, size_t bytes, int64_t need) {
+  return workspace != nullptr && bytes >= static_cast<size_t>(need) &&
+         reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign == 0;
+}
+
 }  // namespace
 
 const char* fire_unsupported_reason(const FireParams& p) {
@@ -171,8 +238,33 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
     plan.why = "requested";
     return plan;
   }
-  const char* tc_reason = TcUnsupportedReason(p, b);
   DeviceInfo dev;
+  if (algorithm == FireAlgorithm::kWgmma || algorithm == FireAlgorithm::kAuto) {
+    const char* wg_reason = WgmmaUnsupportedReason(p, b);
+    if (wg_reason == nullptr) {
+      if (CurrentDeviceInfo(&dev) != cudaSuccess)
+        wg_reason = "cannot query the current CUDA device";
+      else if (dev.major != 9)
+        wg_reason = "the wgmma fire path needs a compute capability 9.0 (Hopper) GPU";
+    }
+    const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));
+    if (algorithm == FireAlgorithm::kWgmma) {
+      plan.unsupported = wg_reason;
+      plan.kernel = FireAlgorithm::kWgmma;
+      plan.why = "requested";
+      plan.workspace_bytes = need;
+      return plan;
+    }
+    const bool pays = p.N * p.H * p.W >= kWgmmaMinPixels || p.S > 32;
+    if (wg_reason == nullptr && pays && HasWorkspace(b.workspace, b.workspace_bytes, need)) {
+      plan.kernel = FireAlgorithm::kWgmma;
+      plan.why = p.S > 32 ? "more than 32 squeeze channels (the fused kernel would split)"
+                          : "large problem (the fused kernel's mma.sync loses to wgmma)";
+      plan.workspace_bytes = need;
+      return plan;
+    }
+  }
+  const char* tc_reason = TcUnsupportedReason(p, b);
   if (tc_reason == nullptr) {
     if (CurrentDeviceInfo(&dev) != cudaSuccess) {
       tc_reason = "cannot query the current CUDA device";
@@ -234,6 +326,20 @@ cudaError_t LaunchTcTile(const FireParams& p, const FireBuffers<T>& b, const Fir
 }
 
 template <typename T>
+cudaError_t LaunchWgmma(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
+  const WgmmaConvs convs = MakeWgmmaConvs(p);
+  T* s = static_cast<T*>(b.workspace);
+  cudaError_t status = launch_conv2d_tensorcore<T>(b.x, b.w_sq, b.b_sq, s, convs.squeeze,
+                                                   nullptr, 0, stream);
+  if (status != cudaSuccess) return status;
+  // An empty expand1 (conv1x1_conv3x3) is a no-op launch.
+  status = launch_conv2d_tensorcore<T>(s, b.w_e1, b.b_e1, b.y, convs.expand1, nullptr, 0, stream);
+  if (status != cudaSuccess) return status;
+  return launch_conv2d_tensorcore<T>(s, b.w_e3, b.b_e3, b.y + p.E1, convs.expand3, nullptr, 0,
+                                     stream);
+}
+
+template <typename T>
 cudaError_t LaunchFma(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
   fire::FmaArgs a{};
   a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
@@ -265,6 +371,11 @@ cudaError_t launch_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgori
   const FirePlan plan = plan_fire(p, b, algorithm);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   if (plan.kernel == FireAlgorithm::kFma) return LaunchFma(p, b, stream);
+  if (plan.kernel == FireAlgorithm::kWgmma) {
+    if (!HasWorkspace(b.workspace, b.workspace_bytes, plan.workspace_bytes))
+      return cudaErrorInvalidValue;
+    return LaunchWgmma(p, b, stream);
+  }
   if constexpr (std::is_same_v<T, float>) {
     return cudaErrorInvalidValue;  // plan_fire never picks tensor cores for fp32
   } else {

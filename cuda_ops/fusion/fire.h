@@ -4,9 +4,14 @@
 //   s  = relu(conv1x1(x, w_sq) + b_sq)           rounded to T (as the unfused reference)
 //   y  = concat_C(relu(conv1x1(s, w_e1) + b_e1),  relu(conv3x3_pad1(s, w_e3) + b_e3))
 //
-// in one kernel: the squeeze tile (plus its 1-pixel halo) never leaves shared memory
-// (straight fusion), both expands read it from there (split fusion) and write straight into
-// their channel slices of y (merge fusion: no concatenate).
+// Two ways to run it:
+//  - one mma.sync kernel (kTensorCore, kFma): the squeeze tile (plus its 1-pixel halo) never
+//    leaves shared memory (straight fusion), both expands read it from there (split fusion)
+//    and write straight into their channel slices of y (merge fusion: no concatenate);
+//  - kWgmma: three launches of the Hopper tensor-core conv (conv_tc/: wgmma + TMA), s through
+//    a workspace, each expand's epilogue storing into its channel slice of y (merge fusion
+//    again, so XLA's concatenate copy is gone). It wins where the single kernel's mma.sync
+//    and halo/channel-split recompute cost more than s's round trip (big batches, S > 32).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,9 +24,12 @@ namespace jaxcnn {
 
 // Which kernel runs the fire module.
 enum class FireAlgorithm : int {
-  kAuto = 0,        // tensor cores where they apply, else the CUDA-core kernel
+  kAuto = 0,        // kWgmma where it applies and pays (with the buffers' workspace), else
+                    // kTensorCore where it applies, else kFma
   kTensorCore = 1,  // bf16/fp16 mma.sync (sm_80+); channel counts multiples of 8
   kFma = 2,         // CUDA-core fp32 FMA: any dtype, any channel counts
+  kWgmma = 3,       // three wgmma/TMA convs (sm_90), expands into y's slices; bf16/fp16,
+                    // channel counts multiples of 8; needs FirePlan::workspace_bytes
 };
 
 // x [N,H,W,C], w_sq [1,1,C,S], w_e1 [1,1,S,E1], w_e3 [3,3,S,E3], biases [S], [E1], [E3],
@@ -33,7 +41,7 @@ struct FireParams {
 
 // What the launcher will run for these params, dtype and pointers (no launch).
 struct FirePlan {
-  FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore or kFma
+  FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore, kWgmma or kFma
   const char* unsupported = nullptr;          // non-null: cannot run, says why
   const char* why = "";                       // why this kernel (for selftests / logs)
   // Tensor-core kernel only: shared-memory bytes per CTA; squeeze weights kept in shared
@@ -48,6 +56,8 @@ struct FirePlan {
   int tile_h = 0, tile_w = 0;
   int split = 0;
   int64_t grid = 0;
+  // kWgmma: device scratch for s (256-byte aligned) the launch needs in FireBuffers.
+  int64_t workspace_bytes = 0;
 };
 
 // The pointers a launch reads and writes; alignment decides the kernel.
@@ -61,6 +71,8 @@ struct FireBuffers {
   const T* w_e3;
   const T* b_e3;
   T* y;
+  void* workspace = nullptr;  // kWgmma only: FirePlan::workspace_bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
 };
 
 // nullptr if the shape can run at all (FMA kernel), else a static message.
@@ -72,7 +84,8 @@ template <typename T>
 FirePlan plan_fire(const FireParams& params, const FireBuffers<T>& buffers,
                    FireAlgorithm algorithm);
 
-// cudaErrorInvalidValue when plan_fire(...).unsupported is set; cudaSuccess without
+// cudaErrorInvalidValue when plan_fire(...).unsupported is set or the plan's workspace is
+// missing; cudaSuccess without
 // launching when y is empty; else cudaGetLastError() after the launch. x and y must not
 // alias.
 template <typename T>

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,9 @@ std::string ShapeText(const std::vector<int64_t>& dims) {
 ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
                    ffi::AnyBuffer w_e1, ffi::AnyBuffer w_e3, ffi::AnyBuffer b_sq,
                    ffi::AnyBuffer b_e1, ffi::AnyBuffer b_e3, ffi::Result<ffi::AnyBuffer> y,
-                   int64_t algorithm) {
-  if (algorithm < 0 || algorithm > 2)
-    return Invalid("algorithm must be 0 (auto), 1 (tensor_core) or 2 (fma), got " +
+                   ffi::Result<ffi::AnyBuffer> workspace, int64_t algorithm) {
+  if (algorithm < 0 || algorithm > 3)
+    return Invalid("algorithm must be 0 (auto), 1 (tensor_core), 2 (fma) or 3 (wgmma), got " +
                    std::to_string(algorithm));
   const auto x_dims = x.dimensions();
   if (x_dims.size() != 4) return Invalid("x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
@@ -81,14 +82,21 @@ ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
         static_cast<const T*>(x.untyped_data()),    static_cast<const T*>(w_sq.untyped_data()),
         static_cast<const T*>(b_sq.untyped_data()), static_cast<const T*>(w_e1.untyped_data()),
         static_cast<const T*>(b_e1.untyped_data()), static_cast<const T*>(w_e3.untyped_data()),
-        static_cast<const T*>(b_e3.untyped_data()), static_cast<T*>(y->untyped_data())};
+        static_cast<const T*>(b_e3.untyped_data()), static_cast<T*>(y->untyped_data()),
+        workspace->untyped_data(), workspace->size_bytes()};
     const auto algo = static_cast<FireAlgorithm>(algorithm);
     const FirePlan plan = plan_fire<T>(p, buffers, algo);
     if (plan.unsupported != nullptr)
       return Invalid(std::string("unsupported by the chosen kernel: ") + plan.unsupported +
                      " (x " + DimsToString(x_dims) + ", squeeze " + std::to_string(p.S) +
                      ", expand " + std::to_string(p.E1) + "+" + std::to_string(p.E3) + ")");
-    JAXCNN_RETURN_IF_CUDA_ERROR(launch_fire<T>(p, buffers, algo, stream), "fire launch");
+    if (plan.kernel == FireAlgorithm::kWgmma &&
+        workspace->size_bytes() < static_cast<size_t>(plan.workspace_bytes))
+      return Invalid("workspace of " + std::to_string(workspace->size_bytes()) +
+                     " bytes; the wgmma path needs " + std::to_string(plan.workspace_bytes) +
+                     " (lowered without the library loaded?)");
+    // Launch what was planned: launch_fire re-plans, and must not pick differently.
+    JAXCNN_RETURN_IF_CUDA_ERROR(launch_fire<T>(p, buffers, plan.kernel, stream), "fire launch");
     return ffi::Error::Success();
   });
 }
@@ -111,20 +119,43 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnFireFwd, jaxcnn::FireFwd,
                                   .Arg<ffi::AnyBuffer>()   // expand1_b
                                   .Arg<ffi::AnyBuffer>()   // expand3_b
                                   .Ret<ffi::AnyBuffer>()   // y
+                                  .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma)
                                   .Attr<int64_t>("algorithm"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 namespace {
 
+// The plan for XLA's buffers: 16-byte aligned (only the addresses' alignment matters to the
+// plan) and whatever workspace the plan asks for (the lowering allocates it).
 template <typename T>
 jaxcnn::FirePlan PlanWithAlignedBuffers(const jaxcnn::FireParams& p,
                                         jaxcnn::FireAlgorithm algorithm) {
-  // XLA's buffers are 16-byte aligned (what the handler will see); only the addresses'
-  // alignment matters to the plan.
   const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
-  const jaxcnn::FireBuffers<T> buffers{aligned, aligned, aligned, aligned, aligned,
-                                       aligned, aligned, const_cast<T*>(aligned)};
+  const jaxcnn::FireBuffers<T> buffers{aligned,
+                                       aligned,
+                                       aligned,
+                                       aligned,
+                                       aligned,
+                                       aligned,
+                                       aligned,
+                                       const_cast<T*>(aligned),
+                                       const_cast<T*>(aligned),
+                                       std::numeric_limits<size_t>::max()};
   return jaxcnn::plan_fire<T>(p, buffers, algorithm);
+}
+
+jaxcnn::FirePlan PlanForDtype(const jaxcnn::FireParams& p, int64_t dtype,
+                              jaxcnn::FireAlgorithm algorithm) {
+  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+    case 0: return PlanWithAlignedBuffers<float>(p, algorithm);
+    case 1: return PlanWithAlignedBuffers<__nv_bfloat16>(p, algorithm);
+    case 2: return PlanWithAlignedBuffers<__half>(p, algorithm);
+    default: {
+      jaxcnn::FirePlan plan;
+      plan.unsupported = "unknown dtype code";
+      return plan;
+    }
+  }
 }
 
 }  // namespace
@@ -138,19 +169,16 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
                                                   int64_t dtype, int64_t algorithm, char* out,
                                                   int64_t out_len) {
   const jaxcnn::FireParams p{n, h, w, c, s, e1, e3};
-  const auto algo = static_cast<jaxcnn::FireAlgorithm>(algorithm);
-  jaxcnn::FirePlan plan;
-  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
-    case 0: plan = PlanWithAlignedBuffers<float>(p, algo); break;
-    case 1: plan = PlanWithAlignedBuffers<__nv_bfloat16>(p, algo); break;
-    case 2: plan = PlanWithAlignedBuffers<__half>(p, algo); break;
-    default: plan.unsupported = "unknown dtype code"; break;
-  }
+  const jaxcnn::FirePlan plan =
+      PlanForDtype(p, dtype, static_cast<jaxcnn::FireAlgorithm>(algorithm));
   std::string text;
   if (plan.unsupported != nullptr) {
     text = plan.unsupported;
   } else if (plan.kernel == jaxcnn::FireAlgorithm::kFma) {
     text = std::string("kernel=fma (") + plan.why + ")";
+  } else if (plan.kernel == jaxcnn::FireAlgorithm::kWgmma) {
+    text = std::string("kernel=wgmma convs=3 workspace=") + std::to_string(plan.workspace_bytes) +
+           " (" + plan.why + ")";
   } else {
     text = "kernel=tensor_core tile=" + std::to_string(plan.tile_h) + "x" +
            std::to_string(plan.tile_w) + " split=" + std::to_string(plan.split) +
@@ -164,4 +192,16 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
     out[n_copy] = '\0';
   }
   return plan.unsupported != nullptr ? -1 : static_cast<int64_t>(text.size());
+}
+
+// Workspace bytes the handler will need for these shapes, dtype code and algorithm code (the
+// Python lowering makes it a second result of the custom call). Never fails: a kernel that
+// cannot run is reported by the handler (lowering must work on a machine without the GPU).
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_workspace_bytes(int64_t n, int64_t h, int64_t w,
+                                                             int64_t c, int64_t s, int64_t e1,
+                                                             int64_t e3, int64_t dtype,
+                                                             int64_t algorithm) {
+  const jaxcnn::FirePlan plan = PlanForDtype(jaxcnn::FireParams{n, h, w, c, s, e1, e3}, dtype,
+                                             static_cast<jaxcnn::FireAlgorithm>(algorithm));
+  return plan.kernel == jaxcnn::FireAlgorithm::kWgmma ? plan.workspace_bytes : 0;
 }

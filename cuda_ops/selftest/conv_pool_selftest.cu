@@ -1,10 +1,13 @@
 // Standalone check of launch_conv_pool (fused conv + bias + ReLU + max-pool) against a host
 // float64 reference: odd spatial sizes, N = 1, strides, dilation, asymmetric and pool padding,
-// overlapping (3x3/2) and non-square pools, channel counts that are not multiples of 8 (CUDA-
-// core fallback), several channel blocks, bf16 / fp16 on tensor cores and on the CUDA-core
-// kernel, fp32 on TF32 tensor cores and on the CUDA-core kernel, a misaligned buffer (auto falls back to CUDA cores, forced tensor cores are
-// refused), then VGG-19 c1_2 and AlexNet conv2 at full size (checked on one image) and
-// cudaEvent timings of VGG-19's and AlexNet's pooled layers at N = 64, bf16 and fp32 (TF32).
+// overlapping (3x3/2) and non-square pools, channel counts off the 16-byte multiple (flat-K
+// tensor cores; CUDA-core fallback where K is off it), several channel blocks, bf16 / fp16 on
+// tensor cores and on the CUDA-core kernel, fp32 on TF32 tensor cores and on the CUDA-core
+// kernel, misaligned buffers (auto falls back to CUDA cores, forced tensor cores are refused;
+// flat-K takes any x), flat-K stems (C=3: SqueezeNet, ResNet, AlexNet) and small C (1-12) on
+// every dtype, then VGG-19 c1_2 and AlexNet conv2 at full size (checked on one image) and
+// cudaEvent timings of VGG-19's, AlexNet's and the stems' pooled layers at N = 64, bf16 and
+// fp32 (TF32).
 // Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch and a guard region
 // past y must stay untouched, so an unwritten or stray element fails.
 // Build alone: nvcc -std=c++17 -O3 -arch=sm_90a -I cuda_ops cuda_ops/selftest/conv_pool_selftest.cu
@@ -149,11 +152,18 @@ T* Upload(const std::vector<T>& v, int misalign = 0) {
   return d + misalign;
 }
 
+// Elements by which x and y start past a 16-byte boundary; a plain int misaligns both.
+struct Misalign {
+  Misalign(int both = 0) : x(both), y(both) {}
+  Misalign(int x_elems, int y_elems) : x(x_elems), y(y_elems) {}
+  int x, y;
+};
+
 // Runs one case: poison, launch, compare images `check` (all when empty) with the float64
 // reference; returns pass. expect_refused: the plan must refuse (forced tensor cores on an
 // unsupported case). With time_iters > 0 it also prints the mean cudaEvent time.
 template <typename T>
-bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
+bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
              bool expect_refused = false, std::vector<int64_t> check = {}, int time_iters = 0,
              bool tf32 = false) {
   ConvPoolParams p = ToParams(layer);
@@ -161,12 +171,12 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
   const Case<T> c = MakeCase<T>(p, 0x5EED0000ULL + p.N * 7 + p.H * 131 + p.C * 31 + p.K);
   const int64_t y_count = p.N * p.PH * p.PW * p.K;
   ConvPoolBuffers<T> b;
-  b.x = Upload(c.x, misalign);
+  b.x = Upload(c.x, misalign.x);
   b.w = Upload(c.w);
   b.bias = Upload(c.b);
   unsigned char* y_raw = nullptr;
   const size_t y_bytes = y_count * sizeof(T);
-  const size_t lead = misalign * sizeof(T);
+  const size_t lead = misalign.y * sizeof(T);
   CHECK_CUDA(cudaMalloc(&y_raw, y_bytes + kGuardBytes + lead));
   b.y = reinterpret_cast<T*>(y_raw + lead);
   CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + lead));
@@ -236,8 +246,8 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
               static_cast<long long>(p.C), static_cast<long long>(p.PH),
               static_cast<long long>(p.PW), static_cast<long long>(p.K), kernel);
   if (plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.unsupported == nullptr)
-    std::printf(" block=%dx%d pooled=%dx%d block_k=%d", plan.tile_h, plan.tile_w, plan.pooled_h,
-                plan.pooled_w, plan.block_k);
+    std::printf(" block=%dx%d pooled=%dx%d block_k=%d flat_k=%d", plan.tile_h, plan.tile_w,
+                plan.pooled_h, plan.pooled_w, plan.block_k, plan.flat_k ? 1 : 0);
   if (!expect_refused) std::printf(" rel_err=%.2e unwritten=%lld", rel, static_cast<long long>(bad));
   if (ms > 0.0) {
     const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
@@ -245,7 +255,7 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, int misalign = 0,
   }
   if (plan.unsupported != nullptr) std::printf(" (%s)", plan.unsupported);
   std::printf("\n");
-  CHECK_CUDA(cudaFree(const_cast<T*>(b.x) - misalign));
+  CHECK_CUDA(cudaFree(const_cast<T*>(b.x) - misalign.x));
   CHECK_CUDA(cudaFree(const_cast<T*>(b.w)));
   CHECK_CUDA(cudaFree(const_cast<T*>(b.bias)));
   CHECK_CUDA(cudaFree(y_raw));
@@ -262,13 +272,30 @@ const Layer kSmall[] = {
     {"stride2 dil2 pool2/1",2, 20, 21, 24, 3, 3,  16, 2, 2, 1, 2, 0, 1, 2, 2, 2, 2, 1, 1, 0, 0, 0, 0},
     {"asym pool 2x3/(1,2)", 1, 12, 19, 32, 3, 3,  40, 1, 1, 0, 2, 1, 0, 1, 1, 2, 3, 1, 2, 0, 1, 2, 0},
     {"no pool 1x1/1",       2,  9, 10, 16, 1, 1,  24, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0},
-    {"C=12 K=20 fallback",  2, 11, 10, 12, 3, 3,  20, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"C=12 K=20 K%8 != 0",  2, 11, 10, 12, 3, 3,  20, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"C=20 flat-K 16-bit",  2, 14, 15, 20, 3, 3,  32, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"alexnet c1-like C=3", 1, 35, 35,  3, 11, 11, 16, 4, 4, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
     {"pool 16x1 tall",      1, 33,  9,  8, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 16, 1, 8, 1, 0, 0, 0, 0},
     {"pool 5x17 > blocks",  1, 20, 40,  8, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 5, 17, 3, 5, 0, 0, 0, 0},
 };
 
-// Pooled layers of VGG-19 (conv before each 2x2/2 pool) and AlexNet (3x3/2 pools).
+// Flat-K layers on every dtype (C below 16 or off the 16-byte multiple): RGB stems at reduced
+// size and small channel counts; GEMM-K = R*S*C below, at and above multiples of 32.
+const Layer kFlatK[] = {
+    // name                 N   H   W   C  R  S   K  sh sw pt pb pl pr dh dw  wh ww psh psw qt qb ql qr
+    {"sq1.1 stem 3x3/2",    2, 37, 37,  3, 3, 3,  64, 2, 2, 0, 0, 0, 0, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"resnet stem 7x7/2",   2, 45, 45,  3, 7, 7,  64, 2, 2, 3, 3, 3, 3, 1, 1, 3, 3, 2, 2, 1, 1, 1, 1},
+    {"alexnet stem 11x11/4",2, 67, 67,  3, 11, 11, 96, 4, 4, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"sq1.0 stem 7x7/2 ceil",1, 41, 39, 3, 7, 7,  96, 2, 2, 0, 0, 0, 0, 1, 1, 3, 3, 2, 2, 0, 1, 0, 1},
+    {"C=1 K=8",             2, 15, 13,  1, 3, 3,   8, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"C=2 4x4 RSC=32",      1, 18, 18,  2, 4, 4,   8, 2, 2, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"C=5 dil2 poolpad",    1, 23, 26,  5, 5, 5,  24, 1, 1, 4, 4, 4, 4, 2, 2, 3, 3, 2, 2, 1, 1, 1, 1},
+    {"C=8 asym 2x3/(1,2)",  2, 19, 17,  8, 3, 3,  16, 1, 2, 0, 2, 1, 0, 1, 1, 2, 3, 1, 2, 0, 1, 2, 0},
+    {"C=12 K=136 3 blocks", 1, 21, 18, 12, 3, 3, 136, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+};
+
+// Pooled layers of VGG-19 (conv before each 2x2/2 pool), AlexNet (3x3/2 pools) and the C=3
+// stems (flat-K): SqueezeNet 1.1 and 1.0, ResNet (7x7/2 pad 3, pool pad 1), AlexNet (11x11/4).
 const Layer kNetworks[] = {
     {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"vgg19 c2_2",     64, 112, 112, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
@@ -277,7 +304,37 @@ const Layer kNetworks[] = {
     {"vgg19 c5_4",     64,  14,  14, 512, 3, 3, 512, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"alexnet conv2",  64,  27,  27,  64, 5, 5, 192, 1, 1, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
     {"alexnet conv5",  64,  13,  13, 256, 3, 3, 256, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"sq1.1 conv1",    64, 224, 224,   3, 3, 3,  64, 2, 2, 0, 0, 0, 0, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"sq1.0 conv1",    64, 224, 224,   3, 7, 7,  96, 2, 2, 0, 0, 0, 0, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
+    {"resnet conv1",   64, 224, 224,   3, 7, 7,  64, 2, 2, 3, 3, 3, 3, 1, 1, 3, 3, 2, 2, 1, 1, 1, 1},
+    {"alexnet conv1",  64, 224, 224,   3, 11, 11, 64, 4, 4, 2, 2, 2, 2, 1, 1, 3, 3, 2, 2, 0, 0, 0, 0},
 };
+
+// The auto plan for `layer` with a 16-byte aligned w and x, y misaligned by `misalign` (only the
+// addresses' alignment reaches the plan).
+template <typename T>
+jaxcnn::ConvPoolPlan AutoPlan(const Layer& layer, bool tf32, Misalign misalign) {
+  ConvPoolParams p = ToParams(layer);
+  p.allow_tf32 = tf32;
+  T* aligned = reinterpret_cast<T*>(uintptr_t{256});
+  const ConvPoolBuffers<T> buffers{aligned + misalign.x, aligned, aligned, aligned + misalign.y};
+  return jaxcnn::plan_conv_pool<T>(p, buffers, ConvPoolAlgorithm::kAuto);
+}
+
+// A flat-K layer in one dtype (fp32 as TF32): auto must plan the tensor-core kernel in flat-K
+// mode (a CUDA-core fallback would pass the reference as well); auto and forced tensor cores
+// must match the reference. Returns the failures.
+template <typename T>
+int RunFlatK(const Layer& layer, bool tf32, Misalign misalign = {}) {
+  const jaxcnn::ConvPoolPlan plan = AutoPlan<T>(layer, tf32, misalign);
+  const bool planned = plan.unsupported == nullptr &&
+                       plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.flat_k;
+  if (!planned)
+    std::printf("FAIL %-24s auto plan is not flat-K tensor cores (%s)\n", layer.name,
+                plan.unsupported != nullptr ? plan.unsupported : plan.why);
+  return !planned + !RunCase<T>(layer, ConvPoolAlgorithm::kAuto, misalign, false, {}, 0, tf32) +
+         !RunCase<T>(layer, ConvPoolAlgorithm::kTensorCore, misalign, false, {}, 0, tf32);
+}
 
 }  // namespace
 
@@ -295,8 +352,9 @@ int main(int argc, char** argv) {
     // A conv block (16x8, 8x16 or 4x32) must hold a pool window.
     const bool fits = l.wh <= 16 && l.ww <= 32 && !(l.wh > 8 && l.ww > 8) &&
                       !(l.wh > 4 && l.ww > 16);
-    const bool tc_ok = l.C % 8 == 0 && l.K % 8 == 0 && fits;
-    const bool tf32_ok = l.C % 4 == 0 && l.K % 4 == 0 && fits;
+    // Any C (flat-K where C is small or off the 16-byte multiple); K in 16-byte vectors.
+    const bool tc_ok = l.K % 8 == 0 && fits;
+    const bool tf32_ok = l.K % 4 == 0 && fits;
     for (ConvPoolAlgorithm a : algos) {
       const bool refused = a == ConvPoolAlgorithm::kTensorCore && !tc_ok;
       failures += !RunCase<__nv_bfloat16>(l, a, 0, refused);
@@ -307,9 +365,19 @@ int main(int argc, char** argv) {
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {}, 0, /*tf32=*/true);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, !tf32_ok, {}, 0, true);
   }
-  // A misaligned x: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
+  // Misaligned x and y: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kAuto, 1);
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kTensorCore, 1, true);
+  // Flat-K on every dtype; fp32 at precision "highest" stays off tensor cores.
+  for (const Layer& l : kFlatK) {
+    failures += RunFlatK<__nv_bfloat16>(l, false);
+    failures += RunFlatK<__half>(l, false);
+    failures += RunFlatK<float>(l, true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, /*expect_refused=*/true);
+  }
+  // Flat-K gathers x element by element: any alignment of x runs on tensor cores.
+  failures += RunFlatK<__nv_bfloat16>(kFlatK[0], false, {1, 0});
+  failures += RunFlatK<float>(kFlatK[1], true, {1, 0});
 
   if (!skip_large) {
     // Full-size layers, checked on one image (the float64 reference is slow).
@@ -326,6 +394,9 @@ int main(int argc, char** argv) {
       failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 20);
     for (const Layer& l : kNetworks)
       failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
+    // The SqueezeNet 1.1 stem on the CUDA-core kernel, its only option before flat-K.
+    failures +=
+        !RunCase<__nv_bfloat16>(kNetworks[7], ConvPoolAlgorithm::kDirect, 0, false, {0}, 20);
   }
   std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;

@@ -1,4 +1,4 @@
-// Standalone check of launch_fire (fused fire module) against a host float64 reference:
+// Standalone check of launch_fire (fire module: fused kernels and the wgmma convs) against a host float64 reference:
 // odd spatial sizes, N = 1, every SqueezeNet 1.0/1.1 channel configuration on 4-row tiles
 // (small grids) and on 8-row tiles (batches of 40), which covers the plans: expand channel
 // split 1 to 8, squeeze weights resident or streamed, edge tiles and short slices; bf16 / fp16
@@ -13,6 +13,7 @@
 // Exit status: 0 all pass, 1 a case failed, 2 CUDA error.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,7 @@ const char* AlgoName(FireAlgorithm a) {
     case FireAlgorithm::kAuto: return "auto";
     case FireAlgorithm::kTensorCore: return "tensor_core";
     case FireAlgorithm::kFma: return "fma";
+    case FireAlgorithm::kWgmma: return "wgmma";
   }
   return "?";
 }
@@ -149,6 +151,10 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   CHECK_CUDA(cudaMalloc(&y_raw, y_bytes + kGuardBytes + misalign * sizeof(T)));
   b.y = reinterpret_cast<T*>(y_raw + misalign * sizeof(T));
   CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + misalign * sizeof(T)));
+  // The wgmma path's squeeze output (cudaMalloc is 256-byte aligned); poisoned too.
+  b.workspace_bytes = std::max<size_t>(1, p.N * p.H * p.W * p.S * sizeof(T));
+  CHECK_CUDA(cudaMalloc(&b.workspace, b.workspace_bytes));
+  CHECK_CUDA(cudaMemset(b.workspace, 0xFF, b.workspace_bytes));
 
   const jaxcnn::FirePlan plan = jaxcnn::plan_fire<T>(p, b, algo);
   bool pass = plan.unsupported == nullptr;
@@ -226,6 +232,7 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   const T* weights[] = {b.w_sq, b.b_sq, b.w_e1, b.b_e1, b.w_e3, b.b_e3};
   for (const T* d : weights) CHECK_CUDA(cudaFree(const_cast<T*>(d)));
   CHECK_CUDA(cudaFree(y_raw));
+  CHECK_CUDA(cudaFree(b.workspace));
   return pass;
 }
 
@@ -262,7 +269,7 @@ int main(int argc, char** argv) {
     if (!pass) ++failures;
   };
   const FireAlgorithm tc = FireAlgorithm::kTensorCore, fma = FireAlgorithm::kFma,
-                      automatic = FireAlgorithm::kAuto;
+                      automatic = FireAlgorithm::kAuto, wgmma = FireAlgorithm::kWgmma;
 
   // Odd sizes, edge tiles, N = 1, partial input chunks (C = 72, 136), S = 8/24/40 (padded K),
   // expand widths not multiples of 16 or 64 (40, 200).
@@ -276,6 +283,8 @@ int main(int argc, char** argv) {
     count(RunCase<__half>(p, tc, 0, "odd"));
     count(RunCase<__nv_bfloat16>(p, fma, 0, "odd"));
     count(RunCase<float>(p, automatic, 0, "odd"));
+    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "odd"));
+    count(RunCase<__half>(p, wgmma, 0, "odd"));
   }
   // No 1x1 expand (E1 = 0): the straight squeeze -> 3x3 chain (jaxcnn.conv1x1_conv3x3).
   const FireParams chains[] = {{1, 13, 13, 64, 16, 0, 64}, {2, 9, 21, 72, 24, 0, 40},
@@ -284,6 +293,7 @@ int main(int argc, char** argv) {
     count(RunCase<__nv_bfloat16>(p, tc, 0, "1x1->3x3"));
     count(RunCase<__half>(p, fma, 0, "1x1->3x3"));
     count(RunCase<float>(p, automatic, 0, "1x1->3x3"));
+    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "1x1->3x3"));
   }
   // Channel counts off the tensor-core constraints and misaligned x/y: auto falls back.
   count(RunCase<__nv_bfloat16>({2, 6, 7, 13, 5, 7, 9}, automatic, 0, "odd channels"));
@@ -301,6 +311,7 @@ int main(int argc, char** argv) {
     const FireParams p{2, 11, 21, f.C, f.S, f.E, f.E};
     count(RunCase<__nv_bfloat16>(p, tc, 0, f.name));
     count(RunCase<__half>(p, tc, 0, f.name));
+    count(RunCase<__nv_bfloat16>(p, wgmma, 0, f.name));
   }
 
   // 8-row tiles are planned only when 4-row ones would not leave SMs idle: batches of 40
@@ -328,10 +339,14 @@ int main(int argc, char** argv) {
     count(RunCase<__nv_bfloat16>(head, automatic, 0, "headline", {0, 37, 63}, 50));
     count(RunCase<__half>(head, automatic, 0, "headline", {0, 63}, 50));
     count(RunCase<__nv_bfloat16>(head, fma, 0, "headline", {5}, 5));
+    count(RunCase<__nv_bfloat16>(head, tc, 0, "headline", {0, 63}, 50));
+    count(RunCase<__nv_bfloat16>(head, wgmma, 0, "headline", {0, 63}, 50));
     // Every SqueezeNet fire at N = 64 (one image checked) and N = 1, timed.
     for (const Fire& f : kSqueezeNetFires) {
       count(RunCase<__nv_bfloat16>({64, f.hw, f.hw, f.C, f.S, f.E, f.E}, automatic, 0, f.name,
                                    {17}, 50));
+      count(RunCase<__nv_bfloat16>({64, f.hw, f.hw, f.C, f.S, f.E, f.E}, tc, 0, f.name, {17},
+                                   50));
       count(RunCase<__nv_bfloat16>({1, f.hw, f.hw, f.C, f.S, f.E, f.E}, automatic, 0, f.name,
                                    {}, 200));
     }

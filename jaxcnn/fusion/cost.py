@@ -31,6 +31,11 @@ FIRE_TILE = (8, 16)
 # multiple of 8, at most this many squeeze channels (the squeeze tile lives in shared memory).
 FIRE_TC_MAX_SQUEEZE = 64
 FIRE_TC_CHANNEL_MULTIPLE = 8
+# jaxcnn.fire's "auto" runs three wgmma convs instead (Hopper only; cuda_ops/fusion/fire.cu
+# kWgmmaMinPixels) from this many output pixels on, or above FIRE_TC_MAX_SPLITLESS squeeze
+# channels (where the fused kernel would split the expands and recompute the squeeze).
+FIRE_WGMMA_MIN_PIXELS = 8192
+FIRE_TC_MAX_SPLITLESS = 32
 
 
 @dataclass(frozen=True)
@@ -110,13 +115,25 @@ def fire_uses_tensor_cores(group: FusionGroup) -> bool:
             and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3)))
 
 
+def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
+    """Whether jaxcnn.fire's "auto" runs its three wgmma convs (squeeze into a workspace, each
+    expand into its channel slice of the output) on this GPU."""
+    n, h, w, c = group.x_shape
+    s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
+    hopper = spec.name.startswith(("H100", "H200"))
+    return (hopper and group.dtype in ("bfloat16", "float16")
+            and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3))
+            and (n * h * w >= FIRE_WGMMA_MIN_PIXELS or s > FIRE_TC_MAX_SPLITLESS))
+
+
 def conv_pool_uses_tensor_cores(group: FusionGroup) -> bool:
-    """Whether jaxcnn.conv2d_pool's "auto" picks its tensor-core kernel: 16-byte channel
-    vectors (C and K multiples of 8 in bf16/fp16, of 4 in fp32, which runs TF32 at the default
-    precision); anything else runs its CUDA-core fp32 kernel (e.g. a C=3 stem conv)."""
+    """Whether jaxcnn.conv2d_pool's "auto" picks its tensor-core kernel: output channels K in
+    16-byte vectors (a multiple of 8 in bf16/fp16, of 4 in fp32, which runs TF32 at the default
+    precision), any input channel count C (one below 16 or off that multiple, e.g. a C=3 stem
+    conv, runs its flat-K mode); any other K runs its CUDA-core fp32 kernel."""
     conv = group.members[0]
     vec = 16 // np.dtype(group.dtype).itemsize
-    return conv.input_shape[3] % vec == 0 and conv.weight_shape[3] % vec == 0
+    return conv.weight_shape[3] % vec == 0
 
 
 def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
@@ -124,6 +141,18 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
     dtype, item = group.dtype, np.dtype(group.dtype).itemsize
     weights = sum(math.prod(m.weight_shape) + m.weight_shape[-1] for m in group.members
                   if m.weight_shape is not None) * item
+    if group.kind == "fire" and fire_uses_wgmma(group, spec):
+        # Three tensor-core convs: s makes one round trip, the concatenate is gone.
+        n, h, w, _ = group.x_shape
+        s_bytes = bytes_of((n, h, w, group.attrs["squeeze"]), dtype)
+        kernels = []
+        for role in ("squeeze1x1", "expand1x1", "expand3x3"):
+            m = group.role(role)
+            w_bytes = (math.prod(m.weight_shape) + m.weight_shape[-1]) * item
+            inp = bytes_of(group.x_shape, dtype) if role == "squeeze1x1" else s_bytes
+            out = s_bytes if role == "squeeze1x1" else bytes_of(m.output_shape, dtype)
+            kernels.append(Kernel(f"jaxcnn_fire/{role}", m.flops, inp + out + w_bytes, "tensor"))
+        return _version("fused", kernels, spec, dtype)
     if group.kind == "fire":
         n, h, w, _ = group.x_shape
         sq = group.role("squeeze1x1")

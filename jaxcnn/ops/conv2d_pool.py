@@ -128,15 +128,16 @@ def conv2d_pool(
       layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result. The fused kernel
         is NHWC; other layouts are converted with `to_layout` at its boundary.
       precision: float32 math, as conv2d: None/"default" may use TF32 (the CUDA kernel runs
-        TF32 tensor cores where C and K are multiples of 4, as XLA's DEFAULT does), "highest"
+        TF32 tensor cores where K is a multiple of 4, as XLA's DEFAULT does), "highest"
         (or lax.Precision.HIGHEST) is fp32-accurate (fp32 FMA on CUDA cores).
       sparse: True runs the zero-skipping kernel,
         `jaxcnn.ops.sparse_conv2d.sparse_conv2d_pool` (same result up to fp rounding): worth it
         when x has many zeros (e.g. the previous layer's ReLU output). It takes no dilation
         (must be 1) and no `algorithm` (must be "auto"); `precision` is not forwarded.
-      algorithm: "auto" (tensor cores for bf16/fp16 with C and K multiples of 8 and for fp32 at
-        precision "default" with multiples of 4, else the CUDA-core kernel), "tensor_core" (an
-        error where it cannot run) or "direct" (CUDA cores).
+      algorithm: "auto" (tensor cores for bf16/fp16 with K a multiple of 8 and for fp32 at
+        precision "default" with K a multiple of 4, any C: a C below 16 or off that multiple,
+        e.g. an RGB stem's 3, runs the kernel's flat-K mode; else the CUDA-core kernel),
+        "tensor_core" (an error where it cannot run) or "direct" (CUDA cores).
 
     Returns:
       [N, PH, PW, K] (in `layout` order) in x's dtype: each conv output accumulated in fp32,

@@ -5,10 +5,15 @@
     s       = relu(conv1x1(x, squeeze_w) + squeeze_b)
 
 NHWC activations, HWIO weights, channels in torchvision's order [expand1x1, expand3x3] (the
-zoo's `models.squeezenet.fire`). CUDA runs cuda_ops/fusion's kernel through XLA FFI: the
-squeeze tile stays in shared memory (straight fusion), both expands read it there (split) and
-write straight into their channel slices of the output (merge: no concatenate). Every other
-platform runs the lax reference (the unfused composition). Gradients are the reference's.
+zoo's `models.squeezenet.fire`). CUDA runs cuda_ops/fusion through XLA FFI, one of:
+  - the fused kernel: the squeeze tile stays in shared memory (straight fusion), both expands
+    read it there (split) and write straight into their channel slices of the output (merge:
+    no concatenate);
+  - on Hopper, three wgmma/TMA convs (conv_tc/) whose expand epilogues store into their
+    channel slices of the output (merge again); s goes through a workspace. "auto" takes it
+    for big problems (many pixels, or S > 32 where the fused kernel recomputes the squeeze).
+Every other platform runs the lax reference (the unfused composition). Gradients are the
+reference's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
+from jaxcnn import _ffi
 from jaxcnn.ops.fire_args import ALGORITHMS, OPERAND_NAMES, FireConfig, fire_output_shape, make_fire_config
 from jaxcnn.ops.fire_reference import fire_reference
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
@@ -44,9 +50,18 @@ class FirePrimitive(LeadingBatchPrimitive):
 
     @classmethod
     def cuda_lowering(cls, ctx, *operands, cfg: FireConfig, operand_names):
-        return jax.ffi.ffi_lowering(FFI_TARGET)(
+        x_aval, sq_aval, e1_aval, e3_aval = ctx.avals_in[:4]
+        # The wgmma path's squeeze output is a second result XLA allocates with the program's
+        # other temporaries: no allocation inside the handler, CUDA-graph safe.
+        scratch = _ffi.fire_workspace_bytes(
+            x_aval.shape, sq_aval.shape[3], e1_aval.shape[3], e3_aval.shape[3], x_aval.dtype,
+            cfg.algorithm,
+        )
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, ShapedArray((scratch,), np.uint8)])
+        y, _ = jax.ffi.ffi_lowering(FFI_TARGET)(
             ctx, *operands, algorithm=np.int64(ALGORITHMS.index(cfg.algorithm))
         )
+        return [y]
 
 
 
@@ -81,9 +96,12 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
       squeeze_w: [1, 1, C, S] (HWIO), same dtype as x.
       expand1_w: [1, 1, S, E1]; expand3_w: [3, 3, S, E3].
       squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
-      algorithm: "auto" (tensor cores for bf16/fp16 with channel counts multiples of 8 and
-        at most 64 squeeze channels, else CUDA cores), "tensor_core" (error if it cannot run)
-        or "fma" (the CUDA-core kernel). float32 always runs the CUDA-core kernel (fp32 FMA).
+      algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: on Hopper the three
+        wgmma convs for >= 8192 output pixels or > 32 squeeze channels, else the fused
+        tensor-core kernel for at most 64 squeeze channels; else CUDA cores), "tensor_core"
+        (the fused mma.sync kernel; error if it cannot run), "wgmma" (the three convs; error
+        if they cannot run) or "fma" (the CUDA-core kernel). float32 always runs the
+        CUDA-core kernel (fp32 FMA).
 
     Returns:
       [N, H, W, E1 + E3] in x's dtype: channels [0, E1) from the 1x1 expand, [E1, E1 + E3)
