@@ -98,6 +98,9 @@ LAYERS = (
     Layer("alexnet/conv1", 224, 3, 64, r=11, stride=4, padding=2, pool=3),
     Layer("alexnet/conv2", 27, 64, 192, r=5, padding=2, pool=3),
     Layer("alexnet/conv5", 13, 256, 256, pool=3),
+    # Network stems (C = 3: the tensor-core kernel's flat-K mode).
+    Layer("squeezenet1_1/conv1", 224, 3, 64, stride=2, padding=0, pool=3),
+    Layer("squeezenet1_0/conv1", 224, 3, 96, r=7, stride=2, padding=0, pool=3),
 )
 SMOKE_LAYERS = (Layer("tiny", 9, 16, 16, pool=3),)
 # --quick: the headline layer and one of each family, bf16, N=64 (+ the headline at N=1).

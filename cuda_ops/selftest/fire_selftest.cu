@@ -152,7 +152,7 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   b.y = reinterpret_cast<T*>(y_raw + misalign * sizeof(T));
   CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + misalign * sizeof(T)));
   // The wgmma path's squeeze output (cudaMalloc is 256-byte aligned); poisoned too.
-  b.workspace_bytes = std::max<size_t>(1, p.N * p.H * p.W * p.S * sizeof(T));
+  b.workspace_bytes = std::max<size_t>(256, (p.N * p.H * p.W * p.S * sizeof(T) + 255) / 256 * 256);
   CHECK_CUDA(cudaMalloc(&b.workspace, b.workspace_bytes));
   CHECK_CUDA(cudaMemset(b.workspace, 0xFF, b.workspace_bytes));
 
