@@ -224,7 +224,7 @@ def test_fuse_all_turns_every_fire_module_into_one_fused_call(name):
 def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
     """fuse= also takes an NHWC conv + bias + ReLU read only by a max pool (Flax's VGG stages):
     one conv2d_pool each; values, grads and vmap as the original. A conv the pool does not read
-    alone, or one the policy leaves to XLA, stays out."""
+    alone stays out."""
     m = build("linen_vgg19")
     fast = jaxcnn.optimize(m.apply, fuse="all", policy="all")
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 5  # one per VGG stage
@@ -249,6 +249,20 @@ def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
         return y, jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     x, w = jnp.ones((1, 8, 8, 8)), jnp.ones((3, 3, 8, 8))
     assert jaxcnn.fusion.optimize(two_readers, groups="all").decisions(x, w) == []
+
+
+def test_fuse_takes_a_stem_conv_the_policy_leaves_to_xla():
+    """policy="auto" leaves a C=3 stem conv to XLA (cuDNN's first-layer kernels beat our plain
+    tensor-core conv), but fused with its max pool it is conv2d_pool's flat-K kernel, which beat
+    XLA's conv + pool on the H200: fuse= still offers the group (the planner decides)."""
+    m = build("linen_squeezenet1_1")
+    plain = jaxcnn.optimize(m.apply)
+    assert not any(r.x_shape[3] == 3 for r in plain.rewrites(m.params, m.x) if r.op == "conv2d")
+    fast = jaxcnn.optimize(m.apply, fuse="all")
+    kinds = [g.kind for g, fused, _ in fast.decisions(m.params, m.x)]
+    assert kinds.count("conv_pool") == 1 and kinds.count("fire") == 8
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 1
+    assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
 
 
 def test_fuse_rejects_unknown_values():

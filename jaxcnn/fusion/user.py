@@ -29,7 +29,7 @@ from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.planner import GroupDecision, _fmt_ms, _table, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv_args import conv2d_flops
-from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, match_pool
+from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _accepts, match_pool
 from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan
 
 GROUPS = ("auto", "all", "none")
@@ -188,11 +188,25 @@ def _conv_pool_build(conv: Match, pool_kw):
     return build
 
 
+def _declined_convs(plan: Plan, uses: Uses) -> list[Match]:
+    """The conv patterns the policy left to XLA (e.g. a C=3 stem under "auto"): a fused group
+    may still pay for them, and the fusion planner measures that."""
+    out = []
+    taken = set(plan.matches) | plan.skipped
+    for i, eqn in enumerate(plan.jaxpr.eqns):
+        if eqn.primitive.name != "conv_general_dilated" or i in taken:
+            continue
+        m = MATCHERS["conv_general_dilated"](uses, i)
+        if m is not None and not taken.intersection(m.eqn_indices):
+            out.append(m)
+    return out
+
+
 def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
     found = []
-    for m in list(plan.matches.values()):
+    for m in [*plan.matches.values(), *_declined_convs(plan, uses)]:
         s = m.site
         if (m.op != "conv2d" or s.layout != "NHWC" or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
@@ -225,7 +239,7 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
 def _replace_conv_pool(site: _ConvPoolSite) -> None:
     """Puts one conv2d_pool match in place of the conv match (and the pool's, if planned)."""
     plan, conv, pool = site.plan, site.conv, site.pool
-    plan.matches.pop(max(conv.eqn_indices))
+    plan.matches.pop(max(conv.eqn_indices), None)  # absent when the policy left it to XLA
     plan.skipped.difference_update(conv.eqn_indices)
     planned = plan.matches.get(max(pool.eqn_indices))
     if planned is not None and planned.eqn_indices == pool.eqn_indices:
