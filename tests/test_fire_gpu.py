@@ -142,12 +142,21 @@ def test_forced_tensor_core_on_float32_is_a_python_error():
 
 def test_handler_errors_become_python_exceptions():
     ops = fire_operands(3, 1, 4, 4, 8, 8, 8, 8, jnp.bfloat16)
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 17), jnp.bfloat16))
+    # The custom call's results: y and the (wgmma path's) workspace.
+    scratch = jax.ShapeDtypeStruct((0,), jnp.uint8)
+    call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 17), jnp.bfloat16), scratch))
     with pytest.raises(Exception, match="output y must have shape"):
         jax.block_until_ready(jax.jit(lambda *a: call(*a, algorithm=np.int64(0)))(*ops))
-    ok = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 4, 4, 16), jnp.bfloat16))
+    ok = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 16), jnp.bfloat16), scratch))
     with pytest.raises(Exception, match="algorithm must be"):
         jax.block_until_ready(jax.jit(lambda *a: ok(*a, algorithm=np.int64(9)))(*ops))
+    # A forced wgmma run without its workspace is refused, not run.
+    big = fire_operands(3, 1, 16, 16, 16, 16, 16, 16, jnp.bfloat16)
+    call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 16, 16, 32), jnp.bfloat16), scratch))
+    with pytest.raises(Exception, match="the wgmma path needs"):
+        jax.block_until_ready(jax.jit(lambda *a: call(*a, algorithm=np.int64(3)))(*big))
+    # The process is still healthy afterwards.
+    check(big, "wgmma")
 
 
 def test_deterministic():
