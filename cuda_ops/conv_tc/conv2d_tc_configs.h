@@ -43,8 +43,13 @@ struct TcProblem {
 //   3 pp_128x64_c1     ping-pong, tile 128x64: K <= 64 outputs, memory-bound layers.
 //   4 pp_64x64_c1      ping-pong, tile 64x64: few output pixels (batch 1).
 //   5 pp_128x64_smallc ping-pong, tile 128x64, 32-byte K tile (16 bf16/fp16,
-//                      8 fp32): few channels (C*bytes <= 64); TMA zero-fills the
-//                      channels past C, which would be most of a 128-byte K tile.
+//                      8 fp32): few channels (C*bytes <= 32 in bf16/fp16, <= 64 in
+//                      fp32); TMA zero-fills the channels past C, which would be
+//                      most of a 128-byte K tile.
+//   6 pp_128x128_k64   ping-pong, tile 128x128, 64-byte K tile (32 bf16/fp16, 16
+//                      fp32): 64-byte channel rows (bf16 C = 32, the fire's 3x3
+//                      expand), where a 128-byte tile is half fill and a 32-byte
+//                      one moves tiny TMA boxes.
 enum TcConfig : int {
   kCoop128x256C2 = 0,
   kCoop256x128C2 = 1,
@@ -52,7 +57,8 @@ enum TcConfig : int {
   kPingpong128x64 = 3,
   kPingpong64x64 = 4,
   kPingpong128x64SmallC = 5,
-  kNumConfigs = 6,
+  kPingpong128x128K64 = 6,
+  kNumConfigs = 7,
 };
 
 struct TcConfigInfo {
@@ -70,16 +76,19 @@ struct TcConfigInfo {
 //   1 coop_256x64_c2   cooperative, tile 256x64, 2x1 cluster: big layers, K <= 64.
 //   2 pp_64x128_c1     ping-pong, tile 64x128: mid-size layers.
 //   3-5                as above (their accumulators are small enough).
+//   6 pp_64x128_k64    ping-pong, tile 64x128, 64-byte K tile.
 inline const TcConfigInfo& config_info(int c, bool split3 = false) {
   static const TcConfigInfo kInfo[kNumConfigs] = {
       {"coop_128x256_c2", 128, 256, 128, 2}, {"coop_256x128_c2", 256, 128, 128, 2},
       {"pp_128x128_c1", 128, 128, 128, 1},   {"pp_128x64_c1", 128, 64, 128, 1},
       {"pp_64x64_c1", 64, 64, 128, 1},       {"pp_128x64_smallc", 128, 64, 32, 1},
+      {"pp_128x128_k64", 128, 128, 64, 1},
   };
   static const TcConfigInfo kInfoSplit3[kNumConfigs] = {
       {"coop_128x128_c2", 128, 128, 128, 2}, {"coop_256x64_c2", 256, 64, 128, 2},
       {"pp_64x128_c1", 64, 128, 128, 1},     {"pp_128x64_c1", 128, 64, 128, 1},
       {"pp_64x64_c1", 64, 64, 128, 1},       {"pp_128x64_smallc", 128, 64, 32, 1},
+      {"pp_64x128_k64", 64, 128, 64, 1},
   };
   return split3 ? kInfoSplit3[c] : kInfo[c];
 }
@@ -101,17 +110,17 @@ struct TcKernelOps {
                      cudaStream_t stream);
 };
 
-// Defined in conv2d_tc_{bf16,f16,tf32}_{a,b}_sm90a.cu: configs 0-2 (A) and 3-5 (B).
+// Defined in conv2d_tc_{bf16,f16,tf32}_{a,b}_sm90a.cu: configs 0-2 (A) and 3-6 (B).
 // These files are compiled for sm_90a only (wgmma/TMA kernels).
 extern const TcKernelOps kBf16KernelsA[3];
-extern const TcKernelOps kBf16KernelsB[3];
+extern const TcKernelOps kBf16KernelsB[4];
 extern const TcKernelOps kF16KernelsA[3];
-extern const TcKernelOps kF16KernelsB[3];
+extern const TcKernelOps kF16KernelsB[4];
 extern const TcKernelOps kTf32KernelsA[3];
-extern const TcKernelOps kTf32KernelsB[3];
+extern const TcKernelOps kTf32KernelsB[4];
 // fp32 kHighest (3xTF32, two-level accumulation): conv2d_tc_tf32x3_{a,b}_sm90a.cu.
 extern const TcKernelOps kTf32x3KernelsA[3];
-extern const TcKernelOps kTf32x3KernelsB[3];
+extern const TcKernelOps kTf32x3KernelsB[4];
 
 }  // namespace conv_tc
 }  // namespace jaxcnn

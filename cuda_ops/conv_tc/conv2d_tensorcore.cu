@@ -302,9 +302,9 @@ const char* conv2d_tensorcore_config_name(int config, const Conv2dParams& params
 // kernels have their own tile table, see conv2d_tc_configs.h).
 //  * few channels (C*bytes <= 32 for bf16/fp16, <= 64 for fp32): 32-byte K
 //    tiles; a 128-byte tile would be mostly TMA zero fill. At 64-byte bf16 rows
-//    (C = 32) the 128-byte tiles win despite half of them being fill: H200, the
-//    fire expands (1x1 and 3x3, C = 32, K = 128, N*H*W = 46656 and 193600) ran
-//    1.0-1.2x faster on pp_128x128 than on the small-C tile;
+//    (C = 32) a 128-byte tile is half fill and a 32-byte one tiny TMA boxes (H200,
+//    the fire expands, C = 32, K = 128: pp_128x128 1.0-1.2x faster than the
+//    small-C tile): the 64-byte K tile config when K > 64 fills a wave;
 //  * otherwise the largest tile whose tile count still fills the GPU with at
 //    least ~2 waves (1 wave for the smallest), preferring the cooperative
 //    128x256 / 256x128 tiles (fewer A/B re-reads, weights multicast across
@@ -328,6 +328,9 @@ int conv2d_tensorcore_pick_config(const Conv2dParams& p, TcDType dtype) {
 
   const int64_t small_c_bytes = dtype == TcDType::kF32 ? 64 : 32;
   if (c_gemm * ElementBytes(dtype) <= small_c_bytes) return kPingpong128x64SmallC;
+  if (dtype != TcDType::kF32 && c_gemm * ElementBytes(dtype) <= 64 && n > 64 &&
+      NumTiles(m, n, kPingpong128x128K64, false) >= sm_count)
+    return kPingpong128x128K64;
 
   if (split3) {
     // 3xTF32 table: 0 coop_128x128_c2, 1 coop_256x64_c2, 2 pp_64x128_c1.
