@@ -149,18 +149,20 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
         else:
             variants.append((name, functools.partial(jaxcnn.fire, algorithm=algorithm)))
     want = jax.jit(xla_fire)(*ops)
-    accuracy, per_variant = dict(ok=True, max_rel_diff=0.0, error=None), {}
+    per_variant = {}
     for name, fn in variants:
         try:
-            acc = _accuracy(jax.jit(fn)(*ops), want, dtype)
+            per_variant[name] = _accuracy(jax.jit(fn)(*ops), want, dtype)
         except Exception as exc:  # record and go on: one broken config must not stop the suite
-            acc = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
-        per_variant[name] = acc
-        if not acc["ok"] and accuracy["ok"]:
-            accuracy = dict(acc, error=f"{name}: {acc['error']}")
-        elif acc["ok"] and accuracy["ok"]:
-            accuracy["max_rel_diff"] = max(accuracy["max_rel_diff"], acc["max_rel_diff"])
-            accuracy["tolerance"] = acc["tolerance"]
+            per_variant[name] = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+    # The row's accuracy: the first failing variant, else the worst difference of them all.
+    failed = [(name, acc) for name, acc in per_variant.items() if not acc["ok"]]
+    if failed:
+        name, acc = failed[0]
+        accuracy = dict(acc, error=f"{name}: {acc['error']}")
+    else:
+        accuracy = dict(ok=True, error=None, tolerance=TOLERANCE[dtype],
+                        max_rel_diff=max(acc["max_rel_diff"] for acc in per_variant.values()))
     try:
         timings = device_times([*((k, f, ops) for k, f in variants), ("xla", xla_fire, ops)],
                                iters=iters, warmup=warmup)

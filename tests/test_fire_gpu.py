@@ -71,12 +71,17 @@ def gpu_cases(draw):
         dtype=draw(st.sampled_from(["bfloat16", "float16"])), seed=draw(st.integers(0, 2**16)))
 
 
+def check_drawn(case, algorithm):
+    """check() on the operands of one gpu_cases() draw."""
+    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")),
+                        jnp.dtype(case["dtype"]))
+    check(ops, algorithm)
+
+
 @settings(max_examples=60, deadline=None)
 @given(gpu_cases())
 def test_tensor_core_kernel_random_shapes(case):
-    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")),
-                        jnp.dtype(case["dtype"]))
-    check(ops, "tensor_core")
+    check_drawn(case, "tensor_core")
 
 
 @settings(max_examples=25, deadline=None)
@@ -101,9 +106,7 @@ def test_headline_fire_module_n64_bf16():
 @settings(max_examples=40, deadline=None)
 @given(gpu_cases())
 def test_wgmma_path_random_shapes(case):
-    ops = fire_operands(case["seed"], *(case[k] for k in ("n", "h", "w", "c", "s", "e1", "e3")),
-                        jnp.dtype(case["dtype"]))
-    check(ops, "wgmma")
+    check_drawn(case, "wgmma")
 
 
 @pytest.mark.parametrize("c,s,e", SQUEEZENET_FIRES)
