@@ -207,23 +207,47 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
     return int(size)
 
 
-def sparse_conv_plan(params: dict) -> str | None:
-    """The zero-skipping conv kernel's plan for these params on the current device, as the
-    library's one line ("k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=..."), or None
-    when the library (or its sparse handler) is not loaded. `params` holds the fields of
-    cuda_ops/sparse/sparse_conv.h's SparseConvParams by name."""
-    if not target_registered("jaxcnn_sparse_conv2d_fwd") or not hasattr(_LOADED["lib"], "jaxcnn_sparse_conv_plan"):
+_SPARSE_PARAM_FIELDS = ("N", "H", "W", "C", "R", "S", "K", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w",
+                        "dilation_h", "dilation_w", "activation", "pool_h", "pool_w", "pool_stride_h",
+                        "pool_stride_w", "pool_pad_h", "pool_pad_w", "PP", "PQ")
+
+
+def _sparse_params_array(params: dict):
+    return (ctypes.c_int64 * len(_SPARSE_PARAM_FIELDS))(*(int(params.get(f, 0)) for f in _SPARSE_PARAM_FIELDS))
+
+
+def _sparse_export(name: str):
+    if not target_registered("jaxcnn_sparse_conv2d_fwd") or not hasattr(_LOADED["lib"], name):
         return None
-    fields = ("N", "H", "W", "C", "R", "S", "K", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w",
-              "dilation_h", "dilation_w", "activation", "pool_h", "pool_w", "pool_stride_h",
-              "pool_stride_w", "pool_pad_h", "pool_pad_w", "PP", "PQ")
-    values = (ctypes.c_int64 * len(fields))(*(int(params.get(f, 0)) for f in fields))
-    fn = _LOADED["lib"].jaxcnn_sparse_conv_plan
+    return getattr(_LOADED["lib"], name)
+
+
+def sparse_conv_plan(params: dict) -> str | None:
+    """The zero-skipping conv's plan for these params on the current device, as the library's
+    one line ("kernel=tile tile=4x8 k_per_lane=4 ..." or "kernel=walk ..."), or None when the
+    library (or its sparse handler) is not loaded. `params` holds the fields of
+    cuda_ops/sparse/sparse_conv.h's SparseConvParams by name."""
+    fn = _sparse_export("jaxcnn_sparse_conv_plan")
+    if fn is None:
+        return None
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
     out = ctypes.create_string_buffer(256)
-    fn(values, len(fields), out, len(out))
+    fn(_sparse_params_array(params), len(_SPARSE_PARAM_FIELDS), out, len(out))
     return out.value.decode()
+
+
+def sparse_conv_scratch_bytes(params: dict) -> int | None:
+    """Device scratch the zero-skipping conv's handler uses for these params (the walk kernel's
+    masks or the tile kernel's split partial sums), or None when the library is not loaded.
+    Asks the library, so the size matches the handler's own plan."""
+    fn = _sparse_export("jaxcnn_sparse_conv_scratch_bytes")
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
+    size = fn(_sparse_params_array(params), len(_SPARSE_PARAM_FIELDS))
+    return None if size < 0 else int(size)
 
 
 def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str | None:

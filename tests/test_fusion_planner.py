@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxcnn
 from jaxcnn import cli, fusion, layouts as L
 from jaxcnn.fusion import cost, planner as P
 from jaxcnn.models import get_model
@@ -424,15 +425,43 @@ def test_fusion_optimize_decides_with_the_planner():
     assert len(decisions) == 2 and all(d.source == "model" for _, _, d in decisions)
     assert [take for _, take, _ in decisions] == [d.choice == "fused" for _, _, d in decisions]
     assert "model: fused" in fast.explain(x, p)
-    none = fusion.optimize(two_fires, groups="none")
+    none = fusion.optimize(two_fires, groups="none", policy="all")
     assert "jaxcnn_fire" not in str(jax.make_jaxpr(none)(x, p))
     assert str(jax.make_jaxpr(none)(x, p)).count("jaxcnn_conv2d") == 6
+    # policy="auto" leaves these dense convs to XLA: unfused they stay lax.
+    auto_none = str(jax.make_jaxpr(fusion.optimize(two_fires, groups="none"))(x, p))
+    assert "jaxcnn_" not in auto_none and auto_none.count("conv_general_dilated") == 6
     picky = fusion.optimize(two_fires, groups=lambda g: g.eqn_indices[0] == 0)
     assert str(jax.make_jaxpr(picky)(x, p)).count("jaxcnn_fire") == 1
     with pytest.raises(ValueError, match="groups must be one of"):
         fusion.optimize(two_fires, groups="some")
     with pytest.raises(ValueError, match="nothing to fuse"):
         fusion.optimize(two_fires, policy="xla")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_fuse_under_auto_policy_takes_fires_of_convs_left_to_xla(jit):
+    """policy="auto" leaves dense bf16 convs to XLA (no measured win), yet fuse= still offers
+    their fire modules (also inside a jit body, which holds no other rewrite) to the planner;
+    a group not fused stays XLA's."""
+    p, x = user_params(), jax.random.normal(jax.random.PRNGKey(6), (2, 9, 9, 16))
+    p, x = jax.tree.map(lambda a: a.astype(jnp.bfloat16), p), x.astype(jnp.bfloat16)
+    fn = jax.jit(two_fires) if jit else two_fires
+    assert jaxcnn.optimize(fn).rewrites(x, p) == []
+    fast = jaxcnn.optimize(fn, fuse="all")
+    assert [r.op for r in fast.rewrites(x, p)] == ["fire", "fire"]
+    assert all(r.path.startswith("jit") == jit for r in fast.rewrites(x, p))
+    jaxpr = str(jax.make_jaxpr(fast)(x, p))
+    assert jaxpr.count("jaxcnn_fire") == 2 and "conv_general_dilated" not in jaxpr
+    np.testing.assert_allclose(np.asarray(jax.jit(fast)(x, p), np.float32), np.asarray(fn(x, p), np.float32),
+                               rtol=5e-2, atol=5e-2)
+    one = jaxcnn.fusion.optimize(fn, groups=lambda g: g.eqn_indices[0] == 0)
+    jaxpr = str(jax.make_jaxpr(one)(x, p))
+    assert jaxpr.count("jaxcnn_fire") == 1 and jaxpr.count("conv_general_dilated") == 3
+    assert "jaxcnn_conv2d" not in jaxpr
+    decided = jaxcnn.optimize(fn, fuse="auto")  # off GPU: the cost model decides each group
+    assert len(decided.decisions(x, p)) == 2
+    assert str(jax.make_jaxpr(decided)(x, p)).count("jaxcnn_fire") == sum(t for _, t, _ in decided.decisions(x, p))
 
 
 # ---------------------------------------------------------------- CLI

@@ -252,33 +252,99 @@ def test_explain_policy_and_cache():
 
 
 def test_auto_policy_rewrites_only_what_pays():
-    """policy="auto" (the default): tensor-core-shaped NHWC convs and depthwise convs become
-    jaxcnn.conv2d; convs that would run on the CUDA-core direct kernel (NCHW, grouped, K off
-    16 bytes), pools and softmax stay XLA's. policy="all" rewrites all of them."""
+    """policy="auto" (the default), no autotune measurement: depthwise convs and fp32
+    precision="highest" convs of tensor-core shape become jaxcnn.conv2d; dense convs at default
+    precision (cuDNN's speed or better on the H200), convs that would run on the CUDA-core
+    direct kernel (NCHW, grouped, K off 16 bytes), pools and softmax stay XLA's. policy="all"
+    rewrites all of them."""
     x = rand(3, (2, 9, 9, 8))
+    hi = lax.Precision.HIGHEST
     def net(x):
-        y = conv(x, rand(4, (3, 3, 8, 16)))                                   # tensor core
+        y = conv(x, rand(4, (3, 3, 8, 16)))                                   # dense, default: XLA
         y = conv(y, rand(5, (3, 3, 1, 16)), feature_group_count=16)           # depthwise
-        y = conv(y, rand(6, (3, 3, 8, 16)), feature_group_count=2)            # grouped: direct
-        y = conv(y, rand(7, (1, 1, 16, 6)))                                   # K=6: direct
+        y = conv(y, rand(14, (3, 3, 16, 16)), precision=hi)                   # fp32 HIGHEST: tensor core
+        y = conv(y, rand(6, (3, 3, 8, 16)), feature_group_count=2, precision=hi)  # grouped: direct
+        y = conv(y, rand(7, (1, 1, 16, 6)), precision=hi)                     # K=6: direct
         y = jax.lax.conv_general_dilated(jnp.transpose(y, (0, 3, 1, 2)), rand(8, (8, 6, 1, 1)), (1, 1),
-                                         "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))  # NCHW
+                                         "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                         precision=hi)                        # NCHW
         y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
         return jax.nn.softmax(y.reshape(2, -1))
     auto = jaxcnn.optimize(net)
-    kept = [(r.op, r.w_shape) for r in auto.rewrites(x)]
-    assert kept == [("conv2d", (3, 3, 8, 16)), ("conv2d", (3, 3, 1, 16))], kept
+    kept = [(r.op, r.w_shape, r.kwargs["precision"]) for r in auto.rewrites(x)]
+    assert kept == [("conv2d", (3, 3, 1, 16), None), ("conv2d", (3, 3, 16, 16), "highest")], kept
     assert_close(auto(x), net(x))
     every = [r.op for r in jaxcnn.optimize(net, policy="all").rewrites(x)]
-    assert every == ["conv2d"] * 5 + ["max_pool2d", "softmax"], every
+    assert every == ["conv2d"] * 6 + ["max_pool2d", "softmax"], every
     # The fp32 tensor-core rows are 16 bytes = 4 channels: K=12 runs there, K=6 does not.
-    f32 = lambda x, w: conv(x, w)
+    f32 = lambda x, w: conv(x, w, precision=hi)
     assert [r.op for r in jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["conv2d"]
     assert jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 6))) == []
+    # HIGH is fp32-accurate too (bf16x3 in XLA); DEFAULT and None are TF32: XLA's.
+    high = lambda x, w: conv(x, w, precision=lax.Precision.HIGH)
+    assert [r.kwargs["precision"] for r in jaxcnn.optimize(high).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["highest"]
+    default = lambda x, w: conv(x, w, precision=lax.Precision.DEFAULT)
+    assert jaxcnn.optimize(default).rewrites(x, rand(9, (1, 1, 8, 12))) == []
     # An image's few channels (C < 8, C = 1 included: groups == C there too) stay XLA's.
     gray = rand(10, (2, 9, 9, 1))
     assert jaxcnn.optimize(f32).rewrites(gray, rand(11, (3, 3, 1, 16))) == []
     assert jaxcnn.optimize(f32).rewrites(rand(12, (2, 9, 9, 3)), rand(13, (3, 3, 3, 16))) == []
+
+
+def _autotune_record(winner, times=None):
+    """An autotune cache record measured on "Fake GPU" in which `winner` ran fastest."""
+    times = dict(times or {"direct": 3.0, "xla": 2.0, "tensor_core": 1.0})
+    times[winner] = 0.5
+    return dict(op="conv2d", device="Fake GPU", candidates=[
+        dict(layout="NHWC", algorithm=a, time_ms=t, source="measured") for a, t in times.items()],
+        xla=dict(time_ms=times["xla"], measured=True))
+
+
+def _fake_gpu(monkeypatch, tmp_path):
+    """jaxcnn.layouts reads its autotune cache (a fresh file) as on a GPU named "Fake GPU"."""
+    import jaxcnn.layouts as L
+
+    monkeypatch.setenv(L.CACHE_ENV, str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(L, "_should_measure", lambda measure: True)
+    monkeypatch.setattr(L, "_device_kind", lambda: "Fake GPU")
+    return L
+
+
+def test_auto_policy_leaves_dense_16bit_convs_to_xla_unless_measured(tmp_path, monkeypatch):
+    """Issue 9, never slower: our tensor-core conv ran at 0.84-0.91x of cuDNN on VGG layers
+    (H200, bf16), so policy="auto" leaves a dense bf16 conv to XLA unless the autotune cache
+    holds a measurement of that layer on this GPU in which a jaxcnn kernel beat XLA. fp32
+    precision="highest" convs (3xTF32: 1.4-3.2x XLA's HIGHEST) and depthwise convs are still
+    rewritten without one."""
+    L = _fake_gpu(monkeypatch, tmp_path)
+    x, w = rand(40, (2, 9, 9, 8), jnp.bfloat16), rand(41, (3, 3, 8, 16), jnp.bfloat16)
+    fn = lambda x, w: jax.nn.relu(conv(x, w))
+    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # no cache entry: XLA's
+    assert [r.op for r in jaxcnn.optimize(fn, policy="all").rewrites(x, w)] == ["conv2d"]
+    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "bfloat16", padding=((1, 1), (1, 1)), activation="relu",
+                         bias=False)
+    key = L._conv_key("Fake GPU", layer)
+    L.AutotuneCache().put(key, _autotune_record("xla"))
+    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
+    L.AutotuneCache().put(key, _autotune_record("tensor_core"))
+    [r] = jaxcnn.optimize(fn).rewrites(x, w)  # measured: our tensor-core conv won
+    assert (r.op, r.algorithm, r.dtype) == ("conv2d", "tensor_core", "bfloat16")
+    assert_close(jaxcnn.optimize(fn)(x, w), fn(x, w), jnp.bfloat16)
+    # fp16 alike; another layer (no record) stays XLA's.
+    assert jaxcnn.optimize(fn).rewrites(x.astype(jnp.float16), w.astype(jnp.float16)) == []
+    assert jaxcnn.optimize(fn).rewrites(x, rand(42, (3, 3, 8, 24), jnp.bfloat16)) == []
+
+    # Without a record: fp32 at precision="highest" takes the tensor-core kernel, fp32 at the
+    # default (TF32) precision stays XLA's, depthwise convs take the depthwise kernel.
+    x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
+    highest = lambda x, w: conv(x, w, precision=lax.Precision.HIGHEST)
+    [r] = jaxcnn.optimize(highest).rewrites(x32, w32)
+    assert (r.op, r.kwargs["precision"], r.algorithm) == ("conv2d", "highest", "auto")
+    assert jaxcnn.optimize(lambda x, w: conv(x, w)).rewrites(x32, w32) == []
+    depthwise = lambda x, w: conv(x, w, feature_group_count=8)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        [r] = jaxcnn.optimize(depthwise).rewrites(x.astype(dtype), rand(43, (3, 3, 1, 8), dtype))
+        assert (r.op, r.kwargs["groups"]) == ("conv2d", 8)
 
 
 def test_auto_policy_takes_the_autotuners_cached_measurement(tmp_path, monkeypatch):
@@ -288,23 +354,17 @@ def test_auto_policy_takes_the_autotuners_cached_measurement(tmp_path, monkeypat
 
     monkeypatch.setenv(L.CACHE_ENV, str(tmp_path / "autotune.json"))
     x, w = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16))
-    fn = lambda x, w: conv(x, w)
+    fn = lambda x, w: conv(x, w, precision=lax.Precision.HIGHEST)
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # the rule: tensor cores
 
-    def record(winner):
-        times = {"direct": 3.0, "xla": 2.0, "tensor_core": 1.0}
-        times[winner] = 0.5
-        return dict(op="conv2d", device="Fake GPU", candidates=[
-            dict(layout="NHWC", algorithm=a, time_ms=t, source="measured") for a, t in times.items()],
-            xla=dict(time_ms=times["xla"], measured=True))
-    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), bias=False)
+    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), precision="highest",
+                         bias=False)
     key = L._conv_key("Fake GPU", layer)
-    L.AutotuneCache().put(key, record("xla"))
+    L.AutotuneCache().put(key, _autotune_record("xla"))
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # CPU: not read
-    monkeypatch.setattr(L, "_should_measure", lambda measure: True)
-    monkeypatch.setattr(L, "_device_kind", lambda: "Fake GPU")
+    _fake_gpu(monkeypatch, tmp_path)
     assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
-    L.AutotuneCache().put(key, record("direct"))
+    L.AutotuneCache().put(key, _autotune_record("direct"))
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["direct"]
     other = rand(32, (3, 3, 8, 24))  # no record for this layer: the rule again
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, other)] == ["auto"]
@@ -337,6 +397,12 @@ def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
     assert f"sparse_conv2d at {zeros:.1%} zeros" in picked.explain()
     assert "jaxcnn_sparse" in str(jax.make_jaxpr(picked)(x, w1, w2))
     assert_close(jax.jit(picked)(x, w1, w2), net(x, w1, w2))
+    # policy="auto" leaves both (dense fp32, default precision) convs to XLA, but a measured
+    # sparse pick still runs: conv2 only.
+    auto = jaxcnn.optimize(net, example_args=(x, w1, w2), sparse="auto")
+    assert [(r.algorithm, r.w_shape) for r in auto.rewrites()] == [("sparse", (3, 3, 16, 8))]
+    assert "dense or sparse (2 conv(s)" in auto.explain()
+    assert_close(jax.jit(auto)(x, w1, w2), net(x, w1, w2))
     # Zeros are measured on concrete values: under jit with no example_args there are none.
     with pytest.raises(ValueError, match="concrete"):
         jax.jit(jaxcnn.optimize(net, policy="all", sparse="auto"))(x, w1, w2)

@@ -252,12 +252,14 @@ def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
 
 
 def test_fuse_takes_a_stem_conv_the_policy_leaves_to_xla():
-    """policy="auto" leaves a C=3 stem conv to XLA (cuDNN's first-layer kernels beat our plain
-    tensor-core conv), but fused with its max pool it is conv2d_pool's flat-K kernel, which beat
-    XLA's conv + pool on the H200: fuse= still offers the group (the planner decides)."""
+    """policy="auto" leaves dense convs at default precision to XLA without a measured win (the
+    C=3 stem: cuDNN's first-layer kernels beat our plain tensor-core conv), but fused with its
+    max pool the stem is conv2d_pool's flat-K kernel, which beat XLA's conv + pool on the H200,
+    and the fire modules are one jaxcnn.fire each: fuse= still offers those groups (the
+    planner decides)."""
     m = build("linen_squeezenet1_1")
     plain = jaxcnn.optimize(m.apply)
-    assert not any(r.x_shape[3] == 3 for r in plain.rewrites(m.params, m.x) if r.op == "conv2d")
+    assert plain.rewrites(m.params, m.x) == []  # no depthwise or fp32-HIGHEST conv here
     fast = jaxcnn.optimize(m.apply, fuse="all")
     kinds = [g.kind for g, fused, _ in fast.decisions(m.params, m.x)]
     assert kinds.count("conv_pool") == 1 and kinds.count("fire") == 8

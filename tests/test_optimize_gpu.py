@@ -78,7 +78,7 @@ def test_data_parallel_on_all_gpus():
     mesh = jax.make_mesh((n,), ("data",))
     for name in ("linen_squeezenet1_1", "linen_vgg19"):
         m = build(name, 4 * n, jnp.bfloat16)
-        fast = jax.jit(jaxcnn.optimize(m.apply))
+        fast = jax.jit(jaxcnn.optimize(m.apply, policy="all"))  # every conv rewritten, sharded
         params = jax.device_put(m.params, NamedSharding(mesh, P()))
         x = jax.device_put(m.x, NamedSharding(mesh, P("data")))
         hlo = fast.lower(params, x).compile().as_text()

@@ -184,22 +184,35 @@ def test_handler_errors_become_python_exceptions():
     bad_y = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 5), jnp.float32), scratch))
     with pytest.raises(Exception, match="must have batch 1 and 4 channels"):
         jax.block_until_ready(jax.jit(lambda *a: bad_y(*a, **attrs))(x, w, b))
-    small = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 4, 4, 4), jnp.float32),
+    # The stride-2 conv runs the walk kernel, whose masks (16 pixels x 4 bytes) need 64 bytes.
+    strided = {**attrs, "stride_h": np.int64(2), "stride_w": np.int64(2), "conv_out_h": np.int64(2),
+               "conv_out_w": np.int64(2)}
+    small = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 2, 2, 4), jnp.float32),
                                       jax.ShapeDtypeStruct((8,), jnp.uint8)))
-    with pytest.raises(Exception, match="scratch must hold 64 bytes"):
-        jax.block_until_ready(jax.jit(lambda *a: small(*a, **attrs))(x, w, b))
+    with pytest.raises(Exception, match="scratch smaller than the nonzero masks .scratch 8 bytes, the plan uses 64"):
+        jax.block_until_ready(jax.jit(lambda *a: small(*a, **strided))(x, w, b))
 
 
 def test_plan_query_reports_the_launch():
     from jaxcnn import _ffi
 
-    text = _ffi.sparse_conv_plan(dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1,
-                                      stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1))
-    assert text is not None and text.startswith("k_per_lane="), text
+    layer = dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1, stride_w=1, pad_h=1,
+                 pad_w=1, dilation_h=1, dilation_w=1)
+    text = _ffi.sparse_conv_plan(layer)
+    # N=1 fills the GPU only with the input channels split (8 chunks of 32).
+    assert text is not None and text.startswith("kernel=tile tile=4x8 k_per_lane=4 warps=2 splits="), text
+    splits = int(text.split("splits=")[1].split()[0])
+    assert 1 < splits <= 8 and f"scratch={splits * 56 * 56 * 256 * 4}" in text, text
+    assert _ffi.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
+    strided = {**layer, "stride_h": 2, "stride_w": 2, "P": 28, "Q": 28}
+    text = _ffi.sparse_conv_plan(strided)
+    assert text.startswith("kernel=walk k_per_lane=") and f"scratch={56 * 56 * 8 * 4}" in text, text
 
 
-def test_deterministic():
-    x = sparse_x(7, (2, 28, 28, 128), 0.9, jnp.bfloat16)
+@pytest.mark.parametrize("n", [1, 64])
+def test_deterministic(n):
+    # n=1 splits the channels (partial sums added in a fixed order), n=64 does not.
+    x = sparse_x(7, (n, 28, 28, 128), 0.9, jnp.bfloat16)
     w, b = weights(7, 3, 3, 128, 128, jnp.bfloat16)
     f = jax.jit(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, activation="relu"))
     np.testing.assert_array_equal(f(x, w, b), f(x, w, b))

@@ -1,9 +1,10 @@
 // Standalone check of launch_sparse_conv (zero-skipping conv, plain and with the fused
 // ReLU + max-pool epilogue) against a host float64 reference, over shapes x sparsity levels
 // (no zeros, 50%, 90%, 99%, all zeros) x fp32/bf16/fp16: odd spatial sizes, N = 1, stride 2,
-// padding, dilation, C and K off multiples of 32, 1x1 / 3x3 / 5x5 / 11x11 windows, every plan
-// (channels per lane 1/2/4, 4 or 8 pixels per warp, pooled windows 2x2, 3x3 stride 2, 4x4 in
-// rounds). Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch and a guard
+// padding, dilation, C and K off multiples of 32, 1x1 / 3x3 / 5x5 / 11x11 windows, both kernels
+// and every plan (tile: 4x8 / 8x8 tiles, channel splits, and the unsplit fallback when the
+// scratch is short; walk: channels per lane 1/2/4, 4 or 8 pixels per warp, pooled windows 2x2,
+// 3x3 stride 2, 4x4 in rounds). Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch and a guard
 // region past y must stay untouched, so an unwritten or stray element fails. Large layers
 // (VGG-19 / AlexNet shapes) and cudaEvent timings per sparsity run unless --skip-large.
 // Build alone: nvcc -std=c++17 -O3 -arch=sm_90a -I cuda_ops cuda_ops/selftest/sparse_selftest.cu
@@ -117,10 +118,10 @@ void Reference(const SparseConvParams& p, const std::vector<float>& x, const std
 template <typename T>
 struct DeviceCase {
   T *x = nullptr, *w = nullptr, *b = nullptr, *y = nullptr;
-  uint32_t* masks = nullptr;
-  int64_t y_elems = 0;
+  void* scratch = nullptr;
+  int64_t scratch_bytes = 0, y_elems = 0;
   ~DeviceCase() {
-    cudaFree(x), cudaFree(w), cudaFree(b), cudaFree(y), cudaFree(masks);
+    cudaFree(x), cudaFree(w), cudaFree(b), cudaFree(y), cudaFree(scratch);
   }
 };
 
@@ -154,10 +155,15 @@ void MakeInputs(const SparseConvParams& p, double sparsity, uint64_t seed, std::
   }
 }
 
+// scratch_limit < 0: the full scratch the plan asks for; else that many bytes (the tile kernel
+// then splits less).
 template <typename T>
-bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed) {
+bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
+             int64_t scratch_limit = -1) {
   const SparseConvParams p = MakeParams(shape);
-  const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p);
+  const int64_t scratch_bytes =
+      scratch_limit < 0 ? jaxcnn::sparse_conv_scratch_bytes(p) : scratch_limit;
+  const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p, scratch_bytes);
   const char* dtype = selftest::DTypeName(DTypeOf<T>());
   if (plan.unsupported != nullptr) {
     std::printf("FAIL %-14s %-4s sparsity %.2f: unsupported: %s\n", shape.name, dtype, sparsity,
@@ -176,14 +182,15 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed)
   CHECK_CUDA(cudaMalloc(&d.w, w.size() * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&d.b, b.size() * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&d.y, y_bytes + kGuardBytes));
-  CHECK_CUDA(cudaMalloc(&d.masks, jaxcnn::sparse_conv_mask_bytes(p)));
+  d.scratch_bytes = scratch_bytes;
+  CHECK_CUDA(cudaMalloc(&d.scratch, std::max<int64_t>(scratch_bytes, 16)));
   CHECK_CUDA(cudaMemcpy(d.x, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d.w, w.data(), w.size() * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d.b, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(d.y, kPoison, y_bytes + kGuardBytes));
-  CHECK_CUDA(cudaMemset(d.masks, kPoison, jaxcnn::sparse_conv_mask_bytes(p)));
-  CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, with_bias ? d.b : nullptr, d.y, d.masks,
-                                           nullptr));
+  CHECK_CUDA(cudaMemset(d.scratch, kPoison, std::max<int64_t>(scratch_bytes, 16)));
+  CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, with_bias ? d.b : nullptr, d.y, d.scratch,
+                                           d.scratch_bytes, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
 
   std::vector<T> y(d.y_elems);
@@ -211,10 +218,11 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed)
   }
   const bool guard_ok = std::all_of(guard.begin(), guard.end(), [](unsigned char v) { return v == kPoison; });
   const bool pass = bad == 0 && guard_ok;
-  std::printf("%s %-14s %-4s sparsity %.2f bias %d: plan kpl=%d ppw=%d taps=%d grid=%lldx%lld  "
-              "max scaled err %.2e (tol %.0e)%s\n",
+  std::printf("%s %-14s %-4s sparsity %.2f bias %d: plan %s kpl=%d ppw=%d taps=%d tile=%dx%d "
+              "splits=%d grid=%lldx%lld  max scaled err %.2e (tol %.0e)%s\n",
               pass ? "ok  " : "FAIL", shape.name, dtype, sparsity, with_bias ? 1 : 0,
-              plan.k_per_lane, plan.pixels_per_warp, plan.taps_per_stage,
+              plan.kernel == jaxcnn::SparseKernel::kTile ? "tile" : "walk", plan.k_per_lane,
+              plan.pixels_per_warp, plan.taps_per_stage, plan.tile_h, plan.tile_w, plan.splits,
               static_cast<long long>(plan.grid_x), static_cast<long long>(plan.grid_y), worst, tol,
               guard_ok ? "" : "  GUARD OVERWRITTEN");
   if (bad > 0)
@@ -238,7 +246,8 @@ void Time(const Shape& shape) {
     CHECK_CUDA(cudaMalloc(&d.w, w.size() * sizeof(T)));
     CHECK_CUDA(cudaMalloc(&d.b, b.size() * sizeof(T)));
     CHECK_CUDA(cudaMalloc(&d.y, d.y_elems * sizeof(T)));
-    CHECK_CUDA(cudaMalloc(&d.masks, jaxcnn::sparse_conv_mask_bytes(p)));
+    d.scratch_bytes = jaxcnn::sparse_conv_scratch_bytes(p);
+    CHECK_CUDA(cudaMalloc(&d.scratch, std::max<int64_t>(d.scratch_bytes, 16)));
     CHECK_CUDA(cudaMemcpy(d.x, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.w, w.data(), w.size() * sizeof(T), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.b, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -248,7 +257,8 @@ void Time(const Shape& shape) {
     std::vector<float> ms;
     for (int it = 0; it < 23; ++it) {
       CHECK_CUDA(cudaEventRecord(start));
-      CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, d.b, d.y, d.masks, nullptr));
+      CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, d.b, d.y, d.scratch, d.scratch_bytes,
+                                               nullptr));
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
       float t = 0;
@@ -288,6 +298,9 @@ int main(int argc, char** argv) {
       {"11x11_s4_c3", 1, 35, 33, 3, 48, 11, 11, 4, 2, 1, 1},
       {"1x1_c1_k1", 1, 3, 3, 1, 1, 1, 1, 1, 0, 1, 0},
       {"valid_3x3_n1", 1, 8, 5, 17, 33, 3, 3, 1, 0, 1, 1},
+      {"3x3_c300_split", 1, 9, 10, 300, 36, 3, 3, 1, 1, 1, 1},
+      {"5x5_c70_k130", 2, 11, 17, 70, 130, 5, 5, 1, 2, 1, 0},
+      {"1x1_c257_k300", 1, 7, 9, 257, 300, 1, 1, 1, 0, 1, 1},
       {"pool2_c64", 2, 12, 10, 64, 96, 3, 3, 1, 1, 1, 1, 2, 2, 0},
       {"pool2_odd", 1, 13, 11, 40, 24, 3, 3, 1, 1, 1, 1, 2, 2, 0},
       {"pool3s2", 2, 13, 13, 48, 130, 3, 3, 1, 1, 1, 1, 3, 2, 0},
@@ -313,6 +326,13 @@ int main(int argc, char** argv) {
       failures += !RunCase<__nv_bfloat16>(s, sp, true, seed++);
       failures += !RunCase<__half>(s, sp, (seed & 1) != 0, seed++);
       cases += 3;
+    }
+  // The tile kernel with scratch too small to split: the unsplit plan must still be exact.
+  for (const Shape& s : small)
+    if (jaxcnn::plan_sparse_conv(MakeParams(s)).splits > 1) {
+      failures += !RunCase<float>(s, 0.5, true, seed++, 0);
+      failures += !RunCase<__nv_bfloat16>(s, 0.9, true, seed++, 0);
+      cases += 2;
     }
   if (!skip_large) {
     for (const Shape& s : large)

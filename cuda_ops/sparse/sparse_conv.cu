@@ -1,5 +1,5 @@
-// Launcher of the zero-skipping conv: validate, plan (channels per lane, pixels per warp,
-// taps per shared-memory stage), encode the nonzeros, run the conv kernel.
+// Launcher of the zero-skipping conv: validate, plan (tile kernel, or channels per lane /
+// pixels per warp / taps per stage of the walk kernel), encode the nonzeros, run the conv.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -7,6 +7,7 @@
 #include "common/device_attribute.h"
 #include "sparse/sparse_conv.h"
 #include "sparse/sparse_conv_kernels.cuh"
+#include "sparse/sparse_tile_kernel.cuh"
 
 namespace jaxcnn {
 namespace {
@@ -86,6 +87,90 @@ cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, 
   }
 }
 
+// Tile kernel: at least this many warps in flight per SM before channels are split (its
+// ~200 registers a thread leave room for about 8-10 warps an SM).
+constexpr int kTileWarpsPerSm = 12;
+constexpr int kTileMaxSplits = 16;
+constexpr int kTileMaxWarps = 4;
+
+bool TileEligible(const SparseConvParams& p) {
+  return !p.pooled() && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
+         p.dilation_w == 1 && p.R == p.S && (p.R == 1 || p.R == 3 || p.R == 5);
+}
+
+// Fills the tile kernel's plan; splits as far as `scratch_bytes` holds the partial sums.
+void PlanTile(const SparseConvParams& p, int sm_count, int64_t scratch_bytes, SparseConvPlan& plan) {
+  plan.kernel = SparseKernel::kTile;
+  // 4 channels a lane on a 4x8 tile and 2 on an 8x8 one both hold 128 fp32 accumulators; a 5x5
+  // window's 25 weight rows leave room for 2 channels on 4x8 only.
+  plan.k_per_lane = (p.R == 5 || p.K <= 64) ? 2 : 4;
+  plan.tile_h = (plan.k_per_lane == 4 || p.R == 5) ? 4 : 8;
+  plan.tile_w = 8;
+  const int64_t lanes_k = 32 * plan.k_per_lane;
+  plan.warps = static_cast<int>(std::min<int64_t>(kTileMaxWarps, CeilDiv(p.K, lanes_k)));
+  plan.grid_y = CeilDiv(p.K, plan.warps * lanes_k);
+  plan.grid_x = p.N * CeilDiv(p.P, plan.tile_h) * CeilDiv(p.Q, plan.tile_w);
+  const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
+  const int64_t warps = plan.grid_x * plan.grid_y * plan.warps;
+  int64_t splits = std::min<int64_t>({chunks, kTileMaxSplits,
+                                      CeilDiv(int64_t{kTileWarpsPerSm} * sm_count, warps)});
+  const int64_t slice = p.N * p.P * p.Q * p.K * static_cast<int64_t>(sizeof(float));
+  if (splits > 1) splits = std::min<int64_t>(splits, scratch_bytes / slice);
+  splits = std::max<int64_t>(splits, 1);
+  splits = CeilDiv(chunks, CeilDiv(chunks, splits));  // no empty split
+  plan.splits = static_cast<int>(splits);
+  plan.scratch_bytes = splits > 1 ? splits * slice : 0;
+  plan.smem_bytes = 0;  // static shared memory only
+  if (plan.grid_x > kInt32Max || plan.grid_y > 65535) plan.unsupported = "grid too large";
+}
+
+template <typename T, int R, int TH, int KPL>
+cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
+                            const T* w, const T* bias, T* y, float* partials,
+                            cudaStream_t stream) {
+  sparse::TileArgs a;
+  a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
+  a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
+  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
+  a.pad_h = static_cast<int>(p.pad_h), a.pad_w = static_cast<int>(p.pad_w);
+  a.activation = static_cast<int>(p.activation);
+  a.tiles_h = static_cast<int>(CeilDiv(p.P, TH)), a.tiles_w = static_cast<int>(CeilDiv(p.Q, 8));
+  const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
+  a.chunks_per_split = static_cast<int>(CeilDiv(chunks, plan.splits));
+  a.M = p.N * p.P * p.Q;
+  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y),
+                  static_cast<unsigned>(plan.splits));
+  const unsigned threads = 32u * static_cast<unsigned>(plan.warps);
+  if (plan.splits == 1) {
+    sparse::sparse_tile_conv<T, R, TH, 8, KPL, false><<<grid, threads, 0, stream>>>(a, x, w, bias, y, nullptr);
+    return cudaGetLastError();
+  }
+  sparse::sparse_tile_conv<T, R, TH, 8, KPL, true><<<grid, threads, 0, stream>>>(a, x, w, bias, y, partials);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  const int64_t elems = a.M * p.K;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(elems, 256), 1 << 16);
+  sparse::finalize_split_partials<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      partials, plan.splits, elems, a.K, bias, a.activation, y);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchTile(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
+                       const T* w, const T* bias, T* y, float* partials, cudaStream_t stream) {
+  const int kpl = plan.k_per_lane;
+  switch (p.R) {
+    case 1:
+      return kpl == 4 ? LaunchTileShape<T, 1, 4, 4>(p, plan, x, w, bias, y, partials, stream)
+                      : LaunchTileShape<T, 1, 8, 2>(p, plan, x, w, bias, y, partials, stream);
+    case 3:
+      return kpl == 4 ? LaunchTileShape<T, 3, 4, 4>(p, plan, x, w, bias, y, partials, stream)
+                      : LaunchTileShape<T, 3, 8, 2>(p, plan, x, w, bias, y, partials, stream);
+    default:  // 5x5
+      return LaunchTileShape<T, 5, 4, 2>(p, plan, x, w, bias, y, partials, stream);
+  }
+}
+
 }  // namespace
 
 const char* sparse_conv_unsupported_reason(const SparseConvParams& p) {
@@ -111,12 +196,16 @@ const char* sparse_conv_unsupported_reason(const SparseConvParams& p) {
   return nullptr;
 }
 
-SparseConvPlan plan_sparse_conv(const SparseConvParams& p) {
+SparseConvPlan plan_sparse_conv(const SparseConvParams& p, int64_t scratch_bytes) {
   SparseConvPlan plan;
   plan.unsupported = sparse_conv_unsupported_reason(p);
   if (plan.unsupported != nullptr) return plan;
   int sm_count = 132;
   if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
+  if (TileEligible(p)) {
+    PlanTile(p, sm_count, scratch_bytes, plan);
+    return plan;
+  }
   // Widest channel block the layer fills (a lane's float4 of weights per nonzero), then
   // narrower blocks / fewer pixels per CTA until the grid covers the GPU.
   int kpt = p.K > 64 ? 4 : (p.K > 32 ? 2 : 1);
@@ -136,6 +225,9 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p) {
   }
   plan.k_per_lane = kpt;
   plan.pixels_per_warp = per_warp;
+  plan.warps = sparse::kWarps;
+  plan.scratch_bytes = sparse_conv_mask_bytes(p);
+  if (scratch_bytes < plan.scratch_bytes) plan.unsupported = "scratch smaller than the nonzero masks";
   plan.grid_y = CeilDiv(p.K, 32 * kpt);
   const int64_t tap_bytes = 32 * 32 * kpt * static_cast<int64_t>(sizeof(float));
   plan.taps_per_stage = static_cast<int>(std::max<int64_t>(1, std::min(p.R * p.S, kStageBytes / tap_bytes)));
@@ -146,9 +238,12 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p) {
 
 template <typename T>
 cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,
-                               T* y, uint32_t* masks, cudaStream_t stream) {
-  const SparseConvPlan plan = plan_sparse_conv(p);
+                               T* y, void* scratch, int64_t scratch_bytes, cudaStream_t stream) {
+  const SparseConvPlan plan = plan_sparse_conv(p, scratch_bytes);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
+  if (plan.kernel == SparseKernel::kTile)
+    return LaunchTile<T>(p, plan, x, w, bias, y, static_cast<float*>(scratch), stream);
+  uint32_t* masks = static_cast<uint32_t*>(scratch);
   const int64_t entries = p.N * p.H * p.W * p.groups32();
   const int64_t encode_blocks =
       std::min<int64_t>(CeilDiv(entries, sparse::kWarps), 1 << 20);
@@ -162,15 +257,15 @@ cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w
 }
 
 template cudaError_t launch_sparse_conv<float>(const SparseConvParams&, const float*,
-                                               const float*, const float*, float*, uint32_t*,
+                                               const float*, const float*, float*, void*, int64_t,
                                                cudaStream_t);
 template cudaError_t launch_sparse_conv<__nv_bfloat16>(const SparseConvParams&,
                                                        const __nv_bfloat16*,
                                                        const __nv_bfloat16*,
                                                        const __nv_bfloat16*, __nv_bfloat16*,
-                                                       uint32_t*, cudaStream_t);
+                                                       void*, int64_t, cudaStream_t);
 template cudaError_t launch_sparse_conv<__half>(const SparseConvParams&, const __half*,
                                                 const __half*, const __half*, __half*,
-                                                uint32_t*, cudaStream_t);
+                                                void*, int64_t, cudaStream_t);
 
 }  // namespace jaxcnn

@@ -1,5 +1,6 @@
 // Zero-skipping 2-D convolution (NHWC activations, HWIO weights), optionally with a fused
-// ReLU + max-pool epilogue. Two kernels per call:
+// ReLU + max-pool epilogue. Stride-1 layers without a pool run the tile kernel
+// (sparse_tile_kernel.cuh, see SparseKernel below); the rest run two kernels per call:
 //  1. encode: one warp per (input pixel, 32-channel group) ballots the group's nonzeros into a
 //     uint32 bitmask (the "encoding", built on the GPU from the dense input every call);
 //  2. conv: output-stationary; a CTA owns a block of output pixels x a block of up to 128
@@ -16,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <limits>
 
 namespace jaxcnn {
 
@@ -42,37 +44,58 @@ inline int64_t sparse_conv_mask_bytes(const SparseConvParams& p) {
   return p.N * p.H * p.W * p.groups32() * 4;
 }
 
-// What the conv kernel will run with (for logs and benchmarks).
+// What the launch will run (for logs and benchmarks). Two kernels:
+//  - kTile (stride 1, dilation 1, R = S in {1, 3, 5}, no pool): input-stationary scatter into a
+//    tile_h x tile_w output tile in registers (sparse_tile_kernel.cuh); its nonzero masks live in
+//    shared memory. Small layers split the input channels over `splits` CTAs, whose fp32
+//    partial sums take `scratch_bytes` of the scratch.
+//  - kWalk (everything else, and every pool): the encode kernel's masks in the scratch, then
+//    the output-stationary walk above.
+enum class SparseKernel { kWalk = 0, kTile = 1 };
+
 struct SparseConvPlan {
   const char* unsupported = nullptr;  // non-null: cannot run, says why
+  SparseKernel kernel = SparseKernel::kWalk;
   int k_per_lane = 0;                 // output channels per lane (block = 32 * k_per_lane)
-  int pixels_per_warp = 0;            // conv output pixels (pool: window slots) per warp
-  int taps_per_stage = 0;             // filter taps staged in shared memory at once
-  int64_t grid_x = 0, grid_y = 0;     // pixel blocks x channel blocks
+  int pixels_per_warp = 0;            // walk: conv output pixels (pool: window slots) per warp
+  int taps_per_stage = 0;             // walk: filter taps staged in shared memory at once
+  int tile_h = 0, tile_w = 0;         // tile: output tile of a CTA
+  int warps = 0;                      // warps per CTA
+  int splits = 1;                     // tile: input-channel splits (grid z)
+  int64_t grid_x = 0, grid_y = 0;     // pixel blocks (tiles) x channel blocks
   int64_t smem_bytes = 0;
+  int64_t scratch_bytes = 0;          // device scratch the launch uses
 };
 
 // nullptr if the params can run, else a static message.
 const char* sparse_conv_unsupported_reason(const SparseConvParams& p);
 
-// The plan for these params on the current device (SM count cached per device).
-SparseConvPlan plan_sparse_conv(const SparseConvParams& p);
+// The plan for these params on the current device (SM count cached per device), given
+// `scratch_bytes` of device scratch (the tile kernel splits channels only as far as it fits).
+SparseConvPlan plan_sparse_conv(const SparseConvParams& p,
+                                int64_t scratch_bytes = std::numeric_limits<int64_t>::max());
 
-// Encodes x's nonzeros into `masks` (sparse_conv_mask_bytes(p) bytes, 4-byte aligned) and
-// runs the conv; bias may be null (zero). Returns cudaErrorInvalidValue for unsupported
-// params, cudaSuccess without a launch for an empty output, else cudaGetLastError().
+// Scratch bytes the launch uses at best (the size to allocate): the walk kernel's masks or the
+// tile kernel's split partial sums.
+inline int64_t sparse_conv_scratch_bytes(const SparseConvParams& p) {
+  return plan_sparse_conv(p).scratch_bytes;
+}
+
+// Runs the plan for `scratch_bytes` of scratch (16-byte aligned); bias may be null (zero).
+// Returns cudaErrorInvalidValue for unsupported params or too little scratch, cudaSuccess
+// without a launch for an empty output, else cudaGetLastError().
 template <typename T>
 cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,
-                               T* y, uint32_t* masks, cudaStream_t stream);
+                               T* y, void* scratch, int64_t scratch_bytes, cudaStream_t stream);
 
 extern template cudaError_t launch_sparse_conv<float>(const SparseConvParams&, const float*,
                                                       const float*, const float*, float*,
-                                                      uint32_t*, cudaStream_t);
+                                                      void*, int64_t, cudaStream_t);
 extern template cudaError_t launch_sparse_conv<__nv_bfloat16>(
     const SparseConvParams&, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-    __nv_bfloat16*, uint32_t*, cudaStream_t);
+    __nv_bfloat16*, void*, int64_t, cudaStream_t);
 extern template cudaError_t launch_sparse_conv<__half>(const SparseConvParams&, const __half*,
                                                        const __half*, const __half*, __half*,
-                                                       uint32_t*, cudaStream_t);
+                                                       void*, int64_t, cudaStream_t);
 
 }  // namespace jaxcnn

@@ -1,6 +1,7 @@
 // XLA FFI handler of the zero-skipping conv (+ fused ReLU/max-pool): decode, validate,
-// launch, report. The nonzero bitmasks live in the call's second result (scratch XLA
-// allocates), so the handler allocates nothing and is CUDA-graph safe.
+// launch, report. The kernels' scratch (the walk kernel's nonzero bitmasks, the tile kernel's
+// split partial sums) is the call's second result, sized by jaxcnn_sparse_conv_scratch_bytes:
+// XLA allocates it, the handler allocates nothing and is CUDA-graph safe.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -66,9 +67,10 @@ ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   if (const char* reason = sparse_conv_unsupported_reason(p))
     return Invalid(std::string("unsupported: ") + reason + " (x " + DimsToString(x_dims) +
                    ", w " + DimsToString(w_dims) + ")");
-  if (static_cast<int64_t>(scratch->size_bytes()) < sparse_conv_mask_bytes(p))
-    return Invalid("scratch must hold " + std::to_string(sparse_conv_mask_bytes(p)) +
-                   " bytes of nonzero masks, got " + std::to_string(scratch->size_bytes()));
+  const int64_t scratch_bytes = static_cast<int64_t>(scratch->size_bytes());
+  if (const char* reason = plan_sparse_conv(p, scratch_bytes).unsupported)
+    return Invalid(std::string(reason) + " (scratch " + std::to_string(scratch_bytes) +
+                   " bytes, the plan uses " + std::to_string(sparse_conv_scratch_bytes(p)) + ")");
   return DispatchFloatType(dtype, "sparse_conv2d", [&](auto traits) -> ffi::Error {
     using T = typename decltype(traits)::type;
     JAXCNN_RETURN_IF_CUDA_ERROR(
@@ -76,7 +78,7 @@ ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
                               static_cast<const T*>(w.untyped_data()),
                               static_cast<const T*>(bias.untyped_data()),
                               static_cast<T*>(y->untyped_data()),
-                              static_cast<uint32_t*>(scratch->untyped_data()), stream),
+                              scratch->untyped_data(), scratch_bytes, stream),
         "sparse_conv2d launch");
     return ffi::Error::Success();
   });
@@ -94,7 +96,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
                                   .Arg<ffi::AnyBuffer>()  // w [R, S, C, K]
                                   .Arg<ffi::AnyBuffer>()  // bias [K]
                                   .Ret<ffi::AnyBuffer>()  // y [N, P, Q, K] or [N, PP, PQ, K]
-                                  .Ret<ffi::AnyBuffer>()  // scratch: nonzero masks (uint8)
+                                  .Ret<ffi::AnyBuffer>()  // scratch (uint8)
                                   .Attr<int64_t>("stride_h")
                                   .Attr<int64_t>("stride_w")
                                   .Attr<int64_t>("pad_h")
@@ -112,35 +114,53 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
                                   .Attr<int64_t>("conv_out_w"),
                               {ffi::Traits::kCmdBufferCompatible});
 
+namespace {
+
+constexpr int64_t kParamFields = 24;
+
+// SparseConvParams from the flat array the Python side passes (SparseConvParams field order).
+jaxcnn::SparseConvParams ParamsFromArray(const int64_t* params) {
+  jaxcnn::SparseConvParams p;
+  int64_t* fields[kParamFields] = {&p.N, &p.H, &p.W, &p.C, &p.R, &p.S, &p.K, &p.P, &p.Q,
+                                   &p.stride_h, &p.stride_w, &p.pad_h, &p.pad_w, &p.dilation_h,
+                                   &p.dilation_w, &p.activation, &p.pool_h, &p.pool_w,
+                                   &p.pool_stride_h, &p.pool_stride_w, &p.pool_pad_h,
+                                   &p.pool_pad_w, &p.PP, &p.PQ};
+  for (int64_t i = 0; i < kParamFields; ++i) *fields[i] = params[i];
+  return p;
+}
+
+}  // namespace
+
 // The plan the handler will launch for these params on the current device, as one line
-// ("k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=98x4 smem=49152"), for benchmarks.
-// Returns the text's length (truncated to out_len - 1), or -1 when the params cannot run
-// (out then holds the reason).
+// ("kernel=tile tile=4x8 k_per_lane=4 warps=2 splits=1 grid=98x1 scratch=0" or
+// "kernel=walk k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=98x4 smem=49152
+// scratch=..."), for benchmarks. Returns the text's length (truncated to out_len - 1), or -1
+// when the params cannot run (out then holds the reason).
 extern "C" JAXCNN_EXPORT int64_t jaxcnn_sparse_conv_plan(const int64_t* params, int64_t count,
                                                          char* out, int64_t out_len) {
-  jaxcnn::SparseConvParams p;
-  int64_t* fields[] = {&p.N, &p.H, &p.W, &p.C, &p.R, &p.S, &p.K, &p.P, &p.Q,
-                       &p.stride_h, &p.stride_w, &p.pad_h, &p.pad_w, &p.dilation_h,
-                       &p.dilation_w, &p.activation, &p.pool_h, &p.pool_w, &p.pool_stride_h,
-                       &p.pool_stride_w, &p.pool_pad_h, &p.pool_pad_w, &p.PP, &p.PQ};
-  constexpr int64_t kFields = sizeof(fields) / sizeof(fields[0]);
   std::string text;
   int64_t rc = 0;
-  if (count != kFields) {
-    text = "expected " + std::to_string(kFields) + " params";
+  if (count != kParamFields) {
+    text = "expected " + std::to_string(kParamFields) + " params";
     rc = -1;
   } else {
-    for (int64_t i = 0; i < kFields; ++i) *fields[i] = params[i];
-    const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p);
+    const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(ParamsFromArray(params));
+    const std::string grid = " grid=" + std::to_string(plan.grid_x) + "x" + std::to_string(plan.grid_y);
     if (plan.unsupported != nullptr) {
       text = plan.unsupported;
       rc = -1;
+    } else if (plan.kernel == jaxcnn::SparseKernel::kTile) {
+      text = "kernel=tile tile=" + std::to_string(plan.tile_h) + "x" + std::to_string(plan.tile_w) +
+             " k_per_lane=" + std::to_string(plan.k_per_lane) + " warps=" +
+             std::to_string(plan.warps) + " splits=" + std::to_string(plan.splits) + grid +
+             " scratch=" + std::to_string(plan.scratch_bytes);
     } else {
-      text = "k_per_lane=" + std::to_string(plan.k_per_lane) +
+      text = "kernel=walk k_per_lane=" + std::to_string(plan.k_per_lane) +
              " pixels_per_warp=" + std::to_string(plan.pixels_per_warp) +
-             " taps_per_stage=" + std::to_string(plan.taps_per_stage) +
-             " grid=" + std::to_string(plan.grid_x) + "x" + std::to_string(plan.grid_y) +
-             " smem=" + std::to_string(plan.smem_bytes);
+             " taps_per_stage=" + std::to_string(plan.taps_per_stage) + grid +
+             " smem=" + std::to_string(plan.smem_bytes) +
+             " scratch=" + std::to_string(plan.scratch_bytes);
     }
   }
   if (out != nullptr && out_len > 0) {
@@ -149,4 +169,14 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_sparse_conv_plan(const int64_t* params, 
     out[n] = '\0';
   }
   return rc < 0 ? rc : static_cast<int64_t>(text.size());
+}
+
+// Scratch bytes to allocate for these params on the current device (the handler's second
+// result), or -1 when the count is wrong. Unsupported params size the walk kernel's masks; the
+// handler reports them.
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_sparse_conv_scratch_bytes(const int64_t* params, int64_t count) {
+  if (count != kParamFields) return -1;
+  const jaxcnn::SparseConvParams p = ParamsFromArray(params);
+  const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p);
+  return plan.unsupported != nullptr ? jaxcnn::sparse_conv_mask_bytes(p) : plan.scratch_bytes;
 }

@@ -6,10 +6,11 @@ jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one `jax
     y = jax.jit(fast)(params, x)
     print(fast.explain(params, x))                   # the group decisions, then every rewrite
 
-A group is what jaxcnn.optimize matches as three NHWC conv2d sites (stride 1, ReLU): a 1x1
-"squeeze" whose output only two convs read, a 1x1 and a 3x3 (padding 1) "expand", whose outputs
-only one channel concatenate reads, in that order. Searched in call bodies too (jit,
-custom_jvp/vjp). Weights in any order are transposed to HWIO, as optimize does.
+A group is what jaxcnn.optimize matches as three NHWC conv2d sites (stride 1, ReLU; rewritten
+by the policy or left to XLA by it): a 1x1 "squeeze" whose output only two convs read, a 1x1
+and a 3x3 (padding 1) "expand", whose outputs only one channel concatenate reads, in that order.
+Searched in call bodies too (jit, custom_jvp/vjp). Weights in any order are transposed to HWIO,
+as optimize does.
 
 A conv->pool group is an NHWC conv2d site (ReLU, groups 1) whose output only a max pool reads
 (straight to its reduce_window_max, NHWC): one conv2d_pool, the pre-pool activation never
@@ -29,8 +30,8 @@ from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.planner import GroupDecision, _fmt_ms, _table, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv_args import conv2d_flops
-from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _accepts, match_pool
-from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan
+from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, match_pool
+from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan, declined_convs
 
 GROUPS = ("auto", "all", "none")
 USER_KINDS = ("fire", "conv_pool")
@@ -124,6 +125,27 @@ def _conv_ok(m: Match, kernel: int) -> bool:
             and s.kwargs["groups"] == 1 and tuple(map(tuple, s.kwargs["padding"])) == ((pad, pad),) * 2)
 
 
+def _open_calls(plan: Plan) -> None:
+    """Gives every call body a (possibly empty) child plan, so that groups of convs the policy
+    left to XLA are found in call bodies too (build_plan keeps only bodies with a rewrite)."""
+    for i, eqn in enumerate(plan.jaxpr.eqns):
+        if i in plan.matches or i in plan.skipped:
+            continue
+        body = _inner_jaxpr(eqn)
+        if body is not None:
+            child = plan.calls.setdefault(i, Plan(body))
+            _open_calls(child)
+
+
+def _prune_calls(plan: Plan) -> None:
+    """Drops the child plans that hold no rewrite again (undoes _open_calls where nothing fused):
+    a body in plan.calls is inlined, which only a rewrite inside should cause."""
+    for i, child in list(plan.calls.items()):
+        _prune_calls(child)
+        if not child.matches and not child.calls:
+            del plan.calls[i]
+
+
 def _call_bodies(plan: Plan, path: str):
     """(plan of a call body holding a rewrite, its call path) for each such body."""
     for i, child in plan.calls.items():
@@ -136,7 +158,7 @@ def _call_bodies(plan: Plan, path: str):
 def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
-    convs = {m.out_var: m for m in plan.matches.values() if m.op == "conv2d"}
+    convs = {m.out_var: m for m in [*plan.matches.values(), *_declined_convs(plan, uses)] if m.op == "conv2d"}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
         if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate":
@@ -189,17 +211,10 @@ def _conv_pool_build(conv: Match, pool_kw):
 
 
 def _declined_convs(plan: Plan, uses: Uses) -> list[Match]:
-    """The conv patterns the policy left to XLA (e.g. a C=3 stem under "auto"): a fused group
-    may still pay for them, and the fusion planner measures that."""
-    out = []
-    taken = set(plan.matches) | plan.skipped
-    for i, eqn in enumerate(plan.jaxpr.eqns):
-        if eqn.primitive.name != "conv_general_dilated" or i in taken:
-            continue
-        m = MATCHERS["conv_general_dilated"](uses, i)
-        if m is not None and not taken.intersection(m.eqn_indices):
-            out.append(m)
-    return out
+    """The conv patterns the policy left to XLA (under "auto": a C=3 stem, every dense bf16
+    conv without a measured win): a fused group may still pay for them, and the fusion planner
+    measures that against XLA."""
+    return declined_convs(plan, uses)
 
 
 def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
@@ -270,7 +285,7 @@ def _replace(site: _FireSite) -> None:
     plan = site.plan
     parts = (site.sq, site.e1, site.e3)
     for m in parts:
-        plan.matches.pop(max(m.eqn_indices))
+        plan.matches.pop(max(m.eqn_indices), None)  # absent when the policy left it to XLA
         plan.skipped.difference_update(m.eqn_indices)
     # Read x once, then (w[, b]) of each conv: the expands' input is the squeeze, inside.
     counts = [len(m.in_vars) - 1 for m in parts]
@@ -320,6 +335,7 @@ class FusedOptimized(Optimized):
     def _traced(self, args, kwargs):
         traced = super()._traced(args, kwargs)
         if id(traced) not in self._decisions:
+            _open_calls(traced.plan)
             sites = ((_fire_sites(traced.plan) if "fire" in self.kinds else [])
                      + (_conv_pool_sites(traced.plan) if "conv_pool" in self.kinds else []))
             chosen: list = []
@@ -333,6 +349,7 @@ class FusedOptimized(Optimized):
             for s, take, _ in chosen:
                 if take:
                     (_replace_conv_pool if isinstance(s, _ConvPoolSite) else _replace)(s)
+            _prune_calls(traced.plan)
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
         return traced
 
@@ -360,8 +377,9 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", groups: Any = "a
     groups: "auto" (each group decided like a zoo model's: measured where the CUDA kernels run,
       else the cost model; `costs`, `cache`, `iters`, `warmup` as plan_fusion's), "all", "none",
       or a callable(JaxprGroup) -> bool.
-    kinds: the group kinds to look for, among USER_KINDS ("fire", "conv_pool"). A conv the policy
-      leaves to XLA is in no group.
+    kinds: the group kinds to look for, among USER_KINDS ("fire", "conv_pool"). Groups include
+      convs the policy leaves to XLA (policy="auto" leaves most dense convs there): fused or
+      not is the group decision's.
     sparse: as jaxcnn.optimize's.
     Returns a callable with .explain(*args) (decisions, then every rewrite), .decisions(*args)
     and .rewrites(*args); it works under jit, grad and vmap like jaxcnn.optimize's.

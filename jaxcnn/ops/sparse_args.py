@@ -84,6 +84,25 @@ def sparse_output_shape(x_shape: Sequence[int], x_dtype: Any, w_shape: Sequence[
 
 
 def mask_bytes(x_nhwc: Sequence[int]) -> int:
-    """Scratch of the CUDA call: one uint32 nonzero mask per input pixel per 32 channels."""
+    """The walk kernel's scratch: one uint32 nonzero mask per input pixel per 32 channels."""
     n, h, w, c = x_nhwc
     return n * h * w * ((c + 31) // 32) * 4
+
+
+def kernel_params(x_nhwc: Sequence[int], w_shape: Sequence[int], cfg: SparseConfig) -> dict:
+    """The fields of cuda_ops/sparse/sparse_conv.h's SparseConvParams, by name."""
+    n, h, wd, c = x_nhwc
+    r, s, _, k = w_shape
+    conv = cfg.conv
+    (pt, pb), (pl, pr) = conv.padding
+    p = (h + pt + pb - conv.dilation[0] * (r - 1) - 1) // conv.stride[0] + 1
+    q = (wd + pl + pr - conv.dilation[1] * (s - 1) - 1) // conv.stride[1] + 1
+    params = dict(N=n, H=h, W=wd, C=c, R=r, S=s, K=k, P=p, Q=q, stride_h=conv.stride[0],
+                  stride_w=conv.stride[1], pad_h=pt, pad_w=pl, dilation_h=conv.dilation[0],
+                  dilation_w=conv.dilation[1], activation=int(conv.activation == "relu"))
+    if cfg.pool is not None:
+        pp, pq = pooled_size((p, q), cfg.pool)
+        params.update(pool_h=cfg.pool.window[0], pool_w=cfg.pool.window[1],
+                      pool_stride_h=cfg.pool.stride[0], pool_stride_w=cfg.pool.stride[1],
+                      pool_pad_h=cfg.pool.padding[0][0], pool_pad_w=cfg.pool.padding[1][0], PP=pp, PQ=pq)
+    return params

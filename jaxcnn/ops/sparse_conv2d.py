@@ -1,10 +1,12 @@
 """`jaxcnn.sparse_conv2d`: a 2-D convolution that skips the zeros of its input (e.g. ReLU
 outputs), and `jaxcnn.sparse_conv2d_pool`: the same with a fused ReLU + max-pool epilogue.
 
-CUDA runs cuda_ops/sparse through XLA FFI: an encode kernel writes one nonzero bitmask per
-input pixel per 32 channels (into scratch XLA allocates as the call's second result), then an
-output-stationary kernel walks only the set bits of each receptive field, so its work is
-proportional to the nonzeros. Every other platform runs the lax reference (a dense conv with
+CUDA runs cuda_ops/sparse through XLA FFI. Stride-1 convs without a pool run the tile kernel:
+per output tile it stages the input halo, ballots its nonzeros per channel and scatters only
+those into register accumulators. The rest run an encode kernel (one nonzero bitmask per input
+pixel per 32 channels) and an output-stationary walk over the set bits. Either way the work is
+proportional to the nonzeros; the kernels' scratch is the call's second result, sized by the
+library. Every other platform runs the lax reference (a dense conv with
 the same results). One primitive, NHWC, groups 1; other layouts transpose around it.
 Gradients are dense (the reference's transposes).
 """
@@ -30,6 +32,7 @@ from jaxcnn.ops.sparse_args import (
     SparseConfig,
     check_conv_config,
     make_pool_spec,
+    kernel_params,
     mask_bytes,
     sparse_output_shape,
 )
@@ -74,9 +77,13 @@ class SparseConv2dPrimitive(LeadingBatchPrimitive):
         pool = cfg.pool
         window, stride, pads = ((0, 0), (0, 0), ((0, 0), (0, 0))) if pool is None else (
             pool.window, pool.stride, pool.padding)
-        # The nonzero masks are a second result: XLA allocates them with the program's
-        # temporaries, the handler allocates nothing (CUDA-graph safe).
-        scratch = ShapedArray((mask_bytes(x_aval.shape),), np.uint8)
+        # The kernels' scratch is a second result: XLA allocates it with the program's
+        # temporaries, the handler allocates nothing (CUDA-graph safe). The library sizes it for
+        # its own plan; without the library, the walk kernel's masks.
+        scratch_bytes = _ffi.sparse_conv_scratch_bytes(kernel_params(x_aval.shape, w_aval.shape, cfg))
+        if scratch_bytes is None:
+            scratch_bytes = mask_bytes(x_aval.shape)
+        scratch = ShapedArray((max(scratch_bytes, 16),), np.uint8)
         ctx = ctx.replace(avals_out=[*ctx.avals_out, scratch])
         y, _ = jax.ffi.ffi_lowering(FFI_TARGET)(
             ctx, x, w, bias,

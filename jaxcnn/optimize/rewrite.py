@@ -84,11 +84,17 @@ AUTO_KEEPS_XLA = ("max_pool2d", "avg_pool2d", "softmax", "log_softmax")
 
 def auto_policy(site: Site) -> str | None:
     """policy="auto": the rewrites that pay. A conv the autotuner has measured on this GPU (its
-    cache holds the layer) takes that measured winner, XLA's conv included. Otherwise a conv is
-    rewritten when jaxcnn.conv2d's "auto" runs it on the tensor-core implicit GEMM (NHWC,
-    groups == 1, C >= 8, K a multiple of 16 bytes) or the depthwise kernel (groups == C > 1).
+    cache holds the layer) takes that measured winner, XLA's conv included. Otherwise:
+      * depthwise convs (groups == C > 1) run jaxcnn's depthwise kernel;
+      * fp32 convs at precision "highest" (HIGH/HIGHEST) run the tensor-core kernel (NHWC,
+        groups 1, C >= 8, K a multiple of 4): its 3xTF32 path ran 1.4-3.2x faster than XLA's
+        HIGHEST on the H200;
+      * every other dense conv (bf16/fp16, fp32 at default/TF32 precision) stays XLA's: on the
+        H200 our tensor-core conv ran at 0.84-0.91x of cuDNN on VGG layers and whole models
+        with it at 0.98-1.04x of the original, so only a measured win (the cache) rewrites it.
     Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN, grouped, odd K) stay
-    XLA's: cuDNN runs them on tensor cores. Pools and softmax stay XLA's (AUTO_KEEPS_XLA).
+    XLA's, as do pools and softmax (AUTO_KEEPS_XLA). fuse= still offers the convs left here
+    to XLA to its groups (fire, conv -> max pool), where the fusion planner decides.
     policy="all" rewrites every recognised pattern instead."""
     if site.op != "conv2d":
         return None if site.op in AUTO_KEEPS_XLA else "auto"
@@ -99,12 +105,13 @@ def auto_policy(site: Site) -> str | None:
     k, groups = site.w_shape[3], site.kwargs["groups"]
     if groups == c > 1 and k % c == 0:
         return "auto"  # the depthwise kernel
-    align = 16 // jax.numpy.dtype(site.dtype).itemsize
+    if not (jax.numpy.dtype(site.dtype) == jax.numpy.float32 and site.kwargs["precision"] == "highest"):
+        return None  # a dense conv at cuDNN's own speed: XLA's unless measured (above)
     # C < 8 (an image's 1-3 channels) pads GEMM-K with zeros: cuDNN's own first-layer kernels
-    # won there (H200: a C=1 MNIST conv ran at 0.92x of XLA).
-    if (site.layout == "NHWC" and groups == 1 and c >= 8 and k % align == 0
+    # won there (H200: a C=1 MNIST conv ran at 0.92x of XLA). fp32 rows: 16 bytes = 4 channels.
+    if (site.layout == "NHWC" and groups == 1 and c >= 8 and k % 4 == 0
             and max(site.kwargs["stride"]) <= 8):
-        return "auto"  # the tensor-core kernel
+        return "auto"  # the tensor-core kernel (3xTF32)
     return None
 
 
@@ -194,6 +201,22 @@ def build_plan(jaxpr, policy) -> Plan:
     return plan
 
 
+def declined_convs(plan: Plan, uses: Uses | None = None) -> list[Match]:
+    """The conv patterns of plan.jaxpr (not its call bodies) the policy left to XLA: fuse= and
+    sparse="auto" still offer them to a fused group or the sparse kernel, decided by a
+    measurement (or the fusion cost model) against XLA."""
+    uses = Uses(plan.jaxpr) if uses is None else uses
+    out = []
+    taken = set(plan.matches) | plan.skipped
+    for i, eqn in enumerate(plan.jaxpr.eqns):
+        if eqn.primitive.name != "conv_general_dilated" or i in taken:
+            continue
+        m = MATCHERS["conv_general_dilated"](uses, i)
+        if m is not None and not taken.intersection(m.eqn_indices):
+            out.append(m)
+    return out
+
+
 def evaluate(plan: Plan, consts, args) -> list:
     """Evaluates plan.jaxpr on `args` with the planned replacements."""
     jaxpr = plan.jaxpr
@@ -271,13 +294,16 @@ def _sparse_build(m: Match):
 
 
 def plan_sparse(plan: Plan, closed, leaves) -> list:
-    """sparse="auto": for each top-level NHWC conv match (groups 1, undilated), the fraction of
-    zeros of its input on these concrete arguments, and jaxcnn.sparse_dispatch's pick at that
-    sparsity from the crossover measured for the layer on this GPU (none measured: dense). A
-    sparse pick swaps the match's build for jaxcnn.sparse_conv2d. Returns (match, Decision)s."""
+    """sparse="auto": for each top-level NHWC conv (groups 1, undilated; matched by the policy
+    or left to XLA by it), the fraction of zeros of its input on these concrete arguments, and
+    jaxcnn.sparse_dispatch's pick at that sparsity from the crossover measured for the layer on
+    this GPU (none measured: dense). A sparse pick swaps the match's build for
+    jaxcnn.sparse_conv2d (a conv the policy left to XLA joins the plan); a dense pick leaves
+    the conv as the policy had it. Returns (match, Decision)s."""
     from jaxcnn import sparse_dispatch
 
-    sites = [m for _, m in sorted(plan.matches.items())
+    convs = sorted([*plan.matches.values(), *declined_convs(plan)], key=lambda m: max(m.eqn_indices))
+    sites = [m for m in convs
              if m.op == "conv2d" and m.site.layout == "NHWC" and m.site.kwargs["groups"] == 1
              and tuple(m.site.kwargs["dilation"]) == (1, 1) and not isinstance(m.in_vars[0], Literal)]
     if not sites:
@@ -301,6 +327,10 @@ def plan_sparse(plan: Plan, closed, leaves) -> list:
                                           table=table, device=device)
         if decision.sparse:
             m.build, m.algorithm = _sparse_build(m), "sparse"
+            last = max(m.eqn_indices)
+            if plan.matches.get(last) is not m:  # a conv the policy left to XLA
+                plan.matches[last] = m
+                plan.skipped.update(j for j in m.eqn_indices if j != last)
         picks.append((m, decision))
     return picks
 
@@ -402,7 +432,9 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
         f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
       * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
       * with `fuse`: fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] -> concatenate, as
-        three of the conv matches above) -> one fused jaxcnn.fire (jaxcnn.fusion.optimize).
+        three of the conv matches above) -> one fused jaxcnn.fire, and NHWC conv + ReLU read
+        only by a max pool -> jaxcnn.conv2d_pool (jaxcnn.fusion.optimize; also for convs the
+        policy leaves to XLA).
     A bias or ReLU is fused only when nothing else reads the value before it. Everything else
     (lhs_dilation, batch groups, a preferred_element_type that changes the dtype, ...) runs as
     traced. The result works under jax.jit, jax.grad and jax.vmap.
@@ -410,11 +442,12 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
     Args:
       fn: the function to optimize (array pytrees in, array pytrees out).
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
-      policy: "auto" (the rewrites that pay on a Hopper GPU: convs that run on jaxcnn's
-        tensor-core or depthwise kernels, or the autotuner's cached measurement; see
-        auto_policy), "all" (every recognised pattern, conv2d picking its kernel), "xla"
-        (nothing is rewritten), "autotune" (each conv takes jaxcnn.layouts.autotune_conv's
-        winner among its layout's kernels and XLA's conv, see autotune_policy), or a
+      policy: "auto" (the rewrites that pay on a Hopper GPU: depthwise convs, fp32
+        precision="highest" convs on the tensor-core kernel, and any conv whose autotuner
+        measurement (cached) beat XLA; other dense convs stay XLA's; see auto_policy), "all"
+        (every recognised pattern, conv2d picking its kernel), "xla" (nothing is rewritten),
+        "autotune" (each conv takes jaxcnn.layouts.autotune_conv's winner among its layout's
+        kernels and XLA's conv, see autotune_policy), or a
         callable(Site) -> algorithm name ("auto", "tensor_core", "direct", "depthwise"; "xla" or
         None keeps that op as lax). Off CUDA the rewritten ops run their lax reference. Plugging
         in the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
