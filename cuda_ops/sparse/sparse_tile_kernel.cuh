@@ -4,8 +4,9 @@
 // A CTA owns a TH x TW tile of output pixels of one image and a block of output channels; each
 // warp owns 32 * KPL of those channels (lane: KPL consecutive k) and accumulates the whole tile
 // for them: acc[TH * TW][KPL] in registers. Per chunk of 32 input channels the CTA stages the
-// tile's input halo ((TH + R - 1) x (TW + R - 1) pixels) in shared memory as fp32, and ballots a
-// bitmask of its nonzeros per channel. Then, per channel, every warp loads its R*R*KPL weights
+// tile's input halo ((TH + R - 1) x (TW + R - 1) pixels) in shared memory (cp.async, double
+// buffered: the next chunk loads during this one's walk), and ballots a bitmask of its
+// nonzeros per channel. Then, per channel, every warp loads its R*R*KPL weights
 // once and walks the set bits only: a nonzero at halo position pos hits the output pixels
 // pos - (r, s) that lie in the tile, so `switch (pos)` jumps to code with compile-time
 // accumulator indices (registers cannot be indexed at run time). The walk is warp-uniform (every
@@ -22,6 +23,7 @@
 #include <cstdint>
 
 #include "common/float_convert.cuh"
+#include "common/mma_sm80.cuh"
 
 namespace jaxcnn {
 namespace sparse {
@@ -125,14 +127,58 @@ __device__ __forceinline__ void load_channel_weights(const T* __restrict__ w, in
 
 __device__ __forceinline__ float tile_nan_relu(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
 
+// Shared-memory row of one halo pixel: the chunk's 32 channels as stored (T), padded by 16 bytes
+// so rows stay 16-byte aligned for cp.async and the ballot's column reads spread over banks.
+template <typename T>
+constexpr int kRowElems = kTileChannels + 16 / static_cast<int>(sizeof(T));
+
+// Issues the loads of chunk c0's halo into `buf` ([halo][kRowElems<T>]): 16-byte cp.asyncs
+// (zero-filled outside the image and past C) when rows are 16-byte aligned (C a multiple of
+// 16 / sizeof(T)), else plain loads, four in flight a thread.
+template <typename T, int kHalo, int kHaloW>
+__device__ __forceinline__ void stage_halo(T* buf, const T* __restrict__ x_img, int c0, int ih0,
+                                           int iw0, const TileArgs& a) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVecsPerPos = kTileChannels / kVec;
+  if (a.C % kVec == 0) {
+    for (int v = threadIdx.x; v < kHalo * kVecsPerPos; v += blockDim.x) {
+      const int pos = v / kVecsPerPos, c = (v % kVecsPerPos) * kVec;
+      const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
+      const bool valid = ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C;
+      const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c : x_img;
+      mma::CpAsync16L1(buf + pos * kRowElems<T> + c, src, valid);
+    }
+    return;
+  }
+  constexpr int kUnroll = 4;
+  for (int e0 = threadIdx.x; e0 < kHalo * kTileChannels; e0 += kUnroll * blockDim.x) {
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e = e0 + u * blockDim.x;
+      const int c = e % kTileChannels, pos = e / kTileChannels;
+      const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
+      v[u] = from_float<T>(0.0f);  // padding and channels past C never contribute
+      if (e < kHalo * kTileChannels && ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C)
+        v[u] = x_img[(static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e = e0 + u * blockDim.x;
+      if (e < kHalo * kTileChannels) buf[(e / kTileChannels) * kRowElems<T> + e % kTileChannels] = v[u];
+    }
+  }
+}
+
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
 __global__ void __launch_bounds__(128)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
   constexpr int kHaloH = TH + R - 1, kHaloW = TW + R - 1, kHalo = kHaloH * kHaloW;
   constexpr int kWords = (kHalo + 31) / 32;
-  constexpr int kStride = kWords * 32 + 1;  // odd: the transposed staging stores hit 32 banks
-  __shared__ float xs[kTileChannels * kStride];   // [channel][halo position]
+  constexpr int kRow = kRowElems<T>;
+  // Two chunks of halo (the next one loads while this one is walked), then the masks.
+  __shared__ __align__(16) T xs[2][kHalo * kRow];
   __shared__ uint32_t nz[kTileChannels * kWords];  // [channel][word]: nonzero positions
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -155,24 +201,25 @@ __global__ void __launch_bounds__(128)
   const int chunks = (a.C + kTileChannels - 1) / kTileChannels;
   const int chunk_begin = blockIdx.z * a.chunks_per_split;
   const int chunk_end = min(chunks, chunk_begin + a.chunks_per_split);
+  const int c_end = min(a.C, chunk_end * kTileChannels);
+  // Weights of the next channel load while this one is walked (they come from L2).
+  float wr[R * R][KPL];
+  if (warp_active) load_channel_weights<T, R, KPL>(w, chunk_begin * kTileChannels, k, a, vector_ok, wr);
+  stage_halo<T, kHalo, kHaloW>(xs[0], x_img, chunk_begin * kTileChannels, ih0, iw0, a);
+  mma::CpAsyncCommit();
   for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-    const int c0 = chunk * kTileChannels;
-    __syncthreads();  // the previous chunk's halo and masks are no longer read
-    // Stage the halo: consecutive threads take consecutive channels of one pixel (coalesced).
-    for (int e = threadIdx.x; e < kHalo * kTileChannels; e += blockDim.x) {
-      const int cc = e % kTileChannels, pos = e / kTileChannels;
-      const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
-      float v = 0.0f;  // padding and channels past C never contribute
-      if (ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + cc < a.C)
-        v = to_float(x_img[(static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + cc]);
-      xs[cc * kStride + pos] = v;
-    }
+    const int c0 = chunk * kTileChannels, buf = (chunk - chunk_begin) & 1;
+    __syncthreads();  // every warp is done with the other buffer and with the masks
+    if (chunk + 1 < chunk_end)
+      stage_halo<T, kHalo, kHaloW>(xs[buf ^ 1], x_img, c0 + kTileChannels, ih0, iw0, a);
+    mma::CpAsyncCommit();
+    mma::CpAsyncWait<1>();  // this chunk's halo has landed (the next may be in flight)
     __syncthreads();
+    const T* xb = xs[buf];
     // One ballot per (channel, 32 positions). NaN counts as nonzero: it propagates as in dense.
     for (int e = warp; e < kTileChannels * kWords; e += warps) {
-      const int cc = e / kWords, word = e % kWords;
-      const int pos = word * 32 + lane;
-      const bool nonzero = pos < kHalo && xs[cc * kStride + pos] != 0.0f;
+      const int cc = e / kWords, pos = (e % kWords) * 32 + lane;
+      const bool nonzero = pos < kHalo && to_float(xb[pos * kRow + cc]) != 0.0f;
       const uint32_t bits = __ballot_sync(0xffffffffu, nonzero);
       if (lane == 0) nz[e] = bits;
     }
@@ -180,26 +227,21 @@ __global__ void __launch_bounds__(128)
     if (!warp_active) continue;
     const int channels = min(kTileChannels, a.C - c0);
     for (int cc = 0; cc < channels; ++cc) {
-      uint32_t words[kWords];
-      bool any = false;
+      float wn[R * R][KPL];
+      if (c0 + cc + 1 < c_end) load_channel_weights<T, R, KPL>(w, c0 + cc + 1, k, a, vector_ok, wn);
 #pragma unroll
       for (int word = 0; word < kWords; ++word) {
-        words[word] = nz[cc * kWords + word];
-        any |= words[word] != 0;
-      }
-      if (!any) continue;  // a channel that is zero on the whole halo costs no weight load
-      float wr[R * R][KPL];
-      load_channel_weights<T, R, KPL>(w, c0 + cc, k, a, vector_ok, wr);
-      const float* xc = xs + cc * kStride;
-#pragma unroll
-      for (int word = 0; word < kWords; ++word) {
-        uint32_t bits = words[word];
+        uint32_t bits = nz[cc * kWords + word];
         while (bits != 0) {  // warp-uniform: one trip per nonzero
           const int pos = word * 32 + __ffs(bits) - 1;
           bits &= bits - 1;
-          scatter_at<R, TH, TW, KPL>(pos, xc[pos], acc, wr);
+          scatter_at<R, TH, TW, KPL>(pos, to_float(xb[pos * kRow + cc]), acc, wr);
         }
       }
+#pragma unroll
+      for (int t = 0; t < R * R; ++t)
+#pragma unroll
+        for (int j = 0; j < KPL; ++j) wr[t][j] = wn[t][j];
     }
   }
   if (!warp_active) return;
