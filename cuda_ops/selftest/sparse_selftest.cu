@@ -341,6 +341,8 @@ int main(int argc, char** argv) {
         failures += !RunCase<__nv_bfloat16>(s, sp, true, seed++);
         cases += 2;
       }
+    Time<float>({"vgg_c3_2_n1", 1, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
+    Time<float>({"vgg_c3_2_n64", 64, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
     Time<float>({"vgg_c3_2_n8", 8, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
     Time<__nv_bfloat16>({"vgg_c3_2_n8", 8, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
     Time<float>({"vgg_c2_1_n64", 64, 112, 112, 64, 128, 3, 3, 1, 1, 1, 1});
