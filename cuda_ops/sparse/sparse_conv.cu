@@ -90,9 +90,10 @@ cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, 
 }
 
 // Tile kernel: at least this many warps in flight per SM before channels are split (its
-// ~210 registers a thread leave room for about 8 warps an SM).
+// ~200 registers a thread leave room for about 8-10 warps an SM).
 constexpr int kTileWarpsPerSm = 12;
 constexpr int kTileMaxSplits = 16;
+constexpr int kTileMaxWarps = 4;
 
 bool TileEligible(const SparseConvParams& p) {
   return !p.pooled() && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
@@ -110,9 +111,10 @@ void PlanTile(const SparseConvParams& p, int sm_count, int64_t scratch_bytes, Sp
     plan.k_per_lane = 2;
   plan.tile_h = (plan.k_per_lane == 4 || p.R == 5) ? 4 : 8;
   plan.tile_w = 8;
-  plan.warps = sparse::kTileWarps;  // 2 x 2 sub-tiles, one channel block
-  plan.grid_y = CeilDiv(p.K, 32 * plan.k_per_lane);
-  plan.grid_x = p.N * CeilDiv(p.P, 2 * plan.tile_h) * CeilDiv(p.Q, 2 * plan.tile_w);
+  const int64_t lanes_k = 32 * plan.k_per_lane;
+  plan.warps = static_cast<int>(std::min<int64_t>(kTileMaxWarps, CeilDiv(p.K, lanes_k)));
+  plan.grid_y = CeilDiv(p.K, plan.warps * lanes_k);
+  plan.grid_x = p.N * CeilDiv(p.P, plan.tile_h) * CeilDiv(p.Q, plan.tile_w);
   const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
   const int64_t warps = plan.grid_x * plan.grid_y * plan.warps;
   int64_t splits = std::min<int64_t>({chunks, kTileMaxSplits,
@@ -137,13 +139,13 @@ cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& pla
   a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
   a.pad_h = static_cast<int>(p.pad_h), a.pad_w = static_cast<int>(p.pad_w);
   a.activation = static_cast<int>(p.activation);
-  a.tiles_h = static_cast<int>(CeilDiv(p.P, 2 * TH)), a.tiles_w = static_cast<int>(CeilDiv(p.Q, 2 * 8));
+  a.tiles_h = static_cast<int>(CeilDiv(p.P, TH)), a.tiles_w = static_cast<int>(CeilDiv(p.Q, 8));
   const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
   a.chunks_per_split = static_cast<int>(CeilDiv(chunks, plan.splits));
   a.M = p.N * p.P * p.Q;
   const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y),
                   static_cast<unsigned>(plan.splits));
-  const unsigned threads = 32u * sparse::kTileWarps;
+  const unsigned threads = 32u * static_cast<unsigned>(plan.warps);
   if (plan.splits == 1) {
     sparse::sparse_tile_conv<T, R, TH, 8, KPL, false><<<grid, threads, 0, stream>>>(a, x, w, bias, y, nullptr);
     return cudaGetLastError();

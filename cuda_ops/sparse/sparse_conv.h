@@ -45,9 +45,9 @@ inline int64_t sparse_conv_mask_bytes(const SparseConvParams& p) {
 }
 
 // What the launch will run (for logs and benchmarks). Two kernels:
-//  - kTile (stride 1, dilation 1, R = S in {1, 3, 5}, no pool): input-stationary scatter into
-//    tile_h x tile_w output sub-tiles in registers, 2 x 2 warps a CTA (sparse_tile_kernel.cuh);
-//    its nonzero masks live in shared memory. Small layers split the input channels over `splits` CTAs, whose fp32
+//  - kTile (stride 1, dilation 1, R = S in {1, 3, 5}, no pool): input-stationary scatter into a
+//    tile_h x tile_w output tile in registers (sparse_tile_kernel.cuh); its nonzero masks live in
+//    shared memory. Small layers split the input channels over `splits` CTAs, whose fp32
 //    partial sums take `scratch_bytes` of the scratch.
 //  - kWalk (everything else, and every pool): the encode kernel's masks in the scratch, then
 //    the output-stationary walk above.
@@ -59,7 +59,7 @@ struct SparseConvPlan {
   int k_per_lane = 0;                 // output channels per lane (block = 32 * k_per_lane)
   int pixels_per_warp = 0;            // walk: conv output pixels (pool: window slots) per warp
   int taps_per_stage = 0;             // walk: filter taps staged in shared memory at once
-  int tile_h = 0, tile_w = 0;         // tile: output sub-tile of a warp
+  int tile_h = 0, tile_w = 0;         // tile: output tile of a CTA
   int warps = 0;                      // warps per CTA
   int splits = 1;                     // tile: input-channel splits (grid z)
   int64_t grid_x = 0, grid_y = 0;     // pixel blocks (tiles) x channel blocks

@@ -1,18 +1,17 @@
 // The tile kernel of the zero-skipping conv: stride 1, dilation 1, square R x R windows
 // (R = 1, 3, 5), no pool. Input-stationary scatter into an output tile held in registers.
 //
-// A CTA owns a 2TH x 2TW block of output pixels of one image and 32 * KPL output channels
-// (lane: KPL consecutive k); each of its 4 warps accumulates one TH x TW sub-tile for all of
-// them: acc[TH * TW][KPL] in registers. Per chunk of 32 input channels the CTA stages the
-// block's input halo in shared memory (cp.async, double buffered: the next chunk loads during
-// this one's walk), and each warp ballots a bitmask of the nonzeros of its own window (its
-// sub-tile's (TH + R - 1) x (TW + R - 1) halo) per channel. Then, per channel, every warp loads its R*R*KPL weights
+// A CTA owns a TH x TW tile of output pixels of one image and a block of output channels; each
+// warp owns 32 * KPL of those channels (lane: KPL consecutive k) and accumulates the whole tile
+// for them: acc[TH * TW][KPL] in registers. Per chunk of 32 input channels the CTA stages the
+// tile's input halo ((TH + R - 1) x (TW + R - 1) pixels) in shared memory (cp.async, double
+// buffered: the next chunk loads during this one's walk), and ballots a bitmask of its
+// nonzeros per channel. Then, per channel, every warp loads its R*R*KPL weights
 // once and walks the set bits only: a nonzero at halo position pos hits the output pixels
 // pos - (r, s) that lie in the tile, so `switch (pos)` jumps to code with compile-time
 // accumulator indices (registers cannot be indexed at run time). The walk is warp-uniform (every
 // lane sees the same mask), so it never diverges, and its length is the number of nonzeros.
-// Each weight load serves every nonzero of its channel in the window, and the four warps of a CTA
-// load the same weights, so L1 serves most of them: L2 weight traffic is what bounds this kernel.
+// Each weight load serves every nonzero of its channel in the halo: reuse grows with the tile.
 //
 // With SPLIT, grid.z splits the input channels; each split stores raw fp32 partial sums into
 // its slice of the workspace and finalize_split_partials adds them in a fixed order (bitwise
@@ -33,7 +32,7 @@ constexpr int kTileChannels = 32;  // input channels per staged chunk (one ballo
 
 struct TileArgs {
   int N, H, W, C, K, P, Q, pad_h, pad_w, activation;
-  int tiles_h, tiles_w;      // 2TH x 2TW output blocks (CTAs) per image
+  int tiles_h, tiles_w;      // output tiles per image
   int chunks_per_split;      // 32-channel chunks each grid.z slice walks
   int64_t M;                 // N * P * Q output pixels
 };
@@ -128,36 +127,26 @@ __device__ __forceinline__ void load_channel_weights(const T* __restrict__ w, in
 
 __device__ __forceinline__ float tile_nan_relu(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
 
-// The CTA: 2 x 2 warps, each on its own TH x TW sub-tile of a 2TH x 2TW output block and all on
-// the same 32 * KPL output channels, so the four warps read the same weights at about the same
-// time (L1 serves three of them) and share one staged halo.
-constexpr int kTileWarps = 4;
-
-// The staged halo of a chunk: [position][32 channels] as stored (T), rows of 64 / 128 bytes
-// whose 16-byte vectors are XOR-swizzled by the position, so the ballot's column reads (one
-// channel, 32 consecutive positions) spread over 8 banks instead of hitting one.
+// Shared-memory row of one halo pixel: the chunk's 32 channels as stored (T), padded by 16 bytes
+// so rows stay 16-byte aligned for cp.async and the ballot's column reads spread over banks.
 template <typename T>
-struct HaloLayout {
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // channels a 16-byte vector
-  static constexpr int kVecs = kTileChannels / kVec;              // vectors a row
-  __device__ static int index(int pos, int c) {
-    return pos * kTileChannels + ((c / kVec) ^ (pos % kVecs)) * kVec + c % kVec;
-  }
-};
+constexpr int kRowElems = kTileChannels + 16 / static_cast<int>(sizeof(T));
 
-// Issues the loads of chunk c0's halo into `buf`: 16-byte cp.asyncs (zero-filled outside the
-// image and past C) when C is a multiple of a vector, else plain loads, four in flight a thread.
+// Issues the loads of chunk c0's halo into `buf` ([halo][kRowElems<T>]): 16-byte cp.asyncs
+// (zero-filled outside the image and past C) when rows are 16-byte aligned (C a multiple of
+// 16 / sizeof(T)), else plain loads, four in flight a thread.
 template <typename T, int kHalo, int kHaloW>
 __device__ __forceinline__ void stage_halo(T* buf, const T* __restrict__ x_img, int c0, int ih0,
                                            int iw0, const TileArgs& a) {
-  using L = HaloLayout<T>;
-  if (a.C % L::kVec == 0) {
-    for (int v = threadIdx.x; v < kHalo * L::kVecs; v += blockDim.x) {
-      const int pos = v / L::kVecs, c = (v % L::kVecs) * L::kVec;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVecsPerPos = kTileChannels / kVec;
+  if (a.C % kVec == 0) {
+    for (int v = threadIdx.x; v < kHalo * kVecsPerPos; v += blockDim.x) {
+      const int pos = v / kVecsPerPos, c = (v % kVecsPerPos) * kVec;
       const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
       const bool valid = ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C;
       const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c : x_img;
-      mma::CpAsync16L1(buf + L::index(pos, c), src, valid);
+      mma::CpAsync16L1(buf + pos * kRowElems<T> + c, src, valid);
     }
     return;
   }
@@ -176,35 +165,30 @@ __device__ __forceinline__ void stage_halo(T* buf, const T* __restrict__ x_img, 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int e = e0 + u * blockDim.x;
-      if (e < kHalo * kTileChannels) buf[L::index(e / kTileChannels, e % kTileChannels)] = v[u];
+      if (e < kHalo * kTileChannels) buf[(e / kTileChannels) * kRowElems<T> + e % kTileChannels] = v[u];
     }
   }
 }
 
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
-__global__ void __launch_bounds__(kTileWarps * 32)
+__global__ void __launch_bounds__(128)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
-  using L = HaloLayout<T>;
-  // A warp's window (its sub-tile's halo) and the CTA's halo (the 2x2 block's).
-  constexpr int kWinW = TW + R - 1, kWin = (TH + R - 1) * kWinW;
-  constexpr int kHaloW = 2 * TW + R - 1, kHalo = (2 * TH + R - 1) * kHaloW;
-  constexpr int kWords = (kWin + 31) / 32;
-  constexpr int kHaloElems = kHalo * kTileChannels;
-  // Double-buffered (the next chunk loads during this one's walk) when two fit the 48 KiB of
-  // static shared memory next to the masks; else one.
-  constexpr int kBuffers = 2 * kHaloElems * static_cast<int>(sizeof(T)) <= 46 * 1024 ? 2 : 1;
-  __shared__ __align__(16) T xs[kBuffers][kHaloElems];
-  __shared__ uint32_t nz[kTileWarps][kTileChannels * kWords];  // a warp's window, per channel
+  constexpr int kHaloH = TH + R - 1, kHaloW = TW + R - 1, kHalo = kHaloH * kHaloW;
+  constexpr int kWords = (kHalo + 31) / 32;
+  constexpr int kRow = kRowElems<T>;
+  // Two chunks of halo (the next one loads while this one is walked), then the masks.
+  __shared__ __align__(16) T xs[2][kHalo * kRow];
+  __shared__ uint32_t nz[kTileChannels * kWords];  // [channel][word]: nonzero positions
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int tw_i = blockIdx.x % a.tiles_w;
   const int rest = blockIdx.x / a.tiles_w;
   const int th_i = rest % a.tiles_h, n = rest / a.tiles_h;
-  const int oh0 = th_i * 2 * TH, ow0 = tw_i * 2 * TW;  // the CTA's block
+  const int oh0 = th_i * TH, ow0 = tw_i * TW;
   const int ih0 = oh0 - a.pad_h, iw0 = ow0 - a.pad_w;
-  const int wy = (warp >> 1) * TH, wx = (warp & 1) * TW;  // this warp's sub-tile in the block
-  const int k = blockIdx.y * 32 * KPL + lane * KPL;
+  const int k = (blockIdx.y * warps + warp) * 32 * KPL + lane * KPL;
+  const bool warp_active = (blockIdx.y * warps + warp) * 32 * KPL < a.K;
   const bool vector_ok = a.K % KPL == 0;
   const T* x_img = x + static_cast<int64_t>(n) * a.H * a.W * a.C;
 
@@ -218,51 +202,40 @@ __global__ void __launch_bounds__(kTileWarps * 32)
   const int chunk_begin = blockIdx.z * a.chunks_per_split;
   const int chunk_end = min(chunks, chunk_begin + a.chunks_per_split);
   const int c_end = min(a.C, chunk_end * kTileChannels);
-  // Weights of the next channel load while this one is walked (they come from L1/L2).
+  // Weights of the next channel load while this one is walked (they come from L2).
   float wr[R * R][KPL];
-  load_channel_weights<T, R, KPL>(w, chunk_begin * kTileChannels, k, a, vector_ok, wr);
-  if constexpr (kBuffers == 2) {
-    stage_halo<T, kHalo, kHaloW>(xs[0], x_img, chunk_begin * kTileChannels, ih0, iw0, a);
-    mma::CpAsyncCommit();
-  }
+  if (warp_active) load_channel_weights<T, R, KPL>(w, chunk_begin * kTileChannels, k, a, vector_ok, wr);
+  stage_halo<T, kHalo, kHaloW>(xs[0], x_img, chunk_begin * kTileChannels, ih0, iw0, a);
+  mma::CpAsyncCommit();
   for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-    const int c0 = chunk * kTileChannels;
-    const int buf = kBuffers == 2 ? (chunk - chunk_begin) & 1 : 0;
-    __syncthreads();  // every warp is done with the buffer about to be filled, and the masks
-    if constexpr (kBuffers == 2) {
-      if (chunk + 1 < chunk_end)
-        stage_halo<T, kHalo, kHaloW>(xs[buf ^ 1], x_img, c0 + kTileChannels, ih0, iw0, a);
-      mma::CpAsyncCommit();
-      mma::CpAsyncWait<1>();  // this chunk's halo has landed (the next may be in flight)
-    } else {
-      stage_halo<T, kHalo, kHaloW>(xs[0], x_img, c0, ih0, iw0, a);
-      mma::CpAsyncCommit();
-      mma::CpAsyncWait<0>();
-    }
+    const int c0 = chunk * kTileChannels, buf = (chunk - chunk_begin) & 1;
+    __syncthreads();  // every warp is done with the other buffer and with the masks
+    if (chunk + 1 < chunk_end)
+      stage_halo<T, kHalo, kHaloW>(xs[buf ^ 1], x_img, c0 + kTileChannels, ih0, iw0, a);
+    mma::CpAsyncCommit();
+    mma::CpAsyncWait<1>();  // this chunk's halo has landed (the next may be in flight)
     __syncthreads();
     const T* xb = xs[buf];
-    // Each warp ballots its own window: one word per (channel, 32 window positions). NaN counts
-    // as nonzero, so it propagates as in the dense conv.
-    for (int e = 0; e < kTileChannels * kWords; ++e) {
-      const int cc = e / kWords, p = (e % kWords) * 32 + lane;
-      const int pos = (wy + p / kWinW) * kHaloW + wx + p % kWinW;
-      const bool nonzero = p < kWin && to_float(xb[L::index(pos, cc)]) != 0.0f;
+    // One ballot per (channel, 32 positions). NaN counts as nonzero: it propagates as in dense.
+    for (int e = warp; e < kTileChannels * kWords; e += warps) {
+      const int cc = e / kWords, pos = (e % kWords) * 32 + lane;
+      const bool nonzero = pos < kHalo && to_float(xb[pos * kRow + cc]) != 0.0f;
       const uint32_t bits = __ballot_sync(0xffffffffu, nonzero);
-      if (lane == 0) nz[warp][e] = bits;
+      if (lane == 0) nz[e] = bits;
     }
-    __syncwarp();
+    __syncthreads();
+    if (!warp_active) continue;
     const int channels = min(kTileChannels, a.C - c0);
     for (int cc = 0; cc < channels; ++cc) {
       float wn[R * R][KPL];
       if (c0 + cc + 1 < c_end) load_channel_weights<T, R, KPL>(w, c0 + cc + 1, k, a, vector_ok, wn);
 #pragma unroll
       for (int word = 0; word < kWords; ++word) {
-        uint32_t bits = nz[warp][cc * kWords + word];
+        uint32_t bits = nz[cc * kWords + word];
         while (bits != 0) {  // warp-uniform: one trip per nonzero
-          const int p = word * 32 + __ffs(bits) - 1;
+          const int pos = word * 32 + __ffs(bits) - 1;
           bits &= bits - 1;
-          const int pos = (wy + p / kWinW) * kHaloW + wx + p % kWinW;
-          scatter_at<R, TH, TW, KPL>(p, to_float(xb[L::index(pos, cc)]), acc, wr);
+          scatter_at<R, TH, TW, KPL>(pos, to_float(xb[pos * kRow + cc]), acc, wr);
         }
       }
 #pragma unroll
@@ -271,14 +244,14 @@ __global__ void __launch_bounds__(kTileWarps * 32)
         for (int j = 0; j < KPL; ++j) wr[t][j] = wn[t][j];
     }
   }
-  if (k >= a.K) return;
+  if (!warp_active) return;
 
   float b[KPL];
 #pragma unroll
   for (int j = 0; j < KPL; ++j) b[j] = (!SPLIT && bias != nullptr && k + j < a.K) ? to_float(bias[k + j]) : 0.0f;
 #pragma unroll
   for (int i = 0; i < TH * TW; ++i) {
-    const int oh = oh0 + wy + i / TW, ow = ow0 + wx + i % TW;
+    const int oh = oh0 + i / TW, ow = ow0 + i % TW;
     if (oh >= a.P || ow >= a.Q) continue;
     const int64_t m = (static_cast<int64_t>(n) * a.P + oh) * a.Q + ow;
     if constexpr (SPLIT) {
