@@ -389,7 +389,7 @@ def render(env: dict, rows: list[dict], args) -> str:
              f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}",
              f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
              f"- times: median (p10-p90) per-call device time over {args.iters} calls, us. Sparse = the "
-             "encode kernel + the conv kernel. fp32 dense: `_highest` fp32-accurate, `_default` TF32.",
+             "whole op (the tile kernel and its split sum, or the encode + walk kernels). fp32 dense: `_highest` fp32-accurate, `_default` TF32.",
              "- crossover: lowest sparsity from which sparse beats the dense path (linear "
              "interpolation on the grid); '-' never. % floor: floor / sparse time, floor = max(useful "
              "FLOPs at the fp32 CUDA-core peak, bytes at HBM bandwidth).",

@@ -136,6 +136,25 @@ def test_left_alone():
     assert ops(batch_groups, x, W) == []
 
 
+def test_nothing_rewritten_runs_fn_itself():
+    # A bf16 dense conv + pool that policy="auto" leaves to XLA: the call is fn's own trace
+    # (a jit inside stays a jit), not a re-emission of its jaxpr.
+    x, w = rand(13, (2, 8, 8, 4), jnp.bfloat16), W.astype(jnp.bfloat16)
+    calls = []
+
+    def fn(x, w):
+        calls.append(1)
+        y = jax.jit(lambda x, w: jax.nn.relu(conv(x, w)))(x, w)
+        return lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    fast = jaxcnn.optimize(fn)
+    assert fast.rewrites(x, w) == []
+    before = len(calls)
+    assert str(jax.make_jaxpr(fast)(x, w)) == str(jax.make_jaxpr(fn)(x, w))
+    assert len(calls) == before + 2  # fast called fn, once per make_jaxpr
+    np.testing.assert_array_equal(fast(x, w), fn(x, w))
+
+
 # -- pools and softmax -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
