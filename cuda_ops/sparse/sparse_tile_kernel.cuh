@@ -170,11 +170,8 @@ __device__ __forceinline__ void stage_halo(T* buf, const T* __restrict__ x_img, 
   }
 }
 
-#ifndef JAXCNN_SPARSE_TILE_MIN_BLOCKS
-#define JAXCNN_SPARSE_TILE_MIN_BLOCKS 1
-#endif
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
-__global__ void __launch_bounds__(128, JAXCNN_SPARSE_TILE_MIN_BLOCKS)
+__global__ void __launch_bounds__(128)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
   constexpr int kHaloH = TH + R - 1, kHaloW = TW + R - 1, kHalo = kHaloH * kHaloW;
@@ -232,29 +229,13 @@ __global__ void __launch_bounds__(128, JAXCNN_SPARSE_TILE_MIN_BLOCKS)
     for (int cc = 0; cc < channels; ++cc) {
       float wn[R * R][KPL];
       if (c0 + cc + 1 < c_end) load_channel_weights<T, R, KPL>(w, c0 + cc + 1, k, a, vector_ok, wn);
-      // 64 positions at a time; software-pipelined: the next nonzero's position and value load
-      // while this one's FMAs issue (ncu: dependency stalls dominated at 8 warps an SM).
 #pragma unroll
-      for (int word = 0; word < kWords; word += 2) {
-        uint64_t bits = nz[cc * kWords + word];
-        if (word + 1 < kWords) bits |= static_cast<uint64_t>(nz[cc * kWords + word + 1]) << 32;
-        if (bits == 0) continue;  // warp-uniform, as is every branch below
-        int pos = word * 32 + __ffsll(static_cast<long long>(bits)) - 1;
-        bits &= bits - 1;
-        float v = to_float(xb[pos * kRow + cc]);
-        while (true) {  // one trip per nonzero
-          const bool more = bits != 0;
-          int next_pos = 0;
-          float next_v = 0.0f;
-          if (more) {
-            next_pos = word * 32 + __ffsll(static_cast<long long>(bits)) - 1;
-            bits &= bits - 1;
-            next_v = to_float(xb[next_pos * kRow + cc]);
-          }
-          scatter_at<R, TH, TW, KPL>(pos, v, acc, wr);
-          if (!more) break;
-          pos = next_pos;
-          v = next_v;
+      for (int word = 0; word < kWords; ++word) {
+        uint32_t bits = nz[cc * kWords + word];
+        while (bits != 0) {  // warp-uniform: one trip per nonzero
+          const int pos = word * 32 + __ffs(bits) - 1;
+          bits &= bits - 1;
+          scatter_at<R, TH, TW, KPL>(pos, to_float(xb[pos * kRow + cc]), acc, wr);
         }
       }
 #pragma unroll
