@@ -59,6 +59,8 @@ sys.path.insert(0, str(SCRIPTS))
 from bench_layers import _json_safe, environment  # noqa: E402
 
 from jaxcnn import _ffi, sparse_dispatch  # noqa: E402
+from jaxcnn.ops.conv_args import make_config  # noqa: E402
+from jaxcnn.ops.sparse_args import SparseConfig, kernel_params  # noqa: E402
 from jaxcnn.models import XLA_OPS, get_model, layer_table  # noqa: E402
 from jaxcnn.models.layers import Net  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
@@ -283,12 +285,9 @@ def synthetic_row(layer: dict, n: int, dtype: str, sparsities, args, spec) -> di
 
 
 def _plan_params(layer: dict, n: int) -> dict:
-    (h, wd, c), (r, s, _, k) = layer["x"][1:], layer["w"]
-    (pt, pb), (pl, pr) = layer["padding"]
-    p = (h + pt + pb - r) // layer["stride"][0] + 1
-    q = (wd + pl + pr - s) // layer["stride"][1] + 1
-    return dict(N=n, H=h, W=wd, C=c, R=r, S=s, K=k, P=p, Q=q, stride_h=layer["stride"][0],
-                stride_w=layer["stride"][1], pad_h=pt, pad_w=pl, dilation_h=1, dilation_w=1, activation=1)
+    x_shape = (n, *layer["x"][1:])
+    cfg = make_config(x_shape, layer["w"], stride=layer["stride"], padding=layer["padding"], activation="relu")
+    return kernel_params(x_shape, layer["w"], SparseConfig(cfg))
 
 
 def real_row(layer: dict, x, dtype: str, args) -> dict:

@@ -158,7 +158,7 @@ def _call_bodies(plan: Plan, path: str):
 def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
-    convs = {m.out_var: m for m in [*plan.matches.values(), *_declined_convs(plan, uses)] if m.op == "conv2d"}
+    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
         if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate":
@@ -210,18 +210,11 @@ def _conv_pool_build(conv: Match, pool_kw):
     return build
 
 
-def _declined_convs(plan: Plan, uses: Uses) -> list[Match]:
-    """The conv patterns the policy left to XLA (under "auto": a C=3 stem, every dense bf16
-    conv without a measured win): a fused group may still pay for them, and the fusion planner
-    measures that against XLA."""
-    return declined_convs(plan, uses)
-
-
 def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
     found = []
-    for m in [*plan.matches.values(), *_declined_convs(plan, uses)]:
+    for m in [*plan.matches.values(), *declined_convs(plan, uses)]:
         s = m.site
         if (m.op != "conv2d" or s.layout != "NHWC" or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
