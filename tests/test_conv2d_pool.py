@@ -337,7 +337,8 @@ def library_registered(monkeypatch):
     monkeypatch.setattr(_ffi, "handlers_registered", lambda: True)
 
 
-@pytest.mark.parametrize("algorithm,code", [("auto", 0), ("tensor_core", 1), ("direct", 2)])
+@pytest.mark.parametrize("algorithm,code", [("auto", 0), ("tensor_core", 1), ("direct", 2),
+                                            ("stem", 3)])
 def test_cuda_lowering_is_one_ffi_custom_call(library_registered, algorithm, code):
     args = (sds((2, 15, 13, 16), jnp.bfloat16), sds((3, 3, 16, 32), jnp.bfloat16),
             sds((32,), jnp.bfloat16))

@@ -152,7 +152,7 @@ def test_headline_vgg_c1_2_n64_bf16():
     check(x, w, b, padding=1, with_oracle=False)
 
 
-@pytest.mark.parametrize("algorithm", ["tensor_core", "direct"])
+@pytest.mark.parametrize("algorithm", ["tensor_core", "direct", "stem"])
 def test_forced_algorithms_agree(algorithm):
     x, w, b = operands(1, 2, 17, 23, 64, 72, dtype=jnp.bfloat16)
     check(x, w, b, algorithm, pool_window=3, pool_stride=2)
@@ -188,6 +188,37 @@ def test_flat_k_stems_and_small_channel_counts(c, r, kw, dtype):
     plan = _ffi.conv_pool_plan(x.shape, w.shape, dtype, cfg)
     flat = c < 16 or c % (16 // jnp.dtype(dtype).itemsize) != 0
     assert plan.startswith("kernel=tensor_core") and plan.endswith(f"flat_k={int(flat)}"), plan
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("n,c,r,k,kw", [
+    (2, 3, 3, 64, dict(stride=2, padding="VALID", pool_window=3, pool_stride=2)),  # SqueezeNet 1.1
+    (1, 3, 3, 64, dict(stride=2, padding="VALID", pool_window=3, pool_stride=2)),
+    (2, 3, 7, 96, dict(stride=2, padding="VALID", pool_window=3, pool_stride=2)),  # SqueezeNet 1.0
+    (2, 3, 7, 64, dict(stride=2, padding=3, pool_window=3, pool_stride=2, pool_padding=1)),  # ResNet
+    (1, 3, 11, 64, dict(stride=4, padding=2, pool_window=3, pool_stride=2)),  # AlexNet
+    (2, 1, 3, 8, dict(padding=1)), (2, 5, 5, 24, dict(padding=2, dilation=2, pool_window=3,
+                                                     pool_stride=2, pool_padding=1)),
+    (1, 12, 3, 136, dict(padding=1, pool_window=(2, 3), pool_stride=(1, 2))),
+])
+def test_stem_kernel_small_c(n, c, r, k, kw, dtype):
+    """The stem kernel (auto's pick for small C) and forced: odd sizes, N=1, 7x7 and 11x11
+    windows, conv and pool padding, dilation, three channel blocks (K=136)."""
+    x, w, b = operands(c * 7 + r, n, 45, 39, c, k, r, r, jnp.dtype(dtype))
+    check(x, w, b, "stem", **kw)
+    check(x, w, b, "auto", **kw)
+    cfg = make_conv_pool_config(x.shape, w.shape, **kw)
+    plan = _ffi.conv_pool_plan(x.shape, w.shape, dtype, cfg)
+    assert plan.startswith("kernel=stem"), plan
+
+
+def test_forced_stem_refusals_are_python_errors():
+    x, w, b = operands(4, 1, 12, 12, 64, 64, 3, 3, jnp.bfloat16)  # R*S*C = 576 > 512
+    with pytest.raises(Exception, match="R\\*S\\*C above 512"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="stem"))
+    x, w, b = operands(4, 1, 12, 12, 3, 12, 3, 3, jnp.bfloat16)
+    with pytest.raises(Exception, match="K must be a multiple of 8"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, algorithm="stem"))
 
 
 def test_handler_errors_become_python_exceptions():

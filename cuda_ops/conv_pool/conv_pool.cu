@@ -8,6 +8,7 @@
 #include "common/device_attribute.h"
 #include "conv_pool/conv_pool.h"
 #include "conv_pool/conv_pool_kernels.cuh"
+#include "conv_pool/conv_pool_stem_kernel.cuh"
 
 namespace jaxcnn {
 namespace {
@@ -72,6 +73,112 @@ conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int 
   a.steps = flat_k ? static_cast<int>(CeilDiv(p.R * p.S * p.C, conv_pool::kBlockC))
                    : a.taps * a.c_chunks;
   return a;
+}
+
+// ---- stem kernel
+
+constexpr int64_t kStemMaxRsc = 512;          // GEMM-K (R*S*C) the stem kernel takes
+constexpr int64_t kStemSmemTwoCtas = 113 * 1024;  // two CTAs per SM fit Hopper's 228 KB
+
+template <typename T>
+int64_t StemSmem(int block_k, int64_t kf_pad, int64_t in_elems) {
+  return block_k == 128 ? conv_pool::StemSmemBytes<T, 2>(kf_pad, in_elems)
+                        : conv_pool::StemSmemBytes<T, 1>(kf_pad, in_elems);
+}
+
+struct StemChoice {
+  int pooled_h = 0, pooled_w = 0;  // 0: no tile fits
+  int conv_h = 0, conv_w = 0, in_h = 0, in_w = 0;
+  int64_t tiles = 0, grid_x = 0, smem = 0;
+};
+
+int64_t StemKfPad(const ConvPoolParams& p) {
+  return CeilDiv(p.R * p.S * p.C, conv_pool::kStemChunk) * conv_pool::kStemChunk;
+}
+
+// Conv-tile extent covering `pooled` pool windows, and the input extent it reads.
+int StemConvExtent(int pooled, int pool, int pool_stride) { return (pooled - 1) * pool_stride + pool; }
+int StemInExtent(int conv, int64_t window, int stride, int dilation) {
+  return static_cast<int>((conv - 1) * stride + (window - 1) * dilation + 1);
+}
+
+// The pooled tile (up to 16 x 16) with the least modeled time: waves of persistent CTAs times
+// a tile's work in thread-element steps (im2col gather + MMA rows, input-tile loads, pool
+// window reads, and a fixed cost for barriers and index math). Its conv tile must fit the
+// kernel's M (256 or 128 outputs) and its shared memory the device's per-block limit
+// (smem_max); two CTAs per SM where it is at most kStemSmemTwoCtas, else one.
+template <typename T>
+StemChoice ChooseStemTile(const ConvPoolParams& p, int block_k, int sm_count, int smem_max) {
+  const int max_m = block_k == 128 ? conv_pool::StemShape<T, 2>::kMaxM
+                                   : conv_pool::StemShape<T, 1>::kMaxM;
+  const int64_t kf_pad = StemKfPad(p);
+  const int64_t k_blocks = CeilDiv(p.K, block_k);
+  StemChoice best;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (int ph = 1; ph <= 16; ++ph) {
+    for (int pw = 1; pw <= 16; ++pw) {
+      const int ch = StemConvExtent(ph, p.pool_h, p.pool_stride_h);
+      const int cw = StemConvExtent(pw, p.pool_w, p.pool_stride_w);
+      if (ch * cw > max_m) break;  // wider tiles only grow
+      const int ih = StemInExtent(ch, p.R, p.stride_h, p.dilation_h);
+      const int iw = StemInExtent(cw, p.S, p.stride_w, p.dilation_w);
+      const int64_t in_elems = int64_t{ih} * iw * p.C;
+      const int64_t smem = StemSmem<T>(block_k, kf_pad, in_elems);
+      if (smem > smem_max) continue;
+      const int64_t ctas_per_sm = smem <= kStemSmemTwoCtas ? conv_pool::kStemMinBlocks : 1;
+      const int64_t per_block =
+          std::max<int64_t>(1, CeilDiv(int64_t{sm_count} * ctas_per_sm, k_blocks));
+      const int64_t tiles = p.N * CeilDiv(p.PH, ph) * CeilDiv(p.PW, pw);
+      const int64_t m_pad = CeilDiv(ch * cw, 32) * 32;
+      const int64_t tile_cost = m_pad * kf_pad + 2 * in_elems +
+                                int64_t{ph} * pw * p.pool_h * p.pool_w * block_k / 8 + 8192;
+      const int64_t cost = CeilDiv(tiles, per_block) * tile_cost;
+      if (cost < best_cost) {
+        best_cost = cost;
+        best.pooled_h = ph, best.pooled_w = pw, best.conv_h = ch, best.conv_w = cw;
+        best.in_h = ih, best.in_w = iw;
+        best.tiles = tiles, best.grid_x = std::min(tiles, per_block), best.smem = smem;
+      }
+    }
+  }
+  return best;
+}
+
+conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& plan) {
+  conv_pool::StemArgs a{};
+  a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
+  a.K = static_cast<int>(p.K), a.S = static_cast<int>(p.S);
+  a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
+  a.pad_left = p.pad_left, a.dilation_h = p.dilation_h, a.dilation_w = p.dilation_w;
+  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
+  a.pool_h = p.pool_h, a.pool_w = p.pool_w, a.pool_stride_h = p.pool_stride_h,
+  a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
+  a.pool_pad_left = p.pool_pad_left;
+  a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+  a.pooled_h = plan.pooled_h, a.pooled_w = plan.pooled_w;
+  a.conv_h = plan.tile_h, a.conv_w = plan.tile_w;
+  a.in_h = StemInExtent(plan.tile_h, p.R, p.stride_h, p.dilation_h);
+  a.in_w = StemInExtent(plan.tile_w, p.S, p.stride_w, p.dilation_w);
+  a.tiles_h = static_cast<int>(CeilDiv(p.PH, plan.pooled_h));
+  a.tiles_w = static_cast<int>(CeilDiv(p.PW, plan.pooled_w));
+  a.tiles = p.N * a.tiles_h * a.tiles_w;
+  a.rsc = static_cast<int>(p.R * p.S * p.C);
+  a.kf_pad = static_cast<int>(StemKfPad(p));
+  return a;
+}
+
+template <typename T, int kWarpsN>
+cudaError_t LaunchStem(const ConvPoolParams& p, const ConvPoolPlan& plan,
+                       const ConvPoolBuffers<T>& b, cudaStream_t stream) {
+  auto kernel = conv_pool::conv_pool_stem_kernel<T, kWarpsN>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(plan.smem_bytes));
+  if (status != cudaSuccess) return status;
+  const int64_t k_blocks = CeilDiv(p.K, plan.block_k);
+  const dim3 grid(static_cast<unsigned>(plan.grid / k_blocks), static_cast<unsigned>(k_blocks));
+  kernel<<<grid, conv_pool::kStemThreads, plan.smem_bytes, stream>>>(MakeStemArgs(p, plan), b.x,
+                                                                     b.w, b.bias, b.y);
+  return cudaGetLastError();
 }
 
 conv_pool::DirectArgs MakeDirectArgs(const ConvPoolParams& p) {
@@ -158,31 +265,75 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.unsupported = reason;
     return plan;
   }
-  // Why the tensor-core kernel cannot run, or nullptr. Weights and outputs move in 16-byte
-  // vectors of output channels; x in 16-byte vectors of input channels, except flat-K, which
-  // gathers it element by element: C off the vector multiple, or so small that a 32-channel
-  // chunk per filter tap would be mostly zero padding.
+  // Why the mma.sync kernels (tensor-core and stem) cannot run, or nullptr. Weights and outputs
+  // move in 16-byte vectors of output channels; x in 16-byte vectors of input channels, except
+  // flat-K and the stem kernel, which gather it element by element: C off the vector multiple,
+  // or so small that a 32-channel chunk per filter tap would be mostly zero padding.
   constexpr int64_t kVec = 16 / sizeof(T);
   const bool flat_k = p.C % kVec != 0 || p.C < 16;
-  const char* tc_reason = nullptr;
+  const char* mma_reason = nullptr;
   int major = 0;
   if (std::is_same_v<T, float> && !p.allow_tf32)
-    tc_reason = "float32 at precision 'highest' runs on CUDA cores (fp32 FMA)";
+    mma_reason = "float32 at precision 'highest' runs on CUDA cores (fp32 FMA)";
   else if (p.K % kVec != 0)
-    tc_reason = std::is_same_v<T, float> ? "output channels K must be a multiple of 4"
-                                         : "output channels K must be a multiple of 8";
+    mma_reason = std::is_same_v<T, float> ? "output channels K must be a multiple of 4"
+                                          : "output channels K must be a multiple of 8";
   else if (!Aligned16(b.w) || !Aligned16(b.y))
-    tc_reason = "w and y must be 16-byte aligned";
-  else if (!flat_k && !Aligned16(b.x))
-    tc_reason = "x must be 16-byte aligned (C is a multiple of 16 bytes)";
+    mma_reason = "w and y must be 16-byte aligned";
   else if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess || major < 8)
-    tc_reason = "mma.sync needs compute capability >= 8.0";
+    mma_reason = "mma.sync needs compute capability >= 8.0";
+  const int block_k = ChooseBlockK(p.K);
+
+  // The stem kernel: small GEMM-K, a tile shape that fits.
+  const bool stem_wanted = algorithm == ConvPoolAlgorithm::kStem ||
+                           (algorithm == ConvPoolAlgorithm::kAuto && flat_k);
+  const char* stem_reason = stem_wanted ? mma_reason : "not requested";
+  StemChoice stem;
+  int sm_count = 0, smem_max = 0;
+  if (stem_reason == nullptr && p.R * p.S * p.C > kStemMaxRsc)
+    stem_reason = "GEMM-K = R*S*C above 512 (the stem kernel is for few-channel first layers)";
+  else if (stem_reason == nullptr && CeilDiv(p.K, block_k) > 65535)
+    stem_reason = "too many channel blocks for one launch";
+  else if (stem_reason == nullptr &&
+           (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sm_count) != cudaSuccess ||
+            CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
+                cudaSuccess))
+    stem_reason = "cannot query the SM count or shared memory size";
+  if (stem_reason == nullptr) {
+    stem = ChooseStemTile<T>(p, block_k, sm_count, smem_max);
+    if (stem.pooled_h == 0)
+      stem_reason = "no stem tile fits (conv tile <= 256 outputs (128 with 128-channel blocks) "
+                    "and the weights, conv tile and input tile in one CTA's shared memory)";
+  }
+  if (algorithm == ConvPoolAlgorithm::kStem && stem_reason != nullptr) {
+    plan.unsupported = stem_reason;
+    return plan;
+  }
+  if (stem_reason == nullptr) {
+    plan.kernel = ConvPoolAlgorithm::kStem;
+    plan.why = algorithm == ConvPoolAlgorithm::kStem
+                   ? "forced"
+                   : "small GEMM-K (C below 16 or off the 16-byte multiple): stem kernel";
+    plan.tile_h = stem.conv_h, plan.tile_w = stem.conv_w;
+    plan.pooled_h = stem.pooled_h, plan.pooled_w = stem.pooled_w;
+    plan.block_k = block_k;
+    plan.grid = stem.grid_x * CeilDiv(p.K, block_k);
+    plan.smem_bytes = stem.smem;
+    plan.flat_k = true;
+    plan.recompute = static_cast<double>(CeilDiv(p.PH, stem.pooled_h) *
+                                         CeilDiv(p.PW, stem.pooled_w) * stem.conv_h * stem.conv_w) /
+                     static_cast<double>(p.P * p.Q);
+    return plan;
+  }
+
+  const char* tc_reason = mma_reason;
+  if (tc_reason == nullptr && !flat_k && !Aligned16(b.x))
+    tc_reason = "x must be 16-byte aligned (C is a multiple of 16 bytes)";
   BlockChoice block;
   if (tc_reason == nullptr) {
     block = ChooseBlock(p);
     if (block.tile_w == 0) tc_reason = "pool window larger than every conv block (16x8, 8x16, 4x32)";
   }
-  const int block_k = ChooseBlockK(p.K);
   int64_t grid = 0;
   if (tc_reason == nullptr) {
     grid = p.N * block.tiles_h * block.tiles_w * CeilDiv(p.K, block_k);
@@ -228,6 +379,9 @@ cudaError_t launch_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& 
   const ConvPoolPlan plan = plan_conv_pool<T>(p, b, algorithm);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   if (p.N * p.PH * p.PW * p.K == 0) return cudaSuccess;
+  if (plan.kernel == ConvPoolAlgorithm::kStem)
+    return plan.block_k == 128 ? LaunchStem<T, 2>(p, plan, b, stream)
+                               : LaunchStem<T, 1>(p, plan, b, stream);
   if (plan.kernel == ConvPoolAlgorithm::kDirect) {
     conv_pool::conv_pool_direct_kernel<T>
         <<<static_cast<unsigned>(plan.grid), conv_pool::kDirectThreads, 0, stream>>>(

@@ -26,6 +26,10 @@ enum class ConvPoolAlgorithm : int {
                     // (allow_tf32) with K a multiple of 4; w and y 16-byte aligned, x too
                     // unless it runs flat-K (see ConvPoolPlan::flat_k)
   kDirect = 2,      // CUDA-core fp32 FMA: any dtype, any shape (fp32-accurate)
+  kStem = 3,        // persistent mma.sync kernel for small GEMM-K (R*S*C <= 512, e.g. an RGB
+                    // stem): the input tile and im2col gathered in shared memory; same dtype,
+                    // K and w/y alignment rules as kTensorCore, x any alignment; auto picks it
+                    // where flat-K would run and its shared memory fits
 };
 
 struct ConvPoolParams {
@@ -51,6 +55,8 @@ struct ConvPoolPlan {
   const char* why = "";                                   // why this kernel (logs, selftests)
   // Tensor-core kernel: conv block of tile_h x tile_w outputs (128) per CTA, pooled block of
   // pooled_h x pooled_w outputs it stores, output channels per CTA, CTAs, shared memory.
+  // Stem kernel: the same per tile (conv tile tile_h x tile_w <= 256 outputs), grid = its
+  // persistent CTAs (channel blocks times CTAs per block).
   int tile_h = 0, tile_w = 0;
   int pooled_h = 0, pooled_w = 0;
   int block_k = 0;

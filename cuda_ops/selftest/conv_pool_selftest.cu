@@ -40,6 +40,7 @@ const char* AlgoName(ConvPoolAlgorithm a) {
     case ConvPoolAlgorithm::kAuto: return "auto";
     case ConvPoolAlgorithm::kTensorCore: return "tensor_core";
     case ConvPoolAlgorithm::kDirect: return "direct";
+    case ConvPoolAlgorithm::kStem: return "stem";
   }
   return "?";
 }
@@ -237,17 +238,16 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
       CHECK_CUDA(cudaEventDestroy(stop));
     }
   }
-  const char* kernel = plan.unsupported != nullptr ? "refused"
-                       : plan.kernel == ConvPoolAlgorithm::kTensorCore ? "tensor_core"
-                                                                       : "direct";
+  const char* kernel = plan.unsupported != nullptr ? "refused" : AlgoName(plan.kernel);
   std::printf("%-4s %-24s %-11s%s N=%lld %lldx%lldx%lld -> %lldx%lldx%lld  kernel=%s", pass ? "ok" : "FAIL",
               layer.name, AlgoName(algo), tf32 ? "+tf32" : "", static_cast<long long>(p.N),
               static_cast<long long>(p.H), static_cast<long long>(p.W),
               static_cast<long long>(p.C), static_cast<long long>(p.PH),
               static_cast<long long>(p.PW), static_cast<long long>(p.K), kernel);
-  if (plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.unsupported == nullptr)
-    std::printf(" block=%dx%d pooled=%dx%d block_k=%d flat_k=%d", plan.tile_h, plan.tile_w,
-                plan.pooled_h, plan.pooled_w, plan.block_k, plan.flat_k ? 1 : 0);
+  if (plan.kernel != ConvPoolAlgorithm::kDirect && plan.unsupported == nullptr)
+    std::printf(" block=%dx%d pooled=%dx%d block_k=%d flat_k=%d grid=%lld smem=%lld", plan.tile_h,
+                plan.tile_w, plan.pooled_h, plan.pooled_w, plan.block_k, plan.flat_k ? 1 : 0,
+                static_cast<long long>(plan.grid), static_cast<long long>(plan.smem_bytes));
   if (!expect_refused) std::printf(" rel_err=%.2e unwritten=%lld", rel, static_cast<long long>(bad));
   if (ms > 0.0) {
     const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
@@ -321,18 +321,40 @@ jaxcnn::ConvPoolPlan AutoPlan(const Layer& layer, bool tf32, Misalign misalign) 
   return jaxcnn::plan_conv_pool<T>(p, buffers, ConvPoolAlgorithm::kAuto);
 }
 
-// A flat-K layer in one dtype (fp32 as TF32): auto must plan the tensor-core kernel in flat-K
-// mode (a CUDA-core fallback would pass the reference as well); auto and forced tensor cores
-// must match the reference. Returns the failures.
+// Whether the stem kernel runs `l` in T: GEMM-K = R*S*C <= 512, K a whole number of 16-byte
+// vectors, and its smallest tile (one pool window) fitting the kernel's M (256 outputs, 128 with
+// 128-channel blocks) and the 227 KB of shared memory of a Hopper CTA: weights, conv tile
+// (StemShape's padded strides) and input tile.
+template <typename T>
+bool StemRuns(const Layer& l) {
+  const int64_t vec = 16 / sizeof(T), elem = sizeof(T);
+  const int64_t block_k = (l.K + 127) / 128 * 128 <= (l.K + 63) / 64 * 64 ? 128 : 64;
+  const int64_t max_m = block_k == 128 ? 128 : 256;
+  const int64_t stride = block_k + 8;  // StemShape::kBStride in every dtype
+  const int64_t kf_pad = (l.R * l.S * l.C + 31) / 32 * 32;
+  const int64_t in = ((l.wh - 1) * l.sh + (l.R - 1) * l.dh + 1) *
+                     ((l.ww - 1) * l.sw + (l.S - 1) * l.dw + 1) * l.C;
+  const int64_t smem = (kf_pad + max_m) * stride * elem + (max_m + kf_pad) * 4 + in * elem + 16;
+  return l.K % vec == 0 && l.R * l.S * l.C <= 512 && l.wh * l.ww <= max_m && smem <= 232448;
+}
+
+// A small-C layer in one dtype (fp32 as TF32): auto must plan the stem kernel where it runs,
+// else the tensor-core kernel's flat-K mode (a CUDA-core fallback would pass the reference as
+// well); auto, forced stem (or its refusal) and forced flat-K tensor cores must match the
+// reference. Returns the failures.
 template <typename T>
 int RunFlatK(const Layer& layer, bool tf32, Misalign misalign = {}) {
   const jaxcnn::ConvPoolPlan plan = AutoPlan<T>(layer, tf32, misalign);
+  const bool stem = StemRuns<T>(layer);
   const bool planned = plan.unsupported == nullptr &&
-                       plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.flat_k;
+                       (stem ? plan.kernel == ConvPoolAlgorithm::kStem
+                             : plan.kernel == ConvPoolAlgorithm::kTensorCore && plan.flat_k);
   if (!planned)
-    std::printf("FAIL %-24s auto plan is not flat-K tensor cores (%s)\n", layer.name,
+    std::printf("FAIL %-24s auto plan is not the %s (%s)\n", layer.name,
+                stem ? "stem kernel" : "flat-K tensor-core kernel",
                 plan.unsupported != nullptr ? plan.unsupported : plan.why);
   return !planned + !RunCase<T>(layer, ConvPoolAlgorithm::kAuto, misalign, false, {}, 0, tf32) +
+         !RunCase<T>(layer, ConvPoolAlgorithm::kStem, misalign, !stem, {}, 0, tf32) +
          !RunCase<T>(layer, ConvPoolAlgorithm::kTensorCore, misalign, false, {}, 0, tf32);
 }
 
@@ -364,6 +386,11 @@ int main(int argc, char** argv) {
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, /*expect_refused=*/true);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {}, 0, /*tf32=*/true);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, !tf32_ok, {}, 0, true);
+    // The stem kernel forced on every small layer (any C); refused where it cannot run.
+    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kStem, 0, !StemRuns<__nv_bfloat16>(l));
+    failures += !RunCase<__half>(l, ConvPoolAlgorithm::kStem, 0, !StemRuns<__half>(l));
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kStem, 0, !StemRuns<float>(l), {}, 0, true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kStem, 0, /*expect_refused=*/true);
   }
   // Misaligned x and y: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kAuto, 1);
@@ -374,6 +401,13 @@ int main(int argc, char** argv) {
     failures += RunFlatK<__half>(l, false);
     failures += RunFlatK<float>(l, true);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kTensorCore, 0, /*expect_refused=*/true);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kStem, 0, /*expect_refused=*/true);
+  }
+  // N = 1 stems: few tiles, so the plan picks small ones to fill the GPU.
+  for (const Layer* l : {&kFlatK[0], &kFlatK[2]}) {
+    Layer one = *l;
+    one.N = 1;
+    failures += RunFlatK<__nv_bfloat16>(one, false);
   }
   // Flat-K gathers x element by element: any alignment of x runs on tensor cores.
   failures += RunFlatK<__nv_bfloat16>(kFlatK[0], false, {1, 0});
@@ -394,9 +428,20 @@ int main(int argc, char** argv) {
       failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 20);
     for (const Layer& l : kNetworks)
       failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
-    // The SqueezeNet 1.1 stem on the CUDA-core kernel, its only option before flat-K.
+    // The SqueezeNet 1.1 stem on the CUDA-core kernel, its only option before flat-K, and the
+    // stems on the mma.sync kernel's flat-K mode, their kernel before the stem kernel.
     failures +=
         !RunCase<__nv_bfloat16>(kNetworks[7], ConvPoolAlgorithm::kDirect, 0, false, {0}, 20);
+    for (int i = 7; i <= 10; ++i)
+      failures +=
+          !RunCase<__nv_bfloat16>(kNetworks[i], ConvPoolAlgorithm::kTensorCore, 0, false, {0}, 20);
+    // N = 1 stems (timed): SqueezeNet 1.1, AlexNet.
+    for (int i : {7, 10}) {
+      Layer one = kNetworks[i];
+      one.N = 1;
+      failures += !RunCase<__nv_bfloat16>(one, ConvPoolAlgorithm::kAuto, 0, false, {0}, 50);
+      failures += !RunCase<__nv_bfloat16>(one, ConvPoolAlgorithm::kTensorCore, 0, false, {0}, 50);
+    }
   }
   std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;

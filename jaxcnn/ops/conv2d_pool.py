@@ -136,8 +136,11 @@ def conv2d_pool(
         (must be 1) and no `algorithm` (must be "auto"); `precision` is not forwarded.
       algorithm: "auto" (tensor cores for bf16/fp16 with K a multiple of 8 and for fp32 at
         precision "default" with K a multiple of 4, any C: a C below 16 or off that multiple,
-        e.g. an RGB stem's 3, runs the kernel's flat-K mode; else the CUDA-core kernel),
-        "tensor_core" (an error where it cannot run) or "direct" (CUDA cores).
+        e.g. an RGB stem's 3, runs the stem kernel where R*S*C <= 512 and it fits shared
+        memory, else the tensor-core kernel's flat-K mode; else the CUDA-core kernel),
+        "tensor_core" (the implicit-GEMM tensor-core kernel; an error where it cannot run),
+        "stem" (the persistent small-GEMM-K tensor-core kernel; an error where it cannot run)
+        or "direct" (CUDA cores).
 
     Returns:
       [N, PH, PW, K] (in `layout` order) in x's dtype: each conv output accumulated in fp32,

@@ -18,10 +18,11 @@ from jaxcnn.ops.layouts import LAYOUTS, convert_shape
 Pair = tuple[int, int]
 
 # Kernel choice; codes match cuda_ops' ConvPoolAlgorithm. "auto": tensor cores (bf16/fp16 with K a
-# multiple of 8, fp32 at precision "default" as TF32 with K a multiple of 4; any C, a small or
-# unaligned one in the kernel's flat-K mode) else the CUDA-core kernel; "tensor_core" fails where
-# it cannot run; "direct" is the CUDA-core kernel (fp32-accurate, any shape).
-ALGORITHMS = ("auto", "tensor_core", "direct")
+# multiple of 8, fp32 at precision "default" as TF32 with K a multiple of 4; a small or unaligned
+# C runs the stem kernel where R*S*C <= 512, else the implicit-GEMM kernel's flat-K mode) else the
+# CUDA-core kernel; "tensor_core" (implicit GEMM) and "stem" fail where they cannot run; "direct"
+# is the CUDA-core kernel (fp32-accurate, any shape).
+ALGORITHMS = ("auto", "tensor_core", "direct", "stem")
 # Operand order of the primitive and the custom call (bias is always present: zeros for None).
 OPERAND_NAMES = ("x", "w", "bias")
 
