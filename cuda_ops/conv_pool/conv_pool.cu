@@ -77,19 +77,21 @@ conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int 
 
 // ---- stem kernel
 
-constexpr int64_t kStemMaxRsc = 512;          // GEMM-K (R*S*C) the stem kernel takes
+constexpr int64_t kStemMaxRsc = 512;              // GEMM-K (R*S*C) the stem kernel takes
 constexpr int64_t kStemSmemTwoCtas = 113 * 1024;  // two CTAs per SM fit Hopper's 228 KB
+constexpr int64_t kTmaMaxBox = 256;               // TMA box extent limit per dimension
 
 template <typename T>
-int64_t StemSmem(int block_k, int64_t kf_pad, int64_t in_elems) {
-  return block_k == 128 ? conv_pool::StemSmemBytes<T, 2>(kf_pad, in_elems)
-                        : conv_pool::StemSmemBytes<T, 1>(kf_pad, in_elems);
+int64_t StemSmem(int block_k, int64_t kf_pad, int64_t in_buf_elems) {
+  return block_k == 128 ? conv_pool::StemSmemBytes<T, 2>(kf_pad, in_buf_elems)
+                        : conv_pool::StemSmemBytes<T, 1>(kf_pad, in_buf_elems);
 }
 
 struct StemChoice {
   int pooled_h = 0, pooled_w = 0;  // 0: no tile fits
-  int conv_h = 0, conv_w = 0, in_h = 0, in_w = 0;
-  int64_t tiles = 0, grid_x = 0, smem = 0;
+  int conv_h = 0, conv_w = 0;
+  bool tma = false;
+  int64_t grid_x = 0, smem = 0;
 };
 
 int64_t StemKfPad(const ConvPoolParams& p) {
@@ -102,13 +104,31 @@ int StemInExtent(int conv, int64_t window, int stride, int dilation) {
   return static_cast<int>((conv - 1) * stride + (window - 1) * dilation + 1);
 }
 
-// The pooled tile (up to 16 x 16) with the least modeled time: waves of persistent CTAs times
-// a tile's work in thread-element steps (im2col gather + MMA rows, input-tile loads, pool
-// window reads, and a fixed cost for barriers and index math). Its conv tile must fit the
-// kernel's M (256 or 128 outputs) and its shared memory the device's per-block limit
-// (smem_max); two CTAs per SM where it is at most kStemSmemTwoCtas, else one.
+// Input-tile geometry of a conv tile: rows, elements per row, and the shared-memory row stride
+// (TMA boxes are whole 16-byte rows).
+struct StemInput {
+  int64_t rows, row_elems, stride, buf_elems;
+};
 template <typename T>
-StemChoice ChooseStemTile(const ConvPoolParams& p, int block_k, int sm_count, int smem_max) {
+StemInput StemInputTile(const ConvPoolParams& p, int conv_h, int conv_w, bool tma) {
+  StemInput in;
+  in.rows = StemInExtent(conv_h, p.R, p.stride_h, p.dilation_h);
+  in.row_elems = StemInExtent(conv_w, p.S, p.stride_w, p.dilation_w) * p.C;
+  constexpr int64_t kVec = 16 / sizeof(T);
+  in.stride = tma ? CeilDiv(in.row_elems, kVec) * kVec : in.row_elems;
+  in.buf_elems = conv_pool::StemInBufElems<T>(in.rows, in.stride);
+  return in;
+}
+
+// The pooled tile (up to 16 x 16) with the least modeled time: waves of persistent CTAs times
+// a tile's work in thread-element steps (A-fragment gathers and MMAs over the conv rows, pool
+// window reads, element-wise input loads where TMA does not apply, and a fixed cost for
+// barriers and index math). Its conv tile must fit the kernel's M (256 or 128 outputs) and its
+// shared memory the device's per-block limit (smem_max); two CTAs per SM where it is at most
+// kStemSmemTwoCtas, else one. tma_ok: x can be loaded by TMA (then the box must fit too).
+template <typename T>
+StemChoice ChooseStemTile(const ConvPoolParams& p, int block_k, int sm_count, int smem_max,
+                          bool tma_ok) {
   const int max_m = block_k == 128 ? conv_pool::StemShape<T, 2>::kMaxM
                                    : conv_pool::StemShape<T, 1>::kMaxM;
   const int64_t kf_pad = StemKfPad(p);
@@ -120,30 +140,31 @@ StemChoice ChooseStemTile(const ConvPoolParams& p, int block_k, int sm_count, in
       const int ch = StemConvExtent(ph, p.pool_h, p.pool_stride_h);
       const int cw = StemConvExtent(pw, p.pool_w, p.pool_stride_w);
       if (ch * cw > max_m) break;  // wider tiles only grow
-      const int ih = StemInExtent(ch, p.R, p.stride_h, p.dilation_h);
-      const int iw = StemInExtent(cw, p.S, p.stride_w, p.dilation_w);
-      const int64_t in_elems = int64_t{ih} * iw * p.C;
-      const int64_t smem = StemSmem<T>(block_k, kf_pad, in_elems);
+      StemInput in = StemInputTile<T>(p, ch, cw, tma_ok);
+      const bool tma = tma_ok && in.stride <= kTmaMaxBox && in.rows <= kTmaMaxBox;
+      if (tma_ok && !tma) in = StemInputTile<T>(p, ch, cw, false);
+      const int64_t smem = StemSmem<T>(block_k, kf_pad, in.buf_elems);
       if (smem > smem_max) continue;
       const int64_t ctas_per_sm = smem <= kStemSmemTwoCtas ? conv_pool::kStemMinBlocks : 1;
       const int64_t per_block =
           std::max<int64_t>(1, CeilDiv(int64_t{sm_count} * ctas_per_sm, k_blocks));
       const int64_t tiles = p.N * CeilDiv(p.PH, ph) * CeilDiv(p.PW, pw);
       const int64_t m_pad = CeilDiv(ch * cw, 32) * 32;
-      const int64_t tile_cost = m_pad * kf_pad + 2 * in_elems +
+      const int64_t tile_cost = m_pad * kf_pad + (tma ? 0 : 4 * in.rows * in.row_elems) +
                                 int64_t{ph} * pw * p.pool_h * p.pool_w * block_k / 8 + 8192;
       const int64_t cost = CeilDiv(tiles, per_block) * tile_cost;
       if (cost < best_cost) {
         best_cost = cost;
         best.pooled_h = ph, best.pooled_w = pw, best.conv_h = ch, best.conv_w = cw;
-        best.in_h = ih, best.in_w = iw;
-        best.tiles = tiles, best.grid_x = std::min(tiles, per_block), best.smem = smem;
+        best.tma = tma;
+        best.grid_x = std::min(tiles, per_block), best.smem = smem;
       }
     }
   }
   return best;
 }
 
+template <typename T>
 conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& plan) {
   conv_pool::StemArgs a{};
   a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
@@ -157,14 +178,61 @@ conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& pl
   a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
   a.pooled_h = plan.pooled_h, a.pooled_w = plan.pooled_w;
   a.conv_h = plan.tile_h, a.conv_w = plan.tile_w;
-  a.in_h = StemInExtent(plan.tile_h, p.R, p.stride_h, p.dilation_h);
-  a.in_w = StemInExtent(plan.tile_w, p.S, p.stride_w, p.dilation_w);
+  const StemInput in = StemInputTile<T>(p, plan.tile_h, plan.tile_w, plan.tma);
+  a.in_h = static_cast<int>(in.rows), a.in_row = static_cast<int>(in.row_elems);
+  a.in_stride = static_cast<int>(in.stride), a.in_buf_elems = in.buf_elems;
   a.tiles_h = static_cast<int>(CeilDiv(p.PH, plan.pooled_h));
   a.tiles_w = static_cast<int>(CeilDiv(p.PW, plan.pooled_w));
   a.tiles = p.N * a.tiles_h * a.tiles_w;
   a.rsc = static_cast<int>(p.R * p.S * p.C);
   a.kf_pad = static_cast<int>(StemKfPad(p));
+  a.use_tma = plan.tma ? 1 : 0;
   return a;
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn TensorMapEncoder() {
+  static EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess)
+#else
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found) !=
+        cudaSuccess)
+#endif
+      return static_cast<EncodeTiledFn>(nullptr);
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(ptr) : nullptr;
+  }();
+  return fn;
+}
+
+// x as [N][H][W * C] (innermost first for the driver), box = one input tile; elements outside
+// the tensor read as zero (the conv padding).
+template <typename T>
+cudaError_t EncodeStemInputMap(const ConvPoolParams& p, const conv_pool::StemArgs& a, const T* x,
+                               CUtensorMap* map) {
+  const EncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const CUtensorMapDataType dtype = std::is_same_v<T, float>           ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                    : std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.W * p.C), static_cast<cuuint64_t>(p.H),
+                              static_cast<cuuint64_t>(p.N)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.W * p.C * sizeof(T)),
+                                 static_cast<cuuint64_t>(p.H * p.W * p.C * sizeof(T))};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(a.in_stride),
+                             static_cast<cuuint32_t>(a.in_h), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, dtype, 3, const_cast<T*>(x), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <typename T, int kWarpsN>
@@ -174,10 +242,13 @@ cudaError_t LaunchStem(const ConvPoolParams& p, const ConvPoolPlan& plan,
   cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(plan.smem_bytes));
   if (status != cudaSuccess) return status;
+  const conv_pool::StemArgs a = MakeStemArgs<T>(p, plan);
+  CUtensorMap map{};
+  if (plan.tma && (status = EncodeStemInputMap<T>(p, a, b.x, &map)) != cudaSuccess) return status;
   const int64_t k_blocks = CeilDiv(p.K, plan.block_k);
   const dim3 grid(static_cast<unsigned>(plan.grid / k_blocks), static_cast<unsigned>(k_blocks));
-  kernel<<<grid, conv_pool::kStemThreads, plan.smem_bytes, stream>>>(MakeStemArgs(p, plan), b.x,
-                                                                     b.w, b.bias, b.y);
+  kernel<<<grid, conv_pool::kStemThreads, plan.smem_bytes, stream>>>(a, map, b.x, b.w, b.bias,
+                                                                     b.y);
   return cudaGetLastError();
 }
 
@@ -300,7 +371,10 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
                 cudaSuccess))
     stem_reason = "cannot query the SM count or shared memory size";
   if (stem_reason == nullptr) {
-    stem = ChooseStemTile<T>(p, block_k, sm_count, smem_max);
+    // TMA (sm_90) loads x as [N][H][W * C]: 16-byte aligned, rows whole 16-byte multiples.
+    const bool tma_ok = major >= 9 && Aligned16(b.x) && (p.W * p.C * int64_t{sizeof(T)}) % 16 == 0 &&
+                        TensorMapEncoder() != nullptr;
+    stem = ChooseStemTile<T>(p, block_k, sm_count, smem_max, tma_ok);
     if (stem.pooled_h == 0)
       stem_reason = "no stem tile fits (conv tile <= 256 outputs (128 with 128-channel blocks) "
                     "and the weights, conv tile and input tile in one CTA's shared memory)";
@@ -320,6 +394,7 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.grid = stem.grid_x * CeilDiv(p.K, block_k);
     plan.smem_bytes = stem.smem;
     plan.flat_k = true;
+    plan.tma = stem.tma;
     plan.recompute = static_cast<double>(CeilDiv(p.PH, stem.pooled_h) *
                                          CeilDiv(p.PW, stem.pooled_w) * stem.conv_h * stem.conv_w) /
                      static_cast<double>(p.P * p.Q);

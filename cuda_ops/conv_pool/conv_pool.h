@@ -67,6 +67,9 @@ struct ConvPoolPlan {
   // true ("flat-K") over the flattened (r, s, c) filter index, 32 at a time, gathering x
   // element by element: C that is not such a multiple or is below 16 (a C=3 stem conv).
   bool flat_k = false;
+  // Stem kernel: input tiles loaded by TMA (sm_90, x 16-byte aligned, W * C a whole number of
+  // 16-byte vectors), else element-wise.
+  bool tma = false;
   // Conv outputs computed / conv outputs P * Q (1.0 for non-overlapping pools on whole
   // blocks; > 1 counts recomputed overlap rows/columns and edge blocks' waste).
   double recompute = 0.0;

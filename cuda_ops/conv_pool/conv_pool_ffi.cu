@@ -184,7 +184,8 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv_pool_plan(const int64_t* dims, cons
            std::to_string(plan.tile_h) + "x" + std::to_string(plan.tile_w) + " pooled=" + std::to_string(plan.pooled_h) + "x" +
            std::to_string(plan.pooled_w) + " block_k=" + std::to_string(plan.block_k) +
            " grid=" + std::to_string(plan.grid) + " smem=" + std::to_string(plan.smem_bytes) +
-           " recompute=" + recompute + " flat_k=" + (plan.flat_k ? "1" : "0");
+           " recompute=" + recompute + " flat_k=" + (plan.flat_k ? "1" : "0") +
+           (stem ? std::string(" tma=") + (plan.tma ? "1" : "0") : std::string());
   }
   if (out != nullptr && out_len > 0) {
     const size_t n_copy = std::min<size_t>(text.size(), static_cast<size_t>(out_len - 1));

@@ -1,28 +1,30 @@
 // Stem kernel of the fused conv + bias + ReLU + max-pool: the network's first layer, whose few
-// input channels (an RGB image: C = 3) make GEMM-K = R * S * C small (27 to ~400), so the
-// mma.sync kernel's per-step pipeline (conv_pool_tc_kernel, flat-K mode) is mostly latency:
-// each CTA gathers its 128 x 32 im2col elements one by one from global memory, once.
+// input channels (an RGB image: C = 3) make GEMM-K = R * S * C small (27 to ~500). There the
+// mma.sync kernel (conv_pool_tc_kernel, flat-K mode) is mostly latency: every CTA gathers its
+// 128 x 32 im2col elements one by one from global memory for a single pipeline step.
 //
-// conv_pool_stem_kernel (sm_80+), persistent: each CTA loads its kBlockK columns of the weights
-// (GEMM-K x kBlockK, zero-padded to a multiple of 32 rows) into shared memory once, then walks
-// output tiles. A tile is pooled_h x pooled_w pooled outputs of one image; it needs a conv tile
-// of conv_h x conv_w outputs (<= kMaxM: the overlap rows/columns of overlapping pools are
-// recomputed by the neighbour) and an input tile of in_h x in_w x C pixels. Per tile:
-//   load      the input tile into shared memory with coalesced loads (each input row's
-//             in_w * C elements are contiguous in NHWC), zeros outside the image (the conv
-//             padding). Any alignment of x: loads are element-wise.
-//   im2col    per 32-column chunk of GEMM-K, the A chunk [conv output m][kf] is gathered from
-//             the shared input tile: element (m, kf) = in[moff[m] + kofs[kf]], two offset tables
-//             built once per CTA (the tile shape is the same for every tile).
-//   mainloop  mma.sync on the chunk (warps kWarpsM (M) x kWarpsN (N), each 32 x 64), m16n8k16
-//             bf16/fp16 from ldmatrix, or m16n8k8 TF32 (float at precision "default": inputs
-//             rounded to TF32 as XLA's DEFAULT does, when they are written to shared memory).
-//   epilogue  bias + ReLU in fp32, one rounding to T into the conv tile (reusing the A chunk's
-//             shared memory), then each thread max-reduces (pooled pixel, 16 bytes of channels)
-//             windows from it (positions outside the conv output are the pool's -inf padding;
-//             NaN propagates) and stores 16 bytes of y. The conv tile never reaches DRAM.
+// conv_pool_stem_kernel (sm_80+; TMA loads on sm_90), persistent: each CTA loads its kBlockK
+// columns of the weights (GEMM-K x kBlockK, zero rows up to a multiple of 32) into shared
+// memory once, then walks output tiles. A tile is pooled_h x pooled_w pooled outputs of one
+// image; it needs a conv tile of conv_h x conv_w outputs (<= kMaxM: overlapping pools' shared
+// rows/columns are recomputed by the neighbour tile) and an input tile of in_h rows of
+// in_w * C contiguous NHWC elements.
+//   load      the input tile, double buffered: with TMA (x viewed as [N][H][W * C]; zero fill
+//             outside the image is the conv padding) the next tiles load while this one
+//             computes; else (rows not 16-byte multiples, or no TMA) element-wise loads.
+//   mainloop  mma.sync (warps kWarpsM (M) x kWarpsN (N), each 32 x 64) whose A fragments are
+//             gathered straight from the input tile: im2col element (m, kf) sits at
+//             moff(m) + kofs[kf], a row offset per conv output (registers) plus a column
+//             offset per GEMM-K index (a table built once per CTA). m16n8k16 bf16/fp16 (B by
+//             ldmatrix), or m16n8k8 TF32 for float at precision "default" (inputs rounded to
+//             TF32, as XLA's DEFAULT does).
+//   epilogue  bias + ReLU in fp32, one rounding to T into the conv tile in shared memory, then
+//             each thread max-reduces a (pooled pixel, 16 bytes of channels) window from it
+//             (positions outside the conv output are the pool's -inf padding; NaN propagates)
+//             and stores 16 bytes of y. The conv tile never reaches DRAM.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only; the launcher encodes it)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -36,8 +38,9 @@ namespace jaxcnn {
 namespace conv_pool {
 
 constexpr int kStemThreads = 256;  // 8 warps
-constexpr int kStemChunk = 32;     // GEMM-K columns per im2col chunk
+constexpr int kStemChunk = 32;     // GEMM-K rows of the weights are padded to this multiple
 constexpr int kStemMinBlocks = 2;  // CTAs per SM the register budget is set for
+constexpr int kStemInAlign = 128;  // input buffers' alignment (TMA destinations)
 
 template <typename T, int kWarpsN>
 struct StemShape {
@@ -47,21 +50,27 @@ struct StemShape {
   static constexpr int kMaxM = kWarpsM * 32;    // conv outputs per tile (2 m16 tiles a warp)
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   // Same bank arguments as TcShape: 16-bit rows for ldmatrix (row bytes / 16 odd); fp32 rows
-  // for the TF32 fragments' scalar loads (A stride = 4, B and conv tile stride = 8 (mod 32)).
-  static constexpr int kAStride = kTf32 ? kStemChunk + 4 : PaddedStride(kStemChunk);
+  // for the TF32 B fragments' scalar loads and the epilogue's float2 stores (stride = 8 mod 32).
   static constexpr int kBStride = kTf32 ? kBlockK + 8 : PaddedStride(kBlockK);
   static constexpr int kOutStride = kBStride;
-  static constexpr int kWorkBytes =
-      kMaxM * (kOutStride > kAStride ? kOutStride : kAStride) * static_cast<int>(sizeof(T));
+  static constexpr int kOutBytes = kMaxM * kOutStride * static_cast<int>(sizeof(T));
 };
 
-// Shared memory of one CTA: weights [kf_pad][kBStride], the A chunk / conv tile, the offset
-// tables (kMaxM + kf_pad ints) and the input tile (in_elems of T), each 16-byte aligned.
+// Elements of one input buffer: in_h rows of in_stride, rounded up to kStemInAlign bytes.
+template <typename T>
+__host__ __device__ constexpr int64_t StemInBufElems(int64_t in_h, int64_t in_stride) {
+  constexpr int64_t per = kStemInAlign / static_cast<int64_t>(sizeof(T));
+  return (in_h * in_stride + per - 1) / per * per;
+}
+
+// Shared memory of one CTA: weights [kf_pad][kBStride], conv tile, GEMM-K offsets (kf_pad
+// ints), two input buffers, two mbarriers; each part 128-byte aligned.
 template <typename T, int kWarpsN>
-__host__ __device__ constexpr int64_t StemSmemBytes(int64_t kf_pad, int64_t in_elems) {
+__host__ __device__ constexpr int64_t StemSmemBytes(int64_t kf_pad, int64_t in_buf_elems) {
   using Shape = StemShape<T, kWarpsN>;
-  return kf_pad * Shape::kBStride * static_cast<int64_t>(sizeof(T)) + Shape::kWorkBytes +
-         (Shape::kMaxM + kf_pad) * 4 + (in_elems * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+  auto up = [](int64_t b) { return (b + kStemInAlign - 1) / kStemInAlign * kStemInAlign; };
+  return up(kf_pad * Shape::kBStride * static_cast<int64_t>(sizeof(T))) + up(Shape::kOutBytes) +
+         up(kf_pad * 4) + 2 * in_buf_elems * static_cast<int64_t>(sizeof(T)) + 16;
 }
 
 // Everything the kernel needs, computed by the launcher (conv_pool.cu).
@@ -73,16 +82,15 @@ struct StemArgs {
   int PH, PW;
   int pooled_h, pooled_w;  // pooled outputs per tile
   int conv_h, conv_w;      // conv outputs per tile: (pooled - 1) * pool stride + pool window
-  int in_h, in_w;          // input pixels per tile: (conv - 1) * stride + (window - 1) * dil + 1
+  int in_h, in_row;        // input tile: rows, elements per row ((in_w) * C)
+  int in_stride;           // elements between input-tile rows in shared memory (>= in_row)
+  int64_t in_buf_elems;    // elements per input buffer
   int tiles_h, tiles_w;    // tiles per image
   int64_t tiles;           // N * tiles_h * tiles_w
   int rsc;                 // GEMM-K = R * S * C
   int kf_pad;              // rsc rounded up to kStemChunk
+  int use_tma;             // 1: input tiles by TMA (x_map); 0: element-wise loads
 };
-
-// Raw bits of one T (+0 is all-zero bits in every T).
-template <typename T>
-using StemElem = RawVecOf<T, 1>;
 
 // 16 bytes of T: a = max(a, b) element-wise, NaN-propagating (XLA's max).
 template <typename T>
@@ -114,39 +122,89 @@ __device__ __forceinline__ uint4 NegInf16() {
   return make_uint4(w, w, w, w);
 }
 
+// ---- mbarrier + TMA (sm_90; the launcher sets use_tma only there): the input tile's
+// asynchronous load.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define JAXCNN_STEM_TMA 1
+#endif
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+#ifdef JAXCNN_STEM_TMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mma::SmemAddr(bar)), "r"(count));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+#ifdef JAXCNN_STEM_TMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mma::SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+#ifdef JAXCNN_STEM_TMA
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "STEM_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra STEM_WAIT;\n"
+      "}\n" ::"r"(mma::SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Input tile (rows ih0.., elements col0.. of image n) -> dst, completing on bar.
+__device__ __forceinline__ void TmaLoadInputTile(void* dst, const CUtensorMap* map, int col0,
+                                                 int ih0, int n, uint64_t* bar) {
+#ifdef JAXCNN_STEM_TMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // after generic reads of dst
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(mma::SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col0), "r"(ih0), "r"(n), "r"(mma::SmemAddr(bar))
+      : "memory");
+#endif
+}
+
 template <typename T, int kWarpsN>
 __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
-    conv_pool_stem_kernel(StemArgs a, const T* __restrict__ x, const T* __restrict__ w,
-                          const T* __restrict__ bias, T* __restrict__ y) {
+    conv_pool_stem_kernel(const __grid_constant__ StemArgs a,
+                          const __grid_constant__ CUtensorMap x_map, const T* __restrict__ x,
+                          const T* __restrict__ w, const T* __restrict__ bias,
+                          T* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using Shape = StemShape<T, kWarpsN>;
-  using Elem = StemElem<T>;
+  using Elem = RawVecOf<T, 1>;  // raw bits: +0 is all-zero bits in every T
   constexpr bool kTf32 = Shape::kTf32;
   constexpr int kWarpsM = Shape::kWarpsM;
   constexpr int kBlockK = Shape::kBlockK;
-  constexpr int kMaxM = Shape::kMaxM;
   constexpr int kVec = Shape::kVec;
-  constexpr int kAStride = Shape::kAStride;
   constexpr int kBStride = Shape::kBStride;
   constexpr int kOutStride = Shape::kOutStride;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* bs = reinterpret_cast<T*>(smem_raw);
-  T* work = bs + static_cast<int64_t>(a.kf_pad) * kBStride;  // A chunk, then the conv tile
-  int* moff = reinterpret_cast<int*>(smem_raw + static_cast<int64_t>(a.kf_pad) * kBStride *
-                                                    sizeof(T) + Shape::kWorkBytes);
-  int* kofs = moff + kMaxM;
-  Elem* in_s = reinterpret_cast<Elem*>(kofs + a.kf_pad);
-  Elem* a_s = reinterpret_cast<Elem*>(work);
+  auto up = [](int64_t b) { return (b + kStemInAlign - 1) / kStemInAlign * kStemInAlign; };
+  extern __shared__ __align__(128) unsigned char stem_smem[];
+  unsigned char* cursor = stem_smem;
+  T* bs = reinterpret_cast<T*>(cursor);
+  cursor += up(static_cast<int64_t>(a.kf_pad) * kBStride * sizeof(T));
+  T* ct = reinterpret_cast<T*>(cursor);  // conv tile [m][kOutStride]
+  cursor += up(Shape::kOutBytes);
+  int* kofs = reinterpret_cast<int*>(cursor);
+  cursor += up(static_cast<int64_t>(a.kf_pad) * 4);
+  Elem* in_s = reinterpret_cast<Elem*>(cursor);  // two buffers of in_buf_elems
+  cursor += 2 * a.in_buf_elems * sizeof(T);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(cursor);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp % kWarpsM, warp_n = warp / kWarpsM;
   const int g = lane / 4, q = lane % 4;  // MMA fragment row group and column pair
   const int k0 = blockIdx.y * kBlockK;
   const int m_tile = a.conv_h * a.conv_w;
-  const int m_pad = (m_tile + 31) / 32 * 32;  // whole warp rows: every MMA row is built
+  const bool warp_rows = warp_m * 32 < m_tile;  // this warp's conv rows hold outputs
 
   // Once per CTA: this channel block's weights (rows past GEMM-K and channels past K are
-  // zeros; float stored as TF32), and the two offset tables of the im2col gather.
+  // zeros; float stored as TF32), the GEMM-K column offsets (-1: padding, reads as zero) and
+  // this thread's four A-fragment row offsets (rows past the tile read element 0: finite,
+  // never pooled).
   constexpr int kBVecs = kBlockK / kVec;
   for (int i = tid; i < a.kf_pad * kBVecs; i += kStemThreads) {
     const int row = i / kBVecs, v = i % kBVecs, kk = k0 + v * kVec;
@@ -159,43 +217,85 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     }
     *reinterpret_cast<uint4*>(bs + row * kBStride + v * kVec) = val;
   }
-  for (int m = tid; m < kMaxM; m += kStemThreads)
-    moff[m] = m < m_tile ? ((m / a.conv_w) * a.stride_h * a.in_w + (m % a.conv_w) * a.stride_w) * a.C
-                         : -1;
   for (int kf = tid; kf < a.kf_pad; kf += kStemThreads) {
     int off = -1;
     if (kf < a.rsc) {
       const int rs = kf / a.C, c = kf - rs * a.C;
       const int r = rs / a.S, s = rs - r * a.S;
-      off = (r * a.dilation_h * a.in_w + s * a.dilation_w) * a.C + c;
+      off = r * a.dilation_h * a.in_stride + s * a.dilation_w * a.C + c;
     }
     kofs[kf] = off;
   }
+  int moff[2][2];  // [m16 tile][row g, row g + 8]
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = warp_m * 32 + mt * 16 + h * 8 + g;
+      moff[mt][h] = m < m_tile ? (m / a.conv_w) * a.stride_h * a.in_stride +
+                                     (m % a.conv_w) * a.stride_w * a.C
+                               : 0;
+    }
+  const bool tma = a.use_tma != 0;
+  if (tma && tid == 0) {
+    MbarInit(&bars[0], 1);
+    MbarInit(&bars[1], 1);
+  }
+  __syncthreads();  // weights, tables and barriers are ready
 
-  const int in_row = a.in_w * a.C;  // elements of one input-tile row (contiguous in x)
+  // Tile -> (image, tile row, tile column); first conv output row/column of the tile
+  // (negative inside the pool's padding) and first input row / element column (negative
+  // inside the conv's padding).
+  struct TilePos {
+    int64_t n;
+    int th, tw, oh0, ow0, ih0, col0;
+  };
+  auto locate = [&](int64_t tile) {
+    TilePos t;
+    t.tw = static_cast<int>(tile % a.tiles_w);
+    t.th = static_cast<int>((tile / a.tiles_w) % a.tiles_h);
+    t.n = tile / (static_cast<int64_t>(a.tiles_w) * a.tiles_h);
+    t.oh0 = t.th * a.pooled_h * a.pool_stride_h - a.pool_pad_top;
+    t.ow0 = t.tw * a.pooled_w * a.pool_stride_w - a.pool_pad_left;
+    t.ih0 = t.oh0 * a.stride_h - a.pad_top;
+    t.col0 = (t.ow0 * a.stride_w - a.pad_left) * a.C;
+    return t;
+  };
+  const uint32_t tile_bytes = static_cast<uint32_t>(a.in_h * a.in_stride * sizeof(T));
+  auto issue = [&](int64_t tile, int buf) {  // one thread: TMA of `tile`'s input into buf
+    const TilePos t = locate(tile);
+    MbarExpectTx(&bars[buf], tile_bytes);
+    TmaLoadInputTile(in_s + buf * a.in_buf_elems, &x_map, t.col0, t.ih0, static_cast<int>(t.n),
+                     &bars[buf]);
+  };
+  if (tma && tid == 0) {
+    if (blockIdx.x < a.tiles) issue(blockIdx.x, 0);
+    if (blockIdx.x + gridDim.x < a.tiles) issue(blockIdx.x + gridDim.x, 1);
+  }
+
   const int x_row = a.W * a.C;
   const Elem* x_elems = reinterpret_cast<const Elem*>(x);
-  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
-    const int tw = static_cast<int>(tile % a.tiles_w);
-    const int th = static_cast<int>((tile / a.tiles_w) % a.tiles_h);
-    const int64_t n = tile / (static_cast<int64_t>(a.tiles_w) * a.tiles_h);
-    // First conv output row/column of the tile (negative inside the pool's padding), and its
-    // first input row/column (negative inside the conv's padding).
-    const int oh0 = th * a.pooled_h * a.pool_stride_h - a.pool_pad_top;
-    const int ow0 = tw * a.pooled_w * a.pool_stride_w - a.pool_pad_left;
-    const int ih0 = oh0 * a.stride_h - a.pad_top;
-    const int col0 = (ow0 * a.stride_w - a.pad_left) * a.C;  // element column in an x row
-
-    __syncthreads();  // the previous tile's pool reads are done (first tile: tables are ready)
-    const Elem* x_img = x_elems + n * a.H * x_row;
-    for (int e = tid; e < a.in_h * in_row; e += kStemThreads) {
-      const int iy = e / in_row, col = col0 + (e - iy * in_row);
-      const int ih = ih0 + iy;
-      Elem v = 0;
-      if (static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-          static_cast<unsigned>(col) < static_cast<unsigned>(x_row))
-        v = x_img[static_cast<int64_t>(ih) * x_row + col];
-      in_s[e] = v;
+  int iter = 0;
+  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x, ++iter) {
+    const int buf = iter & 1;
+    const Elem* in_b = in_s + buf * a.in_buf_elems;
+    const TilePos t = locate(tile);
+    if (tma) {
+      MbarWait(&bars[buf], (iter >> 1) & 1);
+    } else {
+      // Element-wise: row iy of the tile is x row ih0 + iy, elements col0 .. col0 + in_row.
+      const Elem* x_img = x_elems + t.n * a.H * x_row;
+      Elem* dst = in_s + buf * a.in_buf_elems;
+      for (int e = tid; e < a.in_h * a.in_row; e += kStemThreads) {
+        const int iy = e / a.in_row, cx = e - iy * a.in_row;
+        const int ih = t.ih0 + iy, col = t.col0 + cx;
+        Elem v = 0;
+        if (static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+            static_cast<unsigned>(col) < static_cast<unsigned>(x_row))
+          v = x_img[static_cast<int64_t>(ih) * x_row + col];
+        dst[iy * a.in_stride + cx] = v;
+      }
+      __syncthreads();
     }
 
     float acc[2][8][4];
@@ -205,63 +305,66 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
-    const bool warp_rows = warp_m * 32 < m_pad;  // this warp's conv rows hold outputs
-    for (int kc = 0; kc < a.kf_pad; kc += kStemChunk) {
-      __syncthreads();  // the input tile is stored / the previous chunk's MMAs are done
-      // im2col gather: lane = GEMM-K column, warps stride over the conv outputs.
-      const int kof = kofs[kc + lane];
-      for (int m = warp; m < m_pad; m += kStemThreads / 32) {
-        const int mo = moff[m];
-        Elem v = 0;
-        if (mo >= 0 && kof >= 0) v = in_s[mo + kof];
-        if constexpr (kTf32) v = ToTf32(__uint_as_float(v));
-        a_s[m * kAStride + lane] = v;
-      }
-      __syncthreads();
-      if (!warp_rows) continue;
-      const T* bk = bs + static_cast<int64_t>(kc) * kBStride + warp_n * 64;
-      if constexpr (kTf32) {
-        const uint32_t* au = reinterpret_cast<const uint32_t*>(work);
-        const uint32_t* bu = reinterpret_cast<const uint32_t*>(bk);
+    if (warp_rows) {
+      // Fragment element (conv row offset mo, GEMM-K offset kof): zero for padding columns.
+      auto elem = [&](int mo, int kof) -> uint32_t { return kof >= 0 ? in_b[mo + kof] : 0u; };
+      for (int kc = 0; kc < a.kf_pad; kc += kStemChunk) {
+        const T* bk = bs + static_cast<int64_t>(kc) * kBStride + warp_n * 64;
+        if constexpr (kTf32) {
+          const uint32_t* bu = reinterpret_cast<const uint32_t*>(bk);
 #pragma unroll
-        for (int ks = 0; ks < kStemChunk / 8; ++ks) {
-          uint32_t af[2][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint32_t* ap = au + (warp_m * 32 + mt * 16 + g) * kAStride + ks * 8 + q;
-            af[mt][0] = ap[0], af[mt][1] = ap[8 * kAStride];
-            af[mt][2] = ap[4], af[mt][3] = ap[8 * kAStride + 4];
-          }
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const uint32_t* bp = bu + (ks * 8 + q) * kBStride + nt * 8 + g;
-            const uint32_t b0 = bp[0], b1 = bp[4 * kBStride];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) MmaTf32(acc[mt][nt], af[mt], b0, b1);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < kStemChunk / 16; ++ks) {
-          uint32_t af[2][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-            LdMatrixX4(af[mt], work + (warp_m * 32 + mt * 16 + lane % 16) * kAStride + ks * 16 +
-                                   (lane / 16) * 8);
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t r[4];
-            LdMatrixX4Trans(r, bk + (ks * 16 + lane % 16) * kBStride + np * 16 + (lane / 16) * 8);
+          for (int ks = 0; ks < kStemChunk / 8; ++ks) {
+            // m16n8k8 A: (row g | g + 8, column q | q + 4).
+            const int kof0 = kofs[kc + ks * 8 + q], kof1 = kofs[kc + ks * 8 + q + 4];
+            uint32_t af[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-              Mma<T>(acc[mt][2 * np], af[mt], r[0], r[1]);
-              Mma<T>(acc[mt][2 * np + 1], af[mt], r[2], r[3]);
+              af[mt][0] = ToTf32(__uint_as_float(elem(moff[mt][0], kof0)));
+              af[mt][1] = ToTf32(__uint_as_float(elem(moff[mt][1], kof0)));
+              af[mt][2] = ToTf32(__uint_as_float(elem(moff[mt][0], kof1)));
+              af[mt][3] = ToTf32(__uint_as_float(elem(moff[mt][1], kof1)));
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+              const uint32_t* bp = bu + (ks * 8 + q) * kBStride + nt * 8 + g;
+              const uint32_t b0 = bp[0], b1 = bp[4 * kBStride];
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) MmaTf32(acc[mt][nt], af[mt], b0, b1);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < kStemChunk / 16; ++ks) {
+            // m16n8k16 A: (row g | g + 8, columns 2q, 2q + 1 | 2q + 8, 2q + 9), low half first.
+            const int* kp = kofs + kc + ks * 16 + 2 * q;
+            const int kof0 = kp[0], kof1 = kp[1], kof2 = kp[8], kof3 = kp[9];
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              af[mt][0] = elem(moff[mt][0], kof0) | elem(moff[mt][0], kof1) << 16;
+              af[mt][1] = elem(moff[mt][1], kof0) | elem(moff[mt][1], kof1) << 16;
+              af[mt][2] = elem(moff[mt][0], kof2) | elem(moff[mt][0], kof3) << 16;
+              af[mt][3] = elem(moff[mt][1], kof2) | elem(moff[mt][1], kof3) << 16;
+            }
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+              uint32_t r[4];
+              LdMatrixX4Trans(r, bk + (ks * 16 + lane % 16) * kBStride + np * 16 + (lane / 16) * 8);
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) {
+                Mma<T>(acc[mt][2 * np], af[mt], r[0], r[1]);
+                Mma<T>(acc[mt][2 * np + 1], af[mt], r[2], r[3]);
+              }
             }
           }
         }
       }
     }
-    __syncthreads();  // every warp is done with the last A chunk: `work` becomes the conv tile
+    // Every warp is done with this input buffer (TMA may refill it) and with the previous
+    // tile's conv tile (the pool reads below).
+    __syncthreads();
+    if (tma && tid == 0 && tile + 2 * static_cast<int64_t>(gridDim.x) < a.tiles)
+      issue(tile + 2 * static_cast<int64_t>(gridDim.x), buf);
 
     // Epilogue 1: bias + ReLU in fp32, rounded to T, into the [m][kBlockK] conv tile.
     if (warp_rows) {
@@ -275,14 +378,14 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
         for (int mt = 0; mt < 2; ++mt) {
           const int row = warp_m * 32 + mt * 16 + g;
           if constexpr (kTf32) {
-            *reinterpret_cast<float2*>(work + row * kOutStride + col) =
+            *reinterpret_cast<float2*>(ct + row * kOutStride + col) =
                 make_float2(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-            *reinterpret_cast<float2*>(work + (row + 8) * kOutStride + col) =
+            *reinterpret_cast<float2*>(ct + (row + 8) * kOutStride + col) =
                 make_float2(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
           } else {
-            *reinterpret_cast<uint32_t*>(work + row * kOutStride + col) =
+            *reinterpret_cast<uint32_t*>(ct + row * kOutStride + col) =
                 PackPair<T>(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-            *reinterpret_cast<uint32_t*>(work + (row + 8) * kOutStride + col) =
+            *reinterpret_cast<uint32_t*>(ct + (row + 8) * kOutStride + col) =
                 PackPair<T>(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
           }
         }
@@ -296,20 +399,20 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     for (int it = tid; it < items; it += kStemThreads) {
       const int v = it % kVecs, pix = it / kVecs;
       const int i = pix / a.pooled_w, j = pix - i * a.pooled_w;
-      const int ph = th * a.pooled_h + i, pw = tw * a.pooled_w + j, k = k0 + v * kVec;
+      const int ph = t.th * a.pooled_h + i, pw = t.tw * a.pooled_w + j, k = k0 + v * kVec;
       if (ph >= a.PH || pw >= a.PW || k >= a.K) continue;
       uint4 best = NegInf16<T>();
       for (int dy = 0; dy < a.pool_h; ++dy) {
         const int lr = i * a.pool_stride_h + dy;
-        if (static_cast<unsigned>(oh0 + lr) >= static_cast<unsigned>(a.P)) continue;  // -inf pad
+        if (static_cast<unsigned>(t.oh0 + lr) >= static_cast<unsigned>(a.P)) continue;  // -inf
         for (int dx = 0; dx < a.pool_w; ++dx) {
           const int lc = j * a.pool_stride_w + dx;
-          if (static_cast<unsigned>(ow0 + lc) >= static_cast<unsigned>(a.Q)) continue;
+          if (static_cast<unsigned>(t.ow0 + lc) >= static_cast<unsigned>(a.Q)) continue;
           MaxNan16<T>(best, *reinterpret_cast<const uint4*>(
-                                work + (lr * a.conv_w + lc) * kOutStride + v * kVec));
+                                ct + (lr * a.conv_w + lc) * kOutStride + v * kVec));
         }
       }
-      *reinterpret_cast<uint4*>(y + ((n * a.PH + ph) * a.PW + pw) * a.K + k) = best;
+      *reinterpret_cast<uint4*>(y + ((t.n * a.PH + ph) * a.PW + pw) * a.K + k) = best;
     }
   }
 #endif

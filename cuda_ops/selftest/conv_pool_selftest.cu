@@ -245,9 +245,10 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
               static_cast<long long>(p.C), static_cast<long long>(p.PH),
               static_cast<long long>(p.PW), static_cast<long long>(p.K), kernel);
   if (plan.kernel != ConvPoolAlgorithm::kDirect && plan.unsupported == nullptr)
-    std::printf(" block=%dx%d pooled=%dx%d block_k=%d flat_k=%d grid=%lld smem=%lld", plan.tile_h,
-                plan.tile_w, plan.pooled_h, plan.pooled_w, plan.block_k, plan.flat_k ? 1 : 0,
-                static_cast<long long>(plan.grid), static_cast<long long>(plan.smem_bytes));
+    std::printf(" block=%dx%d pooled=%dx%d block_k=%d flat_k=%d tma=%d grid=%lld smem=%lld",
+                plan.tile_h, plan.tile_w, plan.pooled_h, plan.pooled_w, plan.block_k,
+                plan.flat_k ? 1 : 0, plan.tma ? 1 : 0, static_cast<long long>(plan.grid),
+                static_cast<long long>(plan.smem_bytes));
   if (!expect_refused) std::printf(" rel_err=%.2e unwritten=%lld", rel, static_cast<long long>(bad));
   if (ms > 0.0) {
     const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
