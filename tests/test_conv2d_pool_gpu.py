@@ -184,7 +184,7 @@ def test_flat_k_stems_and_small_channel_counts(c, r, kw, dtype):
     mode (C=20 in fp32 is a multiple of 4: the chunked mode)."""
     x, w, b = operands(c + r, 2, 37, 35, c, 64, r, r, jnp.dtype(dtype))
     check(x, w, b, "tensor_core", **kw)
-    cfg = make_conv_pool_config(x.shape, w.shape, **kw)
+    cfg = make_conv_pool_config(x.shape, w.shape, algorithm="tensor_core", **kw)
     plan = _ffi.conv_pool_plan(x.shape, w.shape, dtype, cfg)
     flat = c < 16 or c % (16 // jnp.dtype(dtype).itemsize) != 0
     assert plan.startswith("kernel=tensor_core") and plan.endswith(f"flat_k={int(flat)}"), plan

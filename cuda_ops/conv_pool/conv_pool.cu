@@ -105,7 +105,7 @@ int StemInExtent(int conv, int64_t window, int stride, int dilation) {
 }
 
 // Input-tile geometry of a conv tile: rows, elements per row, and the shared-memory row stride
-// (TMA boxes are whole 16-byte rows).
+// (TMA boxes are whole 16-byte rows starting on a 16-byte boundary).
 struct StemInput {
   int64_t rows, row_elems, stride, buf_elems;
 };
@@ -115,7 +115,8 @@ StemInput StemInputTile(const ConvPoolParams& p, int conv_h, int conv_w, bool tm
   in.rows = StemInExtent(conv_h, p.R, p.stride_h, p.dilation_h);
   in.row_elems = StemInExtent(conv_w, p.S, p.stride_w, p.dilation_w) * p.C;
   constexpr int64_t kVec = 16 / sizeof(T);
-  in.stride = tma ? CeilDiv(in.row_elems, kVec) * kVec : in.row_elems;
+  // TMA rows start at the 16-byte boundary at or before the tile's first element.
+  in.stride = tma ? CeilDiv(in.row_elems + kVec - 1, kVec) * kVec : in.row_elems;
   in.buf_elems = conv_pool::StemInBufElems<T>(in.rows, in.stride);
   return in;
 }

@@ -10,8 +10,9 @@
 // rows/columns are recomputed by the neighbour tile) and an input tile of in_h rows of
 // in_w * C contiguous NHWC elements.
 //   load      the input tile, double buffered: with TMA (x viewed as [N][H][W * C]; zero fill
-//             outside the image is the conv padding) the next tiles load while this one
-//             computes; else (rows not 16-byte multiples, or no TMA) element-wise loads.
+//             outside the image is the conv padding; boxes start on 16-byte boundaries, so a
+//             row lands up to 15 bytes in) the next tiles load while this one computes; else
+//             (rows not 16-byte multiples, or no TMA) element-wise loads.
 //   mainloop  mma.sync (warps kWarpsM (M) x kWarpsN (N), each 32 x 64) whose A fragments are
 //             gathered straight from the input tile: im2col element (m, kf) sits at
 //             moff(m) + kofs[kf], a row offset per conv output (registers) plus a column
@@ -262,11 +263,14 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     return t;
   };
   const uint32_t tile_bytes = static_cast<uint32_t>(a.in_h * a.in_stride * sizeof(T));
+  // A TMA box starts on a 16-byte boundary of the row: the tile's elements sit `lead`
+  // elements into its buffer rows (the launcher sizes in_stride for the worst lead).
+  auto lead = [&](int col0) { return tma ? col0 & (kVec - 1) : 0; };
   auto issue = [&](int64_t tile, int buf) {  // one thread: TMA of `tile`'s input into buf
     const TilePos t = locate(tile);
     MbarExpectTx(&bars[buf], tile_bytes);
-    TmaLoadInputTile(in_s + buf * a.in_buf_elems, &x_map, t.col0, t.ih0, static_cast<int>(t.n),
-                     &bars[buf]);
+    TmaLoadInputTile(in_s + buf * a.in_buf_elems, &x_map, t.col0 - lead(t.col0), t.ih0,
+                     static_cast<int>(t.n), &bars[buf]);
   };
   if (tma && tid == 0) {
     if (blockIdx.x < a.tiles) issue(blockIdx.x, 0);
@@ -278,8 +282,8 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
   int iter = 0;
   for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x, ++iter) {
     const int buf = iter & 1;
-    const Elem* in_b = in_s + buf * a.in_buf_elems;
     const TilePos t = locate(tile);
+    const Elem* in_b = in_s + buf * a.in_buf_elems + lead(t.col0);
     if (tma) {
       MbarWait(&bars[buf], (iter >> 1) & 1);
     } else {
