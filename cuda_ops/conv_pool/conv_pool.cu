@@ -53,9 +53,9 @@ int ChooseBlockK(int64_t K) {
   return CeilDiv(K, 128) * 128 <= CeilDiv(K, 64) * 64 ? 128 : 64;
 }
 
-conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int block_k,
-                             bool flat_k) {
-  conv_pool::TcArgs a{};
+// The layer fields every kernel's args share (TcArgs, StemArgs, DirectArgs: same names).
+template <typename Args>
+void FillLayerArgs(const ConvPoolParams& p, Args& a) {
   a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
   a.K = static_cast<int>(p.K), a.S = static_cast<int>(p.S);
   a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
@@ -65,6 +65,12 @@ conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int 
   a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
   a.pool_pad_left = p.pool_pad_left;
   a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+}
+
+conv_pool::TcArgs MakeTcArgs(const ConvPoolParams& p, const BlockChoice& b, int block_k,
+                             bool flat_k) {
+  conv_pool::TcArgs a{};
+  FillLayerArgs(p, a);
   a.pooled_h = b.pooled_h, a.pooled_w = b.pooled_w;
   a.tiles_h = static_cast<int>(b.tiles_h), a.tiles_w = static_cast<int>(b.tiles_w);
   a.k_blocks = static_cast<int>(CeilDiv(p.K, block_k));
@@ -168,15 +174,7 @@ StemChoice ChooseStemTile(const ConvPoolParams& p, int block_k, int sm_count, in
 template <typename T>
 conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& plan) {
   conv_pool::StemArgs a{};
-  a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
-  a.K = static_cast<int>(p.K), a.S = static_cast<int>(p.S);
-  a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
-  a.pad_left = p.pad_left, a.dilation_h = p.dilation_h, a.dilation_w = p.dilation_w;
-  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
-  a.pool_h = p.pool_h, a.pool_w = p.pool_w, a.pool_stride_h = p.pool_stride_h,
-  a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
-  a.pool_pad_left = p.pool_pad_left;
-  a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+  FillLayerArgs(p, a);
   a.pooled_h = plan.pooled_h, a.pooled_w = plan.pooled_w;
   a.conv_h = plan.tile_h, a.conv_w = plan.tile_w;
   const StemInput in = StemInputTile<T>(p, plan.tile_h, plan.tile_w, plan.tma);
@@ -255,16 +253,8 @@ cudaError_t LaunchStem(const ConvPoolParams& p, const ConvPoolPlan& plan,
 
 conv_pool::DirectArgs MakeDirectArgs(const ConvPoolParams& p) {
   conv_pool::DirectArgs a{};
-  a.N = p.N;
-  a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.C = static_cast<int>(p.C);
-  a.K = static_cast<int>(p.K), a.R = static_cast<int>(p.R), a.S = static_cast<int>(p.S);
-  a.stride_h = p.stride_h, a.stride_w = p.stride_w, a.pad_top = p.pad_top,
-  a.pad_left = p.pad_left, a.dilation_h = p.dilation_h, a.dilation_w = p.dilation_w;
-  a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
-  a.pool_h = p.pool_h, a.pool_w = p.pool_w, a.pool_stride_h = p.pool_stride_h,
-  a.pool_stride_w = p.pool_stride_w, a.pool_pad_top = p.pool_pad_top,
-  a.pool_pad_left = p.pool_pad_left;
-  a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
+  FillLayerArgs(p, a);
+  a.N = p.N, a.R = static_cast<int>(p.R);
   a.k_groups = static_cast<int>(CeilDiv(p.K, conv_pool::kDirectChannels));
   return a;
 }

@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/float_convert.cuh"
 #include "common/mma_sm80.cuh"
@@ -126,6 +127,86 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
 
 // ReLU that keeps NaN (like jnp.maximum(v, 0)); fmaxf would turn NaN into 0.
 __device__ __forceinline__ float Relu(float v) { return v < 0.0f ? 0.0f : v; }
+
+// Epilogue 1 of the mma.sync kernels: one m16n8 accumulator tile's rows row and row + 8,
+// columns col and col + 1, biased and ReLU'd in fp32 and rounded once to T, into the shared
+// conv tile (row stride `stride` elements).
+template <typename T>
+__device__ __forceinline__ void StoreBiasRelu(T* tile, int stride, int row, int col,
+                                              const float (&acc)[4], float b0, float b1) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float2*>(tile + row * stride + col) =
+        make_float2(Relu(acc[0] + b0), Relu(acc[1] + b1));
+    *reinterpret_cast<float2*>(tile + (row + 8) * stride + col) =
+        make_float2(Relu(acc[2] + b0), Relu(acc[3] + b1));
+  } else {
+    *reinterpret_cast<uint32_t*>(tile + row * stride + col) =
+        PackPair<T>(Relu(acc[0] + b0), Relu(acc[1] + b1));
+    *reinterpret_cast<uint32_t*>(tile + (row + 8) * stride + col) =
+        PackPair<T>(Relu(acc[2] + b0), Relu(acc[3] + b1));
+  }
+}
+
+// 16 bytes of T: a = max(a, b) element-wise, NaN-propagating (XLA's max).
+template <typename T>
+__device__ __forceinline__ void MaxNan16(uint4& a, const uint4& b) {
+  uint32_t* av = reinterpret_cast<uint32_t*>(&a);
+  const uint32_t* bv = reinterpret_cast<const uint32_t*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const __nv_bfloat162 m = __hmax2_nan(*reinterpret_cast<const __nv_bfloat162*>(&av[i]),
+                                           *reinterpret_cast<const __nv_bfloat162*>(&bv[i]));
+      av[i] = *reinterpret_cast<const uint32_t*>(&m);
+    } else if constexpr (std::is_same_v<T, __half>) {
+      const __half2 m = __hmax2_nan(*reinterpret_cast<const __half2*>(&av[i]),
+                                    *reinterpret_cast<const __half2*>(&bv[i]));
+      av[i] = *reinterpret_cast<const uint32_t*>(&m);
+    } else {
+      av[i] = __float_as_uint(max_nan(__uint_as_float(av[i]), __uint_as_float(bv[i])));
+    }
+  }
+}
+
+// 16 bytes of -inf in T.
+template <typename T>
+__device__ __forceinline__ uint4 NegInf16() {
+  const uint32_t w = std::is_same_v<T, __nv_bfloat16> ? 0xFF80FF80u
+                     : std::is_same_v<T, __half>      ? 0xFC00FC00u
+                                                      : 0xFF800000u;
+  return make_uint4(w, w, w, w);
+}
+
+// Epilogue 2 of the mma.sync kernels: each thread takes (pooled pixel, 16 bytes of channels)
+// of the tile's pooled_h x pooled_w block (tile row th, column tw of image n), max-reduces its
+// window from the shared conv tile (tile_w conv outputs a row, row stride kOutStride; conv
+// output (oh0, ow0) at its origin; positions outside the conv output are the pool's -inf
+// padding) and stores 16 bytes of y. Args: TcArgs or StemArgs (same pool fields).
+template <typename T, int kBlockK, int kOutStride, int kThreads, typename Args>
+__device__ __forceinline__ void PoolTileToY(const Args& a, const T* tile, int tile_w, int th,
+                                            int tw, int64_t n, int oh0, int ow0, int k0, T* y) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVecs = kBlockK / kVec;
+  const int items = a.pooled_h * a.pooled_w * kVecs;
+  for (int it = threadIdx.x; it < items; it += kThreads) {
+    const int v = it % kVecs, pix = it / kVecs;
+    const int i = pix / a.pooled_w, j = pix - i * a.pooled_w;
+    const int ph = th * a.pooled_h + i, pw = tw * a.pooled_w + j, k = k0 + v * kVec;
+    if (ph >= a.PH || pw >= a.PW || k >= a.K) continue;
+    uint4 best = NegInf16<T>();
+    for (int dy = 0; dy < a.pool_h; ++dy) {
+      const int lr = i * a.pool_stride_h + dy;
+      if (static_cast<unsigned>(oh0 + lr) >= static_cast<unsigned>(a.P)) continue;
+      for (int dx = 0; dx < a.pool_w; ++dx) {
+        const int lc = j * a.pool_stride_w + dx;
+        if (static_cast<unsigned>(ow0 + lc) >= static_cast<unsigned>(a.Q)) continue;
+        MaxNan16<T>(best, *reinterpret_cast<const uint4*>(tile + (lr * tile_w + lc) * kOutStride +
+                                                          v * kVec));
+      }
+    }
+    *reinterpret_cast<uint4*>(y + ((n * a.PH + ph) * a.PW + pw) * a.K + k) = best;
+  }
+}
 
 template <typename T, int TW, int kWarpsN, bool kFlatK>
 __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWarpsN>::kMinBlocks)
@@ -332,55 +413,13 @@ __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWar
     const float b0 = (bias != nullptr && k < a.K) ? to_float(bias[k]) : 0.0f;
     const float b1 = (bias != nullptr && k < a.K) ? to_float(bias[k + 1]) : 0.0f;
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const int row = warp_m * 64 + mt * 16 + g;
-      if constexpr (Shape::kTf32) {
-        *reinterpret_cast<float2*>(tile + row * kOutStride + col) =
-            make_float2(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-        *reinterpret_cast<float2*>(tile + (row + 8) * kOutStride + col) =
-            make_float2(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
-      } else {
-        *reinterpret_cast<uint32_t*>(tile + row * kOutStride + col) =
-            PackPair<T>(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-        *reinterpret_cast<uint32_t*>(tile + (row + 8) * kOutStride + col) =
-            PackPair<T>(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
-      }
-    }
+    for (int mt = 0; mt < 4; ++mt)
+      StoreBiasRelu(tile, kOutStride, warp_m * 64 + mt * 16 + g, col, acc[mt][nt], b0, b1);
   }
   __syncthreads();
 
   // Epilogue 2: max over each pool window from shared memory; 16-byte stores of y.
-  constexpr int kVecs = kBlockK / kVec;
-  const int items = a.pooled_h * a.pooled_w * kVecs;
-  for (int it = tid; it < items; it += kThreads) {
-    const int v = it % kVecs, pix = it / kVecs;
-    const int i = pix / a.pooled_w, j = pix - i * a.pooled_w;
-    const int ph = th * a.pooled_h + i, pw = tw * a.pooled_w + j, k = k0 + v * kVec;
-    if (ph >= a.PH || pw >= a.PW || k >= a.K) continue;
-    float best[kVec];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) best[e] = neg_inf();
-    for (int dy = 0; dy < a.pool_h; ++dy) {
-      const int lr = i * a.pool_stride_h + dy;
-      const int oh = oh0 + lr;
-      if (oh < 0 || oh >= a.P) continue;  // the pool's -inf padding
-      for (int dx = 0; dx < a.pool_w; ++dx) {
-        const int lc = j * a.pool_stride_w + dx;
-        const int ow = ow0 + lc;
-        if (ow < 0 || ow >= a.Q) continue;
-        const uint4 raw = *reinterpret_cast<const uint4*>(tile + (lr * TW + lc) * kOutStride +
-                                                          v * kVec);
-        const T* ev = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) best[e] = max_nan(best[e], to_float(ev[e]));
-      }
-    }
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) o[e] = from_float<T>(best[e]);
-    *reinterpret_cast<uint4*>(y + ((n * a.PH + ph) * a.PW + pw) * a.K + k) = out;
-  }
+  PoolTileToY<T, kBlockK, kOutStride, kThreads>(a, tile, TW, th, tw, n, oh0, ow0, k0, y);
 #endif
 }
 

@@ -31,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "conv_pool/conv_pool_kernels.cuh"
 
@@ -92,36 +91,6 @@ struct StemArgs {
   int kf_pad;              // rsc rounded up to kStemChunk
   int use_tma;             // 1: input tiles by TMA (x_map); 0: element-wise loads
 };
-
-// 16 bytes of T: a = max(a, b) element-wise, NaN-propagating (XLA's max).
-template <typename T>
-__device__ __forceinline__ void MaxNan16(uint4& a, const uint4& b) {
-  uint32_t* av = reinterpret_cast<uint32_t*>(&a);
-  const uint32_t* bv = reinterpret_cast<const uint32_t*>(&b);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const __nv_bfloat162 m = __hmax2_nan(*reinterpret_cast<const __nv_bfloat162*>(&av[i]),
-                                           *reinterpret_cast<const __nv_bfloat162*>(&bv[i]));
-      av[i] = *reinterpret_cast<const uint32_t*>(&m);
-    } else if constexpr (std::is_same_v<T, __half>) {
-      const __half2 m = __hmax2_nan(*reinterpret_cast<const __half2*>(&av[i]),
-                                    *reinterpret_cast<const __half2*>(&bv[i]));
-      av[i] = *reinterpret_cast<const uint32_t*>(&m);
-    } else {
-      av[i] = __float_as_uint(max_nan(__uint_as_float(av[i]), __uint_as_float(bv[i])));
-    }
-  }
-}
-
-// 16 bytes of -inf in T.
-template <typename T>
-__device__ __forceinline__ uint4 NegInf16() {
-  const uint32_t w = std::is_same_v<T, __nv_bfloat16> ? 0xFF80FF80u
-                     : std::is_same_v<T, __half>      ? 0xFC00FC00u
-                                                      : 0xFF800000u;
-  return make_uint4(w, w, w, w);
-}
 
 // ---- mbarrier + TMA (sm_90; the launcher sets use_tma only there): the input tile's
 // asynchronous load.
@@ -379,45 +348,15 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
         const float b0 = (bias != nullptr && k < a.K) ? to_float(bias[k]) : 0.0f;
         const float b1 = (bias != nullptr && k < a.K) ? to_float(bias[k + 1]) : 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int row = warp_m * 32 + mt * 16 + g;
-          if constexpr (kTf32) {
-            *reinterpret_cast<float2*>(ct + row * kOutStride + col) =
-                make_float2(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-            *reinterpret_cast<float2*>(ct + (row + 8) * kOutStride + col) =
-                make_float2(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
-          } else {
-            *reinterpret_cast<uint32_t*>(ct + row * kOutStride + col) =
-                PackPair<T>(Relu(acc[mt][nt][0] + b0), Relu(acc[mt][nt][1] + b1));
-            *reinterpret_cast<uint32_t*>(ct + (row + 8) * kOutStride + col) =
-                PackPair<T>(Relu(acc[mt][nt][2] + b0), Relu(acc[mt][nt][3] + b1));
-          }
-        }
+        for (int mt = 0; mt < 2; ++mt)
+          StoreBiasRelu(ct, kOutStride, warp_m * 32 + mt * 16 + g, col, acc[mt][nt], b0, b1);
       }
     }
     __syncthreads();
 
     // Epilogue 2: max over each pool window from the conv tile; 16-byte stores of y.
-    constexpr int kVecs = kBlockK / kVec;
-    const int items = a.pooled_h * a.pooled_w * kVecs;
-    for (int it = tid; it < items; it += kStemThreads) {
-      const int v = it % kVecs, pix = it / kVecs;
-      const int i = pix / a.pooled_w, j = pix - i * a.pooled_w;
-      const int ph = t.th * a.pooled_h + i, pw = t.tw * a.pooled_w + j, k = k0 + v * kVec;
-      if (ph >= a.PH || pw >= a.PW || k >= a.K) continue;
-      uint4 best = NegInf16<T>();
-      for (int dy = 0; dy < a.pool_h; ++dy) {
-        const int lr = i * a.pool_stride_h + dy;
-        if (static_cast<unsigned>(t.oh0 + lr) >= static_cast<unsigned>(a.P)) continue;  // -inf
-        for (int dx = 0; dx < a.pool_w; ++dx) {
-          const int lc = j * a.pool_stride_w + dx;
-          if (static_cast<unsigned>(t.ow0 + lc) >= static_cast<unsigned>(a.Q)) continue;
-          MaxNan16<T>(best, *reinterpret_cast<const uint4*>(
-                                ct + (lr * a.conv_w + lc) * kOutStride + v * kVec));
-        }
-      }
-      *reinterpret_cast<uint4*>(y + ((t.n * a.PH + ph) * a.PW + pw) * a.K + k) = best;
-    }
+    PoolTileToY<T, kBlockK, kOutStride, kStemThreads>(a, ct, a.conv_w, t.th, t.tw, t.n, t.oh0,
+                                                      t.ow0, k0, y);
   }
 #endif
 }
