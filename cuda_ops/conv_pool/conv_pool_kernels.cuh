@@ -128,22 +128,37 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
 // ReLU that keeps NaN (like jnp.maximum(v, 0)); fmaxf would turn NaN into 0.
 __device__ __forceinline__ float Relu(float v) { return v < 0.0f ? 0.0f : v; }
 
-// Epilogue 1 of the mma.sync kernels: one m16n8 accumulator tile's rows row and row + 8,
-// columns col and col + 1, biased and ReLU'd in fp32 and rounded once to T, into the shared
-// conv tile (row stride `stride` elements).
-template <typename T>
-__device__ __forceinline__ void StoreBiasRelu(T* tile, int stride, int row, int col,
-                                              const float (&acc)[4], float b0, float b1) {
-  if constexpr (sizeof(T) == 4) {
-    *reinterpret_cast<float2*>(tile + row * stride + col) =
-        make_float2(Relu(acc[0] + b0), Relu(acc[1] + b1));
-    *reinterpret_cast<float2*>(tile + (row + 8) * stride + col) =
-        make_float2(Relu(acc[2] + b0), Relu(acc[3] + b1));
-  } else {
-    *reinterpret_cast<uint32_t*>(tile + row * stride + col) =
-        PackPair<T>(Relu(acc[0] + b0), Relu(acc[1] + b1));
-    *reinterpret_cast<uint32_t*>(tile + (row + 8) * stride + col) =
-        PackPair<T>(Relu(acc[2] + b0), Relu(acc[3] + b1));
+// Epilogue 1 of the mma.sync kernels: a warp's kMT x kNT m16n8 accumulator tiles (rows
+// row0 + 16 mt + g | + 8, columns col0 + 8 nt + 2q | + 1), biased and ReLU'd in fp32 and rounded
+// once to T, into the shared conv tile (row stride `stride` elements). K % 16-byte vector == 0,
+// so column k < K implies k + 1 < K.
+template <typename T, int kMT, int kNT>
+__device__ __forceinline__ void StoreBiasRelu(T* tile, int stride, int row0, int col0, int k0,
+                                              const float (&acc)[kMT][kNT][4],
+                                              const T* __restrict__ bias, int K) {
+  const int g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int col = col0 + nt * 8 + 2 * q;
+    const int k = k0 + col;
+    const float b0 = (bias != nullptr && k < K) ? to_float(bias[k]) : 0.0f;
+    const float b1 = (bias != nullptr && k < K) ? to_float(bias[k + 1]) : 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const float(&d)[4] = acc[mt][nt];
+      const int row = row0 + mt * 16 + g;
+      if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(tile + row * stride + col) =
+            make_float2(Relu(d[0] + b0), Relu(d[1] + b1));
+        *reinterpret_cast<float2*>(tile + (row + 8) * stride + col) =
+            make_float2(Relu(d[2] + b0), Relu(d[3] + b1));
+      } else {
+        *reinterpret_cast<uint32_t*>(tile + row * stride + col) =
+            PackPair<T>(Relu(d[0] + b0), Relu(d[1] + b1));
+        *reinterpret_cast<uint32_t*>(tile + (row + 8) * stride + col) =
+            PackPair<T>(Relu(d[2] + b0), Relu(d[3] + b1));
+      }
+    }
   }
 }
 
@@ -406,16 +421,7 @@ __global__ void __launch_bounds__(TcShape<T, kWarpsN>::kThreads, TcShape<T, kWar
   // Epilogue 1: bias + ReLU in fp32, rounded to T, into the [128][kBlockK] shared tile.
   constexpr int kOutStride = Shape::kOutStride;
   T* tile = smem;
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
-    const int col = warp_n * 32 + nt * 8 + 2 * q;
-    const int k = k0 + col;  // K % kVec == 0: k < K implies k + 1 < K
-    const float b0 = (bias != nullptr && k < a.K) ? to_float(bias[k]) : 0.0f;
-    const float b1 = (bias != nullptr && k < a.K) ? to_float(bias[k + 1]) : 0.0f;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-      StoreBiasRelu(tile, kOutStride, warp_m * 64 + mt * 16 + g, col, acc[mt][nt], b0, b1);
-  }
+  StoreBiasRelu(tile, kOutStride, warp_m * 64, warp_n * 32, k0, acc, bias, a.K);
   __syncthreads();
 
   // Epilogue 2: max over each pool window from shared memory; 16-byte stores of y.

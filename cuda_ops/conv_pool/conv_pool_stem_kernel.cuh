@@ -340,18 +340,7 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
       issue(tile + 2 * static_cast<int64_t>(gridDim.x), buf);
 
     // Epilogue 1: bias + ReLU in fp32, rounded to T, into the [m][kBlockK] conv tile.
-    if (warp_rows) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = warp_n * 64 + nt * 8 + 2 * q;
-        const int k = k0 + col;  // K % kVec == 0: k < K implies k + 1 < K
-        const float b0 = (bias != nullptr && k < a.K) ? to_float(bias[k]) : 0.0f;
-        const float b1 = (bias != nullptr && k < a.K) ? to_float(bias[k + 1]) : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          StoreBiasRelu(ct, kOutStride, warp_m * 32 + mt * 16 + g, col, acc[mt][nt], b0, b1);
-      }
-    }
+    if (warp_rows) StoreBiasRelu(ct, kOutStride, warp_m * 32, warp_n * 64, k0, acc, bias, a.K);
     __syncthreads();
 
     // Epilogue 2: max over each pool window from the conv tile; 16-byte stores of y.
