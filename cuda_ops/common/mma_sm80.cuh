@@ -48,6 +48,26 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p)
                : "r"(SmemAddr(p)));
 }
 
+// The inverse of LdMatrixX4: lane l gives the shared address of row l % 8 of 8x8 matrix l / 8
+// and r[i] holds its two elements of matrix i (row lane / 4, columns 2 (lane % 4) + {0, 1}, the
+// layout of an m16n8 accumulator fragment half). stmatrix is sm_90+; older GPUs take the
+// fragments' rows apart with shuffles' worth of 4-byte stores (same result).
+__device__ __forceinline__ void StMatrixX4(void* p, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(SmemAddr(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  // Row addresses live in the lanes that own them: fetch row lane / 4 of each matrix.
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uintptr_t row = __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(p), i * 8 + lane / 4);
+    reinterpret_cast<uint32_t*>(row)[lane % 4] = r[i];
+  }
+#endif
+}
+
 // d += a * b on one m16n8k16 tile, fp32 accumulate.
 template <typename T>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

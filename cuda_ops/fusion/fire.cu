@@ -2,6 +2,7 @@
 // or the CUDA-core kernel; tile, channel split, which weights stay in shared memory), launch.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <type_traits>
 
@@ -23,6 +24,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct DeviceInfo {
   int sm_count = 0;
   int smem_optin = 0;
+  int smem_per_sm = 0;
   int major = 0;
 };
 
@@ -31,7 +33,9 @@ cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
   if ((status = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&info->sm_count)) !=
           cudaSuccess ||
       (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
-           &info->smem_optin)) != cudaSuccess)
+           &info->smem_optin)) != cudaSuccess ||
+      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
+           &info->smem_per_sm)) != cudaSuccess)
     return status;
   return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major);
 }
@@ -42,7 +46,7 @@ int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 // Shared-memory layout and work split of the tensor-core kernel for one choice of tile
 // height, channel split and squeeze-weight residency (expand weights are always resident).
 fire::TcArgs TcLayout(const FireParams& p, int tile_h, int split, bool sq_resident,
-                      int sm_count) {
+                      int sm_count, int ctas_per_sm) {
   using namespace fire;
   TcArgs a{};
   a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
@@ -53,9 +57,10 @@ fire::TcArgs TcLayout(const FireParams& p, int tile_h, int split, bool sq_reside
   a.tiles_w = static_cast<int>(CeilDiv(p.W, kTileW));
   a.num_tiles = static_cast<int>(p.N * a.tiles_h * a.tiles_w);
   a.split = split;
-  // One wave of persistent CTAs (one per SM), each slice walked by sm_count / split of them.
-  a.walkers = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_tiles,
-                                                                       sm_count / split)));
+  a.ctas_per_sm = ctas_per_sm;
+  // One wave of persistent CTAs (ctas_per_sm per SM), each slice walked by 1 / split of them.
+  a.walkers = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(a.num_tiles, int64_t{sm_count} * ctas_per_sm / split)));
   a.e1_slice = static_cast<int>(RoundUp(CeilDiv(p.E1, split), 8));
   a.e3_slice = static_cast<int>(RoundUp(CeilDiv(p.E3, split), 8));
   a.in_chunks = static_cast<int>(CeilDiv(p.C, kInChunk));
@@ -80,6 +85,8 @@ fire::TcArgs TcLayout(const FireParams& p, int tile_h, int split, bool sq_reside
   off += HaloRows(tile_h) * a.sq_stride;
   a.off_wex = off;
   off += a.e1_chunks * a.wex_e1_elems + a.e3_chunks * a.wex_e3_elems;
+  a.off_stage = off;
+  off += kWarps * kTileW * PaddedStride(kExpandBlock);
   a.off_bias = static_cast<int>(RoundUp(off, 8));
   return a;
 }
@@ -93,13 +100,17 @@ int64_t TcSmemBytes(const fire::TcArgs& a) {
 // the weights need them to fit.
 constexpr int kMinUsefulSlice = 32;
 
-// The tensor-core kernel's configuration for `p` on a device with `sm_count` SMs and
-// `smem_optin` bytes of shared memory per CTA; false when nothing fits.
+// Shared memory the SM keeps per resident CTA besides its dynamic allocation.
+constexpr int kSmemReservedPerCta = 1024;
+
+// The tensor-core kernel's layout for `p` with `ctas_per_sm` CTAs sharing each of `sm_count`
+// SMs, each given at most `smem_limit` bytes of shared memory; false when nothing fits.
 //  - tile height 8, or 4 when 8-row tiles leave SMs idle (small images, small batches);
 //  - split: the smallest power of two whose slice weights fit in shared memory and that
 //    gives every SM a (tile, slice), stopping at kMinUsefulSlice channels per slice;
 //  - squeeze weights resident when they fit too.
-bool ChooseTcLayout(const FireParams& p, int sm_count, int smem_optin, fire::TcArgs* out) {
+bool ChooseTcLayoutFor(const FireParams& p, int sm_count, int ctas_per_sm, int64_t smem_limit,
+                       fire::TcArgs* out) {
   const int64_t tiles8 = p.N * CeilDiv(p.H, 8) * CeilDiv(p.W, fire::kTileW);
   const int tile_h = tiles8 < sm_count ? 4 : 8;
   bool found = false;
@@ -110,18 +121,44 @@ bool ChooseTcLayout(const FireParams& p, int sm_count, int smem_optin, fire::TcA
     prev_e1 = e1, prev_e3 = e3;
     bool fits = false;
     for (bool sq_resident : {true, false}) {
-      const fire::TcArgs a = TcLayout(p, tile_h, split, sq_resident, sm_count);
-      if (TcSmemBytes(a) <= smem_optin) {
+      const fire::TcArgs a = TcLayout(p, tile_h, split, sq_resident, sm_count, ctas_per_sm);
+      if (TcSmemBytes(a) <= smem_limit) {
         *out = a;
         fits = found = true;
         break;
       }
     }
-    if (fits && (out->num_tiles * int64_t{split} >= sm_count ||
+    if (fits && (out->num_tiles * int64_t{split} >= int64_t{sm_count} * ctas_per_sm ||
                  std::max(e1, e3) <= kMinUsefulSlice))
       break;
   }
   return found;
+}
+
+// CTAs per SM forced by JAXCNN_FIRE_CTAS_PER_SM (1 or 2; benchmarks compare the two), else 0.
+int ForcedCtasPerSm() {
+  static const int forced = [] {
+    const char* v = std::getenv("JAXCNN_FIRE_CTAS_PER_SM");
+    return v != nullptr && (v[0] == '1' || v[0] == '2') && v[1] == '\0' ? v[0] - '0' : 0;
+  }();
+  return forced;
+}
+
+// The tensor-core kernel's configuration on this device; false when nothing fits. Two CTAs
+// per SM (one-row expand items, 128 registers) hide latency that one CTA of 8 warps leaves
+// exposed; they are taken when their layout needs no more expand-channel slices (squeeze
+// recompute) than one CTA's.
+bool ChooseTcLayout(const FireParams& p, const DeviceInfo& dev, fire::TcArgs* out) {
+  fire::TcArgs one, two;
+  const bool fits1 = ChooseTcLayoutFor(p, dev.sm_count, 1, dev.smem_optin, &one);
+  const int64_t half = std::min<int64_t>(dev.smem_optin, dev.smem_per_sm / 2 - kSmemReservedPerCta);
+  const bool fits2 = ChooseTcLayoutFor(p, dev.sm_count, 2, half, &two);
+  const int forced = ForcedCtasPerSm();
+  bool use2 = fits2 && (!fits1 || two.split <= one.split);
+  if (forced != 0) use2 = forced == 2 ? fits2 : !fits1 && fits2;
+  if (!use2 && !fits1) return false;
+  *out = use2 ? two : one;
+  return true;
 }
 
 // Why the tensor-core kernel cannot run these params/buffers, or nullptr.
@@ -146,6 +183,11 @@ const char* TcUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
 // where the fused kernel splits the expand channels and recomputes the squeeze per slice):
 // below it the fused kernel's single launch wins. H200 measurements: scripts/bench_fusion.py.
 constexpr int64_t kWgmmaMinPixels = 8192;
+// ... except up to this many squeeze channels when the fused kernel runs two CTAs per SM
+// with no channel split: its s tile never leaves the SM and the expands' K (9 S) is too short
+// for the wgmma convs' pipelines (H200, N = 64, 55x55: SqueezeNet 1.1 fire2 55 vs 64 us,
+// fire3 67 vs 68 us before the session-9 epilogue work; fire_selftest prints both).
+constexpr int64_t kFusedMaxSqueezeAtScale = 16;
 constexpr size_t kWorkspaceAlign = 256;
 
 // The kWgmma path's convs: squeeze into the packed workspace, then each expand into its
@@ -254,7 +296,12 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       plan.workspace_bytes = need;
       return plan;
     }
-    const bool pays = p.N * p.H * p.W >= kWgmmaMinPixels || p.S > 32;
+    bool pays = p.N * p.H * p.W >= kWgmmaMinPixels || p.S > 32;
+    if (pays && p.S <= kFusedMaxSqueezeAtScale && TcUnsupportedReason(p, b) == nullptr &&
+        CurrentDeviceInfo(&dev) == cudaSuccess) {
+      fire::TcArgs a;
+      pays = !(ChooseTcLayout(p, dev, &a) && a.ctas_per_sm == 2 && a.split == 1);
+    }
     if (wg_reason == nullptr && pays && HasWorkspace(b.workspace, b.workspace_bytes, need)) {
       plan.kernel = FireAlgorithm::kWgmma;
       plan.why = p.S > 32 ? "more than 32 squeeze channels (the fused kernel would split)"
@@ -273,7 +320,7 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
   }
   if (tc_reason == nullptr) {
     fire::TcArgs a;
-    if (ChooseTcLayout(p, dev.sm_count, dev.smem_optin, &a)) {
+    if (ChooseTcLayout(p, dev, &a)) {
       plan.kernel = FireAlgorithm::kTensorCore;
       plan.why = "bf16/fp16 with channel counts multiple of 8";
       plan.smem_bytes = TcSmemBytes(a);
@@ -283,6 +330,7 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       plan.tile_h = a.tile_h;
       plan.tile_w = fire::kTileW;
       plan.split = a.split;
+      plan.ctas_per_sm = a.ctas_per_sm;
       plan.grid = static_cast<int64_t>(a.walkers) * a.split;
       return plan;
     }
@@ -299,15 +347,15 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
 
 namespace {
 
-template <typename T, int SK, int TH>
+template <typename T, int SK, int TH, int kBlocks>
 cudaError_t LaunchTc(const FireParams& p, const FireBuffers<T>& b, const FirePlan& plan,
                      cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t status = CurrentDeviceInfo(&dev);
   if (status != cudaSuccess) return status;
   fire::TcArgs a;
-  if (!ChooseTcLayout(p, dev.sm_count, dev.smem_optin, &a)) return cudaErrorInvalidValue;
-  auto kernel = fire::fire_tc_kernel<T, SK, TH>;
+  if (!ChooseTcLayout(p, dev, &a) || a.ctas_per_sm != kBlocks) return cudaErrorInvalidValue;
+  auto kernel = fire::fire_tc_kernel<T, SK, TH, kBlocks>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(plan.smem_bytes));
   if (status != cudaSuccess) return status;
@@ -316,12 +364,16 @@ cudaError_t LaunchTc(const FireParams& p, const FireBuffers<T>& b, const FirePla
   return cudaGetLastError();
 }
 
-// The kernel instance for the squeeze width (K padded to 16) and the tile height.
+// The kernel instance for the squeeze width (K padded to 16), the tile height and the CTAs
+// per SM.
 template <typename T, int SK>
 cudaError_t LaunchTcTile(const FireParams& p, const FireBuffers<T>& b, const FirePlan& plan,
                          cudaStream_t stream) {
-  return plan.tile_h == 4 ? LaunchTc<T, SK, 4>(p, b, plan, stream)
-                          : LaunchTc<T, SK, 8>(p, b, plan, stream);
+  if (plan.ctas_per_sm == 2)
+    return plan.tile_h == 4 ? LaunchTc<T, SK, 4, 2>(p, b, plan, stream)
+                            : LaunchTc<T, SK, 8, 2>(p, b, plan, stream);
+  return plan.tile_h == 4 ? LaunchTc<T, SK, 4, 1>(p, b, plan, stream)
+                          : LaunchTc<T, SK, 8, 1>(p, b, plan, stream);
 }
 
 template <typename T>

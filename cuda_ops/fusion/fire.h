@@ -55,6 +55,7 @@ struct FirePlan {
   int expand_chunk = 0;
   int tile_h = 0, tile_w = 0;
   int split = 0;
+  int ctas_per_sm = 0;  // 1 or 2 (JAXCNN_FIRE_CTAS_PER_SM=1|2 forces it where it fits)
   int64_t grid = 0;
   // kWgmma: device scratch for s (256-byte aligned) the launch needs in FireBuffers.
   int64_t workspace_bytes = 0;

@@ -161,7 +161,8 @@ jaxcnn::FirePlan PlanForDtype(const jaxcnn::FireParams& p, int64_t dtype,
 }  // namespace
 
 // The configuration the handler will launch on the current device, as one line of text
-// ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... sq_resident=1 expand_chunk=128"),
+// ("kernel=tensor_core tile=8x16 split=1 grid=264 ctas_per_sm=2 smem=... sq_resident=1
+// expand_chunk=128"),
 // for benchmarks and logs. Returns the text's length (truncated to out_len - 1), or -1 when
 // the kernel cannot run these params (out then holds the reason).
 extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t w, int64_t c,
@@ -182,7 +183,8 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
   } else {
     text = "kernel=tensor_core tile=" + std::to_string(plan.tile_h) + "x" +
            std::to_string(plan.tile_w) + " split=" + std::to_string(plan.split) +
-           " grid=" + std::to_string(plan.grid) + " smem=" + std::to_string(plan.smem_bytes) +
+           " grid=" + std::to_string(plan.grid) + " ctas_per_sm=" +
+           std::to_string(plan.ctas_per_sm) + " smem=" + std::to_string(plan.smem_bytes) +
            " sq_resident=" + std::to_string(plan.squeeze_weights_resident ? 1 : 0) +
            " expand_chunk=" + std::to_string(plan.expand_chunk);
   }

@@ -68,6 +68,7 @@ struct TcArgs {
   int tile_h;              // = the kernel's TH
   int tiles_h, tiles_w, num_tiles;
   int split;               // expand channel slices; CTA b owns slice b % split
+  int ctas_per_sm;         // = the kernel's kBlocks
   int walkers;             // CTAs per slice: gridDim.x = walkers * split
   int e1_slice, e3_slice;  // channels of E1 / E3 per slice (multiples of 8; last may be short)
   int in_chunks;           // ceil(C / kInChunk)
@@ -78,6 +79,7 @@ struct TcArgs {
   bool sq_resident;
   // Element offsets (T units) of the smem regions.
   int off_x, off_wsq, off_s, off_wex;
+  int off_stage;  // per-warp output staging rows: kWarps x [kTileW][PaddedStride(kExpandBlock)]
   int off_bias;  // fp32 biases [S | E1 | E3] (an even T offset, 16-byte aligned)
   int x_buf_elems;      // one input-chunk buffer
   int wsq_chunk_elems;  // one chunk of squeeze weights (kInChunk rows)
@@ -94,6 +96,7 @@ using mma::LdMatrixX4Trans;
 using mma::Mma;
 using mma::PackPair;
 using mma::SmemAddr;
+using mma::StMatrixX4;
 
 // Issues (no wait) the cp.asyncs of rows [0, rows) x columns [0, cols_pad) of a
 // [rows][stride] smem matrix from a row-major global matrix; columns >= cols_valid and rows
@@ -134,12 +137,19 @@ __device__ __forceinline__ void IssueInputChunk(const TcArgs& a, const T* __rest
   constexpr int kStride = PaddedStride(kInChunk);
   T* xs = smem + a.off_x + buf * a.x_buf_elems;
   const int c0 = chunk * kInChunk;
-  for (int i = threadIdx.x; i < HaloPixels(TH) * kVecs; i += kThreads) {
-    const int p = i / kVecs, v = i % kVecs;
-    const int gy = t.h0 - 1 + p / kHaloW, gx = t.w0 - 1 + p % kHaloW;
-    const int c = c0 + v * 8;
-    const bool valid = gy >= 0 && gy < a.H && gx >= 0 && gx < a.W && c < a.C;
-    const T* src = valid ? x + ((static_cast<int64_t>(t.n) * a.H + gy) * a.W + gx) * a.C + c : x;
+  // Each thread copies one 16-byte vector (channels c .. c + 7) of every 32nd halo pixel.
+  static_assert(kThreads % kVecs == 0, "a thread keeps its channel vector");
+  const int v = threadIdx.x % kVecs;
+  const int c = c0 + v * 8;
+  const bool c_ok = c < a.C;
+  const T* const x_img = x + static_cast<int64_t>(t.n) * a.H * a.W * a.C + c;
+#pragma unroll
+  for (int p = threadIdx.x / kVecs; p < HaloPixels(TH); p += kThreads / kVecs) {
+    const int py = p / kHaloW;
+    const int gy = t.h0 - 1 + py, gx = t.w0 - 1 + (p - py * kHaloW);
+    const bool valid = c_ok && static_cast<unsigned>(gy) < static_cast<unsigned>(a.H) &&
+                       static_cast<unsigned>(gx) < static_cast<unsigned>(a.W);
+    const T* src = valid ? x_img + (static_cast<int64_t>(gy) * a.W + gx) * a.C : x;
     CpAsync16(xs + p * kStride + v * 8, src, valid);
   }
   if (!a.sq_resident) {
@@ -184,8 +194,8 @@ __device__ __forceinline__ void IssueNext(const TcArgs& a, const T* __restrict__
 // accumulated in fp32 over kTaps shifted views of the s tile. Rows and width are template
 // parameters so the loop has no branches: the fragments of step k + 1 (ldmatrix) are loaded
 // while step k's MMAs run, which hides shared-memory latency with only 2 warps per scheduler.
-template <typename T, int SK, int kTaps, int kRows, int kNp>
-__device__ __forceinline__ void ExpandMma(float (&acc)[2][8][4], const T* s_tile, const T* wx,
+template <typename T, int SK, int kTaps, int kRows, int kNp, int kAccRows>
+__device__ __forceinline__ void ExpandMma(float (&acc)[kAccRows][8][4], const T* s_tile, const T* wx,
                                           int ex_stride, int row0, int col0) {
   constexpr int kSqStride = PaddedStride(SK);
   constexpr int kSteps = kTaps * (SK / 16);
@@ -220,17 +230,20 @@ __device__ __forceinline__ void ExpandMma(float (&acc)[2][8][4], const T* s_tile
   }
 }
 
-// ExpandMma for a run-time row count (1 or 2) and block width (16, 32, 48 or 64 channels).
-template <typename T, int SK, int kTaps>
-__device__ __forceinline__ void ExpandItem(float (&acc)[2][8][4], const T* s_tile, const T* wx,
-                                           int ex_stride, int row0, int rows, int col0,
-                                           int width) {
+// ExpandMma for a run-time row count (1, or 2 when kAccRows is 2) and block width (16, 32,
+// 48 or 64 channels).
+template <typename T, int SK, int kTaps, int kAccRows>
+__device__ __forceinline__ void ExpandItem(float (&acc)[kAccRows][8][4], const T* s_tile,
+                                           const T* wx, int ex_stride, int row0, int rows,
+                                           int col0, int width) {
   const int np = min(4, (width - col0 + 15) / 16);
-  if (rows == 2) {
-    if (np == 4) return ExpandMma<T, SK, kTaps, 2, 4>(acc, s_tile, wx, ex_stride, row0, col0);
-    if (np == 3) return ExpandMma<T, SK, kTaps, 2, 3>(acc, s_tile, wx, ex_stride, row0, col0);
-    if (np == 2) return ExpandMma<T, SK, kTaps, 2, 2>(acc, s_tile, wx, ex_stride, row0, col0);
-    return ExpandMma<T, SK, kTaps, 2, 1>(acc, s_tile, wx, ex_stride, row0, col0);
+  if constexpr (kAccRows == 2) {
+    if (rows == 2) {
+      if (np == 4) return ExpandMma<T, SK, kTaps, 2, 4>(acc, s_tile, wx, ex_stride, row0, col0);
+      if (np == 3) return ExpandMma<T, SK, kTaps, 2, 3>(acc, s_tile, wx, ex_stride, row0, col0);
+      if (np == 2) return ExpandMma<T, SK, kTaps, 2, 2>(acc, s_tile, wx, ex_stride, row0, col0);
+      return ExpandMma<T, SK, kTaps, 2, 1>(acc, s_tile, wx, ex_stride, row0, col0);
+    }
   }
   if (np == 4) return ExpandMma<T, SK, kTaps, 1, 4>(acc, s_tile, wx, ex_stride, row0, col0);
   if (np == 3) return ExpandMma<T, SK, kTaps, 1, 3>(acc, s_tile, wx, ex_stride, row0, col0);
@@ -240,8 +253,11 @@ __device__ __forceinline__ void ExpandItem(float (&acc)[2][8][4], const T* s_til
 
 // SK: squeeze channels rounded up to 16 (the expands' K step); padded channels are zero.
 // TH: output rows per tile (8 or 4).
-template <typename T, int SK, int TH>
-__global__ void __launch_bounds__(kThreads, 1)
+// kBlocks: CTAs per SM (1 or 2). Two CTAs interleave their squeeze, barrier and expand phases
+// (8 warps alone leave the MMA and shared-memory latencies exposed), but must fit in 128
+// registers: their expand items are one row (half the accumulators, no 2-row weight reuse).
+template <typename T, int SK, int TH, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks)
     fire_tc_kernel(TcArgs a, const T* __restrict__ x, const T* __restrict__ w_sq,
                    const T* __restrict__ b_sq, const T* __restrict__ w_e1,
                    const T* __restrict__ b_e1, const T* __restrict__ w_e3,
@@ -250,11 +266,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
   constexpr int kXStride = PaddedStride(kInChunk);
+  constexpr int kSqStride = PaddedStride(SK);  // = a.sq_stride: squeeze weights and s rows
   constexpr int kSqNTiles = SK / 8;
   constexpr int kHaloPixels = HaloPixels(TH);
   constexpr int kHaloRows = HaloRows(TH);
   constexpr int kHaloMTiles = kHaloRows / 16;  // 12 (TH 8) or 7 (TH 4): <= 2 per warp
   static_assert(kHaloMTiles <= 2 * kWarps, "squeeze: at most two m16 tiles per warp");
+  static_assert(kBlocks == 1 || kBlocks == 2, "one or two CTAs per SM");
+  constexpr int kMaxRows = kBlocks == 1 ? 2 : 1;  // output rows per expand item
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;  // MMA fragment row group and column pair
   const int E = a.E1 + a.E3;
@@ -269,11 +288,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < 2 * kPadElems; i += kThreads)
     smem[a.off_x + (i / kPadElems) * a.x_buf_elems + kHaloPixels * kXStride + i % kPadElems] =
         T(0.0f);
-  // Biases as fp32 in shared memory: the epilogues read them there instead of waiting on
-  // global loads. (Published by the squeeze loop's first barrier.)
+  // Biases as fp32 in shared memory: every tile's accumulators start from them.
   float* const bias_s = reinterpret_cast<float*>(smem + a.off_bias);
   for (int i = threadIdx.x; i < a.S + E; i += kThreads)
     bias_s[i] = to_float(i < a.S ? b_sq[i] : i < a.S + a.E1 ? b_e1[i - a.S] : b_e3[i - a.S - a.E1]);
+  __syncthreads();
   // Resident weights: all in flight at once, one cp.async group ahead of the input chunks.
   if (a.sq_resident)
     IssueMatrix(smem + a.off_wsq, a.sq_stride, w_sq, a.S, a.in_chunks * kInChunk, a.C,
@@ -303,18 +322,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   int consumed = 0;
 
   T* const s_tile = smem + a.off_s;
+  // This warp's output staging buffer: one row of an item, [kTileW px][kExpandBlock ch].
+  constexpr int kStageStride = PaddedStride(kExpandBlock);
+  T* const stage = smem + a.off_stage + warp * kTileW * kStageStride;
   for (int tile = static_cast<int>(blockIdx.x) / a.split; tile < a.num_tiles;
        tile += a.walkers) {
     const TileCoord t = TileAt<TH>(a, tile);
 
     // ---------------- squeeze: [halo rows x C] x [C x SK] ----------------
+    // The accumulators start at the bias (fp32; zero past S).
     float acc_s[2][kSqNTiles][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < kSqNTiles; ++j) {
+      const int c = j * 8 + 2 * q;
+      const float b0 = c < a.S ? bias_s[c] : 0.0f, b1 = c < a.S ? bias_s[c + 1] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < kSqNTiles; ++j)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc_s[i][j][k] = 0.0f;
+      for (int i = 0; i < 2; ++i) {
+        acc_s[i][j][0] = acc_s[i][j][2] = b0;
+        acc_s[i][j][1] = acc_s[i][j][3] = b1;
+      }
+    }
 
     for (int chunk = 0; chunk < a.in_chunks; ++chunk) {
       const int buf = consumed % 2;
@@ -329,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int np = 0; np < SK / 16; ++np) {
           uint32_t r[4];
-          LdMatrixX4Trans(r, ws + (ks * 16 + lane % 16) * a.sq_stride + np * 16 + (lane / 16) * 8);
+          LdMatrixX4Trans(r, ws + (ks * 16 + lane % 16) * kSqStride + np * 16 + (lane / 16) * 8);
           b[2 * np][0] = r[0], b[2 * np][1] = r[1];
           b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
         }
@@ -360,16 +387,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int p = mt * 16 + g + half * 8;
         if (p >= kHaloPixels) continue;
         const int gy = t.h0 - 1 + p / kHaloW, gx = t.w0 - 1 + p % kHaloW;
-        const bool inside = gy >= 0 && gy < a.H && gx >= 0 && gx < a.W;
+        const bool inside = static_cast<unsigned>(gy) < static_cast<unsigned>(a.H) &&
+                            static_cast<unsigned>(gx) < static_cast<unsigned>(a.W);
 #pragma unroll
         for (int nt = 0; nt < kSqNTiles; ++nt) {
           const int c = nt * 8 + 2 * q;
-          float v0 = 0.0f, v1 = 0.0f;
-          if (inside && c < a.S) {  // S % 8 == 0: c and c + 1 are both real channels
-            v0 = fmaxf(acc_s[i][nt][2 * half] + bias_s[c], 0.0f);
-            v1 = fmaxf(acc_s[i][nt][2 * half + 1] + bias_s[c + 1], 0.0f);
-          }
-          *reinterpret_cast<uint32_t*>(s_tile + p * a.sq_stride + c) = PackPair<T>(v0, v1);
+          // Channels past S accumulated zero weights onto a zero bias: ReLU keeps them 0.
+          const float v0 = inside ? fmaxf(acc_s[i][nt][2 * half], 0.0f) : 0.0f;
+          const float v1 = inside ? fmaxf(acc_s[i][nt][2 * half + 1], 0.0f) : 0.0f;
+          *reinterpret_cast<uint32_t*>(s_tile + p * kSqStride + c) = PackPair<T>(v0, v1);
         }
       }
     }
@@ -390,50 +416,65 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Items of 2 rows reuse each weight fragment twice; 1-row items when 2-row ones would
       // leave warps idle.
       const int blocks = (width + kExpandBlock - 1) / kExpandBlock;
-      const int rows = (TH / 2) * blocks >= kWarps ? 2 : 1;
+      const int rows = kMaxRows == 2 && (TH / 2) * blocks >= kWarps ? 2 : 1;
       const int items = (TH / rows) * blocks;
       const int first = ((warp - item_base) % kWarps + kWarps) % kWarps;
       for (int item = first; item < items; item += kWarps) {
         const int row0 = rows * (item % (TH / rows));
         const int col0 = (item / (TH / rows)) * kExpandBlock;
-        float acc[2][8][4];
+        // The accumulators start at the bias (fp32), so the epilogue is ReLU + rounding only.
+        float acc[kMaxRows][8][4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int nt = 0; nt < 8; ++nt) {
+          const int c = col0 + nt * 8 + 2 * q;
+          const float2 b = c < width ? *reinterpret_cast<const float2*>(bias + conv_c0 + c)
+                                     : make_float2(0.0f, 0.0f);
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+          for (int i = 0; i < kMaxRows; ++i) {
+            acc[i][nt][0] = acc[i][nt][2] = b.x;
+            acc[i][nt][1] = acc[i][nt][3] = b.y;
+          }
+        }
         if (is3)
           ExpandItem<T, SK, 9>(acc, s_tile, wx, a.ex_stride, row0, rows, col0, width);
         else
           ExpandItem<T, SK, 1>(acc, s_tile, wx, a.ex_stride, row0, rows, col0, width);
 
-        // Bias + ReLU, stored from the MMA fragments straight into the channel slice of y:
-        // a store writes 16 contiguous bytes of 8 pixels (the next n-tile fills the other
-        // half of each 32-byte sector, so L2 merges them before DRAM).
+        // ReLU, rounded to T, staged row by row in the warp's [16 px][64 ch] buffer
+        // (stmatrix), then written with 16-byte stores: each warp store fills 4 pixels' whole
+        // 128-byte channel runs of the item's slice of y (no concatenate, full sectors).
         const int out_c0 = (is3 ? a.E1 : 0) + conv_c0 + col0;
-        T* const y_item = y + ((static_cast<int64_t>(t.n) * a.H + t.h0 + row0) * a.W + t.w0) * E +
-                          out_c0 + 2 * q;
-        const int rows_left = a.H - t.h0 - row0, cols_left = a.W - t.w0;
+        const int vecs = min(kExpandBlock, width - col0) / 8;  // 16-byte vectors per pixel
+        const int rows_left = a.H - t.h0 - row0, cols_left = min(kTileW, a.W - t.w0);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (col0 + nt * 8 < width) {
-            const float2 b = *reinterpret_cast<const float2*>(bias + conv_c0 + col0 + nt * 8 + 2 * q);
+        for (int i = 0; i < kMaxRows; ++i) {
+          if (i >= rows || i >= rows_left) continue;  // warp-uniform
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              if (i < rows && i < rows_left) {
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                  const int px = g + half * 8;
-                  if (px < cols_left)
-                    *reinterpret_cast<uint32_t*>(y_item + (static_cast<int64_t>(i) * a.W + px) * E +
-                                                 nt * 8) =
-                        PackPair<T>(fmaxf(acc[i][nt][2 * half] + b.x, 0.0f),
-                                    fmaxf(acc[i][nt][2 * half + 1] + b.y, 0.0f));
-                }
-              }
-            }
+          for (int np = 0; np < 4; ++np) {
+            if (col0 + np * 16 >= width) continue;
+            const uint32_t r[4] = {
+                PackPair<T>(fmaxf(acc[i][2 * np][0], 0.0f), fmaxf(acc[i][2 * np][1], 0.0f)),
+                PackPair<T>(fmaxf(acc[i][2 * np][2], 0.0f), fmaxf(acc[i][2 * np][3], 0.0f)),
+                PackPair<T>(fmaxf(acc[i][2 * np + 1][0], 0.0f), fmaxf(acc[i][2 * np + 1][1], 0.0f)),
+                PackPair<T>(fmaxf(acc[i][2 * np + 1][2], 0.0f), fmaxf(acc[i][2 * np + 1][3], 0.0f))};
+            // Matrices: (px 0-7, n-tile 2np), (px 8-15, 2np), (px 0-7, 2np+1), (px 8-15, 2np+1).
+            StMatrixX4(stage + ((lane / 8) % 2 * 8 + lane % 8) * kStageStride + np * 16 +
+                           (lane / 16) * 8,
+                       r);
           }
+          __syncwarp();
+          // Lane l writes vector l % 8 of pixels l / 8, + 4, + 8, + 12 (32-bit offsets).
+          if (lane % 8 < vecs) {
+            T* const y_lane = y + ((static_cast<int64_t>(t.n) * a.H + t.h0 + row0 + i) * a.W + t.w0) * E +
+                              out_c0 + (lane / 8) * E + (lane % 8) * 8;
+            const T* const st_lane = stage + (lane / 8) * kStageStride + (lane % 8) * 8;
+#pragma unroll
+            for (int j = 0; j < kTileW / 4; ++j)
+              if (lane / 8 + 4 * j < cols_left)
+                *reinterpret_cast<uint4*>(y_lane + 4 * j * E) =
+                    *reinterpret_cast<const uint4*>(st_lane + 4 * j * kStageStride);
+          }
+          __syncwarp();  // the stage is rewritten by the next row or item
         }
       }
       item_base += items;

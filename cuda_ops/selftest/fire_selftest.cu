@@ -212,13 +212,14 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   }
 
   std::printf("%-22s %-4s %-11s N=%lld H=%lld W=%lld C=%lld S=%lld E=%lld+%lld misalign=%d  "
-              "kernel=%s tile=%dx%d split=%d grid=%lld smem=%lld res(sq,ex)=(%d,%d) chunk=%d  "
+              "kernel=%s tile=%dx%d split=%d grid=%lld ctas/sm=%d smem=%lld res(sq,ex)=(%d,%d) chunk=%d  "
               "max_rel_err=%.2e nonfinite=%lld",
               label, selftest::DTypeName(DTypeOf<T>()), AlgoName(algo), (long long)p.N,
               (long long)p.H, (long long)p.W, (long long)p.C, (long long)p.S, (long long)p.E1,
               (long long)p.E3, misalign,
               plan.unsupported ? plan.unsupported : AlgoName(plan.kernel), plan.tile_h,
-              plan.tile_w, plan.split, (long long)plan.grid, (long long)plan.smem_bytes,
+              plan.tile_w, plan.split, (long long)plan.grid, plan.ctas_per_sm,
+              (long long)plan.smem_bytes,
               plan.squeeze_weights_resident, plan.expand_weights_resident, plan.expand_chunk, rel,
               (long long)bad);
   if (ms > 0.0) {
