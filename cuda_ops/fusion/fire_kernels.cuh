@@ -372,12 +372,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
         }
       }
       ++consumed;
-      __syncthreads();  // buffer `buf` is free: the chunk two ahead goes there
-      IssueNext<T, TH>(a, x, w_sq, smem, cursor);
+      // Buffer `buf` is free once every warp is past this chunk: the chunk two ahead goes
+      // there. The tile's last chunk waits for the barrier after the s tile instead.
+      if (chunk + 1 < a.in_chunks) {
+        __syncthreads();
+        IssueNext<T, TH>(a, x, w_sq, smem, cursor);
+      }
     }
 
-    // Bias + ReLU, rounded to T; zero outside the image (the 3x3's zero padding applies to s).
-    // (The previous tile's expands read s_tile before every warp passed the loop's barriers.)
+    // ReLU, rounded to T; zero outside the image (the 3x3's zero padding applies to s).
+    // (The previous tile's expands read s_tile before every warp passed the chunk loop's
+    // first barrier.)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int mt = warp + i * kWarps;
@@ -399,7 +404,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks)
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // s is complete, and the last input chunk's buffer is free
+    IssueNext<T, TH>(a, x, w_sq, smem, cursor);
 
     // ---------------- expands: the slice's chunks, items dealt round-robin ----------------
     int item_base = 0;  // items of the earlier chunks of this tile
