@@ -77,23 +77,37 @@ def test_kinds_are_validated():
 
 
 def test_fire_cost_model_counts_saved_bytes_and_launches():
-    """Small fires run the single fused kernel (saves s's round trip and the concatenate);
-    big ones on Hopper the three wgmma convs (saves the concatenate only)."""
+    """Small fires, and big ones with a 16-channel squeeze, run the single fused kernel (saves
+    s's round trip and the concatenate); big ones with a wider squeeze on Hopper the three
+    wgmma convs (saves the concatenate only)."""
     spec = L._resolve_spec("H200", False)[0]
     item = 2
-    for batch, launches in ((2, 1), (64, 3)):
-        (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=batch, dtype="bfloat16", kinds=BLOCKS)
+    # (batch, fire index in squeezenet1_1, spatial size, squeeze, expand, launches)
+    for batch, index, hw, s, e, launches in ((2, 0, 55, 16, 64, 1), (64, 0, 55, 16, 64, 1),
+                                             (64, 2, 27, 32, 128, 3)):
+        groups, _ = fusion.find_groups("squeezenet1_1", batch=batch, dtype="bfloat16", kinds=BLOCKS)
+        g = groups[index]
+        assert g.attrs["squeeze"] == s and g.x_shape[1] == hw
         fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
         assert (fused.launches, xla.launches) == (launches, 4)
         assert cost.fire_uses_wgmma(g, spec) == (launches == 3)
-        squeeze = batch * 55 * 55 * 16 * item
-        y = batch * 55 * 55 * 128 * item
+        squeeze = batch * hw * hw * s * item
+        y = batch * hw * hw * 2 * e * item
         # The concatenate's copy (read + write of y); the fused kernel also keeps s on chip
         # (written once, read by both expands).
         saved = 2 * y + (3 * squeeze if launches == 1 else 0)
         assert xla.dram_bytes - fused.dram_bytes == pytest.approx(saved)
         assert fused.time_ms < xla.time_ms
         assert fused.launch_ms == pytest.approx(launches * cost.LAUNCH_MS)
+
+
+def test_fire_two_cta_layout_mirrors_the_launcher():
+    """The cost model's shared-memory estimate equals fire.cu's TcLayout (H200 plan text:
+    SqueezeNet 1.1 fire2 at N=64 smem=109632, fire3 112704) and rejects wide expands."""
+    assert cost.fire_fits_two_ctas_unsplit(64, 55, 55, 64, 16, 64, 64)
+    assert cost.fire_fits_two_ctas_unsplit(64, 55, 55, 128, 16, 64, 64)
+    assert not cost.fire_fits_two_ctas_unsplit(64, 27, 27, 128, 32, 128, 128)
+    assert not cost.fire_fits_two_ctas_unsplit(64, 55, 55, 128, 16, 128, 128)
     # Not on other GPUs: wgmma is Hopper's.
     (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
     assert not cost.fire_uses_wgmma(g, L._resolve_spec("A100 SXM 80GB", False)[0])
@@ -131,8 +145,9 @@ def test_plan_explain_lists_every_group_with_candidates_and_reasons():
     assert text.splitlines()[0].startswith("squeezenet1_1 batch=64 bfloat16: fusion plan (model costs")
     for header in ("group", "members", "fused ms", "XLA ms", "DRAM MiB XLA->fused", "choice", "why"):
         assert header in text
-    # N=64 on Hopper: the three wgmma convs (one launch fewer than XLA).
-    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->3") == 8
+    # N=64 on Hopper: fire2/fire3 (16-channel squeeze) one fused kernel, the others the three
+    # wgmma convs (one launch fewer than XLA).
+    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->3") == 6 and text.count("4->1") == 2
     assert "groups: 8 of 8 fused" in text and "launch (assumed)" in text
     assert "saves" in text and "kernel launches" in text
     d = plan.to_dict()

@@ -36,6 +36,13 @@ FIRE_TC_CHANNEL_MULTIPLE = 8
 # channels (where the fused kernel would split the expands and recompute the squeeze).
 FIRE_WGMMA_MIN_PIXELS = 8192
 FIRE_TC_MAX_SPLITLESS = 32
+# ... except up to this many squeeze channels when the fused kernel's two-CTAs-per-SM layout
+# fits unsplit (fire.cu kFusedMaxSqueezeAtScale; FIRE_TC_* below mirror its TcLayout).
+FIRE_FUSED_MAX_SQUEEZE_AT_SCALE = 16
+FIRE_TC_SMEM_PER_SM = 233472  # Hopper: 228 KiB per SM, 1 KiB of it reserved per CTA
+FIRE_TC_IN_CHUNK = 64
+FIRE_TC_EXPAND_BLOCK = 64
+FIRE_TC_MAX_EXPAND_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -115,15 +122,49 @@ def fire_uses_tensor_cores(group: FusionGroup) -> bool:
             and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3)))
 
 
+def _padded_stride(cols: int) -> int:
+    """fire_kernels.cuh PaddedStride: 16-byte rows, an odd number of 16-byte vectors."""
+    vecs = -(-cols // 8)
+    return (vecs + 2 if vecs % 2 else vecs + 1) * 8
+
+
+def fire_fits_two_ctas_unsplit(n: int, h: int, w: int, c: int, s: int, e1: int, e3: int,
+                               sm_count: int = 132) -> bool:
+    """Whether the fused fire kernel's shared memory (fire.cu TcLayout, no expand-channel
+    split) fits two CTAs per Hopper SM."""
+    tile_h = 4 if n * -(-h // 8) * -(-w // FIRE_TILE[1]) < sm_count else 8
+    halo_rows = -(-((tile_h + 2) * (FIRE_TILE[1] + 2)) // 16) * 16
+    sk = -(-s // 16) * 16
+    sq_stride = _padded_stride(sk)
+    e1r, e3r = -(-e1 // 8) * 8, -(-e3 // 8) * 8
+    ex_chunk = min(FIRE_TC_MAX_EXPAND_CHUNK, -(-max(e1r, e3r) // 16) * 16)
+    ex_stride = _padded_stride(ex_chunk)
+    weights = (-(-e1r // ex_chunk) + 9 * -(-e3r // ex_chunk)) * sk * ex_stride
+    fixed = (2 * halo_rows * _padded_stride(FIRE_TC_IN_CHUNK) + halo_rows * sq_stride + weights
+             + 8 * FIRE_TILE[1] * _padded_stride(FIRE_TC_EXPAND_BLOCK))
+    limit = FIRE_TC_SMEM_PER_SM // 2 - 1024
+    in_chunks = -(-c // FIRE_TC_IN_CHUNK)
+    bias = 2 * (s + e1 + e3)
+    return any(2 * (-(-(fixed + chunks * FIRE_TC_IN_CHUNK * sq_stride) // 8) * 8 + bias) <= limit
+               for chunks in (in_chunks, 2))  # squeeze weights resident, else streamed
+
+
 def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
     """Whether jaxcnn.fire's "auto" runs its three wgmma convs (squeeze into a workspace, each
-    expand into its channel slice of the output) on this GPU."""
+    expand into its channel slice of the output) on this GPU: big problems and wide squeezes,
+    except narrow squeezes whose fused kernel runs two CTAs per SM unsplit."""
     n, h, w, c = group.x_shape
     s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
     hopper = spec.name.startswith(("H100", "H200"))
-    return (hopper and group.dtype in ("bfloat16", "float16")
-            and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3))
-            and (n * h * w >= FIRE_WGMMA_MIN_PIXELS or s > FIRE_TC_MAX_SPLITLESS))
+    if not (hopper and group.dtype in ("bfloat16", "float16")
+            and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3))):
+        return False
+    if s > FIRE_TC_MAX_SPLITLESS:
+        return True
+    if n * h * w < FIRE_WGMMA_MIN_PIXELS:
+        return False
+    return not (s <= FIRE_FUSED_MAX_SQUEEZE_AT_SCALE
+                and fire_fits_two_ctas_unsplit(n, h, w, c, s, e1, e3, spec.sm_count or 132))
 
 
 def conv_pool_uses_tensor_cores(group: FusionGroup) -> bool:

@@ -97,8 +97,9 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
       expand1_w: [1, 1, S, E1]; expand3_w: [3, 3, S, E3].
       squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
       algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: on Hopper the three
-        wgmma convs for >= 8192 output pixels or > 32 squeeze channels, else the fused
-        tensor-core kernel for at most 64 squeeze channels; else CUDA cores), "tensor_core"
+        wgmma convs for >= 8192 output pixels or > 32 squeeze channels, unless the squeeze
+        has at most 16 channels and the fused kernel runs two CTAs per SM unsplit; else the
+        fused tensor-core kernel for at most 64 squeeze channels; else CUDA cores), "tensor_core"
         (the fused mma.sync kernel; error if it cannot run), "wgmma" (the three convs; error
         if they cannot run) or "fma" (the CUDA-core kernel). float32 always runs the
         CUDA-core kernel (fp32 FMA).
