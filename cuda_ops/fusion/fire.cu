@@ -185,8 +185,8 @@ const char* TcUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
 constexpr int64_t kWgmmaMinPixels = 8192;
 // ... except up to this many squeeze channels when the fused kernel runs two CTAs per SM
 // with no channel split: its s tile never leaves the SM and the expands' K (9 S) is too short
-// for the wgmma convs' pipelines (H200, N = 64, 55x55: SqueezeNet 1.1 fire2 55 vs 64 us,
-// fire3 67 vs 68 us before the session-9 epilogue work; fire_selftest prints both).
+// for the wgmma convs' pipelines (H200, N = 64, 55x55: SqueezeNet 1.1 fire2 48.7 vs 63.8 us,
+// fire3 57.4 vs 67.5 us; fire_selftest prints both).
 constexpr int64_t kFusedMaxSqueezeAtScale = 16;
 constexpr size_t kWorkspaceAlign = 256;
 
@@ -279,11 +279,26 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
     plan.why = "requested";
     return plan;
   }
+  // The fused kernel's layout, worked out once: auto's choice at scale and the tensor-core
+  // plan both read it.
   DeviceInfo dev;
+  const cudaError_t dev_status = CurrentDeviceInfo(&dev);
+  const char* tc_reason = TcUnsupportedReason(p, b);
+  if (tc_reason == nullptr) {
+    if (dev_status != cudaSuccess) {
+      tc_reason = "cannot query the current CUDA device";
+    } else if (dev.major < 8) {
+      tc_reason = "tensor-core fire kernel needs sm_80 or newer (mma.sync bf16/fp16)";
+    }
+  }
+  fire::TcArgs tc{};
+  if (tc_reason == nullptr && !ChooseTcLayout(p, dev, &tc))
+    tc_reason = "tensor-core fire kernel's tiles do not fit in this GPU's shared memory";
+
   if (algorithm == FireAlgorithm::kWgmma || algorithm == FireAlgorithm::kAuto) {
     const char* wg_reason = WgmmaUnsupportedReason(p, b);
     if (wg_reason == nullptr) {
-      if (CurrentDeviceInfo(&dev) != cudaSuccess)
+      if (dev_status != cudaSuccess)
         wg_reason = "cannot query the current CUDA device";
       else if (dev.major != 9)
         wg_reason = "the wgmma fire path needs a compute capability 9.0 (Hopper) GPU";
@@ -296,12 +311,10 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       plan.workspace_bytes = need;
       return plan;
     }
-    bool pays = p.N * p.H * p.W >= kWgmmaMinPixels || p.S > 32;
-    if (pays && p.S <= kFusedMaxSqueezeAtScale && TcUnsupportedReason(p, b) == nullptr &&
-        CurrentDeviceInfo(&dev) == cudaSuccess) {
-      fire::TcArgs a;
-      pays = !(ChooseTcLayout(p, dev, &a) && a.ctas_per_sm == 2 && a.split == 1);
-    }
+    const bool fused_at_scale = tc_reason == nullptr && p.S <= kFusedMaxSqueezeAtScale &&
+                                tc.ctas_per_sm == 2 && tc.split == 1;
+    const bool pays =
+        (p.N * p.H * p.W >= kWgmmaMinPixels && !fused_at_scale) || p.S > 32;
     if (wg_reason == nullptr && pays && HasWorkspace(b.workspace, b.workspace_bytes, need)) {
       plan.kernel = FireAlgorithm::kWgmma;
       plan.why = p.S > 32 ? "more than 32 squeeze channels (the fused kernel would split)"
@@ -310,31 +323,19 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       return plan;
     }
   }
-  const char* tc_reason = TcUnsupportedReason(p, b);
   if (tc_reason == nullptr) {
-    if (CurrentDeviceInfo(&dev) != cudaSuccess) {
-      tc_reason = "cannot query the current CUDA device";
-    } else if (dev.major < 8) {
-      tc_reason = "tensor-core fire kernel needs sm_80 or newer (mma.sync bf16/fp16)";
-    }
-  }
-  if (tc_reason == nullptr) {
-    fire::TcArgs a;
-    if (ChooseTcLayout(p, dev, &a)) {
-      plan.kernel = FireAlgorithm::kTensorCore;
-      plan.why = "bf16/fp16 with channel counts multiple of 8";
-      plan.smem_bytes = TcSmemBytes(a);
-      plan.squeeze_weights_resident = a.sq_resident;
-      plan.expand_weights_resident = true;
-      plan.expand_chunk = a.ex_chunk;
-      plan.tile_h = a.tile_h;
-      plan.tile_w = fire::kTileW;
-      plan.split = a.split;
-      plan.ctas_per_sm = a.ctas_per_sm;
-      plan.grid = static_cast<int64_t>(a.walkers) * a.split;
-      return plan;
-    }
-    tc_reason = "tensor-core fire kernel's tiles do not fit in this GPU's shared memory";
+    plan.kernel = FireAlgorithm::kTensorCore;
+    plan.why = "bf16/fp16 with channel counts multiple of 8";
+    plan.smem_bytes = TcSmemBytes(tc);
+    plan.squeeze_weights_resident = tc.sq_resident;
+    plan.expand_weights_resident = true;
+    plan.expand_chunk = tc.ex_chunk;
+    plan.tile_h = tc.tile_h;
+    plan.tile_w = fire::kTileW;
+    plan.split = tc.split;
+    plan.ctas_per_sm = tc.ctas_per_sm;
+    plan.grid = static_cast<int64_t>(tc.walkers) * tc.split;
+    return plan;
   }
   if (algorithm == FireAlgorithm::kTensorCore) {
     plan.unsupported = tc_reason;
