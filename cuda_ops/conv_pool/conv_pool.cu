@@ -369,6 +369,9 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     if (stem.pooled_h == 0)
       stem_reason = "no stem tile fits (conv tile <= 256 outputs (128 with 128-channel blocks) "
                     "and the weights, conv tile and input tile in one CTA's shared memory)";
+    else if (p.N * CeilDiv(p.PH, stem.pooled_h) * CeilDiv(p.PW, stem.pooled_w) >
+             std::numeric_limits<int32_t>::max())
+      stem_reason = "more than 2^31 - 1 tiles (the stem kernel's tile indices are 32-bit)";
   }
   if (algorithm == ConvPoolAlgorithm::kStem && stem_reason != nullptr) {
     plan.unsupported = stem_reason;

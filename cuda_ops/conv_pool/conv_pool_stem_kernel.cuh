@@ -19,10 +19,15 @@
 //             offset per GEMM-K index (a table built once per CTA). m16n8k16 bf16/fp16 (B by
 //             ldmatrix), or m16n8k8 TF32 for float at precision "default" (inputs rounded to
 //             TF32, as XLA's DEFAULT does).
-//   epilogue  bias + ReLU in fp32, one rounding to T into the conv tile in shared memory, then
-//             each thread max-reduces a (pooled pixel, 16 bytes of channels) window from it
-//             (positions outside the conv output are the pool's -inf padding; NaN propagates)
-//             and stores 16 bytes of y. The conv tile never reaches DRAM.
+//   epilogue  the accumulators start from the bias (kept in shared memory as fp32); ReLU and
+//             one rounding to T (one cvt.relu per pair) into the conv tile in shared memory,
+//             then each thread max-reduces a (pooled pixel, 16 bytes of channels) window from
+//             it (positions outside the conv output are the pool's -inf padding; NaN
+//             propagates) and stores 16 bytes of y. The conv tile never reaches DRAM.
+// A tile is a few hundred conv outputs of K = 27..160, so per-tile bookkeeping costs as much as
+// the MMAs: tile indices are 32-bit (the launcher caps the tile count), each thread keeps one
+// 16-byte channel slice for every pool item, and 3x3 / 2x2 windows of tiles away from the
+// image border are unrolled without bounds checks.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; the launcher encodes it)
@@ -64,13 +69,15 @@ __host__ __device__ constexpr int64_t StemInBufElems(int64_t in_h, int64_t in_st
 }
 
 // Shared memory of one CTA: weights [kf_pad][kBStride], conv tile, GEMM-K offsets (kf_pad
-// ints), two input buffers, two mbarriers; each part 128-byte aligned.
+// ints), the channel block's bias (kBlockK floats), two input buffers, two mbarriers; each part
+// 128-byte aligned.
 template <typename T, int kWarpsN>
 __host__ __device__ constexpr int64_t StemSmemBytes(int64_t kf_pad, int64_t in_buf_elems) {
   using Shape = StemShape<T, kWarpsN>;
   auto up = [](int64_t b) { return (b + kStemInAlign - 1) / kStemInAlign * kStemInAlign; };
   return up(kf_pad * Shape::kBStride * static_cast<int64_t>(sizeof(T))) + up(Shape::kOutBytes) +
-         up(kf_pad * 4) + 2 * in_buf_elems * static_cast<int64_t>(sizeof(T)) + 16;
+         up(kf_pad * 4) + up(Shape::kBlockK * 4) +
+         2 * in_buf_elems * static_cast<int64_t>(sizeof(T)) + 16;
 }
 
 // Everything the kernel needs, computed by the launcher (conv_pool.cu).
@@ -86,7 +93,7 @@ struct StemArgs {
   int in_stride;           // elements between input-tile rows in shared memory (>= in_row)
   int64_t in_buf_elems;    // elements per input buffer
   int tiles_h, tiles_w;    // tiles per image
-  int64_t tiles;           // N * tiles_h * tiles_w
+  int64_t tiles;           // N * tiles_h * tiles_w (the launcher keeps it below 2^31)
   int rsc;                 // GEMM-K = R * S * C
   int kf_pad;              // rsc rounded up to kStemChunk
   int use_tma;             // 1: input tiles by TMA (x_map); 0: element-wise loads
@@ -136,6 +143,88 @@ __device__ __forceinline__ void TmaLoadInputTile(void* dst, const CUtensorMap* m
 #endif
 }
 
+// Two fp32 values ReLU'd and rounded to T, packed (lo in the low half); NaN stays NaN.
+template <typename T>
+__device__ __forceinline__ uint32_t PackRelu(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Epilogue 1: the warp's 2 x 8 m16n8 accumulator tiles (bias already in them) ReLU'd and
+// rounded to T into the conv tile (rows row0 + 16 mt + g | + 8, columns col0 + 8 nt + 2q | + 1).
+template <typename T, int kOutStride>
+__device__ __forceinline__ void StemStoreRelu(T* tile, int row0, int col0,
+                                              const float (&acc)[2][8][4]) {
+  const int g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    T* lo = tile + (row0 + mt * 16 + g) * kOutStride + col0 + 2 * q;
+    T* hi = lo + 8 * kOutStride;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float(&d)[4] = acc[mt][nt];
+      if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(lo + nt * 8) = make_float2(Relu(d[0]), Relu(d[1]));
+        *reinterpret_cast<float2*>(hi + nt * 8) = make_float2(Relu(d[2]), Relu(d[3]));
+      } else {
+        *reinterpret_cast<uint32_t*>(lo + nt * 8) = PackRelu<T>(d[0], d[1]);
+        *reinterpret_cast<uint32_t*>(hi + nt * 8) = PackRelu<T>(d[2], d[3]);
+      }
+    }
+  }
+}
+
+// Epilogue 2: pooled outputs of the tile from the conv tile `ct` (conv_w outputs a row; conv
+// output (oh0, ow0) at its origin), 16-byte stores of y. Thread `tid` always takes channel slice
+// tid % kVecs (kStemThreads is a multiple of kVecs) and every (kStemThreads / kVecs)-th pixel.
+// kWinH x kWinW > 0: that window at compile time (unrolled; no bounds checks when `interior`,
+// i.e. every window lies inside the conv output); 0: a.pool_h x a.pool_w at run time.
+template <typename T, int kBlockK, int kOutStride, int kWinH, int kWinW>
+__device__ __forceinline__ void StemPoolTile(const StemArgs& a, const T* ct, int n, int th, int tw,
+                                             int oh0, int ow0, int k0, T* y) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVecs = kBlockK / kVec;
+  static_assert(kStemThreads % kVecs == 0, "a thread keeps one channel slice");
+  constexpr int kPixStep = kStemThreads / kVecs;
+  const int v = threadIdx.x % kVecs, k = k0 + v * kVec;
+  if (k >= a.K) return;
+  const bool interior = kWinH > 0 && oh0 >= 0 && ow0 >= 0 && oh0 + a.conv_h <= a.P &&
+                        ow0 + a.conv_w <= a.Q;
+  const int pixels = a.pooled_h * a.pooled_w;
+  for (int pix = threadIdx.x / kVecs; pix < pixels; pix += kPixStep) {
+    const int i = pix / a.pooled_w, j = pix - i * a.pooled_w;
+    const int ph = th * a.pooled_h + i, pw = tw * a.pooled_w + j;
+    if (ph >= a.PH || pw >= a.PW) continue;
+    const int lr0 = i * a.pool_stride_h, lc0 = j * a.pool_stride_w;
+    const T* base = ct + (lr0 * a.conv_w + lc0) * kOutStride + v * kVec;
+    uint4 best = NegInf16<T>();
+    if constexpr (kWinH > 0) {
+      if (interior) {
+#pragma unroll
+        for (int dy = 0; dy < kWinH; ++dy)
+#pragma unroll
+          for (int dx = 0; dx < kWinW; ++dx)
+            MaxNan16<T>(best, *reinterpret_cast<const uint4*>(base + (dy * a.conv_w + dx) * kOutStride));
+      }
+    }
+    if (!interior) {
+      const int win_h = kWinH > 0 ? kWinH : a.pool_h, win_w = kWinW > 0 ? kWinW : a.pool_w;
+      for (int dy = 0; dy < win_h; ++dy) {
+        if (static_cast<unsigned>(oh0 + lr0 + dy) >= static_cast<unsigned>(a.P)) continue;
+        for (int dx = 0; dx < win_w; ++dx) {
+          if (static_cast<unsigned>(ow0 + lc0 + dx) >= static_cast<unsigned>(a.Q)) continue;
+          MaxNan16<T>(best, *reinterpret_cast<const uint4*>(base + (dy * a.conv_w + dx) * kOutStride));
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(y + ((static_cast<int64_t>(n) * a.PH + ph) * a.PW + pw) * a.K + k) = best;
+  }
+}
+
 template <typename T, int kWarpsN>
 __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     conv_pool_stem_kernel(const __grid_constant__ StemArgs a,
@@ -160,6 +249,8 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
   cursor += up(Shape::kOutBytes);
   int* kofs = reinterpret_cast<int*>(cursor);
   cursor += up(static_cast<int64_t>(a.kf_pad) * 4);
+  float* bias_s = reinterpret_cast<float*>(cursor);  // [kBlockK]: 0 past K or without bias
+  cursor += up(kBlockK * 4);
   Elem* in_s = reinterpret_cast<Elem*>(cursor);  // two buffers of in_buf_elems
   cursor += 2 * a.in_buf_elems * sizeof(T);
   uint64_t* bars = reinterpret_cast<uint64_t*>(cursor);
@@ -196,6 +287,8 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     }
     kofs[kf] = off;
   }
+  for (int c = tid; c < kBlockK; c += kStemThreads)
+    bias_s[c] = bias != nullptr && k0 + c < a.K ? to_float(bias[k0 + c]) : 0.0f;
   int moff[2][2];  // [m16 tile][row g, row g + 8]
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -217,14 +310,14 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
   // (negative inside the pool's padding) and first input row / element column (negative
   // inside the conv's padding).
   struct TilePos {
-    int64_t n;
-    int th, tw, oh0, ow0, ih0, col0;
+    int n, th, tw, oh0, ow0, ih0, col0;
   };
-  auto locate = [&](int64_t tile) {
+  auto locate = [&](int tile) {
     TilePos t;
-    t.tw = static_cast<int>(tile % a.tiles_w);
-    t.th = static_cast<int>((tile / a.tiles_w) % a.tiles_h);
-    t.n = tile / (static_cast<int64_t>(a.tiles_w) * a.tiles_h);
+    const int row = tile / a.tiles_w;
+    t.tw = tile - row * a.tiles_w;
+    t.n = row / a.tiles_h;
+    t.th = row - t.n * a.tiles_h;
     t.oh0 = t.th * a.pooled_h * a.pool_stride_h - a.pool_pad_top;
     t.ow0 = t.tw * a.pooled_w * a.pool_stride_w - a.pool_pad_left;
     t.ih0 = t.oh0 * a.stride_h - a.pad_top;
@@ -235,21 +328,27 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
   // A TMA box starts on a 16-byte boundary of the row: the tile's elements sit `lead`
   // elements into its buffer rows (the launcher sizes in_stride for the worst lead).
   auto lead = [&](int col0) { return tma ? col0 & (kVec - 1) : 0; };
-  auto issue = [&](int64_t tile, int buf) {  // one thread: TMA of `tile`'s input into buf
+  auto issue = [&](int tile, int buf) {  // one thread: TMA of `tile`'s input into buf
     const TilePos t = locate(tile);
     MbarExpectTx(&bars[buf], tile_bytes);
-    TmaLoadInputTile(in_s + buf * a.in_buf_elems, &x_map, t.col0 - lead(t.col0), t.ih0,
-                     static_cast<int>(t.n), &bars[buf]);
+    TmaLoadInputTile(in_s + buf * a.in_buf_elems, &x_map, t.col0 - lead(t.col0), t.ih0, t.n,
+                     &bars[buf]);
   };
+  const int tiles = static_cast<int>(a.tiles), grid = static_cast<int>(gridDim.x);
   if (tma && tid == 0) {
-    if (blockIdx.x < a.tiles) issue(blockIdx.x, 0);
-    if (blockIdx.x + gridDim.x < a.tiles) issue(blockIdx.x + gridDim.x, 1);
+    if (static_cast<int>(blockIdx.x) < tiles) issue(blockIdx.x, 0);
+    if (static_cast<int>(blockIdx.x) + grid < tiles) issue(blockIdx.x + grid, 1);
   }
+  // This thread's accumulator columns' bias (the accumulators start from it).
+  float2 bias_acc[8];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+    bias_acc[nt] = *reinterpret_cast<const float2*>(bias_s + warp_n * 64 + nt * 8 + 2 * q);
 
   const int x_row = a.W * a.C;
   const Elem* x_elems = reinterpret_cast<const Elem*>(x);
   int iter = 0;
-  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x, ++iter) {
+  for (int tile = blockIdx.x; tile < tiles; tile += grid, ++iter) {
     const int buf = iter & 1;
     const TilePos t = locate(tile);
     const Elem* in_b = in_s + buf * a.in_buf_elems + lead(t.col0);
@@ -257,7 +356,7 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
       MbarWait(&bars[buf], (iter >> 1) & 1);
     } else {
       // Element-wise: row iy of the tile is x row ih0 + iy, elements col0 .. col0 + in_row.
-      const Elem* x_img = x_elems + t.n * a.H * x_row;
+      const Elem* x_img = x_elems + static_cast<int64_t>(t.n) * a.H * x_row;
       Elem* dst = in_s + buf * a.in_buf_elems;
       for (int e = tid; e < a.in_h * a.in_row; e += kStemThreads) {
         const int iy = e / a.in_row, cx = e - iy * a.in_row;
@@ -277,7 +376,7 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+        for (int k = 0; k < 4; ++k) acc[i][j][k] = k % 2 == 0 ? bias_acc[j].x : bias_acc[j].y;
     if (warp_rows) {
       // Fragment element (conv row offset mo, GEMM-K offset kof): zero for padding columns.
       auto elem = [&](int mo, int kof) -> uint32_t { return kof >= 0 ? in_b[mo + kof] : 0u; };
@@ -336,16 +435,19 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     // Every warp is done with this input buffer (TMA may refill it) and with the previous
     // tile's conv tile (the pool reads below).
     __syncthreads();
-    if (tma && tid == 0 && tile + 2 * static_cast<int64_t>(gridDim.x) < a.tiles)
-      issue(tile + 2 * static_cast<int64_t>(gridDim.x), buf);
+    if (tma && tid == 0 && tile + 2 * grid < tiles) issue(tile + 2 * grid, buf);
 
-    // Epilogue 1: bias + ReLU in fp32, rounded to T, into the [m][kBlockK] conv tile.
-    if (warp_rows) StoreBiasRelu(ct, kOutStride, warp_m * 32, warp_n * 64, k0, acc, bias, a.K);
+    // Epilogue 1: ReLU, rounded to T, into the [m][kBlockK] conv tile.
+    if (warp_rows) StemStoreRelu<T, kOutStride>(ct, warp_m * 32, warp_n * 64, acc);
     __syncthreads();
 
     // Epilogue 2: max over each pool window from the conv tile; 16-byte stores of y.
-    PoolTileToY<T, kBlockK, kOutStride, kStemThreads>(a, ct, a.conv_w, t.th, t.tw, t.n, t.oh0,
-                                                      t.ow0, k0, y);
+    if (a.pool_h == 3 && a.pool_w == 3)
+      StemPoolTile<T, kBlockK, kOutStride, 3, 3>(a, ct, t.n, t.th, t.tw, t.oh0, t.ow0, k0, y);
+    else if (a.pool_h == 2 && a.pool_w == 2)
+      StemPoolTile<T, kBlockK, kOutStride, 2, 2>(a, ct, t.n, t.th, t.tw, t.oh0, t.ow0, k0, y);
+    else
+      StemPoolTile<T, kBlockK, kOutStride, 0, 0>(a, ct, t.n, t.th, t.tw, t.oh0, t.ow0, k0, y);
   }
 #endif
 }
