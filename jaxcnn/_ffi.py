@@ -209,11 +209,14 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
 
 _SPARSE_PARAM_FIELDS = ("N", "H", "W", "C", "R", "S", "K", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w",
                         "dilation_h", "dilation_w", "activation", "pool_h", "pool_w", "pool_stride_h",
-                        "pool_stride_w", "pool_pad_h", "pool_pad_w", "PP", "PQ")
+                        "pool_stride_w", "pool_pad_h", "pool_pad_w", "PP", "PQ", "elem_bytes")
+# Fields a caller may leave out, and their values (elem_bytes: the storage type's size).
+_SPARSE_PARAM_DEFAULTS = {"elem_bytes": 4}
 
 
 def _sparse_params_array(params: dict):
-    return (ctypes.c_int64 * len(_SPARSE_PARAM_FIELDS))(*(int(params.get(f, 0)) for f in _SPARSE_PARAM_FIELDS))
+    return (ctypes.c_int64 * len(_SPARSE_PARAM_FIELDS))(
+        *(int(params.get(f, _SPARSE_PARAM_DEFAULTS.get(f, 0))) for f in _SPARSE_PARAM_FIELDS))
 
 
 def _sparse_export(name: str):

@@ -275,7 +275,7 @@ def synthetic_row(layer: dict, n: int, dtype: str, sparsities, args, spec) -> di
     floor = {f"{s:g}": floors(layer, n, dtype, s, spec) for s in sparsities}
     pct = {f"{s:g}": (100.0 * floor[f"{s:g}"] / med(times[f"sparse@{s:g}"])
                       if med(times[f"sparse@{s:g}"]) else None) for s in sparsities}
-    plan = _ffi.sparse_conv_plan(_plan_params(layer, n))
+    plan = _ffi.sparse_conv_plan(_plan_params(layer, n, dtype))
     ok = all("error" not in t for t in times.values()) and all(
         e is not None and e <= TOLERANCE[dtype] for k, e in errors.items() if k != "error")
     return dict(section="synthetic", layer=layer["name"], also=layer.get("also", []), n=n, dtype=dtype,
@@ -284,10 +284,11 @@ def synthetic_row(layer: dict, n: int, dtype: str, sparsities, args, spec) -> di
                 plan=plan, ok=ok)
 
 
-def _plan_params(layer: dict, n: int) -> dict:
+def _plan_params(layer: dict, n: int, dtype: str) -> dict:
     x_shape = (n, *layer["x"][1:])
     cfg = make_config(x_shape, layer["w"], stride=layer["stride"], padding=layer["padding"], activation="relu")
-    return kernel_params(x_shape, layer["w"], SparseConfig(cfg))
+    return kernel_params(x_shape, layer["w"], SparseConfig(cfg),
+                         np.float32 if dtype == "fp32" else np.float16)
 
 
 def real_row(layer: dict, x, dtype: str, args) -> dict:

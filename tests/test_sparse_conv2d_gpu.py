@@ -200,10 +200,14 @@ def test_plan_query_reports_the_launch():
     layer = dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1, stride_w=1, pad_h=1,
                  pad_w=1, dilation_h=1, dilation_w=1)
     text = _ffi.sparse_conv_plan(layer)
-    # N=1 fills the GPU only with the input channels split (8 chunks of 32).
-    assert text is not None and text.startswith("kernel=tile tile=4x8 k_per_lane=4 warps=2 splits="), text
+    # Eight warps a CTA on an 8x32 region (56x56 wastes 8 columns, the least of the 8-warp
+    # regions); N=1 fills the GPU only with the input channels split (16 chunks of 16 fp32).
+    assert text is not None and text.startswith(
+        "kernel=tile tile=4x8 k_per_lane=4 warps=2x4 region=8x32 chunk=16 splits="), text
     splits = int(text.split("splits=")[1].split()[0])
-    assert 1 < splits <= 8 and f"scratch={splits * 56 * 56 * 256 * 4}" in text, text
+    assert 1 < splits <= 16 and f"scratch={splits * 56 * 56 * 256 * 4}" in text, text
+    # 16-bit storage stages 32 channels a chunk.
+    assert "chunk=32" in _ffi.sparse_conv_plan({**layer, "elem_bytes": 2})
     assert _ffi.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
     strided = {**layer, "stride_h": 2, "stride_w": 2, "P": 28, "Q": 28}
     text = _ffi.sparse_conv_plan(strided)

@@ -10,6 +10,7 @@
 // Build alone: nvcc -std=c++17 -O3 -arch=sm_90a -I cuda_ops cuda_ops/selftest/sparse_selftest.cu
 //              cuda_ops/sparse/sparse_conv.cu -o sparse_selftest
 // Usage: sparse_selftest [--skip-large]   (skip large layers and timings; for sanitizers)
+//        sparse_selftest --time-only      (timings only)
 // Exit status: 0 all pass, 1 a case failed, 2 CUDA error.
 #include <cuda_runtime_api.h>
 
@@ -41,8 +42,9 @@ struct Shape {
   int64_t pool = 0, pool_stride = 0, pool_pad = 0;
 };
 
-SparseConvParams MakeParams(const Shape& s) {
+SparseConvParams MakeParams(const Shape& s, int64_t elem_bytes = 4) {
   SparseConvParams p;
+  p.elem_bytes = elem_bytes;
   p.N = s.N, p.H = s.H, p.W = s.W, p.C = s.C, p.K = s.K, p.R = s.R, p.S = s.S;
   p.stride_h = p.stride_w = s.stride;
   p.pad_h = p.pad_w = s.pad;
@@ -160,7 +162,7 @@ void MakeInputs(const SparseConvParams& p, double sparsity, uint64_t seed, std::
 template <typename T>
 bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
              int64_t scratch_limit = -1) {
-  const SparseConvParams p = MakeParams(shape);
+  const SparseConvParams p = MakeParams(shape, sizeof(T));
   const int64_t scratch_bytes =
       scratch_limit < 0 ? jaxcnn::sparse_conv_scratch_bytes(p) : scratch_limit;
   const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p, scratch_bytes);
@@ -235,7 +237,7 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
 // cudaEvent time of the encode + conv launches (median of 20) at each sparsity.
 template <typename T>
 void Time(const Shape& shape) {
-  const SparseConvParams p = MakeParams(shape);
+  const SparseConvParams p = MakeParams(shape, sizeof(T));
   for (double sparsity : {0.0, 0.5, 0.9, 0.99}) {
     std::vector<T> x, w, b;
     std::vector<float> xf, wf, bf;
@@ -267,9 +269,14 @@ void Time(const Shape& shape) {
     }
     std::sort(ms.begin(), ms.end());
     const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
-    std::printf("time %-14s %-4s sparsity %.2f: %.3f ms median (%.1f dense-equivalent TFLOP/s)\n",
+    const jaxcnn::SparseConvPlan plan = jaxcnn::plan_sparse_conv(p, d.scratch_bytes);
+    std::printf("time %-14s %-4s sparsity %.2f: %.3f ms median (%.1f dense-equivalent TFLOP/s) "
+                "plan %s warps=%dx%d splits=%d grid=%lldx%lld\n",
                 shape.name, selftest::DTypeName(DTypeOf<T>()), sparsity, ms[ms.size() / 2],
-                flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+                flops / (ms[ms.size() / 2] * 1e-3) / 1e12,
+                plan.kernel == jaxcnn::SparseKernel::kTile ? "tile" : "walk", plan.warps_y,
+                plan.warps_x, plan.splits, static_cast<long long>(plan.grid_x),
+                static_cast<long long>(plan.grid_y));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
   }
@@ -278,12 +285,14 @@ void Time(const Shape& shape) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool skip_large = false;
+  bool skip_large = false, time_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--skip-large") == 0) {
       skip_large = true;
+    } else if (std::strcmp(argv[i], "--time-only") == 0) {
+      time_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--skip-large]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--skip-large | --time-only]\n", argv[0]);
       return 2;
     }
   }
@@ -322,6 +331,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   for (const Shape& s : small)
     for (double sp : sparsities) {
+      if (time_only) break;
       failures += !RunCase<float>(s, sp, true, seed++);
       failures += !RunCase<__nv_bfloat16>(s, sp, true, seed++);
       failures += !RunCase<__half>(s, sp, (seed & 1) != 0, seed++);
@@ -329,7 +339,9 @@ int main(int argc, char** argv) {
     }
   // The tile kernel with scratch too small to split: the unsplit plan must still be exact.
   for (const Shape& s : small)
-    if (jaxcnn::plan_sparse_conv(MakeParams(s)).splits > 1) {
+    if (time_only) {
+    } else if (jaxcnn::plan_sparse_conv(MakeParams(s)).splits > 1 ||
+        jaxcnn::plan_sparse_conv(MakeParams(s, 2)).splits > 1) {
       failures += !RunCase<float>(s, 0.5, true, seed++, 0);
       failures += !RunCase<__nv_bfloat16>(s, 0.9, true, seed++, 0);
       cases += 2;
@@ -337,6 +349,7 @@ int main(int argc, char** argv) {
   if (!skip_large) {
     for (const Shape& s : large)
       for (double sp : {0.0, 0.9}) {
+        if (time_only) break;
         failures += !RunCase<float>(s, sp, true, seed++);
         failures += !RunCase<__nv_bfloat16>(s, sp, true, seed++);
         cases += 2;
@@ -346,6 +359,8 @@ int main(int argc, char** argv) {
     Time<float>({"vgg_c3_2_n8", 8, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
     Time<__nv_bfloat16>({"vgg_c3_2_n8", 8, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
     Time<float>({"vgg_c2_1_n64", 64, 112, 112, 64, 128, 3, 3, 1, 1, 1, 1});
+    Time<float>({"alex_c3_n1", 1, 13, 13, 192, 384, 3, 3, 1, 1, 1, 1});
+    Time<float>({"alex_c3_n64", 64, 13, 13, 192, 384, 3, 3, 1, 1, 1, 1});
   }
   std::printf("%s: %d of %d cases failed\n", failures ? "FAILED" : "PASSED", failures, cases);
   return failures ? 1 : 0;

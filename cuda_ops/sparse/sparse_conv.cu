@@ -2,7 +2,10 @@
 // pixels per warp / taps per stage of the walk kernel), encode the nonzeros, run the conv.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "common/device_attribute.h"
 #include "sparse/sparse_conv.h"
@@ -87,42 +90,106 @@ cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, 
   }
 }
 
-// Tile kernel: at least this many warps in flight per SM before channels are split (its
-// ~200 registers a thread leave room for about 8-10 warps an SM).
-constexpr int kTileWarpsPerSm = 12;
+// Tile kernel: channel splits per layer at most, and the split count's cost factor for the
+// extra pass that adds the partial sums.
 constexpr int kTileMaxSplits = 16;
-constexpr int kTileMaxWarps = 4;
+constexpr double kTileSplitPassCost = 1.1;
+constexpr int kTileMaxWarps = 8;  // ~200 registers a thread: 8 warps fill an SM's registers
 
 bool TileEligible(const SparseConvParams& p) {
   return !p.pooled() && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
          p.dilation_w == 1 && p.R == p.S && (p.R == 1 || p.R == 3 || p.R == 5);
 }
 
-// Fills the tile kernel's plan; splits as far as `scratch_bytes` holds the partial sums.
-void PlanTile(const SparseConvParams& p, int sm_count, int64_t scratch_bytes, SparseConvPlan& plan) {
+// The warp tile (TH x TW pixels, KPL channels a lane) for these params: 4 channels a lane on a
+// 4x8 tile and 2 on an 8x8 one both hold 128 fp32 accumulators (H200, VGG conv3_2 fp32 at 90%
+// zeros: 4x8 ran 1.3-1.4x faster); a 5x5 window's 25 weight rows leave room for 2 channels on
+// 4x8 only.
+struct TileShape {
+  int th, tw, kpl;
+};
+TileShape TileShapeFor(const SparseConvParams& p) {
+  const int kpl = (p.R == 5 || p.K <= 64) ? 2 : 4;
+  return {(kpl == 4 || p.R == 5) ? 4 : 8, 8, kpl};
+}
+
+// Shared memory of a CTA of warps_y x warps_x warp tiles.
+int64_t TileSmemFor(const SparseConvParams& p, int warps_y, int warps_x) {
+  const TileShape t = TileShapeFor(p);
+  return sparse::TileSmemBytes(static_cast<int>(p.elem_bytes), static_cast<int>(p.R), t.th, t.tw,
+                               t.kpl, warps_y, warps_x);
+}
+
+// JAXCNN_SPARSE_TILE_REGION="WYxWX" forces the CTA's warp arrangement (benchmarks).
+bool ForcedTileRegion(int* warps_y, int* warps_x) {
+  static const std::pair<int, int> forced = [] {
+    const char* v = std::getenv("JAXCNN_SPARSE_TILE_REGION");
+    int a = 0, b = 0;
+    if (v == nullptr || std::sscanf(v, "%dx%d", &a, &b) != 2 || a < 1 || b < 1 ||
+        a * b > kTileMaxWarps)
+      return std::pair<int, int>{0, 0};
+    return std::pair<int, int>{a, b};
+  }();
+  if (forced.first == 0) return false;
+  *warps_y = forced.first, *warps_x = forced.second;
+  return true;
+}
+
+// Fills the tile kernel's plan, or returns false when no CTA of it fits this GPU's shared
+// memory. The CTA's region is the arrangement of the most warps (they share every weight load)
+// that fits, with the fewest pixels past the image (then the squarest: the smaller halo); the
+// input channels are split where that balances the waves better, as far as `scratch_bytes`
+// holds the partial sums.
+bool PlanTile(const SparseConvParams& p, int sm_count, int smem_optin,
+              int64_t scratch_bytes, SparseConvPlan& plan) {
+  const TileShape t = TileShapeFor(p);
+  int best_y = 0, best_x = 0;
+  int64_t best_area = 0;
+  int fy = 0, fx = 0;
+  if (ForcedTileRegion(&fy, &fx) && TileSmemFor(p, fy, fx) <= smem_optin) {
+    best_y = fy, best_x = fx;
+  } else {
+    for (int warps = kTileMaxWarps; warps >= 1 && best_y == 0; warps /= 2) {
+      for (int wy = 1; wy <= warps; wy *= 2) {
+        const int wx = warps / wy;
+        if (TileSmemFor(p, wy, wx) > smem_optin) continue;
+        const int64_t rh = int64_t{wy} * t.th, rw = int64_t{wx} * t.tw;
+        const int64_t area = CeilDiv(p.P, rh) * rh * CeilDiv(p.Q, rw) * rw;
+        const bool squarer = std::abs(rh - rw) < std::abs(int64_t{best_y} * t.th - int64_t{best_x} * t.tw);
+        if (best_y == 0 || area < best_area || (area == best_area && squarer))
+          best_y = wy, best_x = wx, best_area = area;
+      }
+    }
+  }
+  if (best_y == 0) return false;
   plan.kernel = SparseKernel::kTile;
-  // 4 channels a lane on a 4x8 tile and 2 on an 8x8 one both hold 128 fp32 accumulators (H200,
-  // VGG conv3_2 fp32 at 90% zeros: 4x8 ran 1.3-1.4x faster); a 5x5 window's 25 weight rows leave
-  // room for 2 channels on 4x8 only.
-  plan.k_per_lane = (p.R == 5 || p.K <= 64) ? 2 : 4;
-  plan.tile_h = (plan.k_per_lane == 4 || p.R == 5) ? 4 : 8;
-  plan.tile_w = 8;
-  const int64_t lanes_k = 32 * plan.k_per_lane;
-  plan.warps = static_cast<int>(std::min<int64_t>(kTileMaxWarps, CeilDiv(p.K, lanes_k)));
-  plan.grid_y = CeilDiv(p.K, plan.warps * lanes_k);
-  plan.grid_x = p.N * CeilDiv(p.P, plan.tile_h) * CeilDiv(p.Q, plan.tile_w);
-  const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
-  const int64_t warps = plan.grid_x * plan.grid_y * plan.warps;
-  int64_t splits = std::min<int64_t>({chunks, kTileMaxSplits,
-                                      CeilDiv(int64_t{kTileWarpsPerSm} * sm_count, warps)});
+  plan.k_per_lane = t.kpl;
+  plan.tile_h = t.th, plan.tile_w = t.tw;
+  plan.warps_y = best_y, plan.warps_x = best_x;
+  plan.warps = best_y * best_x;
+  plan.region_h = best_y * t.th, plan.region_w = best_x * t.tw;
+  plan.grid_y = CeilDiv(p.K, 32 * t.kpl);
+  plan.grid_x = p.N * CeilDiv(p.P, plan.region_h) * CeilDiv(p.Q, plan.region_w);
+  const int64_t chunk = sparse::TileChunkChannels(static_cast<int>(p.elem_bytes), static_cast<int>(p.R));
+  plan.chunk_channels = static_cast<int>(chunk);
+  const int64_t chunks = CeilDiv(p.C, chunk);
+  const int64_t ctas = plan.grid_x * plan.grid_y;
   const int64_t slice = p.N * p.P * p.Q * p.K * static_cast<int64_t>(sizeof(float));
-  if (splits > 1) splits = std::min<int64_t>(splits, scratch_bytes / slice);
-  splits = std::max<int64_t>(splits, 1);
+  // Waves (one CTA an SM) x chunks a CTA walks, with the split pass's cost.
+  int64_t splits = 1;
+  double best_cost = static_cast<double>(CeilDiv(ctas, sm_count) * chunks);
+  for (int64_t s = 2; s <= std::min<int64_t>(chunks, kTileMaxSplits); ++s) {
+    if (s * slice > scratch_bytes) break;
+    const double cost = static_cast<double>(CeilDiv(ctas * s, sm_count) * CeilDiv(chunks, s)) *
+                        kTileSplitPassCost;
+    if (cost < best_cost) best_cost = cost, splits = s;
+  }
   splits = CeilDiv(chunks, CeilDiv(chunks, splits));  // no empty split
   plan.splits = static_cast<int>(splits);
   plan.scratch_bytes = splits > 1 ? splits * slice : 0;
-  plan.smem_bytes = 0;  // static shared memory only
+  plan.smem_bytes = TileSmemFor(p, best_y, best_x);
   if (plan.grid_x > kInt32Max || plan.grid_y > 65535) plan.unsupported = "grid too large";
+  return true;
 }
 
 template <typename T, int R, int TH, int KPL>
@@ -135,19 +202,25 @@ cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& pla
   a.P = static_cast<int>(p.P), a.Q = static_cast<int>(p.Q);
   a.pad_h = static_cast<int>(p.pad_h), a.pad_w = static_cast<int>(p.pad_w);
   a.activation = static_cast<int>(p.activation);
-  a.tiles_h = static_cast<int>(CeilDiv(p.P, TH)), a.tiles_w = static_cast<int>(CeilDiv(p.Q, 8));
-  const int64_t chunks = CeilDiv(p.C, sparse::kTileChannels);
+  a.warps_y = plan.warps_y, a.warps_x = plan.warps_x;
+  a.regions_h = static_cast<int>(CeilDiv(p.P, plan.region_h));
+  a.regions_w = static_cast<int>(CeilDiv(p.Q, plan.region_w));
+  const int64_t chunks = CeilDiv(p.C, sparse::TileChunkChannels(sizeof(T), R));
   a.chunks_per_split = static_cast<int>(CeilDiv(chunks, plan.splits));
   a.M = p.N * p.P * p.Q;
   const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y),
                   static_cast<unsigned>(plan.splits));
   const unsigned threads = 32u * static_cast<unsigned>(plan.warps);
-  if (plan.splits == 1) {
-    sparse::sparse_tile_conv<T, R, TH, 8, KPL, false><<<grid, threads, 0, stream>>>(a, x, w, bias, y, nullptr);
+  const int smem = static_cast<int>(plan.smem_bytes);
+  auto run = [&](auto kernel, float* out_partials) {
+    cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (status != cudaSuccess) return status;
+    kernel<<<grid, threads, smem, stream>>>(a, x, w, bias, y, out_partials);
     return cudaGetLastError();
-  }
-  sparse::sparse_tile_conv<T, R, TH, 8, KPL, true><<<grid, threads, 0, stream>>>(a, x, w, bias, y, partials);
-  cudaError_t status = cudaGetLastError();
+  };
+  if (plan.splits == 1) return run(sparse::sparse_tile_conv<T, R, TH, 8, KPL, false>, nullptr);
+  cudaError_t status = run(sparse::sparse_tile_conv<T, R, TH, 8, KPL, true>, partials);
   if (status != cudaSuccess) return status;
   const int64_t elems = a.M * p.K;
   const int64_t blocks = std::min<int64_t>(CeilDiv(elems, 256), 1 << 16);
@@ -201,12 +274,12 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p, int64_t scratch_bytes
   SparseConvPlan plan;
   plan.unsupported = sparse_conv_unsupported_reason(p);
   if (plan.unsupported != nullptr) return plan;
-  int sm_count = 132;
+  int sm_count = 132, smem_optin = 227 * 1024;
   if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
-  if (TileEligible(p)) {
-    PlanTile(p, sm_count, scratch_bytes, plan);
+  if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_optin) != cudaSuccess)
+    smem_optin = 48 * 1024;
+  if (TileEligible(p) && PlanTile(p, sm_count, smem_optin, scratch_bytes, plan))
     return plan;
-  }
   // Widest channel block the layer fills (a lane's float4 of weights per nonzero), then
   // narrower blocks / fewer pixels per CTA until the grid covers the GPU.
   int kpt = p.K > 64 ? 4 : (p.K > 32 ? 2 : 1);
@@ -240,6 +313,8 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p, int64_t scratch_bytes
 template <typename T>
 cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,
                                T* y, void* scratch, int64_t scratch_bytes, cudaStream_t stream) {
+  // The plan (its staging sizes and scratch) is for p.elem_bytes: it must be T's.
+  if (p.elem_bytes != static_cast<int64_t>(sizeof(T))) return cudaErrorInvalidValue;
   const SparseConvPlan plan = plan_sparse_conv(p, scratch_bytes);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   if (plan.kernel == SparseKernel::kTile)

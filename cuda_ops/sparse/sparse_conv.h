@@ -33,6 +33,7 @@ struct SparseConvParams {
   int64_t pool_h = 0, pool_w = 0, pool_stride_h = 0, pool_stride_w = 0, pool_pad_h = 0,
           pool_pad_w = 0;    // window 0: no pool; pads are the low (top/left) pads
   int64_t PP = 0, PQ = 0;    // pooled output spatial size (pool only)
+  int64_t elem_bytes = 4;    // storage type size (4 or 2): the tile kernel's staging depends on it
 
   bool pooled() const { return pool_h > 0; }
   int64_t groups32() const { return (C + 31) / 32; }
@@ -46,9 +47,10 @@ inline int64_t sparse_conv_mask_bytes(const SparseConvParams& p) {
 
 // What the launch will run (for logs and benchmarks). Two kernels:
 //  - kTile (stride 1, dilation 1, R = S in {1, 3, 5}, no pool): input-stationary scatter into a
-//    tile_h x tile_w output tile in registers (sparse_tile_kernel.cuh); its nonzero masks live in
-//    shared memory. Small layers split the input channels over `splits` CTAs, whose fp32
-//    partial sums take `scratch_bytes` of the scratch.
+//    tile_h x tile_w output tile in each warp's registers, region_h x region_w pixels a CTA whose
+//    warps share the staged weights (sparse_tile_kernel.cuh); its nonzero masks are ballots.
+//    Small layers split the input channels over `splits` CTAs, whose fp32 partial sums take
+//    `scratch_bytes` of the scratch. Used where a CTA's shared memory fits the GPU.
 //  - kWalk (everything else, and every pool): the encode kernel's masks in the scratch, then
 //    the output-stationary walk above.
 enum class SparseKernel { kWalk = 0, kTile = 1 };
@@ -59,7 +61,10 @@ struct SparseConvPlan {
   int k_per_lane = 0;                 // output channels per lane (block = 32 * k_per_lane)
   int pixels_per_warp = 0;            // walk: conv output pixels (pool: window slots) per warp
   int taps_per_stage = 0;             // walk: filter taps staged in shared memory at once
-  int tile_h = 0, tile_w = 0;         // tile: output tile of a CTA
+  int tile_h = 0, tile_w = 0;         // tile: output tile of a warp
+  int warps_y = 0, warps_x = 0;       // tile: warp tiles of a CTA's region
+  int region_h = 0, region_w = 0;     // tile: output pixels of a CTA's region
+  int chunk_channels = 0;             // tile: input channels staged per step
   int warps = 0;                      // warps per CTA
   int splits = 1;                     // tile: input-channel splits (grid z)
   int64_t grid_x = 0, grid_y = 0;     // pixel blocks (tiles) x channel blocks
@@ -82,7 +87,8 @@ inline int64_t sparse_conv_scratch_bytes(const SparseConvParams& p) {
 }
 
 // Runs the plan for `scratch_bytes` of scratch (16-byte aligned); bias may be null (zero).
-// Returns cudaErrorInvalidValue for unsupported params or too little scratch, cudaSuccess
+// Returns cudaErrorInvalidValue for unsupported params, p.elem_bytes != sizeof(T) or too little
+// scratch, cudaSuccess
 // without a launch for an empty output, else cudaGetLastError().
 template <typename T>
 cudaError_t launch_sparse_conv(const SparseConvParams& p, const T* x, const T* w, const T* bias,

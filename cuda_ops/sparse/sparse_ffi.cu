@@ -47,6 +47,7 @@ ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
                    DimsToString(bias.dimensions()));
   p.stride_h = stride_h, p.stride_w = stride_w, p.pad_h = pad_h, p.pad_w = pad_w;
   p.dilation_h = dilation_h, p.dilation_w = dilation_w, p.activation = activation;
+  p.elem_bytes = dtype == ffi::DataType::F32 ? 4 : 2;
   if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1)
     return Invalid("stride and dilation must be >= 1");
   p.pool_h = pool_window_h, p.pool_w = pool_window_w;
@@ -116,7 +117,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
 
 namespace {
 
-constexpr int64_t kParamFields = 24;
+constexpr int64_t kParamFields = 25;
 
 // SparseConvParams from the flat array the Python side passes (SparseConvParams field order).
 jaxcnn::SparseConvParams ParamsFromArray(const int64_t* params) {
@@ -125,7 +126,7 @@ jaxcnn::SparseConvParams ParamsFromArray(const int64_t* params) {
                                    &p.stride_h, &p.stride_w, &p.pad_h, &p.pad_w, &p.dilation_h,
                                    &p.dilation_w, &p.activation, &p.pool_h, &p.pool_w,
                                    &p.pool_stride_h, &p.pool_stride_w, &p.pool_pad_h,
-                                   &p.pool_pad_w, &p.PP, &p.PQ};
+                                   &p.pool_pad_w, &p.PP, &p.PQ, &p.elem_bytes};
   for (int64_t i = 0; i < kParamFields; ++i) *fields[i] = params[i];
   return p;
 }
@@ -133,7 +134,8 @@ jaxcnn::SparseConvParams ParamsFromArray(const int64_t* params) {
 }  // namespace
 
 // The plan the handler will launch for these params on the current device, as one line
-// ("kernel=tile tile=4x8 k_per_lane=4 warps=2 splits=1 grid=98x1 scratch=0" or
+// ("kernel=tile tile=4x8 k_per_lane=4 warps=2x4 region=8x32 chunk=16 splits=1 grid=14x2
+// smem=206848 scratch=0" or
 // "kernel=walk k_per_lane=4 pixels_per_warp=8 taps_per_stage=3 grid=98x4 smem=49152
 // scratch=..."), for benchmarks. Returns the text's length (truncated to out_len - 1), or -1
 // when the params cannot run (out then holds the reason).
@@ -153,7 +155,10 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_sparse_conv_plan(const int64_t* params, 
     } else if (plan.kernel == jaxcnn::SparseKernel::kTile) {
       text = "kernel=tile tile=" + std::to_string(plan.tile_h) + "x" + std::to_string(plan.tile_w) +
              " k_per_lane=" + std::to_string(plan.k_per_lane) + " warps=" +
-             std::to_string(plan.warps) + " splits=" + std::to_string(plan.splits) + grid +
+             std::to_string(plan.warps_y) + "x" + std::to_string(plan.warps_x) + " region=" +
+             std::to_string(plan.region_h) + "x" + std::to_string(plan.region_w) + " chunk=" +
+             std::to_string(plan.chunk_channels) + " splits=" + std::to_string(plan.splits) +
+             grid + " smem=" + std::to_string(plan.smem_bytes) +
              " scratch=" + std::to_string(plan.scratch_bytes);
     } else {
       text = "kernel=walk k_per_lane=" + std::to_string(plan.k_per_lane) +

@@ -1,17 +1,21 @@
 // The tile kernel of the zero-skipping conv: stride 1, dilation 1, square R x R windows
-// (R = 1, 3, 5), no pool. Input-stationary scatter into an output tile held in registers.
+// (R = 1, 3, 5), no pool. Input-stationary scatter into output tiles held in registers.
 //
-// A CTA owns a TH x TW tile of output pixels of one image and a block of output channels; each
-// warp owns 32 * KPL of those channels (lane: KPL consecutive k) and accumulates the whole tile
-// for them: acc[TH * TW][KPL] in registers. Per chunk of 32 input channels the CTA stages the
-// tile's input halo ((TH + R - 1) x (TW + R - 1) pixels) in shared memory (cp.async, double
-// buffered: the next chunk loads during this one's walk), and ballots a bitmask of its
-// nonzeros per channel. Then, per channel, every warp loads its R*R*KPL weights
-// once and walks the set bits only: a nonzero at halo position pos hits the output pixels
-// pos - (r, s) that lie in the tile, so `switch (pos)` jumps to code with compile-time
-// accumulator indices (registers cannot be indexed at run time). The walk is warp-uniform (every
-// lane sees the same mask), so it never diverges, and its length is the number of nonzeros.
-// Each weight load serves every nonzero of its channel in the halo: reuse grows with the tile.
+// A CTA owns a region of warps_y x warps_x warp tiles (each TH x TW output pixels) of one image
+// and a block of 32 * KPL output channels (lane: KPL consecutive k); every warp accumulates
+// its own tile for the whole block: acc[TH * TW][KPL] in registers. Per chunk of CH input
+// channels the CTA stages, with cp.async and double buffered (the next chunk loads while this
+// one is walked), the region's input halo and the block's weights w[tap, chunk, k-block]: every
+// warp of the CTA reads the same weights from shared memory, so L2 serves each weight once per
+// region rather than once per warp tile (with weights read per warp from L2, their traffic was
+// the cost that did not shrink with the zeros: ~15 GB for VGG conv3_2 at N = 64).
+// Per channel, a warp loads its halo's values (one per lane and 32 positions), ballots the
+// nonzero positions, and only when there is one reads its R*R*KPL weights; then it walks the
+// set bits: the value comes by shuffle from the lane that loaded it, and a nonzero at halo
+// position pos hits the output pixels pos - (r, s) that lie in the tile, so `switch (pos)`
+// jumps to code with compile-time accumulator indices (registers cannot be indexed at run
+// time). The walk is warp-uniform (every lane sees the same mask), so it never diverges, and
+// its length is the number of nonzeros.
 //
 // With SPLIT, grid.z splits the input channels; each split stores raw fp32 partial sums into
 // its slice of the workspace and finalize_split_partials adds them in a fixed order (bitwise
@@ -28,12 +32,40 @@
 namespace jaxcnn {
 namespace sparse {
 
-constexpr int kTileChannels = 32;  // input channels per staged chunk (one ballot word per pos)
+// Input channels per staged chunk: as many as keep the two buffers of weights (R*R x chunk x
+// 128 output channels) and halo within an SM's shared memory (fp32 3x3: 2 x 147 KiB would not).
+// `elem_bytes`: sizeof the storage type. Host and device share these sizes.
+__host__ __device__ constexpr int TileChunkChannels(int elem_bytes, int R) {
+  return (elem_bytes == 4 ? 16 : 32) / (R == 5 ? 2 : 1);
+}
+
+// Shared-memory row of one halo pixel: the chunk's channels as stored, padded by 16 bytes so
+// rows stay 16-byte aligned for cp.async and the per-channel column reads spread over banks.
+__host__ __device__ constexpr int TileXRow(int elem_bytes, int R) {
+  return TileChunkChannels(elem_bytes, R) + 16 / elem_bytes;
+}
+
+// Elements of one buffer of the region's halo and of the block's weights; the CTA holds two of
+// each, halos first. Both are multiples of 16 bytes.
+__host__ __device__ constexpr int64_t TileHaloElems(int elem_bytes, int R, int TH, int TW,
+                                                    int warps_y, int warps_x) {
+  return static_cast<int64_t>(warps_y * TH + R - 1) * (warps_x * TW + R - 1) *
+         TileXRow(elem_bytes, R);
+}
+__host__ __device__ constexpr int64_t TileWeightElems(int elem_bytes, int R, int KPL) {
+  return static_cast<int64_t>(R) * R * TileChunkChannels(elem_bytes, R) * 32 * KPL;
+}
+__host__ __device__ constexpr int64_t TileSmemBytes(int elem_bytes, int R, int TH, int TW,
+                                                    int KPL, int warps_y, int warps_x) {
+  return 2 * (TileHaloElems(elem_bytes, R, TH, TW, warps_y, warps_x) +
+              TileWeightElems(elem_bytes, R, KPL)) * elem_bytes;
+}
 
 struct TileArgs {
   int N, H, W, C, K, P, Q, pad_h, pad_w, activation;
-  int tiles_h, tiles_w;      // output tiles per image
-  int chunks_per_split;      // 32-channel chunks each grid.z slice walks
+  int warps_y, warps_x;      // warp tiles of a CTA's region (blockDim.x = 32 * warps_y * warps_x)
+  int regions_h, regions_w;  // CTA regions per image
+  int chunks_per_split;      // channel chunks each grid.z slice walks
   int64_t M;                 // N * P * Q output pixels
 };
 
@@ -62,6 +94,7 @@ __device__ __forceinline__ void scatter_nonzero(float v, float (&acc)[TH * TW][K
 #define JAXCNN_SCATTER_CASE(i)                                        \
   case (i):                                                           \
     if constexpr ((i) < kHalo) scatter_nonzero<(i), R, TH, TW, KPL>(v, acc, wr); \
+    else __builtin_unreachable();                                     \
     break;
 #define JAXCNN_SCATTER_CASES8(b)                                                        \
   JAXCNN_SCATTER_CASE(b + 0) JAXCNN_SCATTER_CASE(b + 1) JAXCNN_SCATTER_CASE(b + 2)      \
@@ -80,129 +113,161 @@ __device__ __forceinline__ void scatter_at(int pos, float v, float (&acc)[TH * T
     JAXCNN_SCATTER_CASES8(72) JAXCNN_SCATTER_CASES8(80) JAXCNN_SCATTER_CASES8(88)
     JAXCNN_SCATTER_CASES8(96) JAXCNN_SCATTER_CASES8(104) JAXCNN_SCATTER_CASES8(112)
     JAXCNN_SCATTER_CASES8(120)
-    default: break;
+    default: __builtin_unreachable();  // pos < kHalo: no range check before the jump table
   }
 }
 #undef JAXCNN_SCATTER_CASES8
 #undef JAXCNN_SCATTER_CASE
 
-// KPL weights w[tap, c, k .. k + KPL) as fp32; k past K reads as zero.
-template <typename T, int KPL>
-__device__ __forceinline__ void load_weight_row(const T* __restrict__ row, int k, int K,
-                                                bool vector_ok, float (&v)[KPL]) {
-  if (vector_ok && k + KPL <= K) {
-    if constexpr (sizeof(T) == 4 && KPL == 4) {
-      const float4 q = __ldg(reinterpret_cast<const float4*>(row + k));
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-      return;
-    } else if constexpr (sizeof(T) == 4 && KPL == 2) {
-      const float2 q = __ldg(reinterpret_cast<const float2*>(row + k));
-      v[0] = q.x, v[1] = q.y;
-      return;
-    } else if constexpr (sizeof(T) == 2 && KPL == 4) {
-      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + k));
-      const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = to_float(h[j]);
-      return;
-    } else if constexpr (sizeof(T) == 2 && KPL == 2) {
-      const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(row + k));
-      const T* h = reinterpret_cast<const T*>(&raw);
-      v[0] = to_float(h[0]), v[1] = to_float(h[1]);
-      return;
+// Scatters every nonzero of `mask` (bit i: halo position base + i, its value held by lane i as
+// lane_value). Warp-uniform, one trip per nonzero; the next nonzero's shuffle is issued before
+// this one's FMAs, so its latency hides behind them.
+template <int R, int TH, int TW, int KPL>
+__device__ __forceinline__ void walk_nonzeros(uint32_t mask, float lane_value,
+                                              float (&acc)[TH * TW][KPL],
+                                              const float (&wr)[R * R][KPL], int base) {
+  if (mask == 0) return;
+  int bit = __ffs(mask) - 1;
+  mask &= mask - 1;
+  float v = __shfl_sync(0xffffffffu, lane_value, bit);
+  while (true) {
+    const int pos = base + bit;
+    const float value = v;
+    const bool more = mask != 0;
+    if (more) {
+      bit = __ffs(mask) - 1;
+      mask &= mask - 1;
+      v = __shfl_sync(0xffffffffu, lane_value, bit);
     }
+    scatter_at<R, TH, TW, KPL>(pos, value, acc, wr);
+    if (!more) break;
   }
-#pragma unroll
-  for (int j = 0; j < KPL; ++j) v[j] = k + j < K ? to_float(row[k + j]) : 0.0f;
 }
 
-// The lane's weights of input channel c: wr[tap][j] = w[tap, c, k + j]. `row` points at
-// w[0, c, k]; taps are tap_stride = C * K elements apart. `full`: the lane's KPL weights are in
-// range and vector-aligned (decided once per thread), so the loads carry no per-tap checks.
-template <typename T, int R, int KPL>
-__device__ __forceinline__ void load_channel_weights(const T* __restrict__ row, int64_t tap_stride,
-                                                     int k, int K, bool full,
-                                                     float (&wr)[R * R][KPL]) {
-  if (full) {
+// KPL consecutive values of a shared-memory weight row as fp32 (one 16- or 8-byte load for
+// fp32 / 16-bit with KPL = 4, the row offsets are multiples of KPL elements).
+template <typename T, int KPL>
+__device__ __forceinline__ void read_weight_row(const T* row, float (&v)[KPL]) {
+  if constexpr (sizeof(T) == 4 && KPL == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(row);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else if constexpr (sizeof(T) == 4 && KPL == 2) {
+    const float2 q = *reinterpret_cast<const float2*>(row);
+    v[0] = q.x, v[1] = q.y;
+  } else if constexpr (sizeof(T) == 2 && KPL == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row);
+    const T* h = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int t = 0; t < R * R; ++t) load_weight_row<T, KPL>(row + t * tap_stride, 0, KPL, true, wr[t]);
+    for (int j = 0; j < 4; ++j) v[j] = to_float(h[j]);
+  } else if constexpr (sizeof(T) == 2 && KPL == 2) {
+    const uint32_t raw = *reinterpret_cast<const uint32_t*>(row);
+    const T* h = reinterpret_cast<const T*>(&raw);
+    v[0] = to_float(h[0]), v[1] = to_float(h[1]);
   } else {
 #pragma unroll
-    for (int t = 0; t < R * R; ++t)
-#pragma unroll
-      for (int j = 0; j < KPL; ++j) wr[t][j] = k + j < K ? to_float(row[t * tap_stride + j]) : 0.0f;
+    for (int j = 0; j < KPL; ++j) v[j] = to_float(row[j]);
   }
 }
 
 __device__ __forceinline__ float tile_nan_relu(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
 
-// Shared-memory row of one halo pixel: the chunk's 32 channels as stored (T), padded by 16 bytes
-// so rows stay 16-byte aligned for cp.async and the ballot's column reads spread over banks.
-template <typename T>
-constexpr int kRowElems = kTileChannels + 16 / static_cast<int>(sizeof(T));
-
-// Issues the loads of chunk c0's halo into `buf` ([halo][kRowElems<T>]): 16-byte cp.asyncs
-// (zero-filled outside the image and past C) when rows are 16-byte aligned (C a multiple of
-// 16 / sizeof(T)), else plain loads, four in flight a thread.
-template <typename T, int kHalo, int kHaloW>
-__device__ __forceinline__ void stage_halo(T* buf, const T* __restrict__ x_img, int c0, int ih0,
-                                           int iw0, const TileArgs& a) {
+// Issues the loads of chunk c0 of the region's halo into `buf` ([rows x cols][TileXRow]):
+// 16-byte cp.asyncs (zero-filled outside the image and past C) when pixel rows are 16-byte
+// aligned (C a multiple of 16 / sizeof(T)), else plain loads.
+template <typename T, int R>
+__device__ __forceinline__ void stage_region_halo(T* buf, const T* __restrict__ x_img, int c0,
+                                                  int ih0, int iw0, int rows, int cols,
+                                                  const TileArgs& a) {
+  constexpr int kBytes = sizeof(T);
+  constexpr int kCh = TileChunkChannels(kBytes, R), kRow = TileXRow(kBytes, R);
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr int kVecsPerPos = kTileChannels / kVec;
+  constexpr int kVecsPerPos = kCh / kVec;
+  const unsigned positions = rows * cols;
   if (a.C % kVec == 0) {
-    for (int v = threadIdx.x; v < kHalo * kVecsPerPos; v += blockDim.x) {
-      const int pos = v / kVecsPerPos, c = (v % kVecsPerPos) * kVec;
-      const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
+    for (unsigned v = threadIdx.x; v < positions * kVecsPerPos; v += blockDim.x) {
+      const unsigned pos = v / kVecsPerPos, c = (v % kVecsPerPos) * kVec;
+      const unsigned py = pos / cols;
+      const int ih = ih0 + static_cast<int>(py), iw = iw0 + static_cast<int>(pos - py * cols);
       const bool valid = ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C;
       const T* src = valid ? x_img + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c : x_img;
-      mma::CpAsync16L1(buf + pos * kRowElems<T> + c, src, valid);
+      mma::CpAsync16(buf + pos * kRow + c, src, valid);
     }
     return;
   }
-  constexpr int kUnroll = 4;
-  for (int e0 = threadIdx.x; e0 < kHalo * kTileChannels; e0 += kUnroll * blockDim.x) {
-    T v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = e0 + u * blockDim.x;
-      const int c = e % kTileChannels, pos = e / kTileChannels;
-      const int ih = ih0 + pos / kHaloW, iw = iw0 + pos % kHaloW;
-      v[u] = from_float<T>(0.0f);  // padding and channels past C never contribute
-      if (e < kHalo * kTileChannels && ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C)
-        v[u] = x_img[(static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c];
+  for (int e = threadIdx.x; e < static_cast<int>(positions) * kCh; e += blockDim.x) {
+    const int pos = e / kCh, c = e % kCh;
+    const int py = pos / cols, ih = ih0 + py, iw = iw0 + pos - py * cols;
+    T v = from_float<T>(0.0f);  // padding and channels past C never contribute
+    if (ih >= 0 && ih < a.H && iw >= 0 && iw < a.W && c0 + c < a.C)
+      v = x_img[(static_cast<int64_t>(ih) * a.W + iw) * a.C + c0 + c];
+    buf[pos * kRow + c] = v;
+  }
+}
+
+// Issues the loads of chunk c0's weights of output channels [k0, k0 + 32 KPL) into `buf`
+// ([tap][chunk channel][32 KPL]): 16-byte cp.asyncs when K is a multiple of 16 / sizeof(T)
+// (rows 16-byte aligned; a vector is then wholly in or past K), zero past C and K.
+template <typename T, int R, int KPL>
+__device__ __forceinline__ void stage_block_weights(T* buf, const T* __restrict__ w, int c0,
+                                                    int k0, const TileArgs& a) {
+  constexpr int kCh = TileChunkChannels(sizeof(T), R), kCols = 32 * KPL;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVecsPerRow = kCols / kVec;
+  if (a.K % kVec == 0) {
+    // A thread keeps one column and steps over rows (unsigned: shifts, no sign fix-ups).
+    const unsigned col = (threadIdx.x % kVecsPerRow) * kVec, k = k0 + col;
+    const unsigned step = blockDim.x / kVecsPerRow;
+    const bool k_in = k < static_cast<unsigned>(a.K);
+    for (unsigned row = threadIdx.x / kVecsPerRow; row < R * R * kCh; row += step) {
+      const unsigned t = row / kCh, c = c0 + row % kCh;
+      const bool valid = k_in && c < static_cast<unsigned>(a.C);
+      const T* src = valid ? w + (static_cast<int64_t>(t) * a.C + c) * a.K + k : w;
+      mma::CpAsync16(buf + row * kCols + col, src, valid);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = e0 + u * blockDim.x;
-      if (e < kHalo * kTileChannels) buf[(e / kTileChannels) * kRowElems<T> + e % kTileChannels] = v[u];
-    }
+    return;
+  }
+  for (int e = threadIdx.x; e < R * R * kCh * kCols; e += blockDim.x) {
+    const int row = e / kCols, col = e % kCols;
+    const int t = row / kCh, c = c0 + row % kCh, k = k0 + col;
+    buf[e] = (c < a.C && k < a.K) ? w[(static_cast<int64_t>(t) * a.C + c) * a.K + k]
+                                  : from_float<T>(0.0f);
   }
 }
 
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(256, 1)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
-  constexpr int kHaloH = TH + R - 1, kHaloW = TW + R - 1, kHalo = kHaloH * kHaloW;
+  constexpr int kHaloW = TW + R - 1, kHalo = (TH + R - 1) * kHaloW;
   constexpr int kWords = (kHalo + 31) / 32;
-  constexpr int kRow = kRowElems<T>;
-  // Two chunks of halo (the next one loads while this one is walked), then the masks.
-  __shared__ __align__(16) T xs[2][kHalo * kRow];
-  __shared__ uint32_t nz[kTileChannels * kWords];  // [channel][word]: nonzero positions
+  constexpr int kBytes = sizeof(T);
+  constexpr int kCh = TileChunkChannels(kBytes, R), kRow = TileXRow(kBytes, R), kCols = 32 * KPL;
+  extern __shared__ __align__(16) unsigned char tile_smem[];
+  const int halo_rows = a.warps_y * TH + R - 1, halo_cols = a.warps_x * TW + R - 1;
+  const int64_t halo_elems = TileHaloElems(kBytes, R, TH, TW, a.warps_y, a.warps_x);
+  T* const xs = reinterpret_cast<T*>(tile_smem);  // [2][halo_elems], then [2][weights]
+  T* const ws = xs + 2 * halo_elems;
+  constexpr int64_t kWeightElems = TileWeightElems(kBytes, R, KPL);
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int tw_i = blockIdx.x % a.tiles_w;
-  const int rest = blockIdx.x / a.tiles_w;
-  const int th_i = rest % a.tiles_h, n = rest / a.tiles_h;
-  const int oh0 = th_i * TH, ow0 = tw_i * TW;
-  const int ih0 = oh0 - a.pad_h, iw0 = ow0 - a.pad_w;
-  const int k = (blockIdx.y * warps + warp) * 32 * KPL + lane * KPL;
-  const bool warp_active = (blockIdx.y * warps + warp) * 32 * KPL < a.K;
-  // Vector weight loads need K % KPL == 0 (16- or 8-byte aligned rows) and all KPL in range.
-  const bool full = a.K % KPL == 0 && k + KPL <= a.K;
-  const int64_t tap_stride = static_cast<int64_t>(a.C) * a.K;
-  const T* w_lane = w + k;  // w[0, 0, k]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wy = warp / a.warps_x, wx = warp - wy * a.warps_x;
+  const int rw_i = blockIdx.x % a.regions_w;
+  const int rest = blockIdx.x / a.regions_w;
+  const int rh_i = rest % a.regions_h, n = rest / a.regions_h;
+  const int oh_r = rh_i * a.warps_y * TH, ow_r = rw_i * a.warps_x * TW;  // region origin
+  const int oh0 = oh_r + wy * TH, ow0 = ow_r + wx * TW;                   // this warp's tile
+  const int k0 = blockIdx.y * kCols, k = k0 + lane * KPL;
+  const bool tile_live = oh0 < a.P && ow0 < a.Q;  // warp-uniform
   const T* x_img = x + static_cast<int64_t>(n) * a.H * a.W * a.C;
+
+  // The lane's halo positions word * 32 + lane, as offsets into a halo buffer (-1: none).
+  int xoff[kWords];
+#pragma unroll
+  for (int word = 0; word < kWords; ++word) {
+    const int pos = word * 32 + lane;
+    const int hy = pos / kHaloW, hx = pos % kHaloW;
+    xoff[word] = pos < kHalo ? ((wy * TH + hy) * halo_cols + wx * TW + hx) * kRow : -1;
+  }
 
   float acc[TH * TW][KPL];
 #pragma unroll
@@ -210,60 +275,49 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int j = 0; j < KPL; ++j) acc[i][j] = 0.0f;
 
-  const int chunks = (a.C + kTileChannels - 1) / kTileChannels;
+  const int chunks = (a.C + kCh - 1) / kCh;
   const int chunk_begin = blockIdx.z * a.chunks_per_split;
   const int chunk_end = min(chunks, chunk_begin + a.chunks_per_split);
-  const int c_end = min(a.C, chunk_end * kTileChannels);
-  // Weights of the next channel load while this one is walked (they come from L2).
-  float wr[R * R][KPL];
-  auto load_w = [&](int c, float (&dst)[R * R][KPL]) {
-    load_channel_weights<T, R, KPL>(w_lane + static_cast<int64_t>(c) * a.K, tap_stride, k, a.K,
-                                    full, dst);
+  auto stage = [&](int chunk, int buf) {
+    stage_region_halo<T, R>(xs + buf * halo_elems, x_img, chunk * kCh, oh_r - a.pad_h,
+                            ow_r - a.pad_w, halo_rows, halo_cols, a);
+    stage_block_weights<T, R, KPL>(ws + buf * kWeightElems, w, chunk * kCh, k0, a);
   };
-  if (warp_active) load_w(chunk_begin * kTileChannels, wr);
-  stage_halo<T, kHalo, kHaloW>(xs[0], x_img, chunk_begin * kTileChannels, ih0, iw0, a);
+  if (chunk_begin < chunk_end) stage(chunk_begin, 0);
   mma::CpAsyncCommit();
   for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-    const int c0 = chunk * kTileChannels, buf = (chunk - chunk_begin) & 1;
-    __syncthreads();  // every warp is done with the other buffer and with the masks
-    if (chunk + 1 < chunk_end)
-      stage_halo<T, kHalo, kHaloW>(xs[buf ^ 1], x_img, c0 + kTileChannels, ih0, iw0, a);
+    const int buf = (chunk - chunk_begin) & 1;
+    __syncthreads();  // every warp is done with the other buffers
+    if (chunk + 1 < chunk_end) stage(chunk + 1, buf ^ 1);
     mma::CpAsyncCommit();
-    mma::CpAsyncWait<1>();  // this chunk's halo has landed (the next may be in flight)
+    mma::CpAsyncWait<1>();  // this chunk has landed (the next may be in flight)
     __syncthreads();
-    const T* xb = xs[buf];
-    // One ballot per (channel, 32 positions). NaN counts as nonzero: it propagates as in dense.
-    for (int e = warp; e < kTileChannels * kWords; e += warps) {
-      const int cc = e / kWords, pos = (e % kWords) * 32 + lane;
-      const bool nonzero = pos < kHalo && to_float(xb[pos * kRow + cc]) != 0.0f;
-      const uint32_t bits = __ballot_sync(0xffffffffu, nonzero);
-      if (lane == 0) nz[e] = bits;
-    }
-    __syncthreads();
-    if (!warp_active) continue;
-    const int channels = min(kTileChannels, a.C - c0);
-    // One walk per channel, then a register copy of the prefetched weights: unrolling by two
-    // channels with alternating register sets (no copy) duplicates the walk's switch and
-    // measured slower on H200 (VGG conv3_2 N=64, 90% zeros: 6.6 vs 5.4 ms).
+    if (!tile_live) continue;
+    const T* xb = xs + buf * halo_elems;
+    const T* wb = ws + buf * kWeightElems + lane * KPL;
+    const int channels = min(kCh, a.C - chunk * kCh);
     for (int cc = 0; cc < channels; ++cc) {
-      float wn[R * R][KPL];
-      if (c0 + cc + 1 < c_end) load_w(c0 + cc + 1, wn);
+      // NaN counts as nonzero: it propagates as in dense.
+      float xv[kWords];
+      uint32_t bits[kWords], any = 0;
 #pragma unroll
       for (int word = 0; word < kWords; ++word) {
-        uint32_t bits = nz[cc * kWords + word];
-        while (bits != 0) {  // warp-uniform: one trip per nonzero
-          const int pos = word * 32 + __ffs(bits) - 1;
-          bits &= bits - 1;
-          scatter_at<R, TH, TW, KPL>(pos, to_float(xb[pos * kRow + cc]), acc, wr);
-        }
+        xv[word] = xoff[word] >= 0 ? to_float(xb[xoff[word] + cc]) : 0.0f;
+        bits[word] = __ballot_sync(0xffffffffu, xv[word] != 0.0f);
+        any |= bits[word];
       }
+      if (any == 0) continue;  // warp-uniform: no nonzero, no weight reads
+      float wr[R * R][KPL];
 #pragma unroll
-      for (int t = 0; t < R * R; ++t)
+      for (int t = 0; t < R * R; ++t) read_weight_row<T, KPL>(wb + (t * kCh + cc) * kCols, wr[t]);
+      // A walk per 32-position word: one walk over a 64-bit mask of both words (one copy of
+      // the switch's code) measured slower, its 64-bit bit scans cost more than they saved.
 #pragma unroll
-        for (int j = 0; j < KPL; ++j) wr[t][j] = wn[t][j];
+      for (int word = 0; word < kWords; ++word)
+        walk_nonzeros<R, TH, TW, KPL>(bits[word], xv[word], acc, wr, word * 32);
     }
   }
-  if (!warp_active) return;
+  if (!tile_live) return;
 
   float b[KPL];
 #pragma unroll

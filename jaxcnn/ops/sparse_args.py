@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from jaxcnn.ops.conv_args import Conv2dConfig, _int_pair, conv2d_output_shape, padding_pairs
 
 Pair = tuple[int, int]
@@ -89,8 +91,10 @@ def mask_bytes(x_nhwc: Sequence[int]) -> int:
     return n * h * w * ((c + 31) // 32) * 4
 
 
-def kernel_params(x_nhwc: Sequence[int], w_shape: Sequence[int], cfg: SparseConfig) -> dict:
-    """The fields of cuda_ops/sparse/sparse_conv.h's SparseConvParams, by name."""
+def kernel_params(x_nhwc: Sequence[int], w_shape: Sequence[int], cfg: SparseConfig,
+                  dtype=np.float32) -> dict:
+    """The fields of cuda_ops/sparse/sparse_conv.h's SparseConvParams, by name (`dtype`: the
+    storage type, whose size picks the tile kernel's staging)."""
     n, h, wd, c = x_nhwc
     r, s, _, k = w_shape
     conv = cfg.conv
@@ -99,7 +103,8 @@ def kernel_params(x_nhwc: Sequence[int], w_shape: Sequence[int], cfg: SparseConf
     q = (wd + pl + pr - conv.dilation[1] * (s - 1) - 1) // conv.stride[1] + 1
     params = dict(N=n, H=h, W=wd, C=c, R=r, S=s, K=k, P=p, Q=q, stride_h=conv.stride[0],
                   stride_w=conv.stride[1], pad_h=pt, pad_w=pl, dilation_h=conv.dilation[0],
-                  dilation_w=conv.dilation[1], activation=int(conv.activation == "relu"))
+                  dilation_w=conv.dilation[1], activation=int(conv.activation == "relu"),
+                  elem_bytes=np.dtype(dtype).itemsize)
     if cfg.pool is not None:
         pp, pq = pooled_size((p, q), cfg.pool)
         params.update(pool_h=cfg.pool.window[0], pool_w=cfg.pool.window[1],

@@ -80,7 +80,8 @@ class SparseConv2dPrimitive(LeadingBatchPrimitive):
         # The kernels' scratch is a second result: XLA allocates it with the program's
         # temporaries, the handler allocates nothing (CUDA-graph safe). The library sizes it for
         # its own plan; without the library, the walk kernel's masks.
-        scratch_bytes = _ffi.sparse_conv_scratch_bytes(kernel_params(x_aval.shape, w_aval.shape, cfg))
+        scratch_bytes = _ffi.sparse_conv_scratch_bytes(kernel_params(x_aval.shape, w_aval.shape, cfg,
+                                                                  x_aval.dtype))
         if scratch_bytes is None:
             scratch_bytes = mask_bytes(x_aval.shape)
         scratch = ShapedArray((max(scratch_bytes, 16),), np.uint8)
