@@ -276,6 +276,7 @@ SparseConvPlan plan_sparse_conv(const SparseConvParams& p, int64_t scratch_bytes
   if (plan.unsupported != nullptr) return plan;
   int sm_count = 132, smem_optin = 227 * 1024;
   if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sm_count) != cudaSuccess || sm_count < 1) sm_count = 132;
+  // No device to ask: plan for the opt-in-free 48 KiB (the walk kernel then; nothing launches).
   if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_optin) != cudaSuccess)
     smem_optin = 48 * 1024;
   if (TileEligible(p) && PlanTile(p, sm_count, smem_optin, scratch_bytes, plan))
