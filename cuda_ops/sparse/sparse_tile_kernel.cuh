@@ -120,8 +120,9 @@ __device__ __forceinline__ void scatter_at(int pos, float v, float (&acc)[TH * T
 #undef JAXCNN_SCATTER_CASE
 
 // Scatters every nonzero of `mask` (bit i: halo position base + i, its value held by lane i as
-// lane_value). Warp-uniform, one trip per nonzero; the next nonzero's shuffle is issued before
-// this one's FMAs, so its latency hides behind them.
+// lane_value). Warp-uniform, one trip per nonzero; the next nonzero's bit scan and shuffle are
+// issued before this one's FMAs, so their latency hides behind them. They run unconditionally
+// (past the last nonzero on a dummy lane): no branch around the shuffle.
 template <int R, int TH, int TW, int KPL>
 __device__ __forceinline__ void walk_nonzeros(uint32_t mask, float lane_value,
                                               float (&acc)[TH * TW][KPL],
@@ -134,11 +135,9 @@ __device__ __forceinline__ void walk_nonzeros(uint32_t mask, float lane_value,
     const int pos = base + bit;
     const float value = v;
     const bool more = mask != 0;
-    if (more) {
-      bit = __ffs(mask) - 1;
-      mask &= mask - 1;
-      v = __shfl_sync(0xffffffffu, lane_value, bit);
-    }
+    bit = (__ffs(mask) - 1) & 31;
+    mask &= mask - 1;
+    v = __shfl_sync(0xffffffffu, lane_value, bit);
     scatter_at<R, TH, TW, KPL>(pos, value, acc, wr);
     if (!more) break;
   }
