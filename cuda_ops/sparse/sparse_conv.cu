@@ -94,7 +94,6 @@ cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, 
 // extra pass that adds the partial sums.
 constexpr int kTileMaxSplits = 16;
 constexpr double kTileSplitPassCost = 1.1;
-constexpr int kTileMaxWarps = 8;  // ~200 registers a thread: 8 warps fill an SM's registers
 
 bool TileEligible(const SparseConvParams& p) {
   return !p.pooled() && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
@@ -126,7 +125,7 @@ bool ForcedTileRegion(int* warps_y, int* warps_x) {
     const char* v = std::getenv("JAXCNN_SPARSE_TILE_REGION");
     int a = 0, b = 0;
     if (v == nullptr || std::sscanf(v, "%dx%d", &a, &b) != 2 || a < 1 || b < 1 ||
-        a * b > kTileMaxWarps)
+        a * b > sparse::kTileMaxWarps)
       return std::pair<int, int>{0, 0};
     return std::pair<int, int>{a, b};
   }();
@@ -149,7 +148,7 @@ bool PlanTile(const SparseConvParams& p, int sm_count, int smem_optin,
   if (ForcedTileRegion(&fy, &fx) && TileSmemFor(p, fy, fx) <= smem_optin) {
     best_y = fy, best_x = fx;
   } else {
-    for (int warps = kTileMaxWarps; warps >= 1 && best_y == 0; warps /= 2) {
+    for (int warps = sparse::kTileMaxWarps; warps >= 1 && best_y == 0; warps /= 2) {
       for (int wy = 1; wy <= warps; wy *= 2) {
         const int wx = warps / wy;
         if (TileSmemFor(p, wy, wx) > smem_optin) continue;

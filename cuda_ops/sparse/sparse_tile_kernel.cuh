@@ -61,6 +61,10 @@ __host__ __device__ constexpr int64_t TileSmemBytes(int elem_bytes, int R, int T
               TileWeightElems(elem_bytes, R, KPL)) * elem_bytes;
 }
 
+// Warps a CTA may have (the kernel's launch bound): at ~200 registers a thread, 8 warps fill an
+// SM's registers.
+constexpr int kTileMaxWarps = 8;
+
 struct TileArgs {
   int N, H, W, C, K, P, Q, pad_h, pad_w, activation;
   int warps_y, warps_x;      // warp tiles of a CTA's region (blockDim.x = 32 * warps_y * warps_x)
@@ -163,8 +167,7 @@ __device__ __forceinline__ void read_weight_row(const T* row, float (&v)[KPL]) {
     const T* h = reinterpret_cast<const T*>(&raw);
     v[0] = to_float(h[0]), v[1] = to_float(h[1]);
   } else {
-#pragma unroll
-    for (int j = 0; j < KPL; ++j) v[j] = to_float(row[j]);
+    static_assert(KPL == 2 || KPL == 4, "the tile kernel runs 2 or 4 channels a lane");
   }
 }
 
@@ -234,7 +237,7 @@ __device__ __forceinline__ void stage_block_weights(T* buf, const T* __restrict_
 }
 
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(32 * kTileMaxWarps, 1)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
   constexpr int kHaloW = TW + R - 1, kHalo = (TH + R - 1) * kHaloW;
