@@ -9,9 +9,11 @@ of GPU kernel durations, jaxcnn/profile/device_time.py) of
   - jaxcnn: jaxcnn.fire, algorithm "auto" (what users get),
   - fused:  algorithm "tensor_core" (the single mma.sync kernel),
   - wgmma:  algorithm "wgmma" (three wgmma convs, expands into their slices of the output),
+  - two_phase: algorithm "two_phase" (one cooperative launch: squeeze over the whole grid,
+            grid barrier, expands; for small problems),
   - xla:    the zoo's fire module on XLA's ops under jit (squeeze conv + bias + ReLU, two
             expand convs + bias + ReLU, concatenate): what a plain JAX SqueezeNet runs.
-fused/wgmma are skipped (with their reason) where they cannot run.
+fused/wgmma/two_phase are skipped (with their reason) where they cannot run.
 Floor = (x bytes + y bytes) / 3.97e12 s (H200 HBM3e; weights are negligible); "% floor" =
 floor / time; XLA/jaxcnn = the speedup. Issue goal for the headline case: >= 2.5x XLA.
 
@@ -64,7 +66,7 @@ DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200)
 GOAL_SPEEDUP = 2.5
 # Forced algorithms timed next to "auto" (report column -> jaxcnn.fire algorithm).
-FORCED_VARIANTS = (("fused", "tensor_core"), ("wgmma", "wgmma"))
+FORCED_VARIANTS = (("fused", "tensor_core"), ("wgmma", "wgmma"), ("two_phase", "two_phase"))
 # max |jaxcnn - xla| relative to max |xla|: XLA rounds each conv's output before its bias,
 # jaxcnn once per conv; a few ulps of the dtype.
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-4}
@@ -191,8 +193,8 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
 def summary_table(rows: list[dict]) -> list[str]:
     lines = ["| case | N | dtype | HxW | C->S->(E,E) | MB | GFLOP | floor us | jaxcnn us | XLA us "
              "| jaxcnn % floor | XLA % floor | jaxcnn TFLOP/s | XLA/jaxcnn | fused us | wgmma us "
-             "| max rel diff | status |",
-             "|" + "---|" * 18]
+             "| two_phase us | max rel diff | status |",
+             "|" + "---|" * 19]
     for r in rows:
         t = r["timings"]
         cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
@@ -200,7 +202,7 @@ def summary_table(rows: list[dict]) -> list[str]:
                  f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", _us(t.get("jaxcnn", {})),
                  _us(t.get("xla", {})), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
                  _fmt(r["pct_of_floor"].get("xla"), ".0f"), _fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 _fmt(r["speedup_vs_xla"], ".2f"), *(_us(t[v]) if v in t else "-" for v in ("fused", "wgmma")),
+                 _fmt(r["speedup_vs_xla"], ".2f"), *(_us(t[v]) if v in t else "-" for v, _ in FORCED_VARIANTS),
                  _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
                  _status(r)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

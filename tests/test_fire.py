@@ -141,7 +141,7 @@ def test_jit_and_eager_agree_and_algorithms_agree_on_cpu():
     ops = fire_operands(7, 2, 6, 5, 16, 8, 8, 8)
     eager = jaxcnn.fire(*ops)
     np.testing.assert_array_equal(jax.jit(jaxcnn.fire)(*ops), eager)
-    for algorithm in ("tensor_core", "fma", "wgmma"):
+    for algorithm in ("tensor_core", "fma", "wgmma", "two_phase"):
         np.testing.assert_array_equal(jaxcnn.fire(*ops, algorithm=algorithm), eager)
 
 
@@ -308,7 +308,8 @@ def cuda_text(fn, *args) -> str:
 
 @needs_library
 @pytest.mark.parametrize("algorithm,code",
-                         [("auto", 0), ("tensor_core", 1), ("fma", 2), ("wgmma", 3)])
+                         [("auto", 0), ("tensor_core", 1), ("fma", 2), ("wgmma", 3),
+                          ("two_phase", 4)])
 def test_cuda_lowering_is_one_ffi_custom_call(algorithm, code):
     ops = [sds(a.shape, jnp.bfloat16) for a in GOOD.values()]
     text = cuda_text(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops)

@@ -1,5 +1,6 @@
 """GPU suite for the fire module (`pytest -m gpu`): the CUDA kernels (fused tensor-core
-bf16/fp16, the three wgmma convs, CUDA-core fp32 and fallback) against XLA's unfused composition computed in float32
+bf16/fp16, the three wgmma convs, the two-phase cooperative kernel, CUDA-core fp32 and
+fallback) against XLA's unfused composition computed in float32
 and a float64 oracle, over random shapes (odd H/W, N = 1), every SqueezeNet 1.0/1.1 fire,
 NaN-poisoned outputs, grads and vmap."""
 
@@ -115,15 +116,32 @@ def test_wgmma_squeezenet_fires(n, hw, c, s, e):
     check(fire_operands(c + s + hw + 1, n, hw, hw, c, s, e, e, jnp.bfloat16), "wgmma")
 
 
-def test_auto_plan_takes_wgmma_for_the_headline_and_fused_for_small():
+@settings(max_examples=40, deadline=None)
+@given(gpu_cases())
+def test_two_phase_kernel_random_shapes(case):
+    check_drawn(case, "two_phase")
+
+
+@pytest.mark.parametrize("c,s,e", SQUEEZENET_FIRES)
+@pytest.mark.parametrize("n,hw", [(1, 13), (1, 27), (3, 27)])
+def test_two_phase_squeezenet_fires(n, hw, c, s, e):
+    check(fire_operands(c + s + hw + 2, n, hw, hw, c, s, e, e, jnp.bfloat16), "two_phase")
+
+
+def test_auto_plan_takes_wgmma_for_the_headline_fused_mid_size_and_two_phase_for_small():
     from jaxcnn import _ffi
     big = _ffi.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
-    small = _ffi.fire_plan((1, 13, 13, 64), 16, 64, 64, jnp.bfloat16)
+    mid = _ffi.fire_plan((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16)
+    small = _ffi.fire_plan((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16)
     assert big.startswith("kernel=wgmma"), big
-    assert small.startswith("kernel=tensor_core"), small
+    assert mid.startswith("kernel=tensor_core"), mid
+    assert small.startswith("kernel=two_phase"), small
     assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == \
         64 * 55 * 55 * 32 * 2
-    assert _ffi.fire_workspace_bytes((1, 13, 13, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
+    assert _ffi.fire_workspace_bytes((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
+    # s packed [169][48] bf16, rounded up to 256 bytes.
+    assert _ffi.fire_workspace_bytes((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16, "auto") == \
+        -(-13 * 13 * 48 * 2 // 256) * 256
 
 
 def test_forced_wgmma_on_float32_is_a_python_error():
@@ -132,7 +150,7 @@ def test_forced_wgmma_on_float32_is_a_python_error():
         jax.block_until_ready(jaxcnn.fire(*ops, algorithm="wgmma"))
 
 
-@pytest.mark.parametrize("algorithm", ["tensor_core", "fma", "wgmma"])
+@pytest.mark.parametrize("algorithm", ["tensor_core", "fma", "wgmma", "two_phase"])
 def test_forced_algorithms_agree(algorithm):
     check(fire_operands(1, 2, 17, 23, 64, 16, 64, 64, jnp.bfloat16), algorithm)
 
@@ -141,6 +159,11 @@ def test_forced_tensor_core_on_float32_is_a_python_error():
     ops = fire_operands(2, 1, 8, 8, 16, 8, 8, 8, jnp.float32)
     with pytest.raises(Exception, match="tensor-core fire kernel is bf16/fp16 only"):
         jax.block_until_ready(jaxcnn.fire(*ops, algorithm="tensor_core"))
+    with pytest.raises(Exception, match="two-phase fire kernel is bf16/fp16 only"):
+        jax.block_until_ready(jaxcnn.fire(*ops, algorithm="two_phase"))
+    wide = fire_operands(2, 1, 8, 8, 16, 72, 8, 8, jnp.bfloat16)
+    with pytest.raises(Exception, match="two-phase fire kernel supports 8 to 64 squeeze"):
+        jax.block_until_ready(jaxcnn.fire(*wide, algorithm="two_phase"))
 
 
 def test_handler_errors_become_python_exceptions():
@@ -158,8 +181,11 @@ def test_handler_errors_become_python_exceptions():
     call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((1, 16, 16, 32), jnp.bfloat16), scratch))
     with pytest.raises(Exception, match="the wgmma path needs"):
         jax.block_until_ready(jax.jit(lambda *a: call(*a, algorithm=np.int64(3)))(*big))
+    with pytest.raises(Exception, match="the two-phase kernel needs"):
+        jax.block_until_ready(jax.jit(lambda *a: call(*a, algorithm=np.int64(4)))(*big))
     # The process is still healthy afterwards.
     check(big, "wgmma")
+    check(big, "two_phase")
 
 
 def test_deterministic():
@@ -186,7 +212,7 @@ def test_vmap_on_gpu():
         np.testing.assert_array_equal(got[i], jaxcnn.fire(xs[i], *ops[1:]))
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "tensor_core", "fma", "wgmma"])
+@pytest.mark.parametrize("algorithm", ["auto", "tensor_core", "fma", "wgmma", "two_phase"])
 @pytest.mark.parametrize("n,h,w,c,m,k", [(1, 13, 13, 64, 16, 64), (2, 9, 21, 72, 24, 40),
                                          (3, 27, 27, 128, 32, 128), (1, 1, 1, 8, 8, 8)])
 def test_straight_conv1x1_conv3x3(algorithm, n, h, w, c, m, k):

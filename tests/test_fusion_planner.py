@@ -101,6 +101,26 @@ def test_fire_cost_model_counts_saved_bytes_and_launches():
         assert fused.launch_ms == pytest.approx(launches * cost.LAUNCH_MS)
 
 
+def test_fire_cost_model_takes_two_phase_for_small_problems():
+    """Up to 1024 output pixels (N = 1 SqueezeNet 1.1 fires 4-9) "auto" runs the two-phase
+    kernel: one launch, s's three transfers as XLA's, the concatenate gone."""
+    spec = L._resolve_spec("H200", False)[0]
+    groups, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="bfloat16", kinds=BLOCKS)
+    small = [g for g in groups if g.x_shape[1] * g.x_shape[2] <= cost.FIRE_TWO_PHASE_MAX_PIXELS]
+    assert [g.x_shape[1] for g in small] == [27, 27, 13, 13, 13, 13]
+    for g in groups:
+        assert cost.fire_uses_two_phase(g) == (g in small)
+    g = small[-1]
+    assert not cost.fire_uses_wgmma(g, spec)
+    fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
+    assert fused.launches == 1
+    y = 13 * 13 * 512 * 2
+    assert xla.dram_bytes - fused.dram_bytes == pytest.approx(2 * y)
+    # fp32 and off-multiple channels never take it.
+    g32, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="float32", kinds=BLOCKS)
+    assert not any(cost.fire_uses_two_phase(g) for g in g32)
+
+
 def test_fire_two_cta_layout_mirrors_the_launcher():
     """The cost model's shared-memory estimate equals fire.cu's TcLayout (H200 plan text:
     SqueezeNet 1.1 fire2 at N=64 smem=109632, fire3 112704) and rejects wide expands."""

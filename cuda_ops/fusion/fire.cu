@@ -10,6 +10,7 @@
 #include "conv_tc/conv2d_tensorcore.h"
 #include "fusion/fire.h"
 #include "fusion/fire_kernels.cuh"
+#include "fusion/fire_two_phase_kernel.cuh"
 
 namespace jaxcnn {
 namespace {
@@ -26,6 +27,7 @@ struct DeviceInfo {
   int smem_optin = 0;
   int smem_per_sm = 0;
   int major = 0;
+  int cooperative = 0;  // cudaDevAttrCooperativeLaunch
 };
 
 cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
@@ -37,7 +39,10 @@ cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
       (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
            &info->smem_per_sm)) != cudaSuccess)
     return status;
-  return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major);
+  if ((status = CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major)) !=
+      cudaSuccess)
+    return status;
+  return CurrentDeviceAttribute<cudaDevAttrCooperativeLaunch>(&info->cooperative);
 }
 
 int SqueezeK(int64_t S) { return static_cast<int>(CeilDiv(S, 16) * 16); }
@@ -188,6 +193,14 @@ constexpr int64_t kWgmmaMinPixels = 8192;
 // for the wgmma convs' pipelines (H200, N = 64, 55x55: SqueezeNet 1.1 fire2 48.7 vs 63.8 us,
 // fire3 57.4 vs 67.5 us; fire_selftest prints both).
 constexpr int64_t kFusedMaxSqueezeAtScale = 16;
+// kAuto takes the two-phase kernel up to this many output pixels (N * H * W) when each of its
+// phases runs in one pass (no more items than resident CTAs): there the single-pass fused
+// kernel has too few tiles to spread its per-tile loads (each CTA streams the halo's whole C
+// and the squeeze weights) and the wgmma convs pay three launches. H100, N = 1 (bench_fusion
+// two_phase column): 27x27 and 13x13 fires 6.5-8.7 us vs 8.4-16.7 fused, 11.6-12.4 wgmma; a
+// second pass costs ~7 us (SqueezeNet 1.0 fire6 at 27x27 on 132 CTAs: 14.3 us); 55x55 fires
+// (3025 pixels) 8.2-11.2 vs 6.9-7.7 fused.
+constexpr int64_t kTwoPhaseMaxPixels = 1024;
 constexpr size_t kWorkspaceAlign = 256;
 
 // The kWgmma path's convs: squeeze into the packed workspace, then each expand into its
@@ -244,6 +257,89 @@ const char* WgmmaUnsupportedReason(const FireParams& p, const FireBuffers<T>& b)
   }
 }
 
+// The two-phase kernel's placement: CTAs launched, CTAs per SM (1 or 2: every CTA must be
+// resident for the grid barrier) and its shared memory.
+struct TwoPhaseLaunch {
+  int64_t grid = 0;
+  int ctas_per_sm = 0;  // 0: does not fit
+  int64_t smem_bytes = 0;
+  int64_t capacity = 0;  // CTAs resident at once: more items than this take several passes
+};
+
+// The two-phase kernel's work split and shared-memory layout (fire_two_phase_kernel.cuh).
+fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
+                                  TwoPhaseLaunch* launch) {
+  using namespace fire;
+  TwoPhaseArgs a{};
+  a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
+  a.C = static_cast<int>(p.C), a.S = static_cast<int>(p.S);
+  a.E1 = static_cast<int>(p.E1), a.E3 = static_cast<int>(p.E3);
+  const int sk = SqueezeK(p.S);
+  const int64_t c16 = RoundUp(p.C, 16);
+  a.pixels = static_cast<int>(p.N * p.H * p.W);
+  // Short reductions (C <= 64: at most 4 k-steps) share the warps between two m tiles.
+  a.sq_mtiles = c16 <= 64 ? 2 : 1;
+  a.sq_ksplit = kWarps / a.sq_mtiles;
+  a.sq_items = static_cast<int>(CeilDiv(a.pixels, 16 * a.sq_mtiles) * (sk / kTwoPhaseSqBlock));
+  a.k_chunk = static_cast<int>(std::min<int64_t>(c16, kTwoPhaseMaxKChunk));
+  a.k_chunks = static_cast<int>(CeilDiv(p.C, a.k_chunk));
+  a.tiles_h = static_cast<int>(CeilDiv(p.H, kTwoPhaseTileH));
+  a.tiles_w = static_cast<int>(CeilDiv(p.W, kTileW));
+  a.num_tiles = static_cast<int>(p.N * a.tiles_h * a.tiles_w);
+  a.e1_blocks = static_cast<int>(CeilDiv(p.E1, kTwoPhaseBlock));
+  a.e3_blocks = static_cast<int>(CeilDiv(p.E3, kTwoPhaseBlock));
+  a.ex_items = (a.e1_blocks + a.e3_blocks) * a.num_tiles;
+  int off = 0;
+  a.off_x = off;
+  off += 16 * a.sq_mtiles * PaddedStride(a.k_chunk);
+  a.off_wsq = off;
+  off += a.k_chunk * TwoPhaseWsqStride();
+  a.off_red = static_cast<int>(RoundUp(off, 8));  // 16 bytes
+  off = a.off_red + kWarps * 256 * 2;              // fp32 [warp][16][16]: two T each
+  a.off_s = off;
+  off += HaloPixels(kTwoPhaseTileH) * PaddedStride(sk);
+  a.off_wex = off;
+  off += 9 * sk * TwoPhaseWexStride();
+  launch->smem_bytes = int64_t{off} * 2;
+  // Two CTAs per SM where their shared memory fits (the registers do: __launch_bounds__).
+  launch->ctas_per_sm =
+      launch->smem_bytes > dev.smem_optin ? 0
+      : 2 * (launch->smem_bytes + kSmemReservedPerCta) <= dev.smem_per_sm ? 2 : 1;
+  launch->capacity = int64_t{dev.sm_count} * launch->ctas_per_sm;
+  launch->grid = std::max<int64_t>(
+      1, std::min<int64_t>(launch->capacity, std::max(a.sq_items, a.ex_items)));
+  return a;
+}
+
+// Why the two-phase kernel cannot run these params/buffers on `dev` (workspace aside), or
+// nullptr.
+template <typename T>
+const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
+                                      cudaError_t dev_status, const DeviceInfo& dev) {
+  if constexpr (std::is_same_v<T, float>) {
+    return "the two-phase fire kernel is bf16/fp16 only (float32 runs the CUDA-core kernel)";
+  } else {
+    if (p.C % 8 != 0 || p.S % 8 != 0 || p.E1 % 8 != 0 || p.E3 % 8 != 0)
+      return "the two-phase fire kernel needs C, squeeze, expand1 and expand3 channels that are "
+             "multiples of 8";
+    if (p.S == 0 || p.S > 64) return "the two-phase fire kernel supports 8 to 64 squeeze channels";
+    if (p.N * p.H * p.W > kInt32Max / 64)
+      return "too many pixels for the two-phase fire kernel's int32 indices";
+    if (!Aligned16(b.x) || !Aligned16(b.y) || !Aligned16(b.w_sq) || !Aligned16(b.w_e1) ||
+        !Aligned16(b.w_e3))
+      return "the two-phase fire kernel needs 16-byte aligned x, y and weights";
+    if (dev_status != cudaSuccess) return "cannot query the current CUDA device";
+    if (dev.major < 8) return "the two-phase fire kernel needs sm_80 or newer (mma.sync bf16/fp16)";
+    if (dev.cooperative == 0)
+      return "the two-phase fire kernel needs cooperative launch (grid barrier) support";
+    TwoPhaseLaunch launch;
+    TwoPhaseLayout(p, dev, &launch);
+    if (launch.ctas_per_sm == 0)
+      return "the two-phase fire kernel's shared memory exceeds this GPU's per-block limit";
+    return nullptr;
+  }
+}
+
 bool HasWorkspace(const void* workspace, size_t bytes, int64_t need) {
   return workspace != nullptr && bytes >= static_cast<size_t>(need) &&
          reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign == 0;
@@ -295,6 +391,35 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
   if (tc_reason == nullptr && !ChooseTcLayout(p, dev, &tc))
     tc_reason = "tensor-core fire kernel's tiles do not fit in this GPU's shared memory";
 
+  if (algorithm == FireAlgorithm::kTwoPhase || algorithm == FireAlgorithm::kAuto) {
+    const char* reason = TwoPhaseUnsupportedReason(p, b, dev_status, dev);
+    const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));  // s, packed [N*H*W][S]
+    TwoPhaseLaunch launch;
+    const fire::TwoPhaseArgs a = TwoPhaseLayout(p, dev, &launch);
+    const bool one_pass = std::max(a.sq_items, a.ex_items) <= launch.capacity;
+    const bool wanted = algorithm == FireAlgorithm::kTwoPhase ||
+                        (p.N * p.H * p.W <= kTwoPhaseMaxPixels && one_pass &&
+                         HasWorkspace(b.workspace, b.workspace_bytes, need));
+    if (wanted && (reason == nullptr || algorithm == FireAlgorithm::kTwoPhase)) {
+      plan.unsupported = reason;
+      plan.kernel = FireAlgorithm::kTwoPhase;
+      plan.why = algorithm == FireAlgorithm::kTwoPhase
+                     ? "requested"
+                     : "small problem (the single-pass kernel has too few tiles)";
+      plan.workspace_bytes = need;
+      if (reason == nullptr) {
+        plan.grid = launch.grid;
+        plan.ctas_per_sm = launch.ctas_per_sm;
+        plan.smem_bytes = launch.smem_bytes;
+        plan.tile_h = fire::kTwoPhaseTileH;
+        plan.tile_w = fire::kTileW;
+        plan.expand_chunk = fire::kTwoPhaseBlock;
+        plan.squeeze_items = a.sq_items;
+        plan.expand_items = a.ex_items;
+      }
+      return plan;
+    }
+  }
   if (algorithm == FireAlgorithm::kWgmma || algorithm == FireAlgorithm::kAuto) {
     const char* wg_reason = WgmmaUnsupportedReason(p, b);
     if (wg_reason == nullptr) {
@@ -391,6 +516,38 @@ cudaError_t LaunchWgmma(const FireParams& p, const FireBuffers<T>& b, cudaStream
                                      stream);
 }
 
+// One cooperative launch (the grid barrier needs every CTA resident; the runtime refuses a
+// grid that cannot be).
+template <typename T, int SK>
+cudaError_t LaunchTwoPhase(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
+  DeviceInfo dev;
+  cudaError_t status = CurrentDeviceInfo(&dev);
+  if (status != cudaSuccess) return status;
+  TwoPhaseLaunch launch;
+  const fire::TwoPhaseArgs a = TwoPhaseLayout(p, dev, &launch);
+  if (launch.ctas_per_sm == 0) return cudaErrorInvalidValue;
+  auto kernel = fire::fire_two_phase_kernel<T, SK>;
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(launch.smem_bytes));
+  if (status != cudaSuccess) return status;
+  // The largest shared-memory carveout, so that two CTAs per SM are resident as planned.
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared);
+  if (status != cudaSuccess) return status;
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(launch.grid));
+  config.blockDim = dim3(fire::kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(launch.smem_bytes);
+  config.stream = stream;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, a, b.x, b.w_sq, b.b_sq, b.w_e1, b.b_e1, b.w_e3,
+                            b.b_e3, b.y, static_cast<T*>(b.workspace));
+}
+
 template <typename T>
 cudaError_t LaunchFma(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
   fire::FmaArgs a{};
@@ -423,14 +580,23 @@ cudaError_t launch_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgori
   const FirePlan plan = plan_fire(p, b, algorithm);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   if (plan.kernel == FireAlgorithm::kFma) return LaunchFma(p, b, stream);
-  if (plan.kernel == FireAlgorithm::kWgmma) {
+  if (plan.kernel == FireAlgorithm::kWgmma || plan.kernel == FireAlgorithm::kTwoPhase) {
     if (!HasWorkspace(b.workspace, b.workspace_bytes, plan.workspace_bytes))
       return cudaErrorInvalidValue;
-    return LaunchWgmma(p, b, stream);
+    if (plan.kernel == FireAlgorithm::kWgmma) return LaunchWgmma(p, b, stream);
   }
   if constexpr (std::is_same_v<T, float>) {
     return cudaErrorInvalidValue;  // plan_fire never picks tensor cores for fp32
   } else {
+    if (plan.kernel == FireAlgorithm::kTwoPhase) {
+      switch (SqueezeK(p.S)) {
+        case 16: return LaunchTwoPhase<T, 16>(p, b, stream);
+        case 32: return LaunchTwoPhase<T, 32>(p, b, stream);
+        case 48: return LaunchTwoPhase<T, 48>(p, b, stream);
+        case 64: return LaunchTwoPhase<T, 64>(p, b, stream);
+        default: return cudaErrorInvalidValue;  // plan_fire checked 8 <= S <= 64
+      }
+    }
     switch (SqueezeK(p.S)) {
       case 16: return LaunchTcTile<T, 16>(p, b, plan, stream);
       case 32: return LaunchTcTile<T, 32>(p, b, plan, stream);

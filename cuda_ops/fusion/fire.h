@@ -8,6 +8,9 @@
 //  - one mma.sync kernel (kTensorCore, kFma): the squeeze tile (plus its 1-pixel halo) never
 //    leaves shared memory (straight fusion), both expands read it from there (split fusion)
 //    and write straight into their channel slices of y (merge fusion: no concatenate);
+//  - kTwoPhase: one cooperative launch for small problems (N = 1): the squeeze spread over
+//    the whole grid into a workspace, a grid barrier, then the expands; every CTA moves tens
+//    of KB where the single kernel's few tiles each stream the whole input and weights;
 //  - kWgmma: three launches of the Hopper tensor-core conv (conv_tc/: wgmma + TMA), s through
 //    a workspace, each expand's epilogue storing into its channel slice of y (merge fusion
 //    again, so XLA's concatenate copy is gone). It wins where the single kernel's mma.sync
@@ -24,12 +27,17 @@ namespace jaxcnn {
 
 // Which kernel runs the fire module.
 enum class FireAlgorithm : int {
-  kAuto = 0,        // kWgmma where it applies and pays (with the buffers' workspace), else
+  kAuto = 0,        // kTwoPhase for small problems, kWgmma where it applies and pays (both
+                    // with the buffers' workspace), else
                     // kTensorCore where it applies, else kFma
   kTensorCore = 1,  // bf16/fp16 mma.sync (sm_80+); channel counts multiples of 8
   kFma = 2,         // CUDA-core fp32 FMA: any dtype, any channel counts
   kWgmma = 3,       // three wgmma/TMA convs (sm_90), expands into y's slices; bf16/fp16,
                     // channel counts multiples of 8; needs FirePlan::workspace_bytes
+  kTwoPhase = 4,    // one cooperative mma.sync launch (sm_80+): squeeze over the whole grid
+                    // into the workspace, grid barrier, expands into y's slices; for small
+                    // problems; bf16/fp16, channels multiples of 8, S <= 64; needs
+                    // FirePlan::workspace_bytes
 };
 
 // x [N,H,W,C], w_sq [1,1,C,S], w_e1 [1,1,S,E1], w_e3 [3,3,S,E3], biases [S], [E1], [E3],
@@ -41,7 +49,7 @@ struct FireParams {
 
 // What the launcher will run for these params, dtype and pointers (no launch).
 struct FirePlan {
-  FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore, kWgmma or kFma
+  FireAlgorithm kernel = FireAlgorithm::kFma;  // kTensorCore, kWgmma, kTwoPhase or kFma
   const char* unsupported = nullptr;          // non-null: cannot run, says why
   const char* why = "";                       // why this kernel (for selftests / logs)
   // Tensor-core kernel only: shared-memory bytes per CTA; squeeze weights kept in shared
@@ -57,7 +65,12 @@ struct FirePlan {
   int split = 0;
   int ctas_per_sm = 0;  // 1 or 2 (JAXCNN_FIRE_CTAS_PER_SM=1|2 forces it where it fits)
   int64_t grid = 0;
-  // kWgmma: device scratch for s (256-byte aligned) the launch needs in FireBuffers.
+  // kTwoPhase: work items of the squeeze phase (16-32 pixels x 16 channels) and of the
+  // expand phase (4x16 pixels x 32 channels); tile_h, tile_w, expand_chunk, grid and
+  // smem_bytes describe it too.
+  int64_t squeeze_items = 0, expand_items = 0;
+  // kWgmma, kTwoPhase: device scratch for s (256-byte aligned) the launch needs in
+  // FireBuffers.
   int64_t workspace_bytes = 0;
 };
 
@@ -72,7 +85,7 @@ struct FireBuffers {
   const T* w_e3;
   const T* b_e3;
   T* y;
-  void* workspace = nullptr;  // kWgmma only: FirePlan::workspace_bytes, 256-byte aligned
+  void* workspace = nullptr;  // kWgmma, kTwoPhase: FirePlan::workspace_bytes, 256-byte aligned
   size_t workspace_bytes = 0;
 };
 

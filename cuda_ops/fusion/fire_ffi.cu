@@ -39,9 +39,9 @@ ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
                    ffi::AnyBuffer w_e1, ffi::AnyBuffer w_e3, ffi::AnyBuffer b_sq,
                    ffi::AnyBuffer b_e1, ffi::AnyBuffer b_e3, ffi::Result<ffi::AnyBuffer> y,
                    ffi::Result<ffi::AnyBuffer> workspace, int64_t algorithm) {
-  if (algorithm < 0 || algorithm > 3)
-    return Invalid("algorithm must be 0 (auto), 1 (tensor_core), 2 (fma) or 3 (wgmma), got " +
-                   std::to_string(algorithm));
+  if (algorithm < 0 || algorithm > 4)
+    return Invalid("algorithm must be 0 (auto), 1 (tensor_core), 2 (fma), 3 (wgmma) or "
+                   "4 (two_phase), got " + std::to_string(algorithm));
   const auto x_dims = x.dimensions();
   if (x_dims.size() != 4) return Invalid("x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
   if (w_sq.dimensions().size() != 4 || w_e1.dimensions().size() != 4 ||
@@ -90,10 +90,10 @@ ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
       return Invalid(std::string("unsupported by the chosen kernel: ") + plan.unsupported +
                      " (x " + DimsToString(x_dims) + ", squeeze " + std::to_string(p.S) +
                      ", expand " + std::to_string(p.E1) + "+" + std::to_string(p.E3) + ")");
-    if (plan.kernel == FireAlgorithm::kWgmma &&
-        workspace->size_bytes() < static_cast<size_t>(plan.workspace_bytes))
-      return Invalid("workspace of " + std::to_string(workspace->size_bytes()) +
-                     " bytes; the wgmma path needs " + std::to_string(plan.workspace_bytes) +
+    if (workspace->size_bytes() < static_cast<size_t>(plan.workspace_bytes))
+      return Invalid("workspace of " + std::to_string(workspace->size_bytes()) + " bytes; the " +
+                     (plan.kernel == FireAlgorithm::kWgmma ? "wgmma path" : "two-phase kernel") +
+                     " needs " + std::to_string(plan.workspace_bytes) +
                      " (lowered without the library loaded?)");
     // Launch what was planned: launch_fire re-plans, and must not pick differently.
     JAXCNN_RETURN_IF_CUDA_ERROR(launch_fire<T>(p, buffers, plan.kernel, stream), "fire launch");
@@ -119,7 +119,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnFireFwd, jaxcnn::FireFwd,
                                   .Arg<ffi::AnyBuffer>()   // expand1_b
                                   .Arg<ffi::AnyBuffer>()   // expand3_b
                                   .Ret<ffi::AnyBuffer>()   // y
-                                  .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma)
+                                  .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma / two_phase)
                                   .Attr<int64_t>("algorithm"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -180,6 +180,14 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
   } else if (plan.kernel == jaxcnn::FireAlgorithm::kWgmma) {
     text = std::string("kernel=wgmma convs=3 workspace=") + std::to_string(plan.workspace_bytes) +
            " (" + plan.why + ")";
+  } else if (plan.kernel == jaxcnn::FireAlgorithm::kTwoPhase) {
+    text = "kernel=two_phase tile=" + std::to_string(plan.tile_h) + "x" +
+           std::to_string(plan.tile_w) + " block=" + std::to_string(plan.expand_chunk) +
+           " grid=" + std::to_string(plan.grid) + " ctas_per_sm=" +
+           std::to_string(plan.ctas_per_sm) + " smem=" + std::to_string(plan.smem_bytes) +
+           " squeeze_items=" + std::to_string(plan.squeeze_items) +
+           " expand_items=" + std::to_string(plan.expand_items) +
+           " workspace=" + std::to_string(plan.workspace_bytes) + " (" + plan.why + ")";
   } else {
     text = "kernel=tensor_core tile=" + std::to_string(plan.tile_h) + "x" +
            std::to_string(plan.tile_w) + " split=" + std::to_string(plan.split) +
@@ -205,5 +213,8 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_workspace_bytes(int64_t n, int64_t 
                                                              int64_t algorithm) {
   const jaxcnn::FirePlan plan = PlanForDtype(jaxcnn::FireParams{n, h, w, c, s, e1, e3}, dtype,
                                              static_cast<jaxcnn::FireAlgorithm>(algorithm));
-  return plan.kernel == jaxcnn::FireAlgorithm::kWgmma ? plan.workspace_bytes : 0;
+  return plan.kernel == jaxcnn::FireAlgorithm::kWgmma ||
+                 plan.kernel == jaxcnn::FireAlgorithm::kTwoPhase
+             ? plan.workspace_bytes
+             : 0;
 }

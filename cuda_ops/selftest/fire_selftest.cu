@@ -39,6 +39,7 @@ const char* AlgoName(FireAlgorithm a) {
     case FireAlgorithm::kTensorCore: return "tensor_core";
     case FireAlgorithm::kFma: return "fma";
     case FireAlgorithm::kWgmma: return "wgmma";
+    case FireAlgorithm::kTwoPhase: return "two_phase";
   }
   return "?";
 }
@@ -196,19 +197,34 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
 
   double ms = 0.0;
   if (pass && time_iters > 0) {
+    // Timed as one CUDA graph of time_iters launches, as XLA's command buffers run them: no
+    // host launch cost between kernels, and the capture checks that the launch (the
+    // two-phase kernel's cooperative one included) is graph-safe.
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(jaxcnn::launch_fire<T>(p, b, algo, stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < time_iters; ++i) CHECK_CUDA(jaxcnn::launch_fire<T>(p, b, algo, stream));
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
     cudaEvent_t start, stop;
     CHECK_CUDA(cudaEventCreate(&start));
     CHECK_CUDA(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; ++i) CHECK_CUDA(jaxcnn::launch_fire<T>(p, b, algo, 0));
-    CHECK_CUDA(cudaEventRecord(start));
-    for (int i = 0; i < time_iters; ++i) CHECK_CUDA(jaxcnn::launch_fire<T>(p, b, algo, 0));
-    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float total = 0.0f;
     CHECK_CUDA(cudaEventElapsedTime(&total, start, stop));
     ms = total / time_iters;
     CHECK_CUDA(cudaEventDestroy(start));
     CHECK_CUDA(cudaEventDestroy(stop));
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaStreamDestroy(stream));
   }
 
   std::printf("%-22s %-4s %-11s N=%lld H=%lld W=%lld C=%lld S=%lld E=%lld+%lld misalign=%d  "
@@ -270,7 +286,8 @@ int main(int argc, char** argv) {
     if (!pass) ++failures;
   };
   const FireAlgorithm tc = FireAlgorithm::kTensorCore, fma = FireAlgorithm::kFma,
-                      automatic = FireAlgorithm::kAuto, wgmma = FireAlgorithm::kWgmma;
+                      automatic = FireAlgorithm::kAuto, wgmma = FireAlgorithm::kWgmma,
+                      two = FireAlgorithm::kTwoPhase;
 
   // Odd sizes, edge tiles, N = 1, partial input chunks (C = 72, 136), S = 8/24/40 (padded K),
   // expand widths not multiples of 16 or 64 (40, 200).
@@ -286,6 +303,8 @@ int main(int argc, char** argv) {
     count(RunCase<float>(p, automatic, 0, "odd"));
     count(RunCase<__nv_bfloat16>(p, wgmma, 0, "odd"));
     count(RunCase<__half>(p, wgmma, 0, "odd"));
+    count(RunCase<__nv_bfloat16>(p, two, 0, "odd"));
+    count(RunCase<__half>(p, two, 0, "odd"));
   }
   // No 1x1 expand (E1 = 0): the straight squeeze -> 3x3 chain (jaxcnn.conv1x1_conv3x3).
   const FireParams chains[] = {{1, 13, 13, 64, 16, 0, 64}, {2, 9, 21, 72, 24, 0, 40},
@@ -295,6 +314,7 @@ int main(int argc, char** argv) {
     count(RunCase<__half>(p, fma, 0, "1x1->3x3"));
     count(RunCase<float>(p, automatic, 0, "1x1->3x3"));
     count(RunCase<__nv_bfloat16>(p, wgmma, 0, "1x1->3x3"));
+    count(RunCase<__nv_bfloat16>(p, two, 0, "1x1->3x3"));
   }
   // Channel counts off the tensor-core constraints and misaligned x/y: auto falls back.
   count(RunCase<__nv_bfloat16>({2, 6, 7, 13, 5, 7, 9}, automatic, 0, "odd channels"));
@@ -313,6 +333,7 @@ int main(int argc, char** argv) {
     count(RunCase<__nv_bfloat16>(p, tc, 0, f.name));
     count(RunCase<__half>(p, tc, 0, f.name));
     count(RunCase<__nv_bfloat16>(p, wgmma, 0, f.name));
+    count(RunCase<__nv_bfloat16>(p, two, 0, f.name));
   }
 
   // 8-row tiles are planned only when 4-row ones would not leave SMs idle: batches of 40
@@ -325,6 +346,8 @@ int main(int argc, char** argv) {
     for (const FireParams& p : wide) {
       count(RunCase<__nv_bfloat16>(p, tc, 0, "tile8", {0, 17, 39}));
       count(RunCase<__half>(p, tc, 0, "tile8", {1, 39}));
+      // Many items per CTA in both phases (weight blocks switching mid-run).
+      count(RunCase<__nv_bfloat16>(p, two, 0, "many items", {0, 17, 39}));
     }
     // Every SqueezeNet fire configuration on 8-row tiles (two images compared, all checked
     // for unwritten outputs).
@@ -348,8 +371,10 @@ int main(int argc, char** argv) {
                                    {17}, 50));
       count(RunCase<__nv_bfloat16>({64, f.hw, f.hw, f.C, f.S, f.E, f.E}, tc, 0, f.name, {17},
                                    50));
-      count(RunCase<__nv_bfloat16>({1, f.hw, f.hw, f.C, f.S, f.E, f.E}, automatic, 0, f.name,
-                                   {}, 200));
+      // N = 1: every kernel, so the auto rule can be checked against them.
+      for (FireAlgorithm algo : {automatic, tc, wgmma, two})
+        count(RunCase<__nv_bfloat16>({1, f.hw, f.hw, f.C, f.S, f.E, f.E}, algo, 0, f.name, {},
+                                     200));
     }
   }
   std::printf("%s: %d of %d case(s) failed\n", failures == 0 ? "ALL PASS" : "FAILED", failures,

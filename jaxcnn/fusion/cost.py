@@ -43,6 +43,9 @@ FIRE_TC_SMEM_PER_SM = 233472  # Hopper: 228 KiB per SM, 1 KiB of it reserved per
 FIRE_TC_IN_CHUNK = 64
 FIRE_TC_EXPAND_BLOCK = 64
 FIRE_TC_MAX_EXPAND_CHUNK = 128
+# ... and up to this many output pixels (N*H*W) the two-phase kernel (fire.cu
+# kTwoPhaseMaxPixels; sm_80+): one cooperative launch, s through a workspace in L2.
+FIRE_TWO_PHASE_MAX_PIXELS = 1024
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,14 @@ def fire_fits_two_ctas_unsplit(n: int, h: int, w: int, c: int, s: int, e1: int, 
                for chunks in (in_chunks, 2))  # squeeze weights resident, else streamed
 
 
+def fire_uses_two_phase(group: FusionGroup) -> bool:
+    """Whether jaxcnn.fire's "auto" runs its two-phase kernel (squeeze over the whole grid into
+    a workspace, grid barrier, expands): small problems on the tensor-core constraints."""
+    n, h, w, _ = group.x_shape
+    return (fire_uses_tensor_cores(group) and group.attrs["squeeze"] >= 8
+            and n * h * w <= FIRE_TWO_PHASE_MAX_PIXELS)
+
+
 def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
     """Whether jaxcnn.fire's "auto" runs its three wgmma convs (squeeze into a workspace, each
     expand into its channel slice of the output) on this GPU: big problems and wide squeezes,
@@ -158,6 +169,8 @@ def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
     hopper = spec.name.startswith(("H100", "H200"))
     if not (hopper and group.dtype in ("bfloat16", "float16")
             and all(v % FIRE_TC_CHANNEL_MULTIPLE == 0 for v in (c, s, e1, e3))):
+        return False
+    if fire_uses_two_phase(group):
         return False
     if s > FIRE_TC_MAX_SPLITLESS:
         return True
@@ -194,6 +207,13 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
             out = s_bytes if role == "squeeze1x1" else bytes_of(m.output_shape, dtype)
             kernels.append(Kernel(f"jaxcnn_fire/{role}", m.flops, inp + out + w_bytes, "tensor"))
         return _version("fused", kernels, spec, dtype)
+    if group.kind == "fire" and fire_uses_two_phase(group):
+        # One launch: s written to the workspace once and read by both expands (the same
+        # traffic as XLA's s), the concatenate gone, no squeeze recompute.
+        s_bytes = bytes_of((*group.x_shape[:3], group.attrs["squeeze"]), dtype)
+        flops = sum(m.flops for m in group.members if m.op == "conv2d")
+        moved = bytes_of(group.x_shape, dtype) + bytes_of(group.y_shape, dtype) + 3 * s_bytes + weights
+        return _version("fused", [Kernel("jaxcnn_fire/two_phase", flops, moved, "tensor")], spec, dtype)
     if group.kind == "fire":
         n, h, w, _ = group.x_shape
         sq = group.role("squeeze1x1")

@@ -11,7 +11,9 @@ zoo's `models.squeezenet.fire`). CUDA runs cuda_ops/fusion through XLA FFI, one 
     no concatenate);
   - on Hopper, three wgmma/TMA convs (conv_tc/) whose expand epilogues store into their
     channel slices of the output (merge again); s goes through a workspace. "auto" takes it
-    for big problems (many pixels, or S > 32 where the fused kernel recomputes the squeeze).
+    for big problems (many pixels, or S > 32 where the fused kernel recomputes the squeeze);
+  - for small problems (N = 1), one cooperative launch in two phases: the squeeze spread
+    over every SM into the workspace, a grid barrier, then the expands into their slices.
 Every other platform runs the lax reference (the unfused composition). Gradients are the
 reference's.
 """
@@ -51,7 +53,7 @@ class FirePrimitive(LeadingBatchPrimitive):
     @classmethod
     def cuda_lowering(cls, ctx, *operands, cfg: FireConfig, operand_names):
         x_aval, sq_aval, e1_aval, e3_aval = ctx.avals_in[:4]
-        # The wgmma path's squeeze output is a second result XLA allocates with the program's
+        # The wgmma / two-phase paths' squeeze output is a second result XLA allocates with the program's
         # other temporaries: no allocation inside the handler, CUDA-graph safe.
         scratch = _ffi.fire_workspace_bytes(
             x_aval.shape, sq_aval.shape[3], e1_aval.shape[3], e3_aval.shape[3], x_aval.dtype,
@@ -96,13 +98,15 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
       squeeze_w: [1, 1, C, S] (HWIO), same dtype as x.
       expand1_w: [1, 1, S, E1]; expand3_w: [3, 3, S, E3].
       squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
-      algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: on Hopper the three
-        wgmma convs for >= 8192 output pixels or > 32 squeeze channels, unless the squeeze
-        has at most 16 channels and the fused kernel runs two CTAs per SM unsplit; else the
-        fused tensor-core kernel for at most 64 squeeze channels; else CUDA cores), "tensor_core"
-        (the fused mma.sync kernel; error if it cannot run), "wgmma" (the three convs; error
-        if they cannot run) or "fma" (the CUDA-core kernel). float32 always runs the
-        CUDA-core kernel (fp32 FMA).
+      algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: the two-phase
+        kernel for at most 1024 output pixels and 8 to 64 squeeze channels; on Hopper the
+        three wgmma convs for >= 8192 output pixels or > 32 squeeze channels, unless the
+        squeeze has at most 16 channels and the fused kernel runs two CTAs per SM unsplit;
+        else the fused tensor-core kernel for at most 64 squeeze channels; else CUDA cores),
+        "tensor_core" (the fused mma.sync kernel; error if it cannot run), "wgmma" (the three
+        convs; error if they cannot run), "two_phase" (one cooperative launch: squeeze,
+        grid barrier, expands; error if it cannot run) or "fma" (the CUDA-core kernel).
+        float32 always runs the CUDA-core kernel (fp32 FMA).
 
     Returns:
       [N, H, W, E1 + E3] in x's dtype: channels [0, E1) from the 1x1 expand, [E1, E1 + E3)
