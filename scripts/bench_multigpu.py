@@ -9,7 +9,7 @@ Two scalings per model and dtype (default bf16, 224x224):
 Throughput, images/s:
   - device: global batch / (summed GPU kernel time of the call / GPU count), i.e. from the mean
     per-GPU busy time (jaxcnn.profile.device_times; all GPU planes of the trace are summed);
-  - wall:   --iters calls issued back to back, one sync at the end: global batch x iters / elapsed.
+  - wall:   --wall-iters calls issued back to back, one sync at the end: global batch x iters / elapsed.
 scaling = throughput on k GPUs / throughput on 1 GPU (goal: >= 1.9x on 2 GPUs, weak scaling).
 Each compiled multi-GPU program is checked for collectives (all-gather, all-to-all,
 collective-permute, all-reduce: data-parallel inference needs none) and its output against the
@@ -63,15 +63,16 @@ def gpu_slug() -> str:
     return re.sub("[^a-z0-9]+", "", kind) or "device"
 
 
-def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto") -> dict:
+def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto", fuse="auto",
+               wall_iters=200) -> dict:
     """One (model, GPU count, global batch) point."""
-    row = dict(model=name, dtype=dtype, gpus=n_devices, batch=batch, policy=policy, ok=False)
+    row = dict(model=name, dtype=dtype, gpus=n_devices, batch=batch, policy=policy, fuse=fuse, ok=False)
     try:
         m = tm.build(name, batch=batch, hw=hw, dtype=DTYPES[dtype])
         mesh = jax.make_mesh((n_devices,), ("data",), devices=jax.devices()[:n_devices])
         params = jax.device_put(m.params, NamedSharding(mesh, P()))
         x = jax.device_put(m.x, NamedSharding(mesh, P("data")))
-        fast = jax.jit(jaxcnn.optimize(m.apply, policy=policy))
+        fast = jax.jit(jaxcnn.optimize(m.apply, policy=policy, fuse=fuse))
         hlo = fast.lower(params, x).compile().as_text()
         row["collectives"] = {c: hlo.count(c + "(") + hlo.count(c + "-start(") for c in COLLECTIVES
                               if c in hlo}
@@ -79,7 +80,7 @@ def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto") 
         y = np.asarray(fast(params, x), np.float32)
         if n_devices > 1:  # the same call on one GPU
             one = jax.devices()[0]
-            want = np.asarray(jax.jit(jaxcnn.optimize(m.apply, policy=policy))(jax.device_put(m.params, one),
+            want = np.asarray(jax.jit(jaxcnn.optimize(m.apply, policy=policy, fuse=fuse))(jax.device_put(m.params, one),
                                                                   jax.device_put(m.x, one)), np.float32)
             row["max_rel_diff"] = float(np.max(np.abs(y - want)) / max(float(np.max(np.abs(want))), 1e-30))
         t = device_times([("optimized", fast, (params, x))], iters=iters, warmup=warmup)["optimized"]
@@ -89,9 +90,9 @@ def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto") 
         row["images_per_s_device"] = batch / (per_gpu_ms / 1e3)
         jax.block_until_ready(fast(params, x))
         start = time.perf_counter()
-        outs = [fast(params, x) for _ in range(iters)]
+        outs = [fast(params, x) for _ in range(wall_iters)]
         jax.block_until_ready(outs)
-        row["wall_ms_per_call"] = (time.perf_counter() - start) / iters * 1e3
+        row["wall_ms_per_call"] = (time.perf_counter() - start) / wall_iters * 1e3
         row["images_per_s_wall"] = batch / (row["wall_ms_per_call"] / 1e3)
         row["ok"] = not row["all_gather"] and row.get("max_rel_diff", 0.0) <= TOLERANCE[dtype]
     except Exception as e:
@@ -107,7 +108,7 @@ def render_markdown(env, rows, args) -> str:
         f"- device: {jax.device_count()} x {env['device_kind']} ({env.get('nvidia_smi') or 'no nvidia-smi'}); "
         f"jax {env['jax']}; {env['date_utc']}",
         f"- {args.hw}x{args.hw} images; params replicated, batch sharded (NamedSharding, mesh axis 'data');"
-        f" {args.iters} calls per point.",
+        f" {args.iters} device-timed calls and {args.wall_iters} wall-timed calls per point; jaxcnn.optimize(policy={args.policy!r}, fuse={args.fuse!r}).",
         "- device img/s: global batch / (summed GPU kernel time per call / GPUs); wall img/s: calls issued back"
         " to back, one sync at the end. scaling: vs the same model's 1-GPU row of that scaling kind.",
         f"- goal: weak scaling >= {GOAL_2GPU}x on 2 GPUs.",
@@ -163,6 +164,11 @@ def parse_args(argv=None):
     p.add_argument("--policy", choices=["auto", "all", "autotune", "xla"], default="auto",
                    help="jaxcnn.optimize's policy (autotune: jaxcnn.layouts' measured choice per conv, XLA kept where "
                         "it wins; xla: the unmodified model, the baseline for the wall-time scaling)")
+    p.add_argument("--wall-iters", type=int, help="calls issued back to back for the wall time (default 200; "
+                                                   "--quick 10)")
+    p.add_argument("--fuse", choices=["none", "auto", "all"], default="auto",
+                   help="jaxcnn.optimize's fuse= (default auto: fire modules and conv->max-pool pairs where the "
+                        "fusion planner measures them faster, as the 1-GPU optimize benchmark)")
     p.add_argument("--quick", action="store_true", help="smaller batches, fewer calls: ~2-3 min")
     args = p.parse_args(argv)
     bad = [m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]
@@ -175,6 +181,7 @@ def parse_args(argv=None):
     args.per_gpu = args.per_gpu or (16 if args.quick else 64)
     args.global_batch = args.global_batch or (32 if args.quick else 128)
     args.iters = args.iters or (5 if args.quick else 20)
+    args.wall_iters = args.wall_iters or (10 if args.quick else 200)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     return args
 
@@ -193,7 +200,8 @@ def main(argv=None) -> int:
                     if batch % g:
                         continue
                     t0 = time.time()
-                    row = run_config(name, dtype, g, batch, args.iters, args.warmup, args.hw, args.policy)
+                    row = run_config(name, dtype, g, batch, args.iters, args.warmup, args.hw, args.policy,
+                                     args.fuse, args.wall_iters)
                     row["kind"] = kind
                     if g == 1:
                         base = row
