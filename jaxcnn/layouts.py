@@ -27,9 +27,11 @@ file atomically; an unreadable file is ignored with a warning.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -176,6 +178,20 @@ def _resolve_spec(gpu: str | GpuSpec | None, measured: bool) -> tuple[GpuSpec, s
         if spec is not None:
             return spec, ""
     return spec_by_name("H200"), "no GPU here: H200 ceilings assumed"
+
+
+def outside_traces(fn: Callable) -> Callable:
+    """fn, run in a fresh thread. JAX keeps its trace state per thread: a measurement made
+    while an enclosing jit traces (jaxcnn.optimize without example_args plans on its first,
+    traced call) would otherwise stage its random inputs and candidate calls into that program
+    and time whatever else ran. In the fresh thread they run for real."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(fn, *args, **kwargs).result()
+
+    return run
 
 
 def _should_measure(measure: bool | None) -> bool:
@@ -906,6 +922,14 @@ def autotune_transforms(shapes: Iterable[Sequence[int]], dtype: Any, *,
         spec, _ = _resolve_spec(gpu, measured=False)
         out.update({(s, a, b): (transform_ms(s, dtype, a, b, spec), "model") for s, a, b in wanted})
         return out
+    out.update(_measured_transforms(wanted, dtype, store, iters, warmup))
+    return out
+
+
+@outside_traces
+def _measured_transforms(wanted, dtype, store, iters, warmup) -> dict[tuple[Shape, str, str], tuple[float, str]]:
+    """autotune_transforms' measured (or cached) times of `wanted` (shape, src, dst)s."""
+    out: dict[tuple[Shape, str, str], tuple[float, str]] = {}
     device = _device_kind()
     entries = store.load() if store else {}
     missing = []
@@ -1019,6 +1043,7 @@ def _conv_key(device: str, layer: Layer) -> str:
                              precision=layer.precision, bias=layer.bias)
 
 
+@outside_traces
 def _measured_conv_choice(layer: Layer, cands, rule, store, iters, warmup, refresh) -> ConvChoice:
     import jax.numpy as jnp
 
@@ -1151,6 +1176,7 @@ def autotune_pool(x_shape, dtype="bfloat16", *, op="maxpool", window=2, stride=N
     return _pool_choice(layer, cache, iters, warmup, measure, refresh, gpu, neighbour_layout)
 
 
+@outside_traces
 def _pool_choice(layer, cache, iters, warmup, measure, refresh, gpu, neighbour_layout=None) -> PoolChoice:
     rule = rule_pool(layer.x_shape, layer.dtype, neighbour_layout=neighbour_layout, name=layer.name)
     store = _check_cache_and_gpu(cache, gpu)

@@ -295,6 +295,47 @@ def test_measured_decisions_and_cache(fake_gpu, tmp_path):
     assert len(fake_gpu) == 2
 
 
+def test_outside_traces_runs_for_real_under_jit():
+    """Inside a jit trace, jax ops (even on constants) are staged; layouts.outside_traces runs
+    its function in a fresh thread, where they execute."""
+    def compute():
+        return jax.jit(lambda v: v * 2)(jnp.arange(3.0))
+
+    got = {}
+
+    def traced(x):
+        got["staged"], got["eager"] = compute(), L.outside_traces(compute)()
+        return x + 1
+
+    jax.jit(traced)(1.0)
+    assert isinstance(got["staged"], jax.core.Tracer)  # what a measurement under jit used to time
+    assert not isinstance(got["eager"], jax.core.Tracer)
+    np.testing.assert_array_equal(got["eager"], [0.0, 2.0, 4.0])
+
+
+def test_group_measurements_run_outside_an_enclosing_jit_trace(fake_gpu, monkeypatch):
+    """optimize(fn) without example_args plans on its first (traced) call: the candidates'
+    inputs must still be concrete arrays, or the timings are of nothing."""
+    seen = []
+    fake = L._measure
+
+    def measure(cases, iters, warmup):
+        seen.extend(isinstance(leaf, jax.core.Tracer) for _, _, args in cases for leaf in jax.tree.leaves(args))
+        return fake(cases, iters, warmup)
+
+    monkeypatch.setattr(L, "_measure", measure)
+    groups, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="float32", kinds=BLOCKS)
+    sources = []
+
+    def traced(x):
+        sources.append(P.decide_groups(groups[:2], costs="measured", cache=False, iters=2, warmup=1)[1])
+        return x + 1
+
+    jax.jit(traced)(jnp.ones(3))
+    assert seen and not any(seen)
+    assert sources == ["measured"]
+
+
 def test_measured_candidate_that_cannot_run_is_recorded(fake_gpu, tmp_path, monkeypatch):
     real = P.group_fn
 

@@ -393,7 +393,14 @@ def _group_key(device: str, group: FusionGroup) -> str:
 
 
 def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: int, refresh: bool):
-    """{group name: (record, cached)}: every candidate of every uncached group in one trace."""
+    """{group name: (record, cached)}: every candidate of every uncached group in one trace
+    (run outside any enclosing jit trace: layouts.outside_traces)."""
+    from jaxcnn import layouts
+
+    return layouts.outside_traces(_measure_groups_here)(groups, store, iters, warmup, refresh)
+
+
+def _measure_groups_here(groups, store, iters, warmup, refresh):
     from jaxcnn import layouts
 
     device = layouts._device_kind()
