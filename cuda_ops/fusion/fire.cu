@@ -266,6 +266,21 @@ struct TwoPhaseLaunch {
   int64_t capacity = 0;  // CTAs resident at once: more items than this take several passes
 };
 
+// m16 pixel tiles per squeeze item of the two-phase kernel: short reductions (C <= 64, at
+// most 4 k-steps) share the warps between two m tiles.
+int TwoPhaseSqueezeMTiles(const FireParams& p) { return RoundUp(p.C, 16) <= 64 ? 2 : 1; }
+
+// Work items of the two-phase kernel's squeeze and expand phases (int64: checked against
+// int32 before TwoPhaseLayout narrows them).
+int64_t TwoPhaseSqueezeItems(const FireParams& p) {
+  return CeilDiv(p.N * p.H * p.W, 16 * TwoPhaseSqueezeMTiles(p)) *
+         (SqueezeK(p.S) / fire::kTwoPhaseSqBlock);
+}
+int64_t TwoPhaseExpandItems(const FireParams& p) {
+  return (CeilDiv(p.E1, fire::kTwoPhaseBlock) + CeilDiv(p.E3, fire::kTwoPhaseBlock)) * p.N *
+         CeilDiv(p.H, fire::kTwoPhaseTileH) * CeilDiv(p.W, fire::kTileW);
+}
+
 // The two-phase kernel's work split and shared-memory layout (fire_two_phase_kernel.cuh).
 fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
                                   TwoPhaseLaunch* launch) {
@@ -277,10 +292,9 @@ fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
   const int sk = SqueezeK(p.S);
   const int64_t c16 = RoundUp(p.C, 16);
   a.pixels = static_cast<int>(p.N * p.H * p.W);
-  // Short reductions (C <= 64: at most 4 k-steps) share the warps between two m tiles.
-  a.sq_mtiles = c16 <= 64 ? 2 : 1;
+  a.sq_mtiles = TwoPhaseSqueezeMTiles(p);
   a.sq_ksplit = kWarps / a.sq_mtiles;
-  a.sq_items = static_cast<int>(CeilDiv(a.pixels, 16 * a.sq_mtiles) * (sk / kTwoPhaseSqBlock));
+  a.sq_items = static_cast<int>(TwoPhaseSqueezeItems(p));
   a.k_chunk = static_cast<int>(std::min<int64_t>(c16, kTwoPhaseMaxKChunk));
   a.k_chunks = static_cast<int>(CeilDiv(p.C, a.k_chunk));
   a.tiles_h = static_cast<int>(CeilDiv(p.H, kTwoPhaseTileH));
@@ -288,7 +302,7 @@ fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
   a.num_tiles = static_cast<int>(p.N * a.tiles_h * a.tiles_w);
   a.e1_blocks = static_cast<int>(CeilDiv(p.E1, kTwoPhaseBlock));
   a.e3_blocks = static_cast<int>(CeilDiv(p.E3, kTwoPhaseBlock));
-  a.ex_items = (a.e1_blocks + a.e3_blocks) * a.num_tiles;
+  a.ex_items = static_cast<int>(TwoPhaseExpandItems(p));
   int off = 0;
   a.off_x = off;
   off += 16 * a.sq_mtiles * PaddedStride(a.k_chunk);
@@ -323,8 +337,8 @@ const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>&
       return "the two-phase fire kernel needs C, squeeze, expand1 and expand3 channels that are "
              "multiples of 8";
     if (p.S == 0 || p.S > 64) return "the two-phase fire kernel supports 8 to 64 squeeze channels";
-    if (p.N * p.H * p.W > kInt32Max / 64)
-      return "too many pixels for the two-phase fire kernel's int32 indices";
+    if (p.N * p.H * p.W > kInt32Max / 64 || TwoPhaseExpandItems(p) > kInt32Max)
+      return "too many pixels or work items for the two-phase fire kernel's int32 indices";
     if (!Aligned16(b.x) || !Aligned16(b.y) || !Aligned16(b.w_sq) || !Aligned16(b.w_e1) ||
         !Aligned16(b.w_e3))
       return "the two-phase fire kernel needs 16-byte aligned x, y and weights";
