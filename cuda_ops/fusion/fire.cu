@@ -325,11 +325,12 @@ fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
   return a;
 }
 
-// Why the two-phase kernel cannot run these params/buffers on `dev` (workspace aside), or
-// nullptr.
+// Why the two-phase kernel cannot run these params/buffers on `dev` with its planned
+// `launch` (workspace aside), or nullptr.
 template <typename T>
 const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
-                                      cudaError_t dev_status, const DeviceInfo& dev) {
+                                      cudaError_t dev_status, const DeviceInfo& dev,
+                                      const TwoPhaseLaunch& launch) {
   if constexpr (std::is_same_v<T, float>) {
     return "the two-phase fire kernel is bf16/fp16 only (float32 runs the CUDA-core kernel)";
   } else {
@@ -346,8 +347,6 @@ const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>&
     if (dev.major < 8) return "the two-phase fire kernel needs sm_80 or newer (mma.sync bf16/fp16)";
     if (dev.cooperative == 0)
       return "the two-phase fire kernel needs cooperative launch (grid barrier) support";
-    TwoPhaseLaunch launch;
-    TwoPhaseLayout(p, dev, &launch);
     if (launch.ctas_per_sm == 0)
       return "the two-phase fire kernel's shared memory exceeds this GPU's per-block limit";
     return nullptr;
@@ -406,10 +405,10 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
     tc_reason = "tensor-core fire kernel's tiles do not fit in this GPU's shared memory";
 
   if (algorithm == FireAlgorithm::kTwoPhase || algorithm == FireAlgorithm::kAuto) {
-    const char* reason = TwoPhaseUnsupportedReason(p, b, dev_status, dev);
-    const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));  // s, packed [N*H*W][S]
     TwoPhaseLaunch launch;
     const fire::TwoPhaseArgs a = TwoPhaseLayout(p, dev, &launch);
+    const char* reason = TwoPhaseUnsupportedReason(p, b, dev_status, dev, launch);
+    const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));  // s, packed [N*H*W][S]
     const bool one_pass = std::max(a.sq_items, a.ex_items) <= launch.capacity;
     const bool wanted = algorithm == FireAlgorithm::kTwoPhase ||
                         (p.N * p.H * p.W <= kTwoPhaseMaxPixels && one_pass &&
