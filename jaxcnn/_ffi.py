@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
+from jaxlib import xla_client
 
 LIBRARY_NAME = "libjaxcnn_cuda.so"
 LIBRARY_ENV = "JAXCNN_LIBRARY"
+# "0" registers the handlers without the command-buffer trait (XLA then launches them one by
+# one, outside its CUDA graphs): an escape hatch when debugging a capture problem.
+COMMAND_BUFFERS_ENV = "JAXCNN_COMMAND_BUFFERS"
 
 # custom-call target name -> exported handler symbol in the library.
 FFI_TARGETS: dict[str, str] = {
@@ -86,6 +90,18 @@ def check_abi(built: tuple[int, int], runtime: tuple[int, int] | None) -> str:
     return ""
 
 
+def registration_traits() -> xla_client.CustomCallTargetTraits:
+    """Traits the handlers are registered with.
+
+    Every handler only enqueues work on the stream XLA hands it (no sync, no allocation), so
+    XLA may trace it into a command buffer and replay the whole program as one CUDA graph.
+    jaxlib reads the trait from the registration, not from the handler's own metadata.
+    """
+    if os.environ.get(COMMAND_BUFFERS_ENV, "1").strip() == "0":
+        return xla_client.CustomCallTargetTraits.DEFAULT
+    return xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
+
+
 def _load(path: Path) -> LibraryState:
     try:
         lib = ctypes.CDLL(str(path))
@@ -102,11 +118,12 @@ def _load(path: Path) -> LibraryState:
         return LibraryState(str(path), False, mismatch, info, built)
     missing = tuple(t for t, symbol in FFI_TARGETS.items() if not hasattr(lib, symbol))
     try:
+        traits = registration_traits()
         for target, symbol in FFI_TARGETS.items():
             if target in missing:
                 continue
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))
-            jax.ffi.register_ffi_target(target, capsule, platform="CUDA")
+            jax.ffi.register_ffi_target(target, capsule, platform="CUDA", traits=traits)
     except Exception as e:  # registration errors come from several layers of jaxlib
         return LibraryState(str(path), False, f"registering FFI targets failed: {e}", info, built)
     _LOADED["lib"] = lib

@@ -88,3 +88,22 @@ def test_abi_mismatch_is_reported_not_registered(monkeypatch):
     state = _ffi._load(__import__("pathlib").Path(_ffi.library_state().path))
     assert not state.registered
     assert "ABI mismatch" in state.reason and "--no-build-isolation" in state.reason
+
+
+@pytest.mark.skipif(not CUDA_BUILD_EXPECTED, reason="no nvcc here: the CUDA library is not built")
+@pytest.mark.parametrize("env, expected", [(None, "COMMAND_BUFFER_COMPATIBLE"), ("0", "DEFAULT")])
+def test_handlers_registered_command_buffer_compatible(monkeypatch, env, expected):
+    """jaxlib takes the command-buffer trait from the registration call (the handler's own
+    metadata is not consulted): without it XLA never puts our kernels in its CUDA graphs."""
+    if env is None:
+        monkeypatch.delenv(_ffi.COMMAND_BUFFERS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_ffi.COMMAND_BUFFERS_ENV, env)
+    calls = []
+    monkeypatch.setattr(_ffi.jax.ffi, "register_ffi_target",
+                        lambda name, fn, platform, **kw: calls.append((name, platform, kw)))
+    state = _ffi._load(__import__("pathlib").Path(_ffi.library_state().path))
+    assert state.registered, state.reason
+    assert {name for name, _, _ in calls} == set(_ffi.FFI_TARGETS) - set(state.missing_targets)
+    want = getattr(_ffi.xla_client.CustomCallTargetTraits, expected)
+    assert all(p == "CUDA" and kw == {"traits": want} for _, p, kw in calls), calls
