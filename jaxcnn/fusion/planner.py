@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxcnn import layouts
 from jaxcnn.fusion import cost as cost_model
 from jaxcnn.fusion.groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
 from jaxcnn.models.layers import Net
@@ -392,17 +393,10 @@ def _group_key(device: str, group: FusionGroup) -> str:
     return AutotuneCache.key(device=device, op="fusion_group", **group.cache_fields())
 
 
+@layouts.outside_traces
 def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: int, refresh: bool):
     """{group name: (record, cached)}: every candidate of every uncached group in one trace
-    (run outside any enclosing jit trace: layouts.outside_traces)."""
-    from jaxcnn import layouts
-
-    return layouts.outside_traces(_measure_groups_here)(groups, store, iters, warmup, refresh)
-
-
-def _measure_groups_here(groups, store, iters, warmup, refresh):
-    from jaxcnn import layouts
-
+    (run outside any enclosing jit trace)."""
     device = layouts._device_kind()
     out, cases, errors, todo = {}, [], {}, []
     for group in groups:
@@ -443,8 +437,6 @@ def decide_groups(groups: Sequence[FusionGroup], *, costs: str = "auto", cache: 
                   iters: int = 20, warmup: int = 3, refresh: bool = False, gpu: Any = None):
     """(decisions, source, device, note) for `groups`: measured where the CUDA kernels run
     (costs "auto"/"measured"), else the cost model. Shared by zoo models and user functions."""
-    from jaxcnn import layouts
-
     if costs not in COSTS:
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
     layouts._check_iters(iters, warmup)
@@ -474,8 +466,6 @@ def plan_fusion(model: str, batch: int = 1, dtype: Any = "bfloat16", *, costs: s
     cache: jaxcnn.layouts' autotune cache (None: the default file, False: none, a path).
     gpu: the GPU spec the model uses (name or GpuSpec; default: this GPU, else H200).
     """
-    from jaxcnn import layouts
-
     if costs not in COSTS:
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
     dtype = layouts._dtype_name(dtype)
