@@ -135,10 +135,11 @@ if has fusion; then
 fi
 
 if has convpool; then
-  # The selftest builds standalone (no CMake, no library) so it runs even if the build step failed.
+  # The launcher's wgmma kernel is a CUTLASS/CuTe sm_90a TU: link the build step's kernel archive.
   CONVPOOL_SELFTEST=build/conv_pool_selftest
+  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
   step conv_pool_selftest_build nvcc -std=c++17 -O3 -arch=${CONVPOOL_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/conv_pool_selftest.cu cuda_ops/conv_pool/conv_pool.cu -o "$CONVPOOL_SELFTEST"
+    cuda_ops/selftest/conv_pool_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$CONVPOOL_SELFTEST"
   step conv_pool_selftest "$CONVPOOL_SELFTEST"
   step conv_pool_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large
   step conv_pool_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large

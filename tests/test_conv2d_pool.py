@@ -207,7 +207,7 @@ X, W, B = sds((2, 8, 8, 4)), sds((3, 3, 4, 8)), sds((8,))
         ((X, W, B), dict(pool_padding=2), ValueError, "pool_padding .* must be smaller than pool_window"),
         ((X, W, B), dict(pool_window=9), ValueError, r"pool_window \(9, 9\) does not fit"),
         ((X, W, B), dict(layout="HWCN"), ValueError, "layout must be one of"),
-        ((X, W, B), dict(algorithm="wgmma"), ValueError, "algorithm must be one of"),
+        ((X, W, B), dict(algorithm="winograd"), ValueError, "algorithm must be one of"),
         ((X, W, B), dict(precision="float64"), ValueError, "precision must be"),
         ((X, W, B), dict(sparse=1), TypeError, "sparse must be a bool"),
         ((X, W, B), dict(sparse=True, dilation=2), ValueError, "sparse=True takes no dilation"),
@@ -338,7 +338,7 @@ def library_registered(monkeypatch):
 
 
 @pytest.mark.parametrize("algorithm,code", [("auto", 0), ("tensor_core", 1), ("direct", 2),
-                                            ("stem", 3)])
+                                            ("stem", 3), ("wgmma", 4)])
 def test_cuda_lowering_is_one_ffi_custom_call(library_registered, algorithm, code):
     args = (sds((2, 15, 13, 16), jnp.bfloat16), sds((3, 3, 16, 32), jnp.bfloat16),
             sds((32,), jnp.bfloat16))

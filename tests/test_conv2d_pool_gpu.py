@@ -1,5 +1,5 @@
 """GPU suite for the fused conv + bias + ReLU + max-pool (`pytest -m gpu`): the CUDA kernels
-(tensor-core bf16/fp16 and TF32, CUDA-core fp32 "highest" and fallback) against a float64 oracle and against XLA's
+(Hopper TMA + wgmma, tensor-core bf16/fp16 and TF32, CUDA-core fp32 "highest" and fallback) against a float64 oracle and against XLA's
 conv -> reduce_window on the same rounded values in float32, over random shapes (odd sizes,
 N = 1, strides, dilation, overlapping and padded pools), VGG-19 / AlexNet pooled layers,
 NaN-poisoned outputs, refusals and handler errors as Python exceptions, grads and vmap."""
@@ -158,6 +158,85 @@ def test_forced_algorithms_agree(algorithm):
     check(x, w, b, algorithm, pool_window=3, pool_stride=2)
 
 
+def _hopper():
+    return str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90 only")
+
+
+@st.composite
+def wgmma_cases(draw):
+    """The wgmma kernel's family (3x3/1 SAME conv, 2x2/2 VALID pool, C % 32, K % 64) over odd
+    and partial-tile extents, N = 1, several channel blocks and chunks."""
+    return dict(n=draw(st.sampled_from([1, 1, 2, 3])), h=draw(st.integers(2, 41)),
+                w=draw(st.integers(2, 41)), c=draw(st.sampled_from([32, 64, 96, 128])),
+                k=draw(st.sampled_from([64, 128, 192, 256])),
+                dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@needs_hopper
+@settings(max_examples=40, deadline=None)
+@given(wgmma_cases())
+def test_wgmma_kernel_random_shapes(case):
+    x, w, b = operands(case["seed"], case["n"], case["h"], case["w"], case["c"], case["k"],
+                       dtype=jnp.dtype(case["dtype"]))
+    check(x, w, b, "wgmma", padding="SAME")
+
+
+@needs_hopper
+@pytest.mark.parametrize("name,hw,c,k", VGG19_POOLED)
+def test_auto_runs_wgmma_on_vgg_pooled_layers(name, hw, c, k):
+    cfg = make_conv_pool_config((64, hw, hw, c), (3, 3, c, k), padding=1)
+    plan = _ffi.conv_pool_plan((64, hw, hw, c), (3, 3, c, k), "bfloat16", cfg)
+    assert plan.startswith("kernel=wgmma block=16x16 pooled=8x8"), plan
+    x, w, b = operands(11, 1, hw, hw, c, k, dtype=jnp.float16)
+    check(x, w, b, padding=1)
+
+
+@needs_hopper
+def test_wgmma_matches_tensor_core_kernel_bitwise_close():
+    # Same fp32 accumulation of the same products; only the summation order differs.
+    x, w, b = operands(12, 2, 30, 22, 64, 128, dtype=jnp.bfloat16)
+    f = {a: jax.jit(lambda *o, a=a: jaxcnn.conv2d_pool(*o, padding=1, algorithm=a))
+         for a in ("wgmma", "tensor_core")}
+    got, want = as_f64(f["wgmma"](x, w, b)), as_f64(f["tensor_core"](x, w, b))
+    assert rel_err(got, want) <= XLA_F32_TOL["bfloat16"]
+
+
+@needs_hopper
+def test_wgmma_propagates_nan_and_handles_all_zero_input():
+    x, w, b = operands(13, 1, 16, 16, 32, 64, dtype=jnp.bfloat16)
+    f = jax.jit(lambda *o: jaxcnn.conv2d_pool(*o, padding=1, algorithm="wgmma"))
+    y = np.asarray(f(x.at[0, 5, 6, 3].set(jnp.nan), w, b), np.float32)
+    # The NaN reaches every conv output whose 3x3 window holds (5, 6): pooled rows 2-3, cols 2-3.
+    nan_pix = np.isnan(y).any(axis=-1)[0]
+    assert nan_pix[2:4, 2:4].all() and nan_pix.sum() == 4
+    zeros = np.asarray(f(jnp.zeros_like(x), w, b), np.float32)
+    np.testing.assert_allclose(zeros, np.broadcast_to(np.maximum(np.asarray(b, np.float32), 0),
+                                                      zeros.shape), rtol=0, atol=0)
+
+
+@needs_hopper
+def test_forced_wgmma_refusals_are_python_errors():
+    x, w, b = operands(14, 1, 16, 16, 32, 64, dtype=jnp.float32)
+    with pytest.raises(Exception, match="wgmma kernel: bfloat16 / float16 only"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+    x, w, b = operands(14, 1, 16, 16, 32, 64, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="3x3 conv, stride 1, padding 1"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, stride=2, padding=1, algorithm="wgmma"))
+    with pytest.raises(Exception, match="2x2 stride-2 unpadded"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, pool_window=3,
+                                                 pool_stride=2, algorithm="wgmma"))
+    x, w, b = operands(14, 1, 16, 16, 16, 64, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="C must be a multiple of 32"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+    x, w, b = operands(14, 1, 16, 16, 32, 72, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="K must be a multiple of 64"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+
+
 def test_forced_tensor_core_refusals_are_python_errors():
     x, w, b = operands(2, 1, 8, 8, 16, 8, dtype=jnp.float32)
     with pytest.raises(Exception, match="precision 'highest' runs on CUDA cores"):
@@ -241,7 +320,11 @@ def test_handler_errors_become_python_exceptions():
 def test_plan_query_names_the_kernel():
     cfg = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1)
     assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "bfloat16", cfg).startswith(
-        "kernel=tensor_core")
+        "kernel=wgmma" if _hopper() else "kernel=tensor_core")
+    forced = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1,
+                                   algorithm="tensor_core")
+    assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "bfloat16",
+                               forced).startswith("kernel=tensor_core")
     assert _ffi.conv_pool_plan((64, 224, 224, 64), (3, 3, 64, 64), "float32", cfg).startswith(
         "kernel=tensor_core")
     highest = make_conv_pool_config((64, 224, 224, 64), (3, 3, 64, 64), padding=1,

@@ -6,9 +6,11 @@
 #include <type_traits>
 
 #include "common/device_attribute.h"
+#include "common/tensor_map.h"
 #include "conv_pool/conv_pool.h"
 #include "conv_pool/conv_pool_kernels.cuh"
 #include "conv_pool/conv_pool_stem_kernel.cuh"
+#include "conv_pool/conv_pool_wgmma.h"
 
 namespace jaxcnn {
 namespace {
@@ -189,28 +191,6 @@ conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& pl
   return a;
 }
 
-// cuTensorMapEncodeTiled from the driver (through the runtime: no link against libcuda).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiledFn TensorMapEncoder() {
-  static EncodeTiledFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess)
-#else
-    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found) !=
-        cudaSuccess)
-#endif
-      return static_cast<EncodeTiledFn>(nullptr);
-    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(ptr) : nullptr;
-  }();
-  return fn;
-}
-
 // x as [N][H][W * C] (innermost first for the driver), box = one input tile; elements outside
 // the tensor read as zero (the conv padding).
 template <typename T>
@@ -327,6 +307,33 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.unsupported = reason;
     return plan;
   }
+  // The wgmma kernel, where its shape family, dtype and device fit.
+  const char* wgmma_reason =
+      algorithm == ConvPoolAlgorithm::kAuto || algorithm == ConvPoolAlgorithm::kWgmma
+          ? conv_pool_wgmma::UnsupportedReason(p, sizeof(T), std::is_same_v<T, float>, b.x, b.w,
+                                               b.y)
+          : "not requested";
+  if (algorithm == ConvPoolAlgorithm::kWgmma && wgmma_reason != nullptr) {
+    plan.unsupported = wgmma_reason;
+    return plan;
+  }
+  if (wgmma_reason == nullptr) {
+    plan.kernel = ConvPoolAlgorithm::kWgmma;
+    plan.why = algorithm == ConvPoolAlgorithm::kWgmma
+                   ? "forced"
+                   : "3x3 stride-1 conv + 2x2/2 pool, 16-bit, Hopper: wgmma kernel";
+    plan.tile_h = conv_pool_wgmma::kTileH, plan.tile_w = conv_pool_wgmma::kTileW;
+    plan.pooled_h = plan.tile_h / 2, plan.pooled_w = plan.tile_w / 2;
+    plan.block_k = conv_pool_wgmma::BlockN(p.K);
+    plan.grid = conv_pool_wgmma::Grid(p);
+    plan.smem_bytes = conv_pool_wgmma::SmemBytes(plan.block_k);
+    plan.tma = true;
+    plan.recompute = static_cast<double>(CeilDiv(p.P, plan.tile_h) * CeilDiv(p.Q, plan.tile_w) *
+                                         plan.tile_h * plan.tile_w) /
+                     static_cast<double>(p.P * p.Q);
+    return plan;
+  }
+
   // Why the mma.sync kernels (tensor-core and stem) cannot run, or nullptr. Weights and outputs
   // move in 16-byte vectors of output channels; x in 16-byte vectors of input channels, except
   // flat-K and the stem kernel, which gather it element by element: C off the vector multiple,
@@ -448,6 +455,9 @@ cudaError_t launch_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& 
   const ConvPoolPlan plan = plan_conv_pool<T>(p, b, algorithm);
   if (plan.unsupported != nullptr) return cudaErrorInvalidValue;
   if (p.N * p.PH * p.PW * p.K == 0) return cudaSuccess;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (plan.kernel == ConvPoolAlgorithm::kWgmma) return conv_pool_wgmma::Launch<T>(p, b, stream);
+  }
   if (plan.kernel == ConvPoolAlgorithm::kStem)
     return plan.block_k == 128 ? LaunchStem<T, 2>(p, plan, b, stream)
                                : LaunchStem<T, 1>(p, plan, b, stream);

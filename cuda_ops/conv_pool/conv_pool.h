@@ -30,6 +30,9 @@ enum class ConvPoolAlgorithm : int {
                     // stem): the input tile and im2col gathered in shared memory; same dtype,
                     // K and w/y alignment rules as kTensorCore, x any alignment; auto picks it
                     // where flat-K would run and its shared memory fits
+  kWgmma = 4,       // Hopper warp-specialized TMA + wgmma kernel (conv_pool_wgmma.h): bf16/fp16
+                    // 3x3 stride-1 SAME convs with a 2x2/2 pool (VGG's pooled layers), C a
+                    // multiple of 32, K of 64; auto picks it wherever it runs
 };
 
 struct ConvPoolParams {
@@ -50,7 +53,7 @@ struct ConvPoolParams {
 
 // What the launcher will run for these params, dtype and pointers (no launch).
 struct ConvPoolPlan {
-  ConvPoolAlgorithm kernel = ConvPoolAlgorithm::kDirect;  // kTensorCore or kDirect
+  ConvPoolAlgorithm kernel = ConvPoolAlgorithm::kDirect;  // the kernel that runs
   const char* unsupported = nullptr;                      // non-null: cannot run, says why
   const char* why = "";                                   // why this kernel (logs, selftests)
   // Tensor-core kernel: conv block of tile_h x tile_w outputs (128) per CTA, pooled block of
@@ -68,7 +71,7 @@ struct ConvPoolPlan {
   // element by element: C that is not such a multiple or is below 16 (a C=3 stem conv).
   bool flat_k = false;
   // Stem kernel: input tiles loaded by TMA (sm_90, x 16-byte aligned, W * C a whole number of
-  // 16-byte vectors), else element-wise.
+  // 16-byte vectors), else element-wise. The wgmma kernel always loads by TMA.
   bool tma = false;
   // Conv outputs computed / conv outputs P * Q (1.0 for non-overlapping pools on whole
   // blocks; > 1 counts recomputed overlap rows/columns and edge blocks' waste).

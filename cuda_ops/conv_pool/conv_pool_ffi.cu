@@ -26,9 +26,10 @@ ffi::Error ConvPoolFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
                        int64_t pool_window_h, int64_t pool_window_w, int64_t pool_stride_h,
                        int64_t pool_stride_w, int64_t pool_pad_top, int64_t pool_pad_left,
                        int64_t precision, int64_t algorithm) {
-  if (algorithm < 0 || algorithm > 3)
-    return Invalid("algorithm must be 0 (auto), 1 (tensor_core), 2 (direct) or 3 (stem), got " +
-                   std::to_string(algorithm));
+  if (algorithm < 0 || algorithm > 4)
+    return Invalid(
+        "algorithm must be 0 (auto), 1 (tensor_core), 2 (direct), 3 (stem) or 4 (wgmma), got " +
+        std::to_string(algorithm));
   if (precision < 0 || precision > 1)
     return Invalid("precision must be 0 (default) or 1 (highest), got " +
                    std::to_string(precision));
@@ -140,7 +141,8 @@ jaxcnn::ConvPoolPlan PlanWithAlignedBuffers(const jaxcnn::ConvPoolParams& p,
 
 // The configuration the handler will launch on the current device for an NHWC layer, as one
 // line of text ("kernel=tensor_core block=8x16 pooled=4x8 block_k=64 grid=25088 smem=59392
-// recompute=1.00 flat_k=0"; the stem kernel: "kernel=stem block=<conv tile> ..."), for benchmarks and logs. precision: 0 default, 1 highest (codes of
+// recompute=1.00 flat_k=0"; the stem and wgmma kernels: "kernel=stem block=<conv tile> ...",
+// "kernel=wgmma block=16x16 ..."), for benchmarks and logs. precision: 0 default, 1 highest (codes of
 // conv_args.PRECISIONS). dims: N, H, W, C, R, S, K; conv: stride_h,
 // stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w; pool: window_h,
 // window_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right. Returns the text's
@@ -180,7 +182,10 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv_pool_plan(const int64_t* dims, cons
     char recompute[32];
     std::snprintf(recompute, sizeof(recompute), "%.2f", plan.recompute);
     const bool stem = plan.kernel == jaxcnn::ConvPoolAlgorithm::kStem;
-    text = std::string(stem ? "kernel=stem block=" : "kernel=tensor_core block=") +
+    const bool wgmma = plan.kernel == jaxcnn::ConvPoolAlgorithm::kWgmma;
+    text = std::string(stem    ? "kernel=stem block="
+                       : wgmma ? "kernel=wgmma block="
+                               : "kernel=tensor_core block=") +
            std::to_string(plan.tile_h) + "x" + std::to_string(plan.tile_w) + " pooled=" + std::to_string(plan.pooled_h) + "x" +
            std::to_string(plan.pooled_w) + " block_k=" + std::to_string(plan.block_k) +
            " grid=" + std::to_string(plan.grid) + " smem=" + std::to_string(plan.smem_bytes) +

@@ -41,6 +41,7 @@ const char* AlgoName(ConvPoolAlgorithm a) {
     case ConvPoolAlgorithm::kTensorCore: return "tensor_core";
     case ConvPoolAlgorithm::kDirect: return "direct";
     case ConvPoolAlgorithm::kStem: return "stem";
+    case ConvPoolAlgorithm::kWgmma: return "wgmma";
   }
   return "?";
 }
@@ -297,6 +298,17 @@ const Layer kFlatK[] = {
 
 // Pooled layers of VGG-19 (conv before each 2x2/2 pool), AlexNet (3x3/2 pools) and the C=3
 // stems (flat-K): SqueezeNet 1.1 and 1.0, ResNet (7x7/2 pad 3, pool pad 1), AlexNet (11x11/4).
+// The wgmma kernel's family (3x3/1 SAME conv, 2x2/2 VALID pool, C % 32, K % 64): partial
+// tiles, odd extents, one and several channel blocks and chunks.
+const Layer kWgmma[] = {
+    // name                 N   H   W   C  R  S   K  sh sw pt pb pl pr dh dw  wh ww psh psw qt qb ql qr
+    {"wgmma 16x16 one tile", 2, 16, 16, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma odd 13x13",      2, 13, 13, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma 30x22 K=128",    3, 30, 22, 64, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma 17x33 K=192",    1, 17, 33, 96, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma 3x41 C=128",     2,  3, 41, 128, 3, 3, 64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+};
+
 const Layer kNetworks[] = {
     {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"vgg19 c2_2",     64, 112, 112, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
@@ -393,6 +405,19 @@ int main(int argc, char** argv) {
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kStem, 0, !StemRuns<float>(l), {}, 0, true);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kStem, 0, /*expect_refused=*/true);
   }
+  // The wgmma kernel forced (sm_90 only; refused elsewhere and for float), and auto on it.
+  int major = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  for (const Layer& l : kWgmma) {
+    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9);
+    failures += !RunCase<__half>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9);
+    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto);
+    failures += !RunCase<float>(l, ConvPoolAlgorithm::kWgmma, 0, /*expect_refused=*/true, {}, 0,
+                                true);
+  }
+  // Outside the family (a 3x3/2 pool, K % 64 != 0): forced wgmma is refused.
+  failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kWgmma, 0, true);
+  failures += !RunCase<__nv_bfloat16>(kSmall[2], ConvPoolAlgorithm::kWgmma, 0, true);
   // Misaligned x and y: auto falls back to the CUDA-core kernel, forced tensor cores are refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kAuto, 1);
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kTensorCore, 1, true);
@@ -424,9 +449,13 @@ int main(int argc, char** argv) {
     failures += !RunCase<__half>(a2, ConvPoolAlgorithm::kAuto, 0, false, {3});
     failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {0});
     failures += !RunCase<float>(a2, ConvPoolAlgorithm::kAuto, 0, false, {1}, 0, true);
-    // Timings at N = 64, bf16 and fp32 as TF32 (image 0 of each checked too).
+    // Timings at N = 64, bf16 and fp32 as TF32 (image 0 of each checked too); the VGG layers
+    // (wgmma under auto on Hopper) also on the mma.sync kernel.
     for (const Layer& l : kNetworks)
       failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 20);
+    for (int i = 0; i <= 4; ++i)
+      failures +=
+          !RunCase<__nv_bfloat16>(kNetworks[i], ConvPoolAlgorithm::kTensorCore, 0, false, {0}, 10);
     for (const Layer& l : kNetworks)
       failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
     // The SqueezeNet 1.1 stem on the CUDA-core kernel, its only option before flat-K, and the
