@@ -322,11 +322,11 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
     plan.why = algorithm == ConvPoolAlgorithm::kWgmma
                    ? "forced"
                    : "3x3 stride-1 conv + 2x2/2 pool, 16-bit, Hopper: wgmma kernel";
-    plan.tile_h = conv_pool_wgmma::kTileH, plan.tile_w = conv_pool_wgmma::kTileW;
+    conv_pool_wgmma::TileShape(p, &plan.tile_h, &plan.tile_w);
     plan.pooled_h = plan.tile_h / 2, plan.pooled_w = plan.tile_w / 2;
     plan.block_k = conv_pool_wgmma::BlockN(p.K);
     plan.grid = conv_pool_wgmma::Grid(p);
-    plan.smem_bytes = conv_pool_wgmma::SmemBytes(plan.block_k);
+    plan.smem_bytes = conv_pool_wgmma::SmemBytes(p);
     plan.tma = true;
     plan.recompute = static_cast<double>(CeilDiv(p.P, plan.tile_h) * CeilDiv(p.Q, plan.tile_w) *
                                          plan.tile_h * plan.tile_w) /

@@ -1,22 +1,31 @@
 // Hopper fused 3x3 conv + bias + ReLU + 2x2/2 max-pool (see conv_pool_wgmma.h for the idea).
 //
-// Warp-specialized: one producer thread fills kStages shared-memory stages by TMA, two
-// consumer warpgroups run the wgmmas and the pool epilogue (each on alternate 16x16 tiles, or
-// both on one tile, conv rows 0-7 and 8-15: Shape::kPingPong); full/empty mbarriers hand
-// stages over. A stage is one chunk of input
-// channels of one tile:
-//   A  the input tile, [18 x 18 halo pixels][kChunkC channels] (one 4-D TMA box; outside
-//      the image TMA fills zeros = the conv padding), with TMA's 64B (32 channels) or 32B
-//      (16 channels) swizzle: K-major, one 8-row group = 8 consecutive pixels of a halo row.
-//      The A operand of an 8x8 conv block and tap (r, s) is the same tile started at pixel
-//      (row + r, col + s), stepping kASbo per conv row. That start is mid swizzle pattern,
-//      which works because wgmma, like TMA, swizzles by absolute shared-memory address bits
-//      (base offset 0; measured: setting the base offset from the address gives wrong
-//      results).
-//   B  the weights of one tap per 64 output channels, [kChunkC rows][64 channels] with the
-//      128B swizzle: HWIO rows as they are in memory, MN-major (CUTLASS's usual B tile).
-//      The no-swizzle layout with 16-byte TMA rows ran the layer at 40% of this speed
-//      (half-used L2 sectors).
+// Warp-specialized: one producer thread fills the shared-memory stages by TMA, two consumer
+// warpgroups run the wgmmas and the pool epilogue; full/empty mbarriers hand stages over. A
+// stage is one chunk of input channels of one tile:
+//   x  the input tile with its 1-pixel halo, [halo pixel][kChunkC channels] (one 4-D TMA box;
+//      outside the image TMA fills zeros = the conv padding), TMA's 64B (32 channels) or 32B
+//      (16 channels) swizzle: a K-major operand whose 8-row groups are 8 consecutive pixels of
+//      a halo row. The operand of filter tap (r, s) is the same tile started at pixel (r, s),
+//      stepping one halo row per conv row. That start is mid swizzle pattern, which works
+//      because wgmma, like TMA, swizzles by absolute shared-memory address bits (base offset
+//      0; measured: setting the base offset from the address gives wrong results).
+//   w  one tap's weights per 64 output channels, [kChunkC rows][64 channels], 128B swizzle:
+//      HWIO rows as they are in memory, an MN-major operand (CUTLASS's usual tile). The
+//      no-swizzle layout with 16-byte TMA rows ran the layer at 40% of this speed (half-used
+//      L2 sectors).
+// Two configurations (Config below):
+//   Pixels as M (128-channel blocks): a 16x16 tile is four 8x8 blocks, one m64 wgmma each
+//      (x is A, w is B, N = 128); the two warpgroups share each tile (rows 0-7 / 8-15). In the
+//      accumulator a thread holds two vertically adjacent outputs; the horizontal neighbour
+//      is 4 lanes away: pool = register max + one shuffle.
+//   Channels as M (64-channel blocks): D^T = W^T X^T, w is A (M = 64 output channels) and a
+//      32x8 tile's 256 pixels are B (N = 256): one m64n256 wgmma per tap and k16 reads 10 KB
+//      of shared memory per 128 cycles where four m64n64 ones read 16 KB (the 64-wide layer
+//      ran at ~85% of the bf16 peak, shared-memory bound). Each thread holds whole 2x2 pool
+//      windows. Warpgroups take alternate tiles ("ping-pong": one's epilogue overlaps the
+//      other's wgmmas). Where the whole filter is one 64-channel block of C <= 64 (VGG's
+//      c1_2) it is loaded once per CTA and stays; the stages then hold x only.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -38,40 +47,48 @@ namespace jaxcnn {
 namespace conv_pool_wgmma {
 namespace {
 
-constexpr int kHaloW = kTileW + 2;
-constexpr int kHaloPixels = (kTileH + 2) * kHaloW;
-static_assert(kTileH == 16 && kTileW == 16, "four 8x8 blocks per tile");
+using cute::SM90::GMMA::Major;
+using cute::SM90::GMMA::ScaleOut;
 constexpr int kTaps = 9;
+constexpr int kSmemMax = 232448;  // 227 KB per CTA
 
-// kChunkC input channels per stage: 32 with 64-channel blocks, 16 with 128.
-template <int kN>
+enum class Config { kPixelsM, kChannelsM, kChannelsMResident };
+
+template <Config kConfig>
 struct Shape {
-  static constexpr int kChunkC = kN == 64 ? 32 : 16;
-  static constexpr int kRowBytes = kChunkC * 2;  // A: one pixel
-  static constexpr int kAtom = 8 * kRowBytes;    // A: swizzle pattern repeat
-  static constexpr uint32_t kALayout = kRowBytes == 64 ? 2 : 3;  // descriptor: 64B / 32B swizzle
-  static constexpr int kASbo = kHaloW * kRowBytes;  // A: next conv row (the next 8 rows of M)
-  static constexpr int kABytesUsed = kHaloPixels * kRowBytes;
-  static constexpr int kABytes = (kABytesUsed + kAtom - 1) / kAtom * kAtom;
-  // B: per tap [64-channel half][kChunkC rows][64 output channels], 128B swizzle (MN-major).
-  static constexpr int kBLbo = kChunkC * 128;  // next 64 output channels
-  static constexpr int kBSbo = 8 * 128;        // next 8 input channels
-  static constexpr int kBTapBytes = (kN / 64) * kChunkC * 128;
-  static constexpr int kBBytes = kTaps * kBTapBytes;
-  static constexpr int kStages = 4;
-  // All B stages first (1024-byte aligned for the 128B swizzle), then all A stages.
-  static constexpr int kAOffset = kStages * kBBytes;
-  static constexpr int kBarrierOffset = kAOffset + kStages * kABytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
-  static constexpr int kStageTx = kBBytes + kABytesUsed;
-  // 64-channel blocks: "ping-pong", each consumer warpgroup takes whole tiles (all four 8x8
-  // blocks, 128 accumulators), alternating, so one's epilogue overlaps the other's wgmmas
-  // (1-, 2-chunk tiles spend a large share in the epilogue). 128: "cooperative", the two
-  // split each tile (two blocks each; four would need 256 accumulators).
-  static constexpr bool kPingPong = kN == 64;
-  static constexpr int kBlocks = kPingPong ? 4 : 2;  // 8x8 blocks per consumer warpgroup
-  static_assert(kBTapBytes % 1024 == 0 && kABytes % kAtom == 0, "TMA / swizzle alignment");
-  static_assert(kSmemBytes <= 232448, "227 KB of shared memory per CTA");
+  static constexpr bool kChannelsM = kConfig != Config::kPixelsM;
+  static constexpr bool kResidentW = kConfig == Config::kChannelsMResident;
+  static constexpr int kN = kChannelsM ? 64 : 128;  // output channels per work item
+  static constexpr int kTileH = kChannelsM ? 32 : 16, kTileW = kChannelsM ? 8 : 16;
+  static constexpr int kHaloW = kTileW + 2;
+  static constexpr int kHaloPixels = (kTileH + 2) * kHaloW;
+  static constexpr int kChunkC = kChannelsM ? 32 : 16;
+  static constexpr int kRowBytes = kChunkC * 2;                 // x: one pixel
+  static constexpr int kAtom = 8 * kRowBytes;                   // x: swizzle pattern repeat
+  static constexpr uint32_t kXLayout = kRowBytes == 64 ? 2 : 3;  // descriptor: 64B / 32B swizzle
+  static constexpr int kXSbo = kHaloW * kRowBytes;  // x: next conv row (next 8 pixels of M / N)
+  static constexpr int kXBytesUsed = kHaloPixels * kRowBytes;
+  static constexpr int kXBytes = (kXBytesUsed + kAtom - 1) / kAtom * kAtom;
+  static constexpr int kWLbo = kChunkC * 128;  // w: next 64 output channels
+  static constexpr int kWSbo = 8 * 128;        // w: next 8 input channels
+  static constexpr int kWTapBytes = (kN / 64) * kChunkC * 128;
+  static constexpr int kWBytes = kTaps * kWTapBytes;  // one chunk's weights
+  static constexpr int kResidentChunks = 64 / kChunkC;   // C <= 64
+  // All w (stages, or the resident filter) first (1024-byte aligned for the 128B swizzle),
+  // then the x stages, then the full[kStages], empty[kStages] and filter mbarriers.
+  static constexpr int kWRegion = kResidentW ? kResidentChunks * kWBytes : 0;
+  static constexpr int kStageBytes = (kResidentW ? 0 : kWBytes) + kXBytes;
+  static constexpr int kStages = (kSmemMax - kWRegion - 256) / kStageBytes;
+  static constexpr int kXOffset = kResidentW ? kWRegion : kStages * kWBytes;
+  static constexpr int kBarrierOffset = kXOffset + kStages * kXBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8;
+  static constexpr int kStageTx = (kResidentW ? 0 : kWBytes) + kXBytesUsed;
+  // Accumulators per consumer thread: channels-as-M one m64n256 (128); pixels-as-M two m64n128
+  // blocks (128), the warpgroup's half of the tile.
+  static constexpr int kBlocks = kChannelsM ? 1 : 2;
+  static constexpr int kAcc = kChannelsM ? 128 : kN / 2;
+  static_assert(kWTapBytes % 1024 == 0 && kXBytes % kAtom == 0, "TMA / swizzle alignment");
+  static_assert(kStages >= 3 && kSmemBytes <= kSmemMax, "pipeline depth / shared memory");
 };
 
 struct Args {
@@ -90,29 +107,29 @@ __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t s
          (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(layout) << 62);
 }
 
-template <typename T, int kN>
+// The wgmma of a configuration: pixels-as-M is x (K-major) times w (MN-major), m64n128;
+// channels-as-M is w (MN-major) times x (K-major), m64n256.
+template <typename T, bool kChannelsM>
 struct WgmmaOp;
-using cute::SM90::GMMA::Major;
 template <>
-struct WgmmaOp<__nv_bfloat16, 64> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::MN>;
-};
-template <>
-struct WgmmaOp<__nv_bfloat16, 128> {
+struct WgmmaOp<__nv_bfloat16, false> {
   using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<Major::K, Major::MN>;
 };
 template <>
-struct WgmmaOp<__half, 64> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::MN>;
+struct WgmmaOp<__nv_bfloat16, true> {
+  using type = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<Major::MN, Major::K>;
 };
 template <>
-struct WgmmaOp<__half, 128> {
+struct WgmmaOp<__half, false> {
   using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<Major::K, Major::MN>;
+};
+template <>
+struct WgmmaOp<__half, true> {
+  using type = cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<Major::MN, Major::K>;
 };
 
 template <class Op, int... I>
-__device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d,
-                                    cute::SM90::GMMA::ScaleOut scale,
+__device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d, ScaleOut scale,
                                     std::integer_sequence<int, I...>) {
   Op::fma(da, db, d[I]..., scale);
 }
@@ -120,21 +137,13 @@ __device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d,
 // max that propagates NaN (as the reference's reduce_window max does).
 __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || a > b) ? a : b; }
 
-struct Item {
-  int img, oh0, ow0, n0;
-};
-template <int kN>
-__device__ __forceinline__ Item DecodeItem(const Args& a, int item) {
-  Item it;
-  const int nb = item % a.n_blocks;
-  int rest = item / a.n_blocks;  // channel blocks innermost: they share the input tile in L2
-  const int tx = rest % a.tiles_w;
-  rest /= a.tiles_w;
-  it.oh0 = (rest % a.tiles_h) * kTileH;
-  it.img = rest / a.tiles_h;
-  it.ow0 = tx * kTileW;
-  it.n0 = nb * kN;
-  return it;
+// bias, then ReLU that keeps NaN. max(acc) + bias then ReLU equals the pool of
+// ReLU(acc + bias), and rounding once after the max equals the max of rounded values (all
+// monotone).
+template <typename T>
+__device__ __forceinline__ float BiasRelu(float v, const T* bias, int n) {
+  if (bias != nullptr) v += static_cast<float>(bias[n]);
+  return v < 0.f ? 0.f : v;
 }
 
 template <typename T>
@@ -148,74 +157,106 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   }
 }
 
-// The top-left conv output (row, column in the tile) of a consumer's 8x8 block.
-template <int kN>
-__device__ __forceinline__ int BlockRow(int consumer, int blk) {
-  return Shape<kN>::kPingPong ? 8 * (blk / 2) : 8 * consumer;
-}
-template <int kN>
-__device__ __forceinline__ int BlockCol(int blk) {
-  return Shape<kN>::kPingPong ? 8 * (blk % 2) : 8 * blk;
+struct Item {
+  int img, oh0, ow0, n0;
+};
+template <class S>
+__device__ __forceinline__ Item DecodeItem(const Args& a, int item) {
+  Item it;
+  const int nb = item % a.n_blocks;
+  int rest = item / a.n_blocks;  // channel blocks innermost: they share the input tile in L2
+  const int tx = rest % a.tiles_w;
+  rest /= a.tiles_w;
+  it.oh0 = (rest % a.tiles_h) * S::kTileH;
+  it.img = rest / a.tiles_h;
+  it.ow0 = tx * S::kTileW;
+  it.n0 = nb * S::kN;
+  return it;
 }
 
-// Pool a consumer warpgroup's 8x8 blocks (rows 2*warp, 2*warp + 1 of each: one pooled row),
-// add bias, ReLU, store. max(acc) + bias then ReLU equals the pool of ReLU(acc + bias), and
-// rounding once after the max equals the max of rounded values (both monotone).
-template <typename T, int kN>
-__device__ __forceinline__ void Epilogue(const Args& a, const Item& it, int consumer,
-                                         float (&acc)[Shape<kN>::kBlocks][kN / 2]) {
+// Pixels as M: pool the warpgroup's two 8x8 blocks (rows 2*warp, 2*warp + 1 of each: one
+// pooled row; block blk covers tile columns 8*blk..).
+template <typename T, class S>
+__device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, int consumer,
+                                                float (&acc)[S::kBlocks][S::kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const T* bias = static_cast<const T*>(a.bias);
   const int n_lane = it.n0 + 2 * (lane % 4);
+  const int ph = (it.oh0 + 8 * consumer + 2 * warp) / 2;
 #pragma unroll
-  for (int blk = 0; blk < Shape<kN>::kBlocks; ++blk) {
-    const int ph = (it.oh0 + BlockRow<kN>(consumer, blk) + 2 * warp) / 2;
-    const int pw = (it.ow0 + BlockCol<kN>(blk) + lane / 4) / 2;
+  for (int blk = 0; blk < S::kBlocks; ++blk) {
+    const int pw = (it.ow0 + 8 * blk + lane / 4) / 2;
     const bool writer = (lane / 4) % 2 == 0 && ph < a.PH && pw < a.PW;
     uint32_t* y = reinterpret_cast<uint32_t*>(
         static_cast<T*>(a.y) +
         ((static_cast<int64_t>(it.img) * a.PH + ph) * a.PW + pw) * a.K + n_lane);
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
+    for (int j = 0; j < S::kN / 8; ++j) {
       float v0 = NanMax(acc[blk][4 * j], acc[blk][4 * j + 2]);  // rows 2*warp, 2*warp + 1
       float v1 = NanMax(acc[blk][4 * j + 1], acc[blk][4 * j + 3]);
       v0 = NanMax(v0, __shfl_xor_sync(0xffffffffu, v0, 4));  // the next column's lane
       v1 = NanMax(v1, __shfl_xor_sync(0xffffffffu, v1, 4));
-      if (writer) {
-        if (bias != nullptr) {
-          v0 += static_cast<float>(bias[n_lane + 8 * j]);
-          v1 += static_cast<float>(bias[n_lane + 8 * j + 1]);
-        }
-        v0 = v0 < 0.f ? 0.f : v0;  // keeps NaN
-        v1 = v1 < 0.f ? 0.f : v1;
-        y[4 * j] = PackPair<T>(v0, v1);  // 8 channels = 4 words further
-      }
+      if (writer)
+        y[4 * j] = PackPair<T>(BiasRelu(v0, bias, n_lane + 8 * j),
+                               BiasRelu(v1, bias, n_lane + 8 * j + 1));  // 8 channels = 4 words
     }
   }
 }
 
-template <int kN>
-__device__ __forceinline__ void FenceAcc(float (&acc)[Shape<kN>::kBlocks][kN / 2]) {
+// Channels as M: accumulator element 4j + e of lane l in warp w is output channel
+// 16w + l/4 (+8 for e >= 2) at tile pixel (row j, column 2(l%4) + e%2), so pooled row pr,
+// column l%4 is the max of elements 8pr + {0, 1, 4, 5} (+2 for the upper channel). Lanes
+// 4 apart hold neighbouring channels: one exchange gives each lane a channel pair to store
+// (even l/4: channels c, c+1; odd: c+7, c+8).
+template <typename T, class S>
+__device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
+                                                  float (&acc)[S::kBlocks][S::kAcc]) {
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const T* bias = static_cast<const T*>(a.bias);
+  const bool even = (lane / 4) % 2 == 0;
+  const int c_lo = it.n0 + 16 * warp + lane / 4;  // this lane's lower channel
+  const int c_store = even ? c_lo : c_lo + 7;
+  const int pw = it.ow0 / 2 + lane % 4;
+  T* y_img = static_cast<T*>(a.y) + static_cast<int64_t>(it.img) * a.PH * a.PW * a.K;
 #pragma unroll
-  for (int blk = 0; blk < Shape<kN>::kBlocks; ++blk)
+  for (int pr = 0; pr < S::kTileH / 2; ++pr) {
+    const float* d = &acc[0][8 * pr];
+    const float lo = NanMax(NanMax(d[0], d[1]), NanMax(d[4], d[5]));
+    const float hi = NanMax(NanMax(d[2], d[3]), NanMax(d[6], d[7]));
+    const float other = __shfl_xor_sync(0xffffffffu, even ? hi : lo, 4);
+    const int ph = it.oh0 / 2 + pr;
+    if (ph < a.PH && pw < a.PW) {
+      const float v0 = even ? lo : other, v1 = even ? other : hi;
+      *reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(ph) * a.PW + pw) * a.K +
+                                   c_store) =
+          PackPair<T>(BiasRelu(v0, bias, c_store), BiasRelu(v1, bias, c_store + 1));
+    }
+  }
+}
+
+template <class S>
+__device__ __forceinline__ void FenceAcc(float (&acc)[S::kBlocks][S::kAcc]) {
 #pragma unroll
-    for (int i = 0; i < kN / 2; ++i) cute::warpgroup_fence_operand(acc[blk][i]);
+  for (int blk = 0; blk < S::kBlocks; ++blk)
+#pragma unroll
+    for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[blk][i]);
 }
 
 // Threads: warpgroup 0 produces (one thread issues the TMA loads), 1 and 2 consume.
 constexpr int kKernelThreads = 3 * 128;
 
-template <typename T, int kN>
+template <typename T, Config kConfig>
 __global__ void __launch_bounds__(kKernelThreads, 1)
     conv_pool_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
                            const __grid_constant__ CUtensorMap w_map, const Args a) {
-  using S = Shape<kN>;
-  using Op = typename WgmmaOp<T, kN>::type;
+  using S = Shape<kConfig>;
+  using Op = typename WgmmaOp<T, S::kChannelsM>::type;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   extern __shared__ __align__(1024) uint8_t smem[];
   auto* full = reinterpret_cast<FullBarrier*>(smem + S::kBarrierOffset);
   auto* empty = reinterpret_cast<EmptyBarrier*>(full + S::kStages);
+  auto* filter_loaded = reinterpret_cast<FullBarrier*>(empty + S::kStages);
   const int wg = threadIdx.x / 128;
   const int items = a.work > static_cast<int>(blockIdx.x)
                         ? (a.work - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
@@ -225,8 +266,10 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       full[s].init(1);
-      empty[s].init(S::kPingPong ? 4 : 2 * 4);  // one arrival per warp reading the stage
+      // One arrival per warp reading the stage: one warpgroup (ping-pong) or both.
+      empty[s].init(S::kChannelsM ? 4 : 2 * 4);
     }
+    filter_loaded->init(1);
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&x_map);
     cute::prefetch_tma_descriptor(&w_map);
@@ -236,23 +279,31 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (threadIdx.x != 0) return;
-    for (int t = 0; t < steps; ++t) {
-      const int stage = t % S::kStages;
-      empty[stage].wait(((t / S::kStages) & 1) ^ 1);
-      const Item it = DecodeItem<kN>(a, blockIdx.x + (t / a.chunks) * gridDim.x);
-      const int c0 = (t % a.chunks) * S::kChunkC;
-      uint64_t* bar = reinterpret_cast<uint64_t*>(&full[stage]);
-      uint8_t* sa = smem + S::kAOffset + stage * S::kABytes;
-      uint8_t* sb = smem + stage * S::kBBytes;
-      full[stage].arrive_and_expect_tx(S::kStageTx);
-      cute::SM90_TMA_LOAD_4D::copy(&x_map, bar, 0, sa, c0, it.ow0 - 1, it.oh0 - 1, it.img);
+    auto load_w = [&](uint8_t* sw, uint64_t* bar, int n0, int c0) {
 #pragma unroll
       for (int tap = 0; tap < kTaps; ++tap)
 #pragma unroll
-        for (int h = 0; h < kN / 64; ++h)
+        for (int h = 0; h < S::kN / 64; ++h)
           cute::SM90_TMA_LOAD_2D::copy(&w_map, bar, 0,
-                                       sb + tap * S::kBTapBytes + h * S::kChunkC * 128,
-                                       it.n0 + 64 * h, tap * a.C + c0);
+                                       sw + tap * S::kWTapBytes + h * S::kChunkC * 128,
+                                       n0 + 64 * h, tap * a.C + c0);
+    };
+    if constexpr (S::kResidentW) {
+      filter_loaded->arrive_and_expect_tx(a.chunks * S::kWBytes);
+      for (int chunk = 0; chunk < a.chunks; ++chunk)
+        load_w(smem + chunk * S::kWBytes, reinterpret_cast<uint64_t*>(filter_loaded), 0,
+               chunk * S::kChunkC);
+    }
+    for (int t = 0; t < steps; ++t) {
+      const int stage = t % S::kStages;
+      empty[stage].wait(((t / S::kStages) & 1) ^ 1);
+      const Item it = DecodeItem<S>(a, blockIdx.x + (t / a.chunks) * gridDim.x);
+      const int c0 = (t % a.chunks) * S::kChunkC;
+      uint64_t* bar = reinterpret_cast<uint64_t*>(&full[stage]);
+      full[stage].arrive_and_expect_tx(S::kStageTx);
+      cute::SM90_TMA_LOAD_4D::copy(&x_map, bar, 0, smem + S::kXOffset + stage * S::kXBytes, c0,
+                                   it.ow0 - 1, it.oh0 - 1, it.img);
+      if constexpr (!S::kResidentW) load_w(smem + stage * S::kWBytes, bar, it.n0, c0);
     }
     return;
   }
@@ -262,34 +313,39 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   const bool release_lane = threadIdx.x % 32 == 0;
   // Never zeroed or copied by ordinary code: the first wgmma of a tile overwrites (scale 0),
   // so the compiler need not wait on in-flight wgmmas to move them.
-  float acc[S::kBlocks][kN / 2];
+  float acc[S::kBlocks][S::kAcc];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int first = S::kPingPong ? consumer : 0, stride = S::kPingPong ? 2 : 1;
+  const int first = S::kChannelsM ? consumer : 0, stride = S::kChannelsM ? 2 : 1;
+  if constexpr (S::kResidentW) filter_loaded->wait(0);
   for (int item = first; item < items; item += stride) {
     int held = -1;  // the stage whose wgmmas may still be reading
     for (int chunk = 0, t = item * a.chunks; chunk < a.chunks; ++chunk, ++t) {
       const int stage = t % S::kStages;
       full[stage].wait((t / S::kStages) & 1);
-      const uint32_t a_base = smem_base + S::kAOffset + stage * S::kABytes;
-      const uint32_t b_base = smem_base + stage * S::kBBytes;
-      FenceAcc<kN>(acc);
+      const uint32_t x_base = smem_base + S::kXOffset + stage * S::kXBytes;
+      const uint32_t w_base = smem_base + (S::kResidentW ? chunk : stage) * S::kWBytes;
+      FenceAcc<S>(acc);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int tap = 0; tap < kTaps; ++tap) {
         const int r = tap / 3, s = tap % 3;
 #pragma unroll
         for (int kk = 0; kk < S::kChunkC / 16; ++kk) {
-          const uint64_t db =
-              Desc(b_base + tap * S::kBTapBytes + kk * 16 * 128, S::kBLbo, S::kBSbo, 1);
-          const auto scale = (chunk > 0 || tap > 0 || kk > 0) ? cute::SM90::GMMA::ScaleOut::One
-                                                              : cute::SM90::GMMA::ScaleOut::Zero;
+          const uint64_t dw =
+              Desc(w_base + tap * S::kWTapBytes + kk * 16 * 128, S::kWLbo, S::kWSbo, 1);
+          const ScaleOut scale =
+              (chunk > 0 || tap > 0 || kk > 0) ? ScaleOut::One : ScaleOut::Zero;
+          // LBO is unused by swizzled K-major layouts (16 bytes, as CUTLASS sets it).
 #pragma unroll
           for (int blk = 0; blk < S::kBlocks; ++blk) {
-            const int pix = (BlockRow<kN>(consumer, blk) + r) * kHaloW + BlockCol<kN>(blk) + s;
-            // LBO is unused by swizzled K-major layouts (16 bytes, as CUTLASS sets it).
-            const uint64_t da =
-                Desc(a_base + pix * S::kRowBytes + kk * 32, 16, S::kASbo, S::kALayout);
-            Fma<Op>(da, db, acc[blk], scale, std::make_integer_sequence<int, kN / 2>{});
+            const int row0 = S::kChannelsM ? 0 : 8 * consumer, col0 = 8 * blk;
+            const uint64_t dx =
+                Desc(x_base + ((row0 + r) * S::kHaloW + col0 + s) * S::kRowBytes + kk * 32, 16,
+                     S::kXSbo, S::kXLayout);
+            if constexpr (S::kChannelsM)
+              Fma<Op>(dw, dx, acc[blk], scale, std::make_integer_sequence<int, S::kAcc>{});
+            else
+              Fma<Op>(dx, dw, acc[blk], scale, std::make_integer_sequence<int, S::kAcc>{});
           }
         }
       }
@@ -300,16 +356,35 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       held = stage;
     }
     cute::warpgroup_wait<0>();
-    FenceAcc<kN>(acc);
+    FenceAcc<S>(acc);
     if (release_lane) empty[held].arrive();
-    Epilogue<T, kN>(a, DecodeItem<kN>(a, blockIdx.x + item * gridDim.x), consumer, acc);
+    const Item it = DecodeItem<S>(a, blockIdx.x + item * gridDim.x);
+    if constexpr (S::kChannelsM)
+      EpilogueChannelsM<T, S>(a, it, acc);
+    else
+      EpiloguePixelsM<T, S>(a, it, consumer, acc);
   }
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+Config ConfigFor(const ConvPoolParams& p) {
+  if (p.K % 128 == 0) return Config::kPixelsM;
+  return p.K == 64 && p.C <= 64 ? Config::kChannelsMResident : Config::kChannelsM;
+}
+
+template <Config kConfig>
+int64_t WorkOf(const ConvPoolParams& p) {
+  using S = Shape<kConfig>;
+  return p.N * CeilDiv(p.P, S::kTileH) * CeilDiv(p.Q, S::kTileW) * (p.K / S::kN);
+}
+
 int64_t Work(const ConvPoolParams& p) {
-  return p.N * CeilDiv(p.P, kTileH) * CeilDiv(p.Q, kTileW) * (p.K / BlockN(p.K));
+  switch (ConfigFor(p)) {
+    case Config::kPixelsM: return WorkOf<Config::kPixelsM>(p);
+    case Config::kChannelsM: return WorkOf<Config::kChannelsM>(p);
+    default: return WorkOf<Config::kChannelsMResident>(p);
+  }
 }
 
 template <typename T>
@@ -318,12 +393,12 @@ constexpr CUtensorMapDataType kTmaType = std::is_same_v<T, __nv_bfloat16>
                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 
 // Tensor maps (innermost dimension first, strides in bytes for dimensions 1..):
-//   x: [N][H][W][C], box = one chunk's 18 x 18 halo tile, [pixel][kChunkC], 64B / 32B swizzle;
+//   x: [N][H][W][C], box = one chunk's halo tile, [pixel][kChunkC], 64B / 32B swizzle;
 //   w: [R*S*C][K], box = kChunkC rows x 64 output channels, 128B swizzle.
-template <typename T, int kN>
+template <typename T, Config kConfig>
 cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUtensorMap* x_map,
                        CUtensorMap* w_map) {
-  using S = Shape<kN>;
+  using S = Shape<kConfig>;
   const EncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   constexpr cuuint64_t e = sizeof(T);
@@ -331,7 +406,7 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.C), static_cast<cuuint64_t>(p.W),
                               static_cast<cuuint64_t>(p.H), static_cast<cuuint64_t>(p.N)};
   const cuuint64_t strides[3] = {p.C * e, p.W * p.C * e, p.H * p.W * p.C * e};
-  const cuuint32_t box[4] = {S::kChunkC, kTileW + 2, kTileH + 2, 1};
+  const cuuint32_t box[4] = {S::kChunkC, S::kTileW + 2, S::kTileH + 2, 1};
   CUresult r = encode(x_map, kTmaType<T>, 4, const_cast<T*>(b.x), dims, strides, box, unit,
                       CU_TENSOR_MAP_INTERLEAVE_NONE,
                       S::kRowBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
@@ -347,22 +422,23 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int kN>
-cudaError_t LaunchN(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream) {
-  using S = Shape<kN>;
+template <typename T, Config kConfig>
+cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                         cudaStream_t stream) {
+  using S = Shape<kConfig>;
   Args a{};
   a.bias = b.bias, a.y = b.y;
   a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
   a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
-  a.tiles_h = static_cast<int>(CeilDiv(p.P, kTileH));
-  a.tiles_w = static_cast<int>(CeilDiv(p.Q, kTileW));
-  a.n_blocks = static_cast<int>(p.K / kN);
+  a.tiles_h = static_cast<int>(CeilDiv(p.P, S::kTileH));
+  a.tiles_w = static_cast<int>(CeilDiv(p.Q, S::kTileW));
+  a.n_blocks = static_cast<int>(p.K / S::kN);
   a.chunks = static_cast<int>(p.C / S::kChunkC);
-  a.work = static_cast<int>(Work(p));
+  a.work = static_cast<int>(WorkOf<kConfig>(p));
   CUtensorMap x_map{}, w_map{};
-  cudaError_t status = EncodeMaps<T, kN>(p, b, &x_map, &w_map);
+  cudaError_t status = EncodeMaps<T, kConfig>(p, b, &x_map, &w_map);
   if (status != cudaSuccess) return status;
-  auto kernel = conv_pool_wgmma_kernel<T, kN>;
+  auto kernel = conv_pool_wgmma_kernel<T, kConfig>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 S::kSmemBytes);
   if (status != cudaSuccess) return status;
@@ -375,8 +451,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-int64_t SmemBytes(int block_n) {
-  return block_n == 128 ? Shape<128>::kSmemBytes : Shape<64>::kSmemBytes;
+int BlockN(int64_t K) { return K % 128 == 0 ? 128 : 64; }
+
+void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w) {
+  const bool channels_m = ConfigFor(p) != Config::kPixelsM;
+  *tile_h = channels_m ? Shape<Config::kChannelsM>::kTileH : Shape<Config::kPixelsM>::kTileH;
+  *tile_w = channels_m ? Shape<Config::kChannelsM>::kTileW : Shape<Config::kPixelsM>::kTileW;
+}
+
+int64_t SmemBytes(const ConvPoolParams& p) {
+  switch (ConfigFor(p)) {
+    case Config::kPixelsM: return Shape<Config::kPixelsM>::kSmemBytes;
+    case Config::kChannelsM: return Shape<Config::kChannelsM>::kSmemBytes;
+    default: return Shape<Config::kChannelsMResident>::kSmemBytes;
+  }
 }
 
 int64_t Grid(const ConvPoolParams& p) {
@@ -408,15 +496,18 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
     return "wgmma kernel: needs an sm_90 (Hopper) device";
   if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
           cudaSuccess ||
-      smem_max < SmemBytes(BlockN(p.K)))
+      smem_max < SmemBytes(p))
     return "wgmma kernel: not enough shared memory per block";
   return nullptr;
 }
 
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream) {
-  return BlockN(p.K) == 128 ? LaunchN<T, 128>(p, b, stream)
-                            : LaunchN<T, 64>(p, b, stream);
+  switch (ConfigFor(p)) {
+    case Config::kPixelsM: return LaunchConfig<T, Config::kPixelsM>(p, b, stream);
+    case Config::kChannelsM: return LaunchConfig<T, Config::kChannelsM>(p, b, stream);
+    default: return LaunchConfig<T, Config::kChannelsMResident>(p, b, stream);
+  }
 }
 
 template cudaError_t Launch<__nv_bfloat16>(const ConvPoolParams&,
