@@ -182,7 +182,20 @@ def wgmma_cases(draw):
 def test_wgmma_kernel_random_shapes(case):
     x, w, b = operands(case["seed"], case["n"], case["h"], case["w"], case["c"], case["k"],
                        dtype=jnp.dtype(case["dtype"]))
+    if case["k"] % 128 and case["c"] > 64:  # 64-channel blocks take C <= 64 (see the kernel)
+        with pytest.raises(Exception, match="C must be 32 or 64"):
+            jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+        return
     check(x, w, b, "wgmma", padding="SAME")
+
+
+@needs_hopper
+@pytest.mark.parametrize("n,hw,c,k", [(16, 56, 64, 192), (4, 112, 128, 128), (40, 28, 32, 64)])
+def test_wgmma_many_tiles_per_cta(n, hw, c, k):
+    # More tiles than SMs: each persistent CTA runs several, and the ping-pong consumers
+    # (64-channel blocks) alternate tiles.
+    x, w, b = operands(15, n, hw, hw, c, k, dtype=jnp.bfloat16)
+    check(x, w, b, "wgmma", padding=1, with_oracle=False)
 
 
 @needs_hopper
@@ -237,6 +250,10 @@ def test_forced_wgmma_refusals_are_python_errors():
     x, w, b = operands(14, 1, 16, 16, 32, 72, dtype=jnp.bfloat16)
     with pytest.raises(Exception, match="K must be a multiple of 64"):
         jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+    x, w, b = operands(14, 2, 16, 16, 128, 64, dtype=jnp.bfloat16)
+    with pytest.raises(Exception, match="C must be 32 or 64"):
+        jax.block_until_ready(jaxcnn.conv2d_pool(x, w, b, padding=1, algorithm="wgmma"))
+    check(x, w, b, padding=1)  # auto: the mma.sync kernel
 
 
 def test_forced_tensor_core_refusals_are_python_errors():

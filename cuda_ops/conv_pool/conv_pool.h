@@ -32,7 +32,8 @@ enum class ConvPoolAlgorithm : int {
                     // where flat-K would run and its shared memory fits
   kWgmma = 4,       // Hopper warp-specialized TMA + wgmma kernel (conv_pool_wgmma.h): bf16/fp16
                     // 3x3 stride-1 SAME convs with a 2x2/2 pool (VGG's pooled layers), C a
-                    // multiple of 32, K of 64; auto picks it wherever it runs
+                    // multiple of 32 (32 or 64 where K % 128 != 0), K of 64; auto picks it
+                    // wherever it runs
 };
 
 struct ConvPoolParams {

@@ -30,7 +30,8 @@ int64_t SmemBytes(const ConvPoolParams& p);
 
 // nullptr if the wgmma kernel runs this layer with these pointers, else why not. Checks the
 // shape family (3x3, stride 1, dilation 1, padding 1 on both sides, 2x2/2 unpadded pool),
-// 16-bit dtype, C % 32, K % 64, 16-byte alignment and an sm_90 device.
+// 16-bit dtype, C % 32, K % 64 (C of 32 or 64 where K % 128 != 0), 16-byte alignment and an
+// sm_90 device.
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
                               const void* x, const void* w, const void* y);
 

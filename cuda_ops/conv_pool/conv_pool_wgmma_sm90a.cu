@@ -485,6 +485,14 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
     return "wgmma kernel: 2x2 stride-2 unpadded (VALID) pool only";
   if (p.C % kChannelMultiple != 0) return "wgmma kernel: C must be a multiple of 32";
   if (p.K % 64 != 0) return "wgmma kernel: K must be a multiple of 64";
+  // Ping-pong consumers wait on the stages of alternate tiles: with as many channel chunks per
+  // tile as stages, the second consumer's first wait lands two phases ahead of the producer
+  // and an mbarrier (which knows only its current phase's parity) lets it through. Needs an
+  // ordering barrier between the consumers' mainloops (CUTLASS's ping-pong has one); until it
+  // is in and measured, such layers run the mma.sync kernel.
+  if (ConfigFor(p) == Config::kChannelsM &&
+      p.C / Shape<Config::kChannelsM>::kChunkC >= Shape<Config::kChannelsM>::kStages)
+    return "wgmma kernel: with K not a multiple of 128, C must be 32 or 64";
   if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))
     return "wgmma kernel: x, w and y must be 16-byte aligned";
   if (Work(p) > std::numeric_limits<int32_t>::max())

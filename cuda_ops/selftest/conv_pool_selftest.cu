@@ -305,9 +305,13 @@ const Layer kWgmma[] = {
     {"wgmma 16x16 one tile", 2, 16, 16, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"wgmma odd 13x13",      2, 13, 13, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"wgmma 30x22 K=128",    3, 30, 22, 64, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma 17x33 K=192",    1, 17, 33, 96, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma 3x41 C=128",     2,  3, 41, 128, 3, 3, 64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma 17x33 K=192",    1, 17, 33, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma 3x41 C=128",     2,  3, 41, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+    {"wgmma many tiles K=192", 24, 28, 28, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
 };
+// 64-channel blocks with C >= 96 (as many chunks as stages): refused (see UnsupportedReason).
+const Layer kWgmmaRefused = {"wgmma K=64 C=128", 16, 56, 56, 128, 3, 3, 64, 1, 1, 1, 1, 1, 1,
+                             1, 1, 2, 2, 2, 2, 0, 0, 0, 0};
 
 const Layer kNetworks[] = {
     {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
@@ -415,6 +419,8 @@ int main(int argc, char** argv) {
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kWgmma, 0, /*expect_refused=*/true, {}, 0,
                                 true);
   }
+  failures += !RunCase<__nv_bfloat16>(kWgmmaRefused, ConvPoolAlgorithm::kWgmma, 0, true);
+  failures += !RunCase<__nv_bfloat16>(kWgmmaRefused, ConvPoolAlgorithm::kAuto, 0, false, {0, 15});
   // Outside the family (a 3x3/2 pool, K % 64 != 0): forced wgmma is refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kWgmma, 0, true);
   failures += !RunCase<__nv_bfloat16>(kSmall[2], ConvPoolAlgorithm::kWgmma, 0, true);

@@ -18,10 +18,10 @@ from jaxcnn.ops.layouts import LAYOUTS, convert_shape
 Pair = tuple[int, int]
 
 # Kernel choice; codes match cuda_ops' ConvPoolAlgorithm. "auto": on Hopper the TMA + wgmma kernel
-# for 16-bit 3x3/1 SAME convs with a 2x2/2 pool (C % 32, K % 64), else tensor cores (bf16/fp16
-# with K a multiple of 8, fp32 at precision "default" as TF32 with K a multiple of 4; a small or
-# unaligned C runs the stem kernel where R*S*C <= 512, else the implicit-GEMM kernel's flat-K mode)
-# else the CUDA-core kernel; "tensor_core" (implicit GEMM), "stem" and "wgmma" fail where they
+# for 16-bit 3x3/1 SAME convs with a 2x2/2 pool (C % 32, K % 64; C <= 64 unless K % 128 == 0),
+# else tensor cores (bf16/fp16 with K a multiple of 8, fp32 at precision "default" as TF32 with K
+# a multiple of 4; a small or unaligned C runs the stem kernel where R*S*C <= 512, else the
+# implicit-GEMM kernel's flat-K mode) else the CUDA-core kernel; "tensor_core" (implicit GEMM), "stem" and "wgmma" fail where they
 # cannot run; "direct" is the CUDA-core kernel (fp32-accurate, any shape).
 ALGORITHMS = ("auto", "tensor_core", "direct", "stem", "wgmma")
 # Operand order of the primitive and the custom call (bias is always present: zeros for None).
