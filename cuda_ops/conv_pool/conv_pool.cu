@@ -324,7 +324,7 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
                    : "3x3 stride-1 conv + 2x2/2 pool, 16-bit, Hopper: wgmma kernel";
     conv_pool_wgmma::TileShape(p, &plan.tile_h, &plan.tile_w);
     plan.pooled_h = plan.tile_h / 2, plan.pooled_w = plan.tile_w / 2;
-    plan.block_k = conv_pool_wgmma::BlockN(p.K);
+    plan.block_k = conv_pool_wgmma::BlockN(p);
     plan.grid = conv_pool_wgmma::Grid(p);
     plan.smem_bytes = conv_pool_wgmma::SmemBytes(p);
     plan.tma = true;

@@ -18,9 +18,13 @@ namespace conv_pool_wgmma {
 
 constexpr int kChannelMultiple = 32;  // C must be a multiple (whole pipeline chunks)
 
-// Output channels per work item: 128 where K allows (a 16x16 pixel tile as wgmma M), else 64
-// (the channels as M, a 32x8 pixel tile as N).
-int BlockN(int64_t K);
+// The kernel picks its configuration per layer (conv_pool_wgmma_sm90a.cu, ConfigFor): 128
+// output channels per work item over a 16x16 pixel tile (pixels as wgmma M), or 64 (the
+// channels as M) over tiles of 32, 28 or 14 rows x 8 columns, whichever leaves the busiest SM
+// the least work, padding included (weighted by each one's measured speed).
+
+// Output channels per work item.
+int BlockN(const ConvPoolParams& p);
 
 // The conv tile (outputs per work item) the kernel uses for these params.
 void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w);
@@ -30,8 +34,7 @@ int64_t SmemBytes(const ConvPoolParams& p);
 
 // nullptr if the wgmma kernel runs this layer with these pointers, else why not. Checks the
 // shape family (3x3, stride 1, dilation 1, padding 1 on both sides, 2x2/2 unpadded pool),
-// 16-bit dtype, C % 32, K % 64 (C of 32 or 64 where K % 128 != 0), 16-byte alignment and an
-// sm_90 device.
+// 16-bit dtype, C % 32, K % 64, 16-byte alignment and an sm_90 device.
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
                               const void* x, const void* w, const void* y);
 
@@ -41,6 +44,17 @@ int64_t Grid(const ConvPoolParams& p);
 
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream);
+
+// The configurations by number, for tests and tuning: their names, the one Launch picks, and
+// a launch with a given one (cudaErrorInvalidValue where that one cannot run the layer: the
+// resident filter needs K == 64 and C <= 64, 128-channel blocks K % 128 == 0). The layer must
+// pass UnsupportedReason.
+constexpr int kConfigs = 5;
+const char* ConfigName(int config);
+int ChosenConfig(const ConvPoolParams& p);
+template <typename T>
+cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
+                         cudaStream_t stream);
 
 }  // namespace conv_pool_wgmma
 }  // namespace jaxcnn

@@ -30,6 +30,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -40,6 +41,7 @@
 #include "conv_pool/conv_pool_wgmma.h"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 
@@ -52,14 +54,26 @@ using cute::SM90::GMMA::ScaleOut;
 constexpr int kTaps = 9;
 constexpr int kSmemMax = 232448;  // 227 KB per CTA
 
-enum class Config { kPixelsM, kChannelsM, kChannelsMResident };
-
-template <Config kConfig>
+// A kernel configuration.
+//   Pixels as M (kChannelsM false): 128 output channels over a 16x16 tile; the consumers
+//      share each stage, consumer c computing tile rows 8c..8c+7 (kRows = 8).
+//   Channels as M: 64 output channels over consumer tiles of kRows x 8 pixels (wgmma
+//      N = 8 * kRows: 32, 28 or 14 rows, so that 224-, 112-, 56-, 28- and 14-row images
+//      need no padding rows). kPingPong: the consumers take alternate work items, each a
+//      kRows-row tile; else they would share each stage (as pixels-as-M does), consumer c
+//      computing rows c*kRows.. of a 2*kRows-row tile.
+//   kResidentW (ping-pong, C <= 64, one 64-channel block): the whole filter is loaded once
+//      per CTA and stays; the stages hold x only.
+template <bool kChannelsMArg, int kRows, bool kPingPongArg, bool kResidentArg>
 struct Shape {
-  static constexpr bool kChannelsM = kConfig != Config::kPixelsM;
-  static constexpr bool kResidentW = kConfig == Config::kChannelsMResident;
+  static constexpr bool kChannelsM = kChannelsMArg;
+  static constexpr bool kPingPong = kPingPongArg;
+  static constexpr bool kResidentW = kResidentArg;
+  static constexpr int kConsumerRows = kRows;  // conv rows of one consumer's share
   static constexpr int kN = kChannelsM ? 64 : 128;  // output channels per work item
-  static constexpr int kTileH = kChannelsM ? 32 : 16, kTileW = kChannelsM ? 8 : 16;
+  static constexpr int kTileW = kChannelsM ? 8 : 16;
+  static constexpr int kTileH = kPingPong ? kRows : 2 * kRows;
+  static constexpr int kMmaN = kChannelsM ? 8 * kRows : 128;  // the wgmma's N
   static constexpr int kHaloW = kTileW + 2;
   static constexpr int kHaloPixels = (kTileH + 2) * kHaloW;
   static constexpr int kChunkC = kChannelsM ? 32 : 16;
@@ -75,21 +89,47 @@ struct Shape {
   static constexpr int kWBytes = kTaps * kWTapBytes;  // one chunk's weights
   static constexpr int kResidentChunks = 64 / kChunkC;   // C <= 64
   // All w (stages, or the resident filter) first (1024-byte aligned for the 128B swizzle),
-  // then the x stages, then the full[kStages], empty[kStages] and filter mbarriers.
+  // then the x stages, then the full[kStages], empty[kStages], filter and order mbarriers.
   static constexpr int kWRegion = kResidentW ? kResidentChunks * kWBytes : 0;
   static constexpr int kStageBytes = (kResidentW ? 0 : kWBytes) + kXBytes;
   static constexpr int kStages = (kSmemMax - kWRegion - 256) / kStageBytes;
   static constexpr int kXOffset = kResidentW ? kWRegion : kStages * kWBytes;
   static constexpr int kBarrierOffset = kXOffset + kStages * kXBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 1) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 2) * 8;
   static constexpr int kStageTx = (kResidentW ? 0 : kWBytes) + kXBytesUsed;
-  // Accumulators per consumer thread: channels-as-M one m64n256 (128); pixels-as-M two m64n128
-  // blocks (128), the warpgroup's half of the tile.
+  // Accumulators per consumer thread: channels-as-M one m64nN (N / 2); pixels-as-M two
+  // m64n128 blocks (64 each), the consumer's half of the tile.
   static constexpr int kBlocks = kChannelsM ? 1 : 2;
-  static constexpr int kAcc = kChannelsM ? 128 : kN / 2;
+  static constexpr int kAcc = kMmaN / 2;
+  static_assert(kRows % 2 == 0, "whole pool windows per consumer");
+  static_assert(!kResidentW || (kChannelsM && kPingPong), "resident filter: ping-pong only");
   static_assert(kWTapBytes % 1024 == 0 && kXBytes % kAtom == 0, "TMA / swizzle alignment");
   static_assert(kStages >= 3 && kSmemBytes <= kSmemMax, "pipeline depth / shared memory");
 };
+
+// The configurations the launcher picks from (ConfigFor); numbered for LaunchConfig. Measured
+// (H100, VGG-19's pooled layers, N=64 bf16) and dropped: both consumers sharing one 56x8 or
+// 28x8 tile (the weights loaded once for twice the pixels) ran 1-5% slower than 28x8
+// ping-pong where their tiles fit the image, and no faster than the resident filter on c1_2.
+enum class Config {
+  kPixelsM,             // K % 128 == 0
+  kChannels32,          // ping-pong, 32x8 tiles
+  kChannels32Resident,  // ping-pong, 32x8 tiles, resident filter (K == 64, C <= 64)
+  kChannels28,          // ping-pong, 28x8 tiles
+  kChannels14,          // ping-pong, 14x8 tiles
+};
+
+// Calls f(S{}) with the Shape of config c.
+template <class F>
+auto WithShape(Config c, F&& f) {
+  switch (c) {
+    case Config::kPixelsM: return f(Shape<false, 8, false, false>{});
+    case Config::kChannels32: return f(Shape<true, 32, true, false>{});
+    case Config::kChannels32Resident: return f(Shape<true, 32, true, true>{});
+    case Config::kChannels28: return f(Shape<true, 28, true, false>{});
+    default: return f(Shape<true, 14, true, false>{});
+  }
+}
 
 struct Args {
   const void* bias;
@@ -108,25 +148,23 @@ __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t s
 }
 
 // The wgmma of a configuration: pixels-as-M is x (K-major) times w (MN-major), m64n128;
-// channels-as-M is w (MN-major) times x (K-major), m64n256.
-template <typename T, bool kChannelsM>
+// channels-as-M is w (MN-major) times x (K-major), m64nN with N = 8 * rows of the tile.
+template <typename T, int kMmaN>
 struct WgmmaOp;
-template <>
-struct WgmmaOp<__nv_bfloat16, false> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<Major::K, Major::MN>;
-};
-template <>
-struct WgmmaOp<__nv_bfloat16, true> {
-  using type = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<Major::MN, Major::K>;
-};
-template <>
-struct WgmmaOp<__half, false> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<Major::K, Major::MN>;
-};
-template <>
-struct WgmmaOp<__half, true> {
-  using type = cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<Major::MN, Major::K>;
-};
+#define JAXCNN_WGMMA_OP(T, N, A, B, NAME)   \
+  template <>                               \
+  struct WgmmaOp<T, N> {                    \
+    using type = cute::SM90::GMMA::NAME<A, B>; \
+  };
+JAXCNN_WGMMA_OP(__nv_bfloat16, 128, Major::K, Major::MN, MMA_64x128x16_F32BF16BF16_SS)
+JAXCNN_WGMMA_OP(__nv_bfloat16, 256, Major::MN, Major::K, MMA_64x256x16_F32BF16BF16_SS)
+JAXCNN_WGMMA_OP(__nv_bfloat16, 224, Major::MN, Major::K, MMA_64x224x16_F32BF16BF16_SS)
+JAXCNN_WGMMA_OP(__nv_bfloat16, 112, Major::MN, Major::K, MMA_64x112x16_F32BF16BF16_SS)
+JAXCNN_WGMMA_OP(__half, 128, Major::K, Major::MN, MMA_64x128x16_F32F16F16_SS)
+JAXCNN_WGMMA_OP(__half, 256, Major::MN, Major::K, MMA_64x256x16_F32F16F16_SS)
+JAXCNN_WGMMA_OP(__half, 224, Major::MN, Major::K, MMA_64x224x16_F32F16F16_SS)
+JAXCNN_WGMMA_OP(__half, 112, Major::MN, Major::K, MMA_64x112x16_F32F16F16_SS)
+#undef JAXCNN_WGMMA_OP
 
 template <class Op, int... I>
 __device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d, ScaleOut scale,
@@ -182,7 +220,7 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const T* bias = static_cast<const T*>(a.bias);
   const int n_lane = it.n0 + 2 * (lane % 4);
-  const int ph = (it.oh0 + 8 * consumer + 2 * warp) / 2;
+  const int ph = (it.oh0 + S::kConsumerRows * consumer + 2 * warp) / 2;
 #pragma unroll
   for (int blk = 0; blk < S::kBlocks; ++blk) {
     const int pw = (it.ow0 + 8 * blk + lane / 4) / 2;
@@ -208,8 +246,9 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
 // column l%4 is the max of elements 8pr + {0, 1, 4, 5} (+2 for the upper channel). Lanes
 // 4 apart hold neighbouring channels: one exchange gives each lane a channel pair to store
 // (even l/4: channels c, c+1; odd: c+7, c+8).
+// A consumer of a shared tile holds its rows row0.. (pooled rows row0/2..).
 template <typename T, class S>
-__device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
+__device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it, int row0,
                                                   float (&acc)[S::kBlocks][S::kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const T* bias = static_cast<const T*>(a.bias);
@@ -219,12 +258,12 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
   const int pw = it.ow0 / 2 + lane % 4;
   T* y_img = static_cast<T*>(a.y) + static_cast<int64_t>(it.img) * a.PH * a.PW * a.K;
 #pragma unroll
-  for (int pr = 0; pr < S::kTileH / 2; ++pr) {
+  for (int pr = 0; pr < S::kConsumerRows / 2; ++pr) {
     const float* d = &acc[0][8 * pr];
     const float lo = NanMax(NanMax(d[0], d[1]), NanMax(d[4], d[5]));
     const float hi = NanMax(NanMax(d[2], d[3]), NanMax(d[6], d[7]));
     const float other = __shfl_xor_sync(0xffffffffu, even ? hi : lo, 4);
-    const int ph = it.oh0 / 2 + pr;
+    const int ph = (it.oh0 + row0) / 2 + pr;
     if (ph < a.PH && pw < a.PW) {
       const float v0 = even ? lo : other, v1 = even ? other : hi;
       *reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(ph) * a.PW + pw) * a.K +
@@ -245,18 +284,22 @@ __device__ __forceinline__ void FenceAcc(float (&acc)[S::kBlocks][S::kAcc]) {
 // Threads: warpgroup 0 produces (one thread issues the TMA loads), 1 and 2 consume.
 constexpr int kKernelThreads = 3 * 128;
 
-template <typename T, Config kConfig>
+template <typename T, class S>
 __global__ void __launch_bounds__(kKernelThreads, 1)
     conv_pool_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
                            const __grid_constant__ CUtensorMap w_map, const Args a) {
-  using S = Shape<kConfig>;
-  using Op = typename WgmmaOp<T, S::kChannelsM>::type;
+  using Op = typename WgmmaOp<T, S::kMmaN>::type;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   extern __shared__ __align__(1024) uint8_t smem[];
   auto* full = reinterpret_cast<FullBarrier*>(smem + S::kBarrierOffset);
   auto* empty = reinterpret_cast<EmptyBarrier*>(full + S::kStages);
   auto* filter_loaded = reinterpret_cast<FullBarrier*>(empty + S::kStages);
+  // Ping-pong: phase i completes once item i's consumer has waited on all its stages. An
+  // mbarrier wait knows only the parity of its current phase, so a consumer that started
+  // waiting on item i+1's stages earlier could pass a stage two phases ahead of the producer
+  // (when an item has at least as many chunks as there are stages).
+  auto* order = reinterpret_cast<EmptyBarrier*>(filter_loaded + 1);
   const int wg = threadIdx.x / 128;
   const int items = a.work > static_cast<int>(blockIdx.x)
                         ? (a.work - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
@@ -267,9 +310,10 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     for (int s = 0; s < S::kStages; ++s) {
       full[s].init(1);
       // One arrival per warp reading the stage: one warpgroup (ping-pong) or both.
-      empty[s].init(S::kChannelsM ? 4 : 2 * 4);
+      empty[s].init(S::kPingPong ? 4 : 2 * 4);
     }
     filter_loaded->init(1);
+    order->init(4);
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&x_map);
     cute::prefetch_tma_descriptor(&w_map);
@@ -315,9 +359,12 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   // so the compiler need not wait on in-flight wgmmas to move them.
   float acc[S::kBlocks][S::kAcc];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int first = S::kChannelsM ? consumer : 0, stride = S::kChannelsM ? 2 : 1;
+  const int first = S::kPingPong ? consumer : 0, stride = S::kPingPong ? 2 : 1;
+  // This consumer's conv rows of a shared tile.
+  const int row0 = S::kPingPong ? 0 : S::kConsumerRows * consumer;
   if constexpr (S::kResidentW) filter_loaded->wait(0);
   for (int item = first; item < items; item += stride) {
+    if (S::kPingPong && item > 0) order->wait((item - 1) & 1);
     int held = -1;  // the stage whose wgmmas may still be reading
     for (int chunk = 0, t = item * a.chunks; chunk < a.chunks; ++chunk, ++t) {
       const int stage = t % S::kStages;
@@ -338,10 +385,9 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
           // LBO is unused by swizzled K-major layouts (16 bytes, as CUTLASS sets it).
 #pragma unroll
           for (int blk = 0; blk < S::kBlocks; ++blk) {
-            const int row0 = S::kChannelsM ? 0 : 8 * consumer, col0 = 8 * blk;
-            const uint64_t dx =
-                Desc(x_base + ((row0 + r) * S::kHaloW + col0 + s) * S::kRowBytes + kk * 32, 16,
-                     S::kXSbo, S::kXLayout);
+            const uint64_t dx = Desc(
+                x_base + ((row0 + r) * S::kHaloW + 8 * blk + s) * S::kRowBytes + kk * 32, 16,
+                S::kXSbo, S::kXLayout);
             if constexpr (S::kChannelsM)
               Fma<Op>(dw, dx, acc[blk], scale, std::make_integer_sequence<int, S::kAcc>{});
             else
@@ -350,6 +396,8 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
         }
       }
       cute::warpgroup_commit_batch();
+      // Every lane of this warp is past its last wait of the item (the wgmmas are warp-wide).
+      if (S::kPingPong && chunk == a.chunks - 1 && release_lane) order->arrive();
       // Keep this step's wgmmas in flight; the previous step's are done: free its stage.
       cute::warpgroup_wait<1>();
       if (held >= 0 && release_lane) empty[held].arrive();
@@ -360,7 +408,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     if (release_lane) empty[held].arrive();
     const Item it = DecodeItem<S>(a, blockIdx.x + item * gridDim.x);
     if constexpr (S::kChannelsM)
-      EpilogueChannelsM<T, S>(a, it, acc);
+      EpilogueChannelsM<T, S>(a, it, row0, acc);
     else
       EpiloguePixelsM<T, S>(a, it, consumer, acc);
   }
@@ -368,23 +416,53 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Config ConfigFor(const ConvPoolParams& p) {
-  if (p.K % 128 == 0) return Config::kPixelsM;
-  return p.K == 64 && p.C <= 64 ? Config::kChannelsMResident : Config::kChannelsM;
-}
-
-template <Config kConfig>
+template <class S>
 int64_t WorkOf(const ConvPoolParams& p) {
-  using S = Shape<kConfig>;
   return p.N * CeilDiv(p.P, S::kTileH) * CeilDiv(p.Q, S::kTileW) * (p.K / S::kN);
 }
 
-int64_t Work(const ConvPoolParams& p) {
-  switch (ConfigFor(p)) {
-    case Config::kPixelsM: return WorkOf<Config::kPixelsM>(p);
-    case Config::kChannelsM: return WorkOf<Config::kChannelsM>(p);
-    default: return WorkOf<Config::kChannelsMResident>(p);
+int SmCount() {
+  int sms = 0;
+  if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sms) != cudaSuccess || sms < 1)
+    sms = 1;
+  return sms;
+}
+
+// The busiest CTA's share of the tensor-core work in conv outputs x output channels: its
+// work items (persistent CTAs, one per SM) times the outputs of one, padding included.
+template <class S>
+int64_t CriticalPath(const ConvPoolParams& p, int sms) {
+  return CeilDiv(WorkOf<S>(p), sms) * S::kTileH * S::kTileW * S::kN;
+}
+
+// The configuration whose busiest SM has the least work, weighted by how fast each runs its
+// work (measured on VGG-19's pooled layers, H100, N=64 bf16: per padded output, 16x16 tiles
+// ran 0-8% slower than 28x8 ones and 14x8 tiles (m64n112 wgmmas, half the work per shared-memory
+// read of the operand) about 1.4x slower). Ties go to the earlier one.
+Config ConfigFor(const ConvPoolParams& p) {
+  if (p.K == 64 && p.C <= 64) return Config::kChannels32Resident;
+  struct Candidate {
+    Config config;
+    int weight;
+  };
+  constexpr Candidate kCandidates[] = {{Config::kChannels28, 20},
+                                       {Config::kChannels32, 20},
+                                       {Config::kPixelsM, 21},
+                                       {Config::kChannels14, 28}};
+  const int sms = SmCount();
+  Config best = Config::kChannels28;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (const Candidate& c : kCandidates) {
+    if (c.config == Config::kPixelsM && p.K % 128 != 0) continue;
+    const int64_t cost =
+        c.weight * WithShape(c.config, [&](auto s) { return CriticalPath<decltype(s)>(p, sms); });
+    if (cost < best_cost) best = c.config, best_cost = cost;
   }
+  return best;
+}
+
+int64_t Work(const ConvPoolParams& p) {
+  return WithShape(ConfigFor(p), [&](auto s) { return WorkOf<decltype(s)>(p); });
 }
 
 template <typename T>
@@ -395,10 +473,9 @@ constexpr CUtensorMapDataType kTmaType = std::is_same_v<T, __nv_bfloat16>
 // Tensor maps (innermost dimension first, strides in bytes for dimensions 1..):
 //   x: [N][H][W][C], box = one chunk's halo tile, [pixel][kChunkC], 64B / 32B swizzle;
 //   w: [R*S*C][K], box = kChunkC rows x 64 output channels, 128B swizzle.
-template <typename T, Config kConfig>
+template <typename T, class S>
 cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUtensorMap* x_map,
                        CUtensorMap* w_map) {
-  using S = Shape<kConfig>;
   const EncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   constexpr cuuint64_t e = sizeof(T);
@@ -422,10 +499,9 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, Config kConfig>
-cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
-                         cudaStream_t stream) {
-  using S = Shape<kConfig>;
+template <typename T, class S>
+cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                        cudaStream_t stream) {
   Args a{};
   a.bias = b.bias, a.y = b.y;
   a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
@@ -434,16 +510,17 @@ cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
   a.tiles_w = static_cast<int>(CeilDiv(p.Q, S::kTileW));
   a.n_blocks = static_cast<int>(p.K / S::kN);
   a.chunks = static_cast<int>(p.C / S::kChunkC);
-  a.work = static_cast<int>(WorkOf<kConfig>(p));
+  a.work = static_cast<int>(WorkOf<S>(p));
   CUtensorMap x_map{}, w_map{};
-  cudaError_t status = EncodeMaps<T, kConfig>(p, b, &x_map, &w_map);
+  cudaError_t status = EncodeMaps<T, S>(p, b, &x_map, &w_map);
   if (status != cudaSuccess) return status;
-  auto kernel = conv_pool_wgmma_kernel<T, kConfig>;
+  auto kernel = conv_pool_wgmma_kernel<T, S>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 S::kSmemBytes);
   if (status != cudaSuccess) return status;
-  kernel<<<static_cast<unsigned>(Grid(p)), kKernelThreads, S::kSmemBytes, stream>>>(x_map,
-                                                                                    w_map, a);
+  const int64_t grid = std::min<int64_t>(a.work, SmCount());
+  kernel<<<static_cast<unsigned>(grid), kKernelThreads, S::kSmemBytes, stream>>>(x_map, w_map,
+                                                                               a);
   return cudaGetLastError();
 }
 
@@ -451,28 +528,22 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-int BlockN(int64_t K) { return K % 128 == 0 ? 128 : 64; }
+int BlockN(const ConvPoolParams& p) {
+  return WithShape(ConfigFor(p), [](auto s) { return decltype(s)::kN; });
+}
 
 void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w) {
-  const bool channels_m = ConfigFor(p) != Config::kPixelsM;
-  *tile_h = channels_m ? Shape<Config::kChannelsM>::kTileH : Shape<Config::kPixelsM>::kTileH;
-  *tile_w = channels_m ? Shape<Config::kChannelsM>::kTileW : Shape<Config::kPixelsM>::kTileW;
+  WithShape(ConfigFor(p), [&](auto s) {
+    *tile_h = decltype(s)::kTileH, *tile_w = decltype(s)::kTileW;
+    return 0;
+  });
 }
 
 int64_t SmemBytes(const ConvPoolParams& p) {
-  switch (ConfigFor(p)) {
-    case Config::kPixelsM: return Shape<Config::kPixelsM>::kSmemBytes;
-    case Config::kChannelsM: return Shape<Config::kChannelsM>::kSmemBytes;
-    default: return Shape<Config::kChannelsMResident>::kSmemBytes;
-  }
+  return WithShape(ConfigFor(p), [](auto s) { return int64_t{decltype(s)::kSmemBytes}; });
 }
 
-int64_t Grid(const ConvPoolParams& p) {
-  int sms = 0;
-  if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sms) != cudaSuccess) sms = 1;
-  const int64_t work = Work(p);
-  return work < sms ? work : sms;
-}
+int64_t Grid(const ConvPoolParams& p) { return std::min<int64_t>(Work(p), SmCount()); }
 
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
                               const void* x, const void* w, const void* y) {
@@ -485,14 +556,6 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
     return "wgmma kernel: 2x2 stride-2 unpadded (VALID) pool only";
   if (p.C % kChannelMultiple != 0) return "wgmma kernel: C must be a multiple of 32";
   if (p.K % 64 != 0) return "wgmma kernel: K must be a multiple of 64";
-  // Ping-pong consumers wait on the stages of alternate tiles: with as many channel chunks per
-  // tile as stages, the second consumer's first wait lands two phases ahead of the producer
-  // and an mbarrier (which knows only its current phase's parity) lets it through. Needs an
-  // ordering barrier between the consumers' mainloops (CUTLASS's ping-pong has one); until it
-  // is in and measured, such layers run the mma.sync kernel.
-  if (ConfigFor(p) == Config::kChannelsM &&
-      p.C / Shape<Config::kChannelsM>::kChunkC >= Shape<Config::kChannelsM>::kStages)
-    return "wgmma kernel: with K not a multiple of 128, C must be 32 or 64";
   if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))
     return "wgmma kernel: x, w and y must be 16-byte aligned";
   if (Work(p) > std::numeric_limits<int32_t>::max())
@@ -511,13 +574,34 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream) {
-  switch (ConfigFor(p)) {
-    case Config::kPixelsM: return LaunchConfig<T, Config::kPixelsM>(p, b, stream);
-    case Config::kChannelsM: return LaunchConfig<T, Config::kChannelsM>(p, b, stream);
-    default: return LaunchConfig<T, Config::kChannelsMResident>(p, b, stream);
-  }
+  return WithShape(ConfigFor(p), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, stream); });
 }
 
+const char* ConfigName(int config) {
+  static const char* const kNames[kConfigs] = {"16x16 tile, 128 channels", "32x8 ping-pong",
+                                               "32x8 ping-pong, resident filter",
+                                               "28x8 ping-pong", "14x8 ping-pong"};
+  return config >= 0 && config < kConfigs ? kNames[config] : "?";
+}
+
+int ChosenConfig(const ConvPoolParams& p) { return static_cast<int>(ConfigFor(p)); }
+
+template <typename T>
+cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
+                         cudaStream_t stream) {
+  if (config < 0 || config >= kConfigs) return cudaErrorInvalidValue;
+  const Config c = static_cast<Config>(config);
+  if ((c == Config::kPixelsM && p.K % 128 != 0) ||
+      (c == Config::kChannels32Resident && (p.K != 64 || p.C > 64)))
+    return cudaErrorInvalidValue;
+  return WithShape(c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, stream); });
+}
+
+template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,
+                                                 const ConvPoolBuffers<__nv_bfloat16>&, int,
+                                                 cudaStream_t);
+template cudaError_t LaunchConfig<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,
+                                          int, cudaStream_t);
 template cudaError_t Launch<__nv_bfloat16>(const ConvPoolParams&,
                                            const ConvPoolBuffers<__nv_bfloat16>&, cudaStream_t);
 template cudaError_t Launch<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "conv_pool/conv_pool.h"
+#include "conv_pool/conv_pool_wgmma.h"
 #include "selftest/selftest_util.h"
 
 namespace {
@@ -161,6 +162,23 @@ struct Misalign {
   int x, y;
 };
 
+// A wgmma configuration forced on the cases that run while it is set (ForcedConfig), else -1:
+// every configuration on the odd shapes and timed on the VGG layers, not just the one the
+// launcher picks.
+int g_wgmma_config = -1;
+struct ForcedConfig {
+  explicit ForcedConfig(int config) { g_wgmma_config = config; }
+  ~ForcedConfig() { g_wgmma_config = -1; }
+};
+
+template <typename T>
+cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, ConvPoolAlgorithm algo) {
+  if constexpr (sizeof(T) == 2)  // the wgmma kernel is 16-bit only
+    if (g_wgmma_config >= 0 && algo == ConvPoolAlgorithm::kWgmma)
+      return jaxcnn::conv_pool_wgmma::LaunchConfig<T>(p, b, g_wgmma_config, 0);
+  return jaxcnn::launch_conv_pool<T>(p, b, algo, 0);
+}
+
 // Runs one case: poison, launch, compare images `check` (all when empty) with the float64
 // reference; returns pass. expect_refused: the plan must refuse (forced tensor cores on an
 // unsupported case). With time_iters > 0 it also prints the mean cudaEvent time.
@@ -189,11 +207,11 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
   int64_t bad = 0;
   if (expect_refused) {
     pass = plan.unsupported != nullptr &&
-           jaxcnn::launch_conv_pool<T>(p, b, algo, 0) == cudaErrorInvalidValue;
+           Launch<T>(p, b, algo) == cudaErrorInvalidValue;
   } else {
     pass = plan.unsupported == nullptr;
     if (pass) {
-      CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      CHECK_CUDA(Launch<T>(p, b, algo));
       CHECK_CUDA(cudaDeviceSynchronize());
     }
     std::vector<T> got(y_count);
@@ -227,9 +245,9 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
       cudaEvent_t start, stop;
       CHECK_CUDA(cudaEventCreate(&start));
       CHECK_CUDA(cudaEventCreate(&stop));
-      for (int i = 0; i < 3; ++i) CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      for (int i = 0; i < 3; ++i) CHECK_CUDA(Launch<T>(p, b, algo));
       CHECK_CUDA(cudaEventRecord(start));
-      for (int i = 0; i < time_iters; ++i) CHECK_CUDA(jaxcnn::launch_conv_pool<T>(p, b, algo, 0));
+      for (int i = 0; i < time_iters; ++i) CHECK_CUDA(Launch<T>(p, b, algo));
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
       float total = 0.0f;
@@ -240,6 +258,10 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
     }
   }
   const char* kernel = plan.unsupported != nullptr ? "refused" : AlgoName(plan.kernel);
+  const int wgmma_config = plan.unsupported == nullptr && plan.kernel == ConvPoolAlgorithm::kWgmma
+                               ? (g_wgmma_config >= 0 ? g_wgmma_config
+                                                      : jaxcnn::conv_pool_wgmma::ChosenConfig(p))
+                               : -1;
   std::printf("%-4s %-24s %-11s%s N=%lld %lldx%lldx%lld -> %lldx%lldx%lld  kernel=%s", pass ? "ok" : "FAIL",
               layer.name, AlgoName(algo), tf32 ? "+tf32" : "", static_cast<long long>(p.N),
               static_cast<long long>(p.H), static_cast<long long>(p.W),
@@ -250,6 +272,9 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
                 plan.tile_h, plan.tile_w, plan.pooled_h, plan.pooled_w, plan.block_k,
                 plan.flat_k ? 1 : 0, plan.tma ? 1 : 0, static_cast<long long>(plan.grid),
                 static_cast<long long>(plan.smem_bytes));
+  if (wgmma_config >= 0)
+    std::printf(" config=%s%s", jaxcnn::conv_pool_wgmma::ConfigName(wgmma_config),
+                g_wgmma_config >= 0 ? " (forced)" : "");
   if (!expect_refused) std::printf(" rel_err=%.2e unwritten=%lld", rel, static_cast<long long>(bad));
   if (ms > 0.0) {
     const double flops = 2.0 * p.N * p.P * p.Q * p.K * p.R * p.S * p.C;
@@ -299,19 +324,32 @@ const Layer kFlatK[] = {
 // Pooled layers of VGG-19 (conv before each 2x2/2 pool), AlexNet (3x3/2 pools) and the C=3
 // stems (flat-K): SqueezeNet 1.1 and 1.0, ResNet (7x7/2 pad 3, pool pad 1), AlexNet (11x11/4).
 // The wgmma kernel's family (3x3/1 SAME conv, 2x2/2 VALID pool, C % 32, K % 64): partial
-// tiles, odd extents, one and several channel blocks and chunks.
-const Layer kWgmma[] = {
-    // name                 N   H   W   C  R  S   K  sh sw pt pb pl pr dh dw  wh ww psh psw qt qb ql qr
-    {"wgmma 16x16 one tile", 2, 16, 16, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma odd 13x13",      2, 13, 13, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma 30x22 K=128",    3, 30, 22, 64, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma 17x33 K=192",    1, 17, 33, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma 3x41 C=128",     2,  3, 41, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
-    {"wgmma many tiles K=192", 24, 28, 28, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
+// tiles, odd extents, one and several channel blocks and chunks, and more chunks than pipeline
+// stages with several work items per CTA (the ping-pong consumers' ordering barrier). Each
+// runs on every configuration that takes it; images `check` are compared (all when empty).
+struct WgmmaLayer {
+  Layer layer;
+  std::vector<int64_t> check;
 };
-// 64-channel blocks with C >= 96 (as many chunks as stages): refused (see UnsupportedReason).
-const Layer kWgmmaRefused = {"wgmma K=64 C=128", 16, 56, 56, 128, 3, 3, 64, 1, 1, 1, 1, 1, 1,
-                             1, 1, 2, 2, 2, 2, 0, 0, 0, 0};
+const WgmmaLayer kWgmma[] = {
+    // name                 N   H   W   C  R  S   K  sh sw pt pb pl pr dh dw  wh ww psh psw qt qb ql qr
+    {{"wgmma 16x16 one tile", 2, 16, 16, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {}},
+    {{"wgmma odd 13x13",      2, 13, 13, 32, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {}},
+    {{"wgmma 30x22 K=128",    3, 30, 22, 64, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {}},
+    {{"wgmma 17x33 K=192",    1, 17, 33, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {}},
+    {{"wgmma 3x41 C=128",     2,  3, 41, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {}},
+    {{"wgmma many tiles K=192", 24, 28, 28, 64, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 13, 23}},
+    {{"wgmma K=64 C=128",     4, 56, 56, 128, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 3}},
+    {{"wgmma C=256 K=64 x100", 100, 28, 28, 256, 3, 3, 64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 37, 99}},
+    {{"wgmma 42x26 C=96 K=256", 6, 42, 26, 96, 3, 3, 256, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 5}},
+};
+
+// Whether wgmma configuration `config` takes the layer (see conv_pool_wgmma::LaunchConfig).
+bool ConfigTakes(int config, const Layer& l) {
+  if (config == 0) return l.K % 128 == 0;            // 128-channel blocks
+  if (config == 2) return l.K == 64 && l.C <= 64;    // resident filter
+  return true;
+}
 
 const Layer kNetworks[] = {
     {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
@@ -412,15 +450,21 @@ int main(int argc, char** argv) {
   // The wgmma kernel forced (sm_90 only; refused elsewhere and for float), and auto on it.
   int major = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  for (const Layer& l : kWgmma) {
-    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9);
-    failures += !RunCase<__half>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9);
-    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto);
+  for (const WgmmaLayer& wl : kWgmma) {
+    const Layer& l = wl.layer;
+    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9, wl.check);
+    failures += !RunCase<__half>(l, ConvPoolAlgorithm::kWgmma, 0, major != 9, wl.check);
+    failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kAuto, 0, false, wl.check);
     failures += !RunCase<float>(l, ConvPoolAlgorithm::kWgmma, 0, /*expect_refused=*/true, {}, 0,
                                 true);
+    if (major != 9) continue;
+    for (int config = 0; config < jaxcnn::conv_pool_wgmma::kConfigs; ++config) {
+      if (!ConfigTakes(config, l)) continue;
+      ForcedConfig forced(config);
+      failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kWgmma, 0, false, wl.check);
+      failures += !RunCase<__half>(l, ConvPoolAlgorithm::kWgmma, 0, false, wl.check);
+    }
   }
-  failures += !RunCase<__nv_bfloat16>(kWgmmaRefused, ConvPoolAlgorithm::kWgmma, 0, true);
-  failures += !RunCase<__nv_bfloat16>(kWgmmaRefused, ConvPoolAlgorithm::kAuto, 0, false, {0, 15});
   // Outside the family (a 3x3/2 pool, K % 64 != 0): forced wgmma is refused.
   failures += !RunCase<__nv_bfloat16>(kSmall[1], ConvPoolAlgorithm::kWgmma, 0, true);
   failures += !RunCase<__nv_bfloat16>(kSmall[2], ConvPoolAlgorithm::kWgmma, 0, true);
@@ -462,6 +506,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i <= 4; ++i)
       failures +=
           !RunCase<__nv_bfloat16>(kNetworks[i], ConvPoolAlgorithm::kTensorCore, 0, false, {0}, 10);
+    // Every wgmma configuration on VGG's pooled layers (the data behind ConfigFor's choice).
+    for (int i = 0; i <= 4 && major == 9; ++i)
+      for (int config = 0; config < jaxcnn::conv_pool_wgmma::kConfigs; ++config) {
+        if (!ConfigTakes(config, kNetworks[i])) continue;
+        ForcedConfig forced(config);
+        failures += !RunCase<__nv_bfloat16>(kNetworks[i], ConvPoolAlgorithm::kWgmma, 0, false,
+                                            {0}, 20);
+      }
     for (const Layer& l : kNetworks)
       failures += !RunCase<float>(l, ConvPoolAlgorithm::kAuto, 0, false, {0}, 10, true);
     // The SqueezeNet 1.1 stem on the CUDA-core kernel, its only option before flat-K, and the

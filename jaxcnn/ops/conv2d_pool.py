@@ -135,10 +135,9 @@ def conv2d_pool(
         when x has many zeros (e.g. the previous layer's ReLU output). It takes no dilation
         (must be 1) and no `algorithm` (must be "auto"); `precision` is not forwarded.
       algorithm: "auto" (on Hopper, bf16/fp16 3x3 stride-1 SAME convs with a 2x2/2 VALID
-        pool, C a multiple of 32 (32 or 64 unless K % 128 == 0) and K of 64 -- VGG's pooled
-        layers -- run the TMA + wgmma kernel; otherwise tensor cores for bf16/fp16 with K a
-        multiple of 8 and for fp32 at precision "default" with K a multiple of 4, any C: a C
-        below 16 or off that multiple, e.g. an RGB stem's 3, runs the stem kernel where
+        pool, C a multiple of 32 and K of 64 -- VGG's pooled layers -- run the TMA + wgmma
+        kernel; otherwise tensor cores for bf16/fp16 with K a multiple of 8 and for fp32 at
+        precision "default" with K a multiple of 4, any C: a C below 16 or off that multiple, e.g. an RGB stem's 3, runs the stem kernel where
         R*S*C <= 512 and it fits shared memory, else the tensor-core kernel's flat-K mode;
         else the CUDA-core kernel), "wgmma" (the Hopper kernel; an error where it cannot
         run), "tensor_core" (the implicit-GEMM mma.sync kernel; an error where it cannot run),
