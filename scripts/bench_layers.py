@@ -139,8 +139,15 @@ QUICK_LAYERS = (
     Layer("tiny_grouped_9x7", 2, 9, 7, 8, 16, 3, 3, padding="SAME", groups=4),
     Layer("tiny_dilated", 2, 9, 9, 8, 8, 3, 3, padding=2, dilation=2),
 )
+# VGG-19's unpooled 3x3 convs (bf16 on Hopper: the wgmma kernel), by --layers name only.
+VGG19_UNPOOLED = tuple(
+    _square(f"vgg19_{name}{suffix}", n, hw, c, k, 3, 1, 1)
+    for name, hw, c, k in (("c2_1", 112, 64, 128), ("c3_2", 56, 256, 256), ("c4_1", 28, 256, 512),
+                           ("c4_2", 28, 512, 512), ("c5_2", 14, 512, 512))
+    for n, suffix in ((64, ""), (1, "_b1"))
+)
 SUITE = BASELINE_LAYERS + EXTRA_LAYERS
-LAYERS_BY_NAME = {layer.name: layer for layer in SUITE + QUICK_LAYERS}
+LAYERS_BY_NAME = {layer.name: layer for layer in SUITE + QUICK_LAYERS + VGG19_UNPOOLED}
 
 
 # ---------------------------------------------------------------- the ops being compared

@@ -86,3 +86,59 @@ def test_depthwise_grad_and_vmap_on_gpu():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     per = jax.vmap(lambda xi: jaxcnn.conv2d(xi[None], w, b, groups=8))(x)[:, 0]
     np.testing.assert_allclose(per, jaxcnn.conv2d(x, w, b, groups=8), rtol=1e-6, atol=1e-6)
+
+
+def _hopper():
+    return str(getattr(jax.devices()[0], "compute_capability", "")).startswith("9.")
+
+
+# The wgmma kernel's family without a pool: 3x3/1 SAME, C % 32, K % 64; odd extents and partial
+# tiles, every tile configuration (28/32/14-row and 16x16 tiles by K and image size), VGG-19.
+WGMMA = [
+    ((2, 13, 11, 32), (3, 3, 32, 64)),
+    ((1, 30, 22, 96), (3, 3, 96, 128)),
+    ((3, 9, 41, 64), (3, 3, 64, 192)),
+    ((1, 14, 14, 512), (3, 3, 512, 512)),   # VGG c5_x, N=1
+    ((4, 56, 56, 128), (3, 3, 128, 256)),   # VGG c3_1
+    ((2, 112, 112, 64), (3, 3, 64, 128)),   # VGG c2_1
+]
+
+
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90 only")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("activation", ["relu", None])
+@pytest.mark.parametrize("x_shape,w_shape", WGMMA)
+def test_wgmma_kernel_unpooled(x_shape, w_shape, activation, dtype):
+    x, w, b = random_operands(25, x_shape, w_shape, dtype)
+    for algorithm in ("wgmma", "auto"):
+        for bias in (b, None):
+            check(x, w, bias, dtype, dict(padding="SAME", activation=activation, algorithm=algorithm))
+
+
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90 only")
+def test_wgmma_kernel_refusals_name_the_reason():
+    x, w, b = random_operands(26, (1, 16, 16, 32), (3, 3, 32, 64), "float32")
+    with pytest.raises(ValueError, match="wgmma kernel: bfloat16 / float16 only"):
+        jaxcnn.conv2d(x, w, b, algorithm="wgmma")
+    x, w, b = random_operands(26, (1, 16, 16, 32), (3, 3, 32, 64), "bfloat16")
+    with pytest.raises(ValueError, match="3x3 conv, stride 1, padding 1"):
+        jaxcnn.conv2d(x, w, b, stride=2, algorithm="wgmma")
+    with pytest.raises(ValueError, match="NHWC only"):
+        jaxcnn.conv2d(jnp.transpose(x, (0, 3, 1, 2)), w, b, layout="NCHW", algorithm="wgmma")
+    x, w, b = random_operands(26, (1, 16, 16, 32), (3, 3, 32, 72), "bfloat16")
+    with pytest.raises(ValueError, match="K must be a multiple of 64"):
+        jaxcnn.conv2d(x, w, b, algorithm="wgmma")
+
+
+@pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90 only")
+def test_wgmma_grad_and_vmap():
+    x, w, b = random_operands(27, (2, 12, 12, 32), (3, 3, 32, 64), "bfloat16")
+    f = lambda x, w, b: jnp.sum(jaxcnn.conv2d(x, w, b, activation="relu", algorithm="wgmma")  # noqa: E731
+                                .astype(jnp.float32) ** 2)
+    g = lambda x, w, b: jnp.sum(jaxcnn.conv2d(x, w, b, activation="relu", algorithm="xla")  # noqa: E731
+                                .astype(jnp.float32) ** 2)
+    for got, want in zip(jax.grad(f, (0, 1, 2))(x, w, b), jax.grad(g, (0, 1, 2))(x, w, b)):
+        assert rel_err(np.asarray(got, np.float64), np.asarray(want, np.float64)) <= 2e-2
+    per = jax.vmap(lambda xi: jaxcnn.conv2d(xi[None], w, b, algorithm="wgmma"))(x)[:, 0]
+    np.testing.assert_array_equal(np.asarray(per, np.float32),
+                                  np.asarray(jaxcnn.conv2d(x, w, b, algorithm="wgmma"), np.float32))

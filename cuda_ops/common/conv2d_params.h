@@ -22,6 +22,8 @@ enum class Conv2dAlgorithm : int {
   kDirect = 1,      // conv/: CUDA-core implicit GEMM, any shape, all layouts
   kTensorCore = 2,  // conv_tc/: CUTLASS tensor-core implicit GEMM
   kDepthwise = 3,   // depthwise/: groups == C
+  // 4 is Python's "xla" (lax's own conv; never reaches a handler).
+  kWgmma = 5,  // conv_pool/: the Hopper wgmma kernel, 3x3/1 SAME, 16-bit (no pool)
 };
 
 // Matches lax.conv_general_dilated(x, w, ..., feature_group_count=groups) with

@@ -2,14 +2,40 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "conv/conv2d_direct.h"
 #include "conv/conv2d_dispatch.h"
+#include "conv_pool/conv_pool_wgmma.h"
 #include "conv_tc/conv2d_tensorcore.h"
 #include "depthwise/conv2d_depthwise.h"
 
 namespace jaxcnn {
-
 namespace {
+
+// The conv as the wgmma conv+pool kernel's layer with a 1x1/1 pool (none).
+ConvPoolParams AsUnpooled(const Conv2dParams& c) {
+  ConvPoolParams p{};
+  p.N = c.N, p.H = c.H, p.W = c.W, p.C = c.C, p.R = c.R, p.S = c.S, p.K = c.K;
+  p.stride_h = c.stride_h, p.stride_w = c.stride_w, p.pad_top = c.pad_h, p.pad_left = c.pad_w;
+  p.dilation_h = c.dil_h, p.dilation_w = c.dil_w;
+  p.P = c.P, p.Q = c.Q;
+  p.pool_h = p.pool_w = p.pool_stride_h = p.pool_stride_w = 1;
+  p.PH = c.P, p.PW = c.Q;
+  return p;
+}
+
+// Why the wgmma kernel cannot run this conv (pointers: where known, else any 16-byte aligned).
+template <typename T>
+const char* WgmmaUnsupportedReason(const Conv2dParams& params, const void* x, const void* w,
+                                   const void* y) {
+  if (params.layout != TensorLayout::kNHWC) return "wgmma kernel: NHWC only";
+  if (params.groups != 1) return "wgmma kernel: groups must be 1";
+  if (params.y_pixel_stride != 0 && params.y_pixel_stride != params.K)
+    return "wgmma kernel: a packed y only";
+  return conv_pool_wgmma::UnsupportedReason(AsUnpooled(params), sizeof(T),
+                                            std::is_same_v<T, float>, x, w, y);
+}
 
 // The plan for one family: why it cannot run, else its scratch size.
 template <typename T>
@@ -30,6 +56,11 @@ Conv2dPlan PlanFamily(const Conv2dParams& params, Conv2dAlgorithm family) {
         plan.workspace_bytes =
             conv2d_tensorcore_workspace_bytes(params, TcDTypeOf<T>::value);
       break;
+    case Conv2dAlgorithm::kWgmma: {
+      alignas(16) static const int16_t kAligned[8] = {};  // XLA's buffers: checked at launch
+      plan.unsupported = WgmmaUnsupportedReason<T>(params, kAligned, kAligned, kAligned);
+      break;
+    }
     default:
       plan.unsupported = "unknown algorithm";
   }
@@ -41,10 +72,12 @@ Conv2dPlan PlanFamily(const Conv2dParams& params, Conv2dAlgorithm family) {
 template <typename T>
 Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
   if (requested != Conv2dAlgorithm::kAuto) return PlanFamily<T>(params, requested);
-  // Depthwise is memory-bound: its own kernel beats any GEMM view of it. Then tensor cores
-  // wherever that family takes the shape; the direct kernel runs the rest (grouped,
-  // NCHW/CHWN, K not a multiple of the TMA row).
-  for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kTensorCore}) {
+  // Depthwise is memory-bound: its own kernel beats any GEMM view of it. Then the Hopper wgmma
+  // kernel where it takes the shape (3x3/1 SAME, 16-bit), tensor cores wherever that family
+  // takes the shape; the direct kernel runs the rest (grouped, NCHW/CHWN, K not a multiple of
+  // the TMA row).
+  for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kWgmma,
+                                 Conv2dAlgorithm::kTensorCore}) {
     Conv2dPlan plan = PlanFamily<T>(params, family);
     if (plan.unsupported == nullptr) return plan;
   }
@@ -64,6 +97,13 @@ cudaError_t run_conv2d(const Conv2dPlan& plan, const T* x, const T* w,
     case Conv2dAlgorithm::kTensorCore:
       return launch_conv2d_tensorcore<T>(x, w, bias, y, params, workspace,
                                          plan.workspace_bytes, stream);
+    case Conv2dAlgorithm::kWgmma:
+      if constexpr (sizeof(T) == 2) {
+        if (WgmmaUnsupportedReason<T>(params, x, w, y) != nullptr) return cudaErrorInvalidValue;
+        return conv_pool_wgmma::Launch<T>(AsUnpooled(params), ConvPoolBuffers<T>{x, w, bias, y},
+                                          stream, params.relu);
+      }
+      return cudaErrorInvalidValue;
     default:
       return cudaErrorInvalidValue;
   }

@@ -4,7 +4,8 @@
 // Each CTA loads one input tile plus its 1-pixel halo (a chunk of channels at a time) into
 // shared memory once and runs all nine filter taps as wgmmas on shifted views of it: the
 // operand of tap (r, s) is the same tile addressed from pixel (r, s) on. The 2x2 pool happens
-// in the accumulator registers. Details: conv_pool_wgmma_sm90a.cu.
+// in the accumulator registers. With a 1x1/1 "pool" it stores the conv output itself: conv2d's
+// algorithm "wgmma" (conv/conv2d_dispatch.cu). Details: conv_pool_wgmma_sm90a.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,7 +34,8 @@ void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w);
 int64_t SmemBytes(const ConvPoolParams& p);
 
 // nullptr if the wgmma kernel runs this layer with these pointers, else why not. Checks the
-// shape family (3x3, stride 1, dilation 1, padding 1 on both sides, 2x2/2 unpadded pool),
+// shape family (3x3, stride 1, dilation 1, padding 1 on both sides, a 2x2/2 unpadded pool or
+// none: a 1x1/1 pool, which conv2d's wgmma algorithm passes),
 // 16-bit dtype, C % 32, K % 64, 16-byte alignment and an sm_90 device.
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
                               const void* x, const void* w, const void* y);
@@ -42,8 +44,10 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 // block).
 int64_t Grid(const ConvPoolParams& p);
 
+// relu false (no pool only): the conv output plus bias, unclamped (conv2d's activation=None).
 template <typename T>
-cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream);
+cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
+                   bool relu = true);
 
 // The configurations by number, for tests and tuning: their names, the one Launch picks, and
 // a launch with a given one (cudaErrorInvalidValue where that one cannot run the layer: the
@@ -54,7 +58,7 @@ const char* ConfigName(int config);
 int ChosenConfig(const ConvPoolParams& p);
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
-                         cudaStream_t stream);
+                         cudaStream_t stream, bool relu = true);
 
 }  // namespace conv_pool_wgmma
 }  // namespace jaxcnn

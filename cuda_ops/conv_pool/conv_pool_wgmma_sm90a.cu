@@ -137,6 +137,8 @@ struct Args {
   int C, K, PH, PW;
   int tiles_h, tiles_w, n_blocks, chunks;
   int work;  // N * tiles_h * tiles_w * n_blocks
+  bool pool;  // 2x2/2 max pool, else none: y is the conv output itself (PH x PW = P x Q)
+  bool relu;  // only without the pool (conv2d's activation=None); the pooled layers ReLU
 };
 
 // A wgmma shared-memory matrix descriptor: start, LBO and SBO in 16-byte units, base offset 0,
@@ -179,9 +181,9 @@ __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || a 
 // ReLU(acc + bias), and rounding once after the max equals the max of rounded values (all
 // monotone).
 template <typename T>
-__device__ __forceinline__ float BiasRelu(float v, const T* bias, int n) {
+__device__ __forceinline__ float BiasRelu(float v, const T* bias, int n, bool relu = true) {
   if (bias != nullptr) v += static_cast<float>(bias[n]);
-  return v < 0.f ? 0.f : v;
+  return relu && v < 0.f ? 0.f : v;
 }
 
 template <typename T>
@@ -220,6 +222,28 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const T* bias = static_cast<const T*>(a.bias);
   const int n_lane = it.n0 + 2 * (lane % 4);
+  if (!a.pool) {
+    // Elements 4j + {0, 1} are channels n_lane + 8j, +1 of conv row 2*warp, 4j + {2, 3} of
+    // the row below; the column is the lane's quad.
+#pragma unroll
+    for (int blk = 0; blk < S::kBlocks; ++blk) {
+      const int ow = it.ow0 + 8 * blk + lane / 4;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int oh = it.oh0 + S::kConsumerRows * consumer + 2 * warp + half;
+        if (oh >= a.PH || ow >= a.PW) continue;
+        uint32_t* y = reinterpret_cast<uint32_t*>(
+            static_cast<T*>(a.y) +
+            ((static_cast<int64_t>(it.img) * a.PH + oh) * a.PW + ow) * a.K + n_lane);
+#pragma unroll
+        for (int j = 0; j < S::kN / 8; ++j)
+          y[4 * j] = PackPair<T>(BiasRelu(acc[blk][4 * j + 2 * half], bias, n_lane + 8 * j, a.relu),
+                                 BiasRelu(acc[blk][4 * j + 2 * half + 1], bias, n_lane + 8 * j + 1,
+                                          a.relu));
+      }
+    }
+    return;
+  }
   const int ph = (it.oh0 + S::kConsumerRows * consumer + 2 * warp) / 2;
 #pragma unroll
   for (int blk = 0; blk < S::kBlocks; ++blk) {
@@ -257,6 +281,30 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
   const int c_store = even ? c_lo : c_lo + 7;
   const int pw = it.ow0 / 2 + lane % 4;
   T* y_img = static_cast<T*>(a.y) + static_cast<int64_t>(it.img) * a.PH * a.PW * a.K;
+  if (!a.pool) {
+    // Row j: elements 4j + {0, 1} are channel c_lo at columns 2(l%4), +1, 4j + {2, 3} channel
+    // c_lo + 8. Even lanes trade their right column for the partner's left one: each lane then
+    // stores channel pairs of one pixel (even: c_lo, +1 and +8, +9 at the left column; odd:
+    // c_lo - 1, c_lo and +7, +8 at the right one).
+    const int ow = it.ow0 + 2 * (lane % 4) + (even ? 0 : 1);
+    const int c_pair = even ? c_lo : c_lo - 1;
+#pragma unroll
+    for (int j = 0; j < S::kConsumerRows; ++j) {
+      const float* d = &acc[0][4 * j];
+      const float r0 = __shfl_xor_sync(0xffffffffu, even ? d[1] : d[0], 4);
+      const float r1 = __shfl_xor_sync(0xffffffffu, even ? d[3] : d[2], 4);
+      const int oh = it.oh0 + row0 + j;
+      if (oh >= a.PH || ow >= a.PW) continue;
+      uint32_t* y = reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(oh) * a.PW + ow) *
+                                                            a.K + c_pair);
+      const float lo0 = even ? d[0] : r0, lo1 = even ? r0 : d[1];
+      const float hi0 = even ? d[2] : r1, hi1 = even ? r1 : d[3];
+      y[0] = PackPair<T>(BiasRelu(lo0, bias, c_pair, a.relu), BiasRelu(lo1, bias, c_pair + 1, a.relu));
+      y[4] = PackPair<T>(BiasRelu(hi0, bias, c_pair + 8, a.relu),
+                         BiasRelu(hi1, bias, c_pair + 9, a.relu));  // 8 channels = 4 words
+    }
+    return;
+  }
 #pragma unroll
   for (int pr = 0; pr < S::kConsumerRows / 2; ++pr) {
     const float* d = &acc[0][8 * pr];
@@ -500,9 +548,11 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
 }
 
 template <typename T, class S>
-cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, bool relu,
                         cudaStream_t stream) {
   Args a{};
+  a.pool = p.pool_h == 2;
+  a.relu = relu || a.pool;
   a.bias = b.bias, a.y = b.y;
   a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
   a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
@@ -551,9 +601,12 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
   if (p.R != 3 || p.S != 3 || p.stride_h != 1 || p.stride_w != 1 || p.dilation_h != 1 ||
       p.dilation_w != 1 || p.pad_top != 1 || p.pad_left != 1 || p.P != p.H || p.Q != p.W)
     return "wgmma kernel: 3x3 conv, stride 1, padding 1 (SAME) only";
-  if (p.pool_h != 2 || p.pool_w != 2 || p.pool_stride_h != 2 || p.pool_stride_w != 2 ||
-      p.pool_pad_top != 0 || p.pool_pad_left != 0 || p.PH != p.P / 2 || p.PW != p.Q / 2)
-    return "wgmma kernel: 2x2 stride-2 unpadded (VALID) pool only";
+  const bool no_pool = p.pool_h == 1 && p.pool_w == 1 && p.pool_stride_h == 1 &&
+                       p.pool_stride_w == 1 && p.PH == p.P && p.PW == p.Q;
+  const bool pool_2x2 = p.pool_h == 2 && p.pool_w == 2 && p.pool_stride_h == 2 &&
+                        p.pool_stride_w == 2 && p.PH == p.P / 2 && p.PW == p.Q / 2;
+  if ((!no_pool && !pool_2x2) || p.pool_pad_top != 0 || p.pool_pad_left != 0)
+    return "wgmma kernel: 2x2 stride-2 unpadded (VALID) pool (or 1x1, none) only";
   if (p.C % kChannelMultiple != 0) return "wgmma kernel: C must be a multiple of 32";
   if (p.K % 64 != 0) return "wgmma kernel: K must be a multiple of 64";
   if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))
@@ -573,8 +626,10 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 }
 
 template <typename T>
-cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream) {
-  return WithShape(ConfigFor(p), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, stream); });
+cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
+                   bool relu) {
+  return WithShape(ConfigFor(p),
+                   [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); });
 }
 
 const char* ConfigName(int config) {
@@ -588,24 +643,25 @@ int ChosenConfig(const ConvPoolParams& p) { return static_cast<int>(ConfigFor(p)
 
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool relu) {
   if (config < 0 || config >= kConfigs) return cudaErrorInvalidValue;
   const Config c = static_cast<Config>(config);
   if ((c == Config::kPixelsM && p.K % 128 != 0) ||
       (c == Config::kChannels32Resident && (p.K != 64 || p.C > 64)))
     return cudaErrorInvalidValue;
-  return WithShape(c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, stream); });
+  return WithShape(c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); });
 }
 
 template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,
                                                  const ConvPoolBuffers<__nv_bfloat16>&, int,
-                                                 cudaStream_t);
+                                                 cudaStream_t, bool);
 template cudaError_t LaunchConfig<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,
-                                          int, cudaStream_t);
+                                          int, cudaStream_t, bool);
 template cudaError_t Launch<__nv_bfloat16>(const ConvPoolParams&,
-                                           const ConvPoolBuffers<__nv_bfloat16>&, cudaStream_t);
+                                           const ConvPoolBuffers<__nv_bfloat16>&, cudaStream_t,
+                                           bool);
 template cudaError_t Launch<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,
-                                    cudaStream_t);
+                                    cudaStream_t, bool);
 
 }  // namespace conv_pool_wgmma
 }  // namespace jaxcnn

@@ -325,7 +325,8 @@ const Layer kFlatK[] = {
 // stems (flat-K): SqueezeNet 1.1 and 1.0, ResNet (7x7/2 pad 3, pool pad 1), AlexNet (11x11/4).
 // The wgmma kernel's family (3x3/1 SAME conv, 2x2/2 VALID pool, C % 32, K % 64): partial
 // tiles, odd extents, one and several channel blocks and chunks, and more chunks than pipeline
-// stages with several work items per CTA (the ping-pong consumers' ordering barrier). Each
+// stages with several work items per CTA (the ping-pong consumers' ordering barrier), and the
+// unpooled conv (a 1x1/1 pool: conv2d's algorithm "wgmma"). Each
 // runs on every configuration that takes it; images `check` are compared (all when empty).
 struct WgmmaLayer {
   Layer layer;
@@ -342,6 +343,10 @@ const WgmmaLayer kWgmma[] = {
     {{"wgmma K=64 C=128",     4, 56, 56, 128, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 3}},
     {{"wgmma C=256 K=64 x100", 100, 28, 28, 256, 3, 3, 64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 37, 99}},
     {{"wgmma 42x26 C=96 K=256", 6, 42, 26, 96, 3, 3, 256, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0}, {0, 5}},
+    // No pool (1x1/1): conv2d's algorithm "wgmma" stores the conv output itself.
+    {{"wgmma conv only K=128", 3, 30, 22, 64, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {}},
+    {{"wgmma conv only 13x13", 2, 13, 13, 96, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {}},
+    {{"wgmma conv only 9x41",  2,  9, 41, 32, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {}},
 };
 
 // Whether wgmma configuration `config` takes the layer (see conv_pool_wgmma::LaunchConfig).

@@ -1,8 +1,9 @@
 """`jaxcnn.conv2d`: 2-D convolution (+bias, +ReLU) of NHWC/NCHW/CHWN activations with HWIO
 weights, as a jax primitive.
 
-CUDA runs one of the kernel families of cuda_ops (tensor-core implicit GEMM, depthwise, or the
-CUDA-core direct kernel; `algorithm="auto"` lets the handler pick) through XLA FFI; every other
+CUDA runs one of the kernel families of cuda_ops (tensor-core implicit GEMM, the Hopper wgmma
+kernel for 3x3 stride-1 convs, depthwise, or the CUDA-core direct kernel; `algorithm="auto"`
+lets the handler pick) through XLA FFI; every other
 platform runs the lax reference. Gradients use the reference's transposes.
 """
 
@@ -188,8 +189,11 @@ def conv2d(
       layout: "NHWC", "NCHW" or "CHWN": memory order of x and of the result.
       precision: float32 math. None/"default" may use TF32 tensor cores (like XLA's DEFAULT on
         GPUs); "highest" (or lax.Precision.HIGHEST) is fp32-accurate (3xTF32 or FMA).
-      algorithm: "auto" (the handler picks), "tensor_core", "direct", "depthwise", or "xla"
-        (XLA's own lax.conv_general_dilated, then bias and ReLU in x's dtype, on every platform).
+      algorithm: "auto" (the handler picks), "tensor_core", "direct", "depthwise", "wgmma"
+        (the Hopper TMA + wgmma kernel of jaxcnn.conv2d_pool without its pool: bf16/fp16 NHWC
+        3x3 stride-1 SAME convs, groups 1, C a multiple of 32, K of 64; "auto" picks it where
+        it runs), or "xla" (XLA's own lax.conv_general_dilated, then bias and ReLU in x's dtype,
+        on every platform).
 
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32.

@@ -23,7 +23,8 @@ PRECISIONS = ("default", "highest")
 # Kernel family; "auto" lets the CUDA handler pick. Codes match cuda_ops' Conv2dAlgorithm;
 # "xla" (last, never sent to the handler) runs XLA's own convolution: the layout planner picks it
 # for layers where XLA's kernel measures faster than ours.
-ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla")
+# Index = the handler's algorithm code ("xla", 4, never reaches it).
+ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla", "wgmma")
 
 Pair = tuple[int, int]
 

@@ -17,6 +17,7 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import AxisType
 
+from jaxcnn import _ffi
 from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
 
@@ -105,6 +106,8 @@ def auto_policy(site: Site) -> str | None:
     k, groups = site.w_shape[3], site.kwargs["groups"]
     if groups == c > 1 and k % c == 0:
         return "auto"  # the depthwise kernel
+    if wgmma_runs(site):
+        return "wgmma"
     if not (jax.numpy.dtype(site.dtype) == jax.numpy.float32 and site.kwargs["precision"] == "highest"):
         return None  # a dense conv at cuDNN's own speed: XLA's unless measured (above)
     # C < 8 (an image's 1-3 channels) pads GEMM-K with zeros: cuDNN's own first-layer kernels
@@ -113,6 +116,22 @@ def auto_policy(site: Site) -> str | None:
             and max(site.kwargs["stride"]) <= 8):
         return "auto"  # the tensor-core kernel (3xTF32)
     return None
+
+
+def wgmma_runs(site: Site) -> bool:
+    """Whether jaxcnn.conv2d's Hopper wgmma kernel takes this conv on this process's GPU (the
+    library's own plan decides: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64, sm_90)."""
+    if site.layout != "NHWC" or jax.default_backend() != "gpu" or not _ffi.handlers_registered():
+        return False
+    from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
+
+    cfg = make_config(site.x_shape, site.w_shape, algorithm="wgmma", **site.kwargs)
+    y_shape = conv2d_output_shape(site.x_shape, site.dtype, site.w_shape, site.dtype, None, None, cfg)
+    try:
+        _ffi.conv2d_workspace_bytes(site.x_shape, site.w_shape, y_shape, site.dtype, cfg)
+    except ValueError:
+        return False
+    return True
 
 
 def _conv_candidates(site: Site) -> list[tuple[str, str]]:
