@@ -64,9 +64,16 @@ constexpr int kSmemMax = 232448;  // 227 KB per CTA
 //      computing rows c*kRows.. of a 2*kRows-row tile.
 //   kResidentW (ping-pong, C <= 64, one 64-channel block): the whole filter is loaded once
 //      per CTA and stays; the stages hold x only.
-template <bool kChannelsMArg, int kRows, bool kPingPongArg, bool kResidentArg>
+//   kStoreTile (unpooled channels-as-M only): the epilogue writes the tile into a 128B-swizzled
+//      shared-memory buffer per consumer and one TMA store moves it out. Storing channel
+//      pairs straight from the registers left 16 of each 32-byte sector per instruction and
+//      stalled the consumers on their stores (VGG-19 c2_1 N=64: 247 us against 152 us of
+//      math).
+template <bool kChannelsMArg, int kRows, bool kPingPongArg, bool kResidentArg,
+          bool kStoreTileArg = false>
 struct Shape {
   static constexpr bool kChannelsM = kChannelsMArg;
+  static constexpr bool kStoreTile = kStoreTileArg;
   static constexpr bool kPingPong = kPingPongArg;
   static constexpr bool kResidentW = kResidentArg;
   static constexpr int kConsumerRows = kRows;  // conv rows of one consumer's share
@@ -89,11 +96,14 @@ struct Shape {
   static constexpr int kWBytes = kTaps * kWTapBytes;  // one chunk's weights
   static constexpr int kResidentChunks = 64 / kChunkC;   // C <= 64
   // All w (stages, or the resident filter) first (1024-byte aligned for the 128B swizzle),
-  // then the x stages, then the full[kStages], empty[kStages], filter and order mbarriers.
+  // then the consumers' output tiles (kStoreTile), the x stages, then the full[kStages],
+  // empty[kStages], filter and order mbarriers.
   static constexpr int kWRegion = kResidentW ? kResidentChunks * kWBytes : 0;
+  static constexpr int kYTileBytes = kStoreTile ? kTileH * kTileW * kN * 2 : 0;  // one consumer's
   static constexpr int kStageBytes = (kResidentW ? 0 : kWBytes) + kXBytes;
-  static constexpr int kStages = (kSmemMax - kWRegion - 256) / kStageBytes;
-  static constexpr int kXOffset = kResidentW ? kWRegion : kStages * kWBytes;
+  static constexpr int kStages = (kSmemMax - kWRegion - 2 * kYTileBytes - 256) / kStageBytes;
+  static constexpr int kYOffset = kResidentW ? kWRegion : kStages * kWBytes;
+  static constexpr int kXOffset = kYOffset + 2 * kYTileBytes;
   static constexpr int kBarrierOffset = kXOffset + kStages * kXBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 2) * 8;
   static constexpr int kStageTx = (kResidentW ? 0 : kWBytes) + kXBytesUsed;
@@ -103,6 +113,8 @@ struct Shape {
   static constexpr int kAcc = kMmaN / 2;
   static_assert(kRows % 2 == 0, "whole pool windows per consumer");
   static_assert(!kResidentW || (kChannelsM && kPingPong), "resident filter: ping-pong only");
+  static_assert(!kStoreTile || (kChannelsM && kPingPong && kYTileBytes % 1024 == 0),
+                "stored tiles: channels-as-M ping-pong, whole 128B swizzle atoms");
   static_assert(kWTapBytes % 1024 == 0 && kXBytes % kAtom == 0, "TMA / swizzle alignment");
   static_assert(kStages >= 3 && kSmemBytes <= kSmemMax, "pipeline depth / shared memory");
 };
@@ -119,15 +131,23 @@ enum class Config {
   kChannels14,          // ping-pong, 14x8 tiles
 };
 
-// Calls f(S{}) with the Shape of config c.
+// Calls f(S{}) with the Shape of config c; store_tile (an unpooled layer) picks the stored-tile
+// epilogue where the configuration has one (not 16x16 tiles, nor 32x8 ones without the
+// resident filter: their stages would not leave room for the output tiles).
 template <class F>
-auto WithShape(Config c, F&& f) {
+auto WithShape(Config c, F&& f, bool store_tile = false) {
   switch (c) {
     case Config::kPixelsM: return f(Shape<false, 8, false, false>{});
     case Config::kChannels32: return f(Shape<true, 32, true, false>{});
-    case Config::kChannels32Resident: return f(Shape<true, 32, true, true>{});
-    case Config::kChannels28: return f(Shape<true, 28, true, false>{});
-    default: return f(Shape<true, 14, true, false>{});
+    case Config::kChannels32Resident:
+      return store_tile ? f(Shape<true, 32, true, true, true>{})
+                        : f(Shape<true, 32, true, true>{});
+    case Config::kChannels28:
+      return store_tile ? f(Shape<true, 28, true, false, true>{})
+                        : f(Shape<true, 28, true, false>{});
+    default:
+      return store_tile ? f(Shape<true, 14, true, false, true>{})
+                        : f(Shape<true, 14, true, false>{});
   }
 }
 
@@ -265,46 +285,74 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
   }
 }
 
+// bias[n], bias[n + 1] (zeros without a bias), loaded once per epilogue.
+template <typename T>
+__device__ __forceinline__ float2 BiasPair(const T* bias, int n) {
+  return bias == nullptr ? make_float2(0.f, 0.f)
+                         : make_float2(static_cast<float>(bias[n]), static_cast<float>(bias[n + 1]));
+}
+
+__device__ __forceinline__ float Act(float v, float bias, bool relu) {
+  v += bias;
+  return relu && v < 0.f ? 0.f : v;  // keeps NaN
+}
+
 // Channels as M: accumulator element 4j + e of lane l in warp w is output channel
 // 16w + l/4 (+8 for e >= 2) at tile pixel (row j, column 2(l%4) + e%2), so pooled row pr,
 // column l%4 is the max of elements 8pr + {0, 1, 4, 5} (+2 for the upper channel). Lanes
 // 4 apart hold neighbouring channels: one exchange gives each lane a channel pair to store
 // (even l/4: channels c, c+1; odd: c+7, c+8).
-// A consumer of a shared tile holds its rows row0.. (pooled rows row0/2..).
+// A consumer of a shared tile holds its rows row0.. (pooled rows row0/2..). y_tile: the
+// consumer's output tile in shared memory (S::kStoreTile; the caller stores it by TMA).
 template <typename T, class S>
 __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it, int row0,
+                                                  uint32_t y_tile,
                                                   float (&acc)[S::kBlocks][S::kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const T* bias = static_cast<const T*>(a.bias);
   const bool even = (lane / 4) % 2 == 0;
   const int c_lo = it.n0 + 16 * warp + lane / 4;  // this lane's lower channel
-  const int c_store = even ? c_lo : c_lo + 7;
-  const int pw = it.ow0 / 2 + lane % 4;
   T* y_img = static_cast<T*>(a.y) + static_cast<int64_t>(it.img) * a.PH * a.PW * a.K;
   if (!a.pool) {
     // Row j: elements 4j + {0, 1} are channel c_lo at columns 2(l%4), +1, 4j + {2, 3} channel
     // c_lo + 8. Even lanes trade their right column for the partner's left one: each lane then
-    // stores channel pairs of one pixel (even: c_lo, +1 and +8, +9 at the left column; odd:
+    // holds channel pairs of one pixel (even: c_lo, +1 and +8, +9 at the left column; odd:
     // c_lo - 1, c_lo and +7, +8 at the right one).
-    const int ow = it.ow0 + 2 * (lane % 4) + (even ? 0 : 1);
+    const int col = 2 * (lane % 4) + (even ? 0 : 1);
     const int c_pair = even ? c_lo : c_lo - 1;
+    const float2 b_lo = BiasPair(bias, c_pair), b_hi = BiasPair(bias, c_pair + 8);
 #pragma unroll
     for (int j = 0; j < S::kConsumerRows; ++j) {
       const float* d = &acc[0][4 * j];
       const float r0 = __shfl_xor_sync(0xffffffffu, even ? d[1] : d[0], 4);
       const float r1 = __shfl_xor_sync(0xffffffffu, even ? d[3] : d[2], 4);
-      const int oh = it.oh0 + row0 + j;
-      if (oh >= a.PH || ow >= a.PW) continue;
-      uint32_t* y = reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(oh) * a.PW + ow) *
-                                                            a.K + c_pair);
-      const float lo0 = even ? d[0] : r0, lo1 = even ? r0 : d[1];
-      const float hi0 = even ? d[2] : r1, hi1 = even ? r1 : d[3];
-      y[0] = PackPair<T>(BiasRelu(lo0, bias, c_pair, a.relu), BiasRelu(lo1, bias, c_pair + 1, a.relu));
-      y[4] = PackPair<T>(BiasRelu(hi0, bias, c_pair + 8, a.relu),
-                         BiasRelu(hi1, bias, c_pair + 9, a.relu));  // 8 channels = 4 words
+      const uint32_t lo = PackPair<T>(Act(even ? d[0] : r0, b_lo.x, a.relu),
+                                      Act(even ? r0 : d[1], b_lo.y, a.relu));
+      const uint32_t hi = PackPair<T>(Act(even ? d[2] : r1, b_hi.x, a.relu),
+                                      Act(even ? r1 : d[3], b_hi.y, a.relu));
+      if constexpr (S::kStoreTile) {
+        // [row][column][64 channels], 128-byte pixels, TMA's 128B swizzle: the 16-byte chunk
+        // index XORed with the pixel's index mod 8 (here the column), so the 8 pixels of one
+        // store land in different banks.
+        const int c = c_pair - it.n0;
+        const uint32_t pixel = y_tile + (j * S::kTileW + col) * 128 + (c % 8) * 2;
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(pixel + (((c / 8) ^ col) * 16)), "r"(lo));
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(pixel + (((c / 8 + 1) ^ col) * 16)),
+                     "r"(hi));
+      } else {
+        const int oh = it.oh0 + row0 + j, ow = it.ow0 + col;
+        if (oh >= a.PH || ow >= a.PW) continue;
+        uint32_t* y = reinterpret_cast<uint32_t*>(
+            y_img + (static_cast<int64_t>(oh) * a.PW + ow) * a.K + c_pair);
+        y[0] = lo;
+        y[4] = hi;  // channels + 8: 4 words on
+      }
     }
     return;
   }
+  const int c_store = even ? c_lo : c_lo + 7;
+  const int pw = it.ow0 / 2 + lane % 4;
+  const float2 b = BiasPair(bias, c_store);
 #pragma unroll
   for (int pr = 0; pr < S::kConsumerRows / 2; ++pr) {
     const float* d = &acc[0][8 * pr];
@@ -315,8 +363,7 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
     if (ph < a.PH && pw < a.PW) {
       const float v0 = even ? lo : other, v1 = even ? other : hi;
       *reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(ph) * a.PW + pw) * a.K +
-                                   c_store) =
-          PackPair<T>(BiasRelu(v0, bias, c_store), BiasRelu(v1, bias, c_store + 1));
+                                   c_store) = PackPair<T>(Act(v0, b.x, true), Act(v1, b.y, true));
     }
   }
 }
@@ -335,7 +382,8 @@ constexpr int kKernelThreads = 3 * 128;
 template <typename T, class S>
 __global__ void __launch_bounds__(kKernelThreads, 1)
     conv_pool_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
-                           const __grid_constant__ CUtensorMap w_map, const Args a) {
+                           const __grid_constant__ CUtensorMap w_map,
+                           const __grid_constant__ CUtensorMap y_map, const Args a) {
   using Op = typename WgmmaOp<T, S::kMmaN>::type;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -365,6 +413,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&x_map);
     cute::prefetch_tma_descriptor(&w_map);
+    if constexpr (S::kStoreTile) cute::prefetch_tma_descriptor(&y_map);
   }
   __syncthreads();
 
@@ -455,11 +504,30 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     FenceAcc<S>(acc);
     if (release_lane) empty[held].arrive();
     const Item it = DecodeItem<S>(a, blockIdx.x + item * gridDim.x);
-    if constexpr (S::kChannelsM)
-      EpilogueChannelsM<T, S>(a, it, row0, acc);
-    else
+    if constexpr (S::kStoreTile) {
+      // The consumer's output tile: its previous TMA store must have read it (the issuing
+      // thread waits, the named barrier tells the rest); written, it is fenced for the async
+      // proxy and stored by one thread. TMA clips the rows and columns past the image.
+      const bool leader = threadIdx.x % 128 == 0;
+      const uint32_t y_tile = smem_base + S::kYOffset + consumer * S::kYTileBytes;
+      if (leader) cute::tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(128, consumer);
+      EpilogueChannelsM<T, S>(a, it, row0, y_tile, acc);
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, consumer);
+      if (leader) {
+        cute::SM90_TMA_STORE_4D::copy(&y_map, smem + S::kYOffset + consumer * S::kYTileBytes,
+                                      it.n0, it.ow0, it.oh0, it.img);
+        cute::tma_store_arrive();
+      }
+    } else if constexpr (S::kChannelsM) {
+      EpilogueChannelsM<T, S>(a, it, row0, 0, acc);
+    } else {
       EpiloguePixelsM<T, S>(a, it, consumer, acc);
+    }
   }
+  // Shared memory must outlive the last store's reads.
+  if (S::kStoreTile && threadIdx.x % 128 == 0) cute::tma_store_wait<0>();
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -487,6 +555,9 @@ int64_t CriticalPath(const ConvPoolParams& p, int sms) {
 // work (measured on VGG-19's pooled layers, H100, N=64 bf16: per padded output, 16x16 tiles
 // ran 0-8% slower than 28x8 ones and 14x8 tiles (m64n112 wgmmas, half the work per shared-memory
 // read of the operand) about 1.4x slower). Ties go to the earlier one.
+// A 1x1/1 pool: conv2d's unpooled layer (stored tiles where the configuration has them).
+bool Unpooled(const ConvPoolParams& p) { return p.pool_h == 1; }
+
 Config ConfigFor(const ConvPoolParams& p) {
   if (p.K == 64 && p.C <= 64) return Config::kChannels32Resident;
   struct Candidate {
@@ -502,6 +573,7 @@ Config ConfigFor(const ConvPoolParams& p) {
   int64_t best_cost = std::numeric_limits<int64_t>::max();
   for (const Candidate& c : kCandidates) {
     if (c.config == Config::kPixelsM && p.K % 128 != 0) continue;
+    if (c.config == Config::kChannels32 && Unpooled(p)) continue;  // no stored-tile variant
     const int64_t cost =
         c.weight * WithShape(c.config, [&](auto s) { return CriticalPath<decltype(s)>(p, sms); });
     if (cost < best_cost) best = c.config, best_cost = cost;
@@ -520,10 +592,12 @@ constexpr CUtensorMapDataType kTmaType = std::is_same_v<T, __nv_bfloat16>
 
 // Tensor maps (innermost dimension first, strides in bytes for dimensions 1..):
 //   x: [N][H][W][C], box = one chunk's halo tile, [pixel][kChunkC], 64B / 32B swizzle;
-//   w: [R*S*C][K], box = kChunkC rows x 64 output channels, 128B swizzle.
+//   w: [R*S*C][K], box = kChunkC rows x 64 output channels, 128B swizzle;
+//   y (S::kStoreTile: unpooled, PH x PW = P x Q): [N][P][Q][K], box = one consumer's tile of
+//      64 channels, 128B swizzle.
 template <typename T, class S>
 cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUtensorMap* x_map,
-                       CUtensorMap* w_map) {
+                       CUtensorMap* w_map, CUtensorMap* y_map) {
   const EncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   constexpr cuuint64_t e = sizeof(T);
@@ -544,6 +618,16 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
   r = encode(w_map, kTmaType<T>, 2, const_cast<T*>(b.w), w_dims, w_strides, w_box, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  if constexpr (S::kStoreTile) {
+    const cuuint64_t y_dims[4] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.PW),
+                                  static_cast<cuuint64_t>(p.PH), static_cast<cuuint64_t>(p.N)};
+    const cuuint64_t y_strides[3] = {p.K * e, p.PW * p.K * e, p.PH * p.PW * p.K * e};
+    const cuuint32_t y_box[4] = {64, S::kTileW, S::kTileH, 1};
+    r = encode(y_map, kTmaType<T>, 4, b.y, y_dims, y_strides, y_box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -561,8 +645,8 @@ cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, bo
   a.n_blocks = static_cast<int>(p.K / S::kN);
   a.chunks = static_cast<int>(p.C / S::kChunkC);
   a.work = static_cast<int>(WorkOf<S>(p));
-  CUtensorMap x_map{}, w_map{};
-  cudaError_t status = EncodeMaps<T, S>(p, b, &x_map, &w_map);
+  CUtensorMap x_map{}, w_map{}, y_map{};
+  cudaError_t status = EncodeMaps<T, S>(p, b, &x_map, &w_map, &y_map);
   if (status != cudaSuccess) return status;
   auto kernel = conv_pool_wgmma_kernel<T, S>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -570,7 +654,7 @@ cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, bo
   if (status != cudaSuccess) return status;
   const int64_t grid = std::min<int64_t>(a.work, SmCount());
   kernel<<<static_cast<unsigned>(grid), kKernelThreads, S::kSmemBytes, stream>>>(x_map, w_map,
-                                                                               a);
+                                                                               y_map, a);
   return cudaGetLastError();
 }
 
@@ -590,7 +674,8 @@ void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w) {
 }
 
 int64_t SmemBytes(const ConvPoolParams& p) {
-  return WithShape(ConfigFor(p), [](auto s) { return int64_t{decltype(s)::kSmemBytes}; });
+  return WithShape(
+      ConfigFor(p), [](auto s) { return int64_t{decltype(s)::kSmemBytes}; }, Unpooled(p));
 }
 
 int64_t Grid(const ConvPoolParams& p) { return std::min<int64_t>(Work(p), SmCount()); }
@@ -628,8 +713,9 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
                    bool relu) {
-  return WithShape(ConfigFor(p),
-                   [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); });
+  return WithShape(
+      ConfigFor(p), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); },
+      Unpooled(p));
 }
 
 const char* ConfigName(int config) {
@@ -649,7 +735,8 @@ cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, i
   if ((c == Config::kPixelsM && p.K % 128 != 0) ||
       (c == Config::kChannels32Resident && (p.K != 64 || p.C > 64)))
     return cudaErrorInvalidValue;
-  return WithShape(c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); });
+  return WithShape(
+      c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); }, Unpooled(p));
 }
 
 template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,
