@@ -90,8 +90,9 @@ def auto_policy(site: Site) -> str | None:
       * fp32 convs at precision "highest" (HIGH/HIGHEST) run the tensor-core kernel (NHWC,
         groups 1, C >= 8, K a multiple of 4): its 3xTF32 path ran 1.4-3.2x faster than XLA's
         HIGHEST on the H200;
-      * bf16/fp16 3x3/1 SAME convs whose image the wgmma kernel's tiles cover exactly run it
-        (wgmma_pays: on VGG-19 1.00-1.59x of XLA's time);
+      * on Hopper, bf16/fp16 3x3/1 SAME convs the wgmma kernel takes run it where its tiles
+        cover the image exactly, else the tensor-core kernel (hopper_3x3_choice: VGG-19
+        1.15-1.21x the original with it, 1.13-1.17x with XLA's convs);
       * every other dense conv (bf16/fp16, fp32 at default/TF32 precision) stays XLA's: on the
         H200 our tensor-core conv ran at 0.84-0.91x of cuDNN on VGG layers and whole models
         with it at 0.98-1.04x of the original, so only a measured win (the cache) rewrites it.
@@ -108,8 +109,9 @@ def auto_policy(site: Site) -> str | None:
     k, groups = site.w_shape[3], site.kwargs["groups"]
     if groups == c > 1 and k % c == 0:
         return "auto"  # the depthwise kernel
-    if wgmma_pays(site):
-        return "wgmma"  # the Hopper 3x3/1 kernel where its tiles fit the image
+    hopper = hopper_3x3_choice(site)
+    if hopper is not None:
+        return hopper
     if not (jax.numpy.dtype(site.dtype) == jax.numpy.float32 and site.kwargs["precision"] == "highest"):
         return None  # a dense conv at cuDNN's own speed: XLA's unless measured (above)
     # C < 8 (an image's 1-3 channels) pads GEMM-K with zeros: cuDNN's own first-layer kernels
@@ -120,16 +122,19 @@ def auto_policy(site: Site) -> str | None:
     return None
 
 
-def wgmma_pays(site: Site) -> bool:
-    """Whether auto_policy runs this conv on jaxcnn.conv2d's Hopper wgmma kernel: the kernel
-    takes it on this process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups
-    1, C % 32, K % 64, sm_90) and its tiles cover the image exactly (the plan's recompute
-    1.00). Measured (H100, VGG-19's unpooled convs, N=64 bf16, bench_layers): 1.00-1.59x of
-    XLA's time on the 224-, 112- and 56-pixel layers, 0.76-0.91x at 28 and 14 pixels, where
-    the 28x8 and 16x16 tiles pad the image by 14% and 31%."""
+def hopper_3x3_choice(site: Site) -> str | None:
+    """auto_policy's kernel for a conv jaxcnn.conv2d's Hopper wgmma kernel takes on this
+    process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64,
+    sm_90), else None: "wgmma" where its tiles cover the image exactly (the plan's recompute
+    1.00), else "tensor_core". Measured on an H100, VGG-19 bf16 under optimize(fuse="auto") in
+    one process (benchmarks/results/h100-2026-11-26-optimize_vgg19_policy_ab_s15.md): XLA's
+    convs 1.13-1.17x the original, wgmma everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone,
+    the wgmma kernel ran 1.00-1.59x XLA's time on the 224-, 112- and 56-pixel layers and
+    0.76-0.91x at 28 and 14 pixels, where its 28x8 and 16x16 tiles pad the image by 14% and
+    31%; in the model our convs also keep XLA from converting layouts between custom calls."""
     if (site.layout != "NHWC" or site.kwargs["groups"] != 1 or jax.default_backend() != "gpu"
             or not _ffi.handlers_registered()):
-        return False
+        return None
     from jaxcnn.ops.conv_pool_args import make_conv_pool_config
 
     k = site.kwargs
@@ -138,11 +143,11 @@ def wgmma_pays(site: Site) -> bool:
                                     dilation=k["dilation"], pool_window=1, pool_stride=1,
                                     precision=k["precision"], algorithm="wgmma")
     except ValueError:
-        return False
+        return None
     plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
     if not plan.startswith("kernel=wgmma") or "recompute=" not in plan:
-        return False
-    return float(plan.split("recompute=")[1].split()[0]) <= 1.0
+        return None
+    return "wgmma" if float(plan.split("recompute=")[1].split()[0]) <= 1.0 else "tensor_core"
 
 
 def _conv_candidates(site: Site) -> list[tuple[str, str]]:
