@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """A/B of optimize's conv policy on a model, in one process: the unmodified model, and
 jaxcnn.optimize(fuse="auto") with (a) policy "auto", (b) every conv the Hopper wgmma kernel
-takes on it, (c) XLA's convs wherever auto would pick the wgmma or tensor-core kernel for a
-3x3/1 conv. Device time (profiler kernel sums), median [p10-p90] over --iters calls, each
+takes on it, (c) XLA's convs wherever the wgmma kernel takes a conv. Device time (profiler kernel sums), median [p10-p90] over --iters calls, each
 variant timed in the same trace, --reps times. Prints markdown rows.
 
   python scripts/bench_conv_policy.py --model linen_vgg19 --batches 1,64
@@ -44,7 +43,9 @@ def wgmma_everywhere(site):
 
 
 def xla_3x3(site):
-    return None if rewrite.hopper_3x3_choice(site) is not None else rewrite.auto_policy(site)
+    if site.op == "conv2d" and wgmma_takes(site):
+        return None
+    return rewrite.auto_policy(site)
 
 
 POLICIES = (("auto", "auto"), ("wgmma_everywhere", wgmma_everywhere), ("xla_3x3", xla_3x3))

@@ -91,8 +91,8 @@ def auto_policy(site: Site) -> str | None:
         groups 1, C >= 8, K a multiple of 4): its 3xTF32 path ran 1.4-3.2x faster than XLA's
         HIGHEST on the H200;
       * on Hopper, bf16/fp16 3x3/1 SAME convs the wgmma kernel takes run it where its tiles
-        cover the image exactly, else the tensor-core kernel (hopper_3x3_choice: VGG-19
-        1.15-1.21x the original with it, 1.13-1.17x with XLA's convs);
+        cover the image exactly, else the tensor-core kernel from 256 input channels on
+        (hopper_3x3_choice: VGG-19 1.15-1.21x the original with it, 1.13-1.17x with XLA's);
       * every other dense conv (bf16/fp16, fp32 at default/TF32 precision) stays XLA's: on the
         H200 our tensor-core conv ran at 0.84-0.91x of cuDNN on VGG layers and whole models
         with it at 0.98-1.04x of the original, so only a measured win (the cache) rewrites it.
@@ -126,14 +126,16 @@ def hopper_3x3_choice(site: Site) -> str | None:
     """auto_policy's kernel for a conv jaxcnn.conv2d's Hopper wgmma kernel takes on this
     process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64,
     sm_90), else None: "wgmma" where its tiles cover the image exactly (the plan's recompute
-    1.00), else "tensor_core". Measured on an H100, VGG-19 bf16 under optimize(fuse="auto") in
-    one process (benchmarks/results/h100-2026-11-26-optimize_vgg19_policy_ab_s15.md): XLA's
-    convs 1.13-1.17x the original, wgmma everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone,
-    the wgmma kernel ran 1.00-1.59x XLA's time on the 224-, 112- and 56-pixel layers and
-    0.76-0.91x at 28 and 14 pixels, where its 28x8 and 16x16 tiles pad the image by 14% and
-    31%; in the model our convs also keep XLA from converting layouts between custom calls."""
-    if (site.layout != "NHWC" or site.kwargs["groups"] != 1 or jax.default_backend() != "gpu"
-            or not _ffi.handlers_registered()):
+    1.00); else "tensor_core" for C >= 256 and XLA's conv (None) below. Measured on an H100
+    (benchmarks/results/h100-2026-11-26-optimize_conv_policy_s15.md), VGG-19 bf16 under
+    optimize(fuse="auto") in one process: XLA's convs 1.13-1.17x the original, wgmma
+    everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone, the wgmma kernel ran 1.00-1.59x XLA's
+    time on the 224-, 112- and 56-pixel layers and 0.76-0.91x at 28 and 14 pixels, where its
+    28x8 and 16x16 tiles pad the image by 14% and 31%; inside VGG the tensor-core kernel on
+    those 256-512-channel convs beat XLA's, but on nnx_cnn's 32-channel 14x14 conv it ran
+    0.97x."""
+    if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
+            or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
         return None
     from jaxcnn.ops.conv_pool_args import make_conv_pool_config
 
@@ -147,7 +149,9 @@ def hopper_3x3_choice(site: Site) -> str | None:
     plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
     if not plan.startswith("kernel=wgmma") or "recompute=" not in plan:
         return None
-    return "wgmma" if float(plan.split("recompute=")[1].split()[0]) <= 1.0 else "tensor_core"
+    if float(plan.split("recompute=")[1].split()[0]) <= 1.0:
+        return "wgmma"
+    return "tensor_core" if site.logical_x_shape()[3] >= 256 else None
 
 
 def _conv_candidates(site: Site) -> list[tuple[str, str]]:
