@@ -81,8 +81,8 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
   if (requested != Conv2dAlgorithm::kAuto) return PlanFamily<T>(params, requested);
   // Depthwise is memory-bound: its own kernel beats any GEMM view of it. Then the Hopper wgmma
   // kernel where it takes the shape (3x3/1 SAME, 16-bit) and its tiles cover the image
-  // exactly (H100, VGG-19 N=64: 1.00-1.59x of XLA's time there; 0.76-0.91x where its tiles
-  // pad a 28- or 14-pixel image), tensor cores wherever that family takes the shape; the
+  // exactly (H100, VGG-19 N=64, XLA's time / its time: 0.97-1.59x there; 0.76-0.91x where
+  // its tiles pad a 28- or 14-pixel image), tensor cores wherever that family takes the shape; the
   // direct kernel runs the rest (grouped, NCHW/CHWN, K not a multiple of the TMA row).
   for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kWgmma,
                                  Conv2dAlgorithm::kTensorCore}) {

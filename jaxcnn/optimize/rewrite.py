@@ -129,11 +129,11 @@ def hopper_3x3_choice(site: Site) -> str | None:
     1.00); else "tensor_core" for C >= 256 and XLA's conv (None) below. Measured on an H100
     (benchmarks/results/h100-2026-11-26-optimize_conv_policy_s15.md), VGG-19 bf16 under
     optimize(fuse="auto") in one process: XLA's convs 1.13-1.17x the original, wgmma
-    everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone, the wgmma kernel ran 1.00-1.59x XLA's
-    time on the 224-, 112- and 56-pixel layers and 0.76-0.91x at 28 and 14 pixels, where its
-    28x8 and 16x16 tiles pad the image by 14% and 31%; inside VGG the tensor-core kernel on
-    those 256-512-channel convs beat XLA's, but on nnx_cnn's 32-channel 14x14 conv it ran
-    0.97x."""
+    everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone (XLA's time / the kernel's), the wgmma
+    kernel ran 0.97-1.59x on the 224-, 112- and 56-pixel layers and 0.76-0.91x at 28 and 14
+    pixels, where its 28x8 and 16x16 tiles pad the image by 14% and 31%. Inside VGG the
+    tensor-core kernel on those 256-512-channel convs beat XLA's (alone: 0.79-1.01x), but on
+    nnx_cnn's 32-channel 14x14 conv it ran 0.97x."""
     if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
             or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
         return None
