@@ -142,3 +142,29 @@ def test_wgmma_grad_and_vmap():
     per = jax.vmap(lambda xi: jaxcnn.conv2d(xi[None], w, b, algorithm="wgmma"))(x)[:, 0]
     np.testing.assert_array_equal(np.asarray(per, np.float32),
                                   np.asarray(jaxcnn.conv2d(x, w, b, algorithm="wgmma"), np.float32))
+
+
+# The stem kernel without its pool: few input channels (an image), strides, any GPU it runs on.
+STEM = [
+    ((2, 224, 224, 3), (3, 3, 3, 64), dict(padding="SAME")),          # VGG c1_1
+    ((1, 37, 41, 3), (7, 7, 3, 64), dict(stride=2, padding=3)),       # ResNet-style stem
+    ((3, 19, 23, 1), (5, 5, 1, 16), dict(padding="VALID")),           # LeNet-style
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("x_shape,w_shape,kw", STEM)
+def test_stem_kernel_unpooled(x_shape, w_shape, kw, dtype):
+    x, w, b = random_operands(28, x_shape, w_shape, dtype)
+    for algorithm in ("stem", "auto"):
+        for bias in (b, None):
+            check(x, w, bias, dtype, dict(kw, activation="relu", algorithm=algorithm))
+
+
+def test_stem_kernel_refusals_name_the_reason():
+    x, w, b = random_operands(29, (1, 16, 16, 3), (3, 3, 3, 64), "bfloat16")
+    with pytest.raises(ValueError, match="stem kernel: activation='relu' only"):
+        jaxcnn.conv2d(x, w, b, algorithm="stem")
+    x, w, b = random_operands(29, (1, 16, 16, 64), (3, 3, 64, 64), "bfloat16")
+    with pytest.raises(ValueError, match="stem kernel"):
+        jaxcnn.conv2d(x, w, b, activation="relu", algorithm="stem")  # R*S*C = 576 > 512

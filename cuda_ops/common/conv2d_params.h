@@ -24,6 +24,7 @@ enum class Conv2dAlgorithm : int {
   kDepthwise = 3,   // depthwise/: groups == C
   // 4 is Python's "xla" (lax's own conv; never reaches a handler).
   kWgmma = 5,  // conv_pool/: the Hopper wgmma kernel, 3x3/1 SAME, 16-bit (no pool)
+  kStem = 6,   // conv_pool/: the small-GEMM-K stem kernel (R*S*C <= 512, e.g. C=3), ReLU only
 };
 
 // Matches lax.conv_general_dilated(x, w, ..., feature_group_count=groups) with

@@ -61,9 +61,9 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   if (precision != 0 && precision != 1)
     return Invalid("precision must be 0 (default) or 1 (highest), got " +
                    std::to_string(precision));
-  if (algorithm < 0 || algorithm > 5 || algorithm == 4)
-    return Invalid("algorithm must be 0..3 or 5 (auto, direct, tensor_core, "
-                   "depthwise, wgmma), got " + std::to_string(algorithm));
+  if (algorithm < 0 || algorithm > 6 || algorithm == 4)
+    return Invalid("algorithm must be 0..3, 5 or 6 (auto, direct, tensor_core, "
+                   "depthwise, wgmma, stem), got " + std::to_string(algorithm));
   if (x_dims.size() != 4)
     return Invalid("x must be rank 4, got shape " + DimsToString(x_dims));
   if (w_dims.size() != 4)

@@ -192,8 +192,11 @@ def conv2d(
       algorithm: "auto" (the handler picks), "tensor_core", "direct", "depthwise", "wgmma"
         (the Hopper TMA + wgmma kernel of jaxcnn.conv2d_pool without its pool: bf16/fp16 NHWC
         3x3 stride-1 SAME convs, groups 1, C a multiple of 32, K of 64; "auto" picks it where
-        it runs), or "xla" (XLA's own lax.conv_general_dilated, then bias and ReLU in x's dtype,
-        on every platform).
+        its tiles cover the image), "stem" (jaxcnn.conv2d_pool's small-GEMM-K stem kernel
+        without its pool: NHWC, groups 1, activation="relu", R*S*C <= 512, K a multiple of 8
+        (4 for fp32 at precision "default"); "auto" picks it where C rules out the tensor-core
+        kernel, e.g. an RGB input), or "xla" (XLA's own lax.conv_general_dilated, then bias
+        and ReLU in x's dtype, on every platform).
 
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32.

@@ -24,7 +24,7 @@ PRECISIONS = ("default", "highest")
 # "xla" (last, never sent to the handler) runs XLA's own convolution: the layout planner picks it
 # for layers where XLA's kernel measures faster than ours.
 # Index = the handler's algorithm code ("xla", 4, never reaches it).
-ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla", "wgmma")
+ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla", "wgmma", "stem")
 
 Pair = tuple[int, int]
 
