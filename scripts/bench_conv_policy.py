@@ -19,23 +19,12 @@ import jax  # noqa: E402
 
 import jaxcnn  # noqa: E402
 from benchmarks import thirdparty_models as tm  # noqa: E402
-from jaxcnn import _ffi  # noqa: E402
 from jaxcnn.optimize import rewrite  # noqa: E402
-from jaxcnn.ops.conv_pool_args import make_conv_pool_config  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 
 
 def wgmma_takes(site) -> bool:
-    if site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1:
-        return False
-    k = site.kwargs
-    try:
-        cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
-                                    dilation=k["dilation"], pool_window=1, pool_stride=1,
-                                    precision=k["precision"], algorithm="wgmma")
-    except ValueError:
-        return False
-    return (_ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or "").startswith("kernel=wgmma")
+    return bool(rewrite.unpooled_plan(site, "wgmma"))
 
 
 def wgmma_everywhere(site):

@@ -126,6 +126,27 @@ def auto_policy(site: Site) -> str | None:
     return None
 
 
+def unpooled_plan(site: Site, algorithm: str) -> str:
+    """The library's plan line for running NHWC groups-1 conv `site` as a conv_pool kernel with
+    a 1x1/1 pool (what conv2d's "wgmma" and "stem" algorithms launch), e.g. "kernel=wgmma
+    block=28x8 ... recompute=1.00"; "" where the kernel does not take it or no GPU library is
+    loaded."""
+    if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
+            or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
+        return ""
+    from jaxcnn.ops.conv_pool_args import make_conv_pool_config
+
+    k = site.kwargs
+    try:
+        cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
+                                    dilation=k["dilation"], pool_window=1, pool_stride=1,
+                                    precision=k["precision"], algorithm=algorithm)
+    except ValueError:
+        return ""
+    plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
+    return plan if plan.startswith(f"kernel={algorithm}") else ""
+
+
 def hopper_3x3_choice(site: Site) -> str | None:
     """auto_policy's kernel for a conv jaxcnn.conv2d's Hopper wgmma kernel takes on this
     process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64,
@@ -138,20 +159,8 @@ def hopper_3x3_choice(site: Site) -> str | None:
     pixels, where its 28x8 and 16x16 tiles pad the image by 14% and 31%. Inside VGG the
     tensor-core kernel on those 256-512-channel convs beat XLA's (alone: 0.79-1.01x), but on
     nnx_cnn's 32-channel 14x14 conv it ran 0.97x."""
-    if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
-            or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
-        return None
-    from jaxcnn.ops.conv_pool_args import make_conv_pool_config
-
-    k = site.kwargs
-    try:
-        cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
-                                    dilation=k["dilation"], pool_window=1, pool_stride=1,
-                                    precision=k["precision"], algorithm="wgmma")
-    except ValueError:
-        return None
-    plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
-    if not plan.startswith("kernel=wgmma") or "recompute=" not in plan:
+    plan = unpooled_plan(site, "wgmma")
+    if "recompute=" not in plan:
         return None
     if float(plan.split("recompute=")[1].split()[0]) <= 1.0:
         return "wgmma"
@@ -164,21 +173,11 @@ def stem_pays(site: Site) -> bool:
     on this process's GPU (the library's own plan). Measured on an H100 (VGG-19's c1_1, 224x224
     RGB -> 64, bf16): 285 us vs XLA's 579 us at N=64, 8.0 vs 20.1 us at N=1; the small CNNs'
     1-channel, 6-32-filter convs stay XLA's (not measured)."""
-    if site.op != "conv2d" or site.layout != "NHWC":
+    if site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["activation"] != "relu":
         return False
-    k = site.kwargs
-    if (k["groups"] != 1 or k["activation"] != "relu" or site.logical_x_shape()[3] >= 8
-            or site.w_shape[3] < 64 or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
+    if site.logical_x_shape()[3] >= 8 or site.w_shape[3] < 64:
         return False
-    from jaxcnn.ops.conv_pool_args import make_conv_pool_config
-
-    try:
-        cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
-                                    dilation=k["dilation"], pool_window=1, pool_stride=1,
-                                    precision=k["precision"], algorithm="stem")
-    except ValueError:
-        return False
-    return (_ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or "").startswith("kernel=stem")
+    return bool(unpooled_plan(site, "stem"))
 
 
 def _conv_candidates(site: Site) -> list[tuple[str, str]]:
