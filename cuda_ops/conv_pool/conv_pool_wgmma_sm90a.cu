@@ -14,18 +14,22 @@
 //      HWIO rows as they are in memory, an MN-major operand (CUTLASS's usual tile). The
 //      no-swizzle layout with 16-byte TMA rows ran the layer at 40% of this speed (half-used
 //      L2 sectors).
-// Two configurations (Config below):
+// Two kinds of configuration (Shape and Config below; ConfigFor picks one per layer):
 //   Pixels as M (128-channel blocks): a 16x16 tile is four 8x8 blocks, one m64 wgmma each
 //      (x is A, w is B, N = 128); the two warpgroups share each tile (rows 0-7 / 8-15). In the
 //      accumulator a thread holds two vertically adjacent outputs; the horizontal neighbour
 //      is 4 lanes away: pool = register max + one shuffle.
 //   Channels as M (64-channel blocks): D^T = W^T X^T, w is A (M = 64 output channels) and a
-//      32x8 tile's 256 pixels are B (N = 256): one m64n256 wgmma per tap and k16 reads 10 KB
+//      32x8 (28x8, 14x8) tile's pixels are B (N = 256, 224, 112): one m64n256 wgmma per tap and
+//      k16 reads 10 KB
 //      of shared memory per 128 cycles where four m64n64 ones read 16 KB (measured on VGG
 //      c1_2: 87% of the measured bf16 peak with four m64n64, 96% this way). Each thread holds
 //      whole 2x2 pool windows. Warpgroups take alternate tiles ("ping-pong": one's epilogue
-//      overlaps the other's wgmmas). Where the whole filter is one 64-channel block of C <= 64
-//      (VGG's c1_2) it is loaded once per CTA and stays; the stages then hold x only.
+//      overlaps the other's wgmmas; an ordering mbarrier keeps their stage waits in item
+//      order). Where the whole filter is one 64-channel block of C <= 64 (VGG's c1_2) it is
+//      loaded once per CTA and stays; the stages then hold x only.
+// Without a pool (a 1x1/1 "pool": conv2d's algorithm "wgmma") the epilogue stores the conv
+// output itself, by TMA from shared memory in the channels-as-M configurations.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -66,9 +70,8 @@ constexpr int kSmemMax = 232448;  // 227 KB per CTA
 //      per CTA and stays; the stages hold x only.
 //   kStoreTile (unpooled channels-as-M only): the epilogue writes the tile into a 128B-swizzled
 //      shared-memory buffer per consumer and one TMA store moves it out. Storing channel
-//      pairs straight from the registers left 16 of each 32-byte sector per instruction and
-//      stalled the consumers on their stores (VGG-19 c2_1 N=64: 247 us against 152 us of
-//      math).
+//      pairs straight from the registers (16 of each 32-byte sector per instruction, the
+//      consumer waiting on its stores) ran VGG-19's c2_1 at N=64 in 247 us, this way 181 us.
 template <bool kChannelsMArg, int kRows, bool kPingPongArg, bool kResidentArg,
           bool kStoreTileArg = false>
 struct Shape {
