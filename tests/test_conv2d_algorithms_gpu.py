@@ -46,15 +46,20 @@ def check(x, w, b, dtype, kw, precision="highest"):
     assert err <= tol, f"rel err {err:.2e} > {tol:.0e}"
 
 
+def check_forced_and_auto(x, w, b, dtype, kw, algorithm):
+    """check() with `algorithm` forced and with "auto", each with and without the bias."""
+    for algo in (algorithm, "auto"):
+        for bias in (b, None):
+            check(x, w, bias, dtype, dict(kw, algorithm=algo))
+
+
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW", "CHWN"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("x_shape,w_shape,kw", DEPTHWISE)
 def test_depthwise_kernel(layout, dtype, x_shape, w_shape, kw):
     x, w, b = random_operands(21, x_shape, w_shape, dtype)
     kw = dict(groups=x_shape[3], **kw) if "groups" not in kw else kw
-    for algorithm in ("depthwise", "auto"):
-        for bias in (b, None):
-            check(x, w, bias, dtype, dict(kw, layout=layout, algorithm=algorithm))
+    check_forced_and_auto(x, w, b, dtype, dict(kw, layout=layout), "depthwise")
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW", "CHWN"])
@@ -110,9 +115,7 @@ WGMMA = [
 @pytest.mark.parametrize("x_shape,w_shape", WGMMA)
 def test_wgmma_kernel_unpooled(x_shape, w_shape, activation, dtype):
     x, w, b = random_operands(25, x_shape, w_shape, dtype)
-    for algorithm in ("wgmma", "auto"):
-        for bias in (b, None):
-            check(x, w, bias, dtype, dict(padding="SAME", activation=activation, algorithm=algorithm))
+    check_forced_and_auto(x, w, b, dtype, dict(padding="SAME", activation=activation), "wgmma")
 
 
 @pytest.mark.skipif(not _hopper(), reason="the wgmma kernel is sm_90 only")
@@ -156,9 +159,7 @@ STEM = [
 @pytest.mark.parametrize("x_shape,w_shape,kw", STEM)
 def test_stem_kernel_unpooled(x_shape, w_shape, kw, dtype):
     x, w, b = random_operands(28, x_shape, w_shape, dtype)
-    for algorithm in ("stem", "auto"):
-        for bias in (b, None):
-            check(x, w, bias, dtype, dict(kw, activation="relu", algorithm=algorithm))
+    check_forced_and_auto(x, w, b, dtype, dict(kw, activation="relu"), "stem")
 
 
 def test_stem_kernel_refusals_name_the_reason():

@@ -49,12 +49,13 @@ template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
                    bool relu = true);
 
-// The configurations by number, for tests and tuning: their names, the one Launch picks, and
-// a launch with a given one (cudaErrorInvalidValue where that one cannot run the layer: the
-// resident filter needs K == 64 and C <= 64, 128-channel blocks K % 128 == 0). The layer must
-// pass UnsupportedReason.
+// The configurations by number, for tests and tuning: their names, whether one can run a
+// layer (the resident filter needs K == 64 and C <= 64, 128-channel blocks K % 128 == 0), the
+// one Launch picks, and a launch with a given one (cudaErrorInvalidValue where it cannot run
+// the layer). The layer must pass UnsupportedReason.
 constexpr int kConfigs = 5;
 const char* ConfigName(int config);
+bool ConfigTakes(int config, const ConvPoolParams& p);
 int ChosenConfig(const ConvPoolParams& p);
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,

@@ -200,12 +200,18 @@ __device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d, ScaleOut
 // max that propagates NaN (as the reference's reduce_window max does).
 __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || a > b) ? a : b; }
 
+// bias[n], bias[n + 1] (zeros without a bias), loaded once per use.
+template <typename T>
+__device__ __forceinline__ float2 BiasPair(const T* bias, int n) {
+  return bias == nullptr ? make_float2(0.f, 0.f)
+                         : make_float2(static_cast<float>(bias[n]), static_cast<float>(bias[n + 1]));
+}
+
 // bias, then ReLU that keeps NaN. max(acc) + bias then ReLU equals the pool of
 // ReLU(acc + bias), and rounding once after the max equals the max of rounded values (all
 // monotone).
-template <typename T>
-__device__ __forceinline__ float BiasRelu(float v, const T* bias, int n, bool relu = true) {
-  if (bias != nullptr) v += static_cast<float>(bias[n]);
+__device__ __forceinline__ float Act(float v, float bias, bool relu) {
+  v += bias;
   return relu && v < 0.f ? 0.f : v;
 }
 
@@ -259,10 +265,11 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
             static_cast<T*>(a.y) +
             ((static_cast<int64_t>(it.img) * a.PH + oh) * a.PW + ow) * a.K + n_lane);
 #pragma unroll
-        for (int j = 0; j < S::kN / 8; ++j)
-          y[4 * j] = PackPair<T>(BiasRelu(acc[blk][4 * j + 2 * half], bias, n_lane + 8 * j, a.relu),
-                                 BiasRelu(acc[blk][4 * j + 2 * half + 1], bias, n_lane + 8 * j + 1,
-                                          a.relu));
+        for (int j = 0; j < S::kN / 8; ++j) {
+          const float2 b = BiasPair(bias, n_lane + 8 * j);
+          y[4 * j] = PackPair<T>(Act(acc[blk][4 * j + 2 * half], b.x, a.relu),
+                                 Act(acc[blk][4 * j + 2 * half + 1], b.y, a.relu));
+        }
       }
     }
     return;
@@ -281,23 +288,12 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
       float v1 = NanMax(acc[blk][4 * j + 1], acc[blk][4 * j + 3]);
       v0 = NanMax(v0, __shfl_xor_sync(0xffffffffu, v0, 4));  // the next column's lane
       v1 = NanMax(v1, __shfl_xor_sync(0xffffffffu, v1, 4));
-      if (writer)
-        y[4 * j] = PackPair<T>(BiasRelu(v0, bias, n_lane + 8 * j),
-                               BiasRelu(v1, bias, n_lane + 8 * j + 1));  // 8 channels = 4 words
+      if (writer) {
+        const float2 b = BiasPair(bias, n_lane + 8 * j);
+        y[4 * j] = PackPair<T>(Act(v0, b.x, true), Act(v1, b.y, true));  // 8 channels = 4 words
+      }
     }
   }
-}
-
-// bias[n], bias[n + 1] (zeros without a bias), loaded once per epilogue.
-template <typename T>
-__device__ __forceinline__ float2 BiasPair(const T* bias, int n) {
-  return bias == nullptr ? make_float2(0.f, 0.f)
-                         : make_float2(static_cast<float>(bias[n]), static_cast<float>(bias[n + 1]));
-}
-
-__device__ __forceinline__ float Act(float v, float bias, bool relu) {
-  v += bias;
-  return relu && v < 0.f ? 0.f : v;  // keeps NaN
 }
 
 // Channels as M: accumulator element 4j + e of lane l in warp w is output channel
@@ -728,18 +724,22 @@ const char* ConfigName(int config) {
   return config >= 0 && config < kConfigs ? kNames[config] : "?";
 }
 
+bool ConfigTakes(int config, const ConvPoolParams& p) {
+  if (config < 0 || config >= kConfigs) return false;
+  const Config c = static_cast<Config>(config);
+  if (c == Config::kPixelsM) return p.K % 128 == 0;
+  if (c == Config::kChannels32Resident) return p.K == 64 && p.C <= 64;
+  return true;
+}
+
 int ChosenConfig(const ConvPoolParams& p) { return static_cast<int>(ConfigFor(p)); }
 
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
                          cudaStream_t stream, bool relu) {
-  if (config < 0 || config >= kConfigs) return cudaErrorInvalidValue;
-  const Config c = static_cast<Config>(config);
-  if ((c == Config::kPixelsM && p.K % 128 != 0) ||
-      (c == Config::kChannels32Resident && (p.K != 64 || p.C > 64)))
-    return cudaErrorInvalidValue;
+  if (!ConfigTakes(config, p)) return cudaErrorInvalidValue;
   return WithShape(
-      c, [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); }, Unpooled(p));
+      static_cast<Config>(config), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); }, Unpooled(p));
 }
 
 template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,

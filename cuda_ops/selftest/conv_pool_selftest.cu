@@ -349,13 +349,6 @@ const WgmmaLayer kWgmma[] = {
     {{"wgmma conv only 9x41",  2,  9, 41, 32, 3, 3, 192, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {}},
 };
 
-// Whether wgmma configuration `config` takes the layer (see conv_pool_wgmma::LaunchConfig).
-bool ConfigTakes(int config, const Layer& l) {
-  if (config == 0) return l.K % 128 == 0;            // 128-channel blocks
-  if (config == 2) return l.K == 64 && l.C <= 64;    // resident filter
-  return true;
-}
-
 const Layer kNetworks[] = {
     {"vgg19 c1_2",     64, 224, 224,  64, 3, 3,  64, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
     {"vgg19 c2_2",     64, 112, 112, 128, 3, 3, 128, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0},
@@ -464,7 +457,7 @@ int main(int argc, char** argv) {
                                 true);
     if (major != 9) continue;
     for (int config = 0; config < jaxcnn::conv_pool_wgmma::kConfigs; ++config) {
-      if (!ConfigTakes(config, l)) continue;
+      if (!jaxcnn::conv_pool_wgmma::ConfigTakes(config, ToParams(l))) continue;
       ForcedConfig forced(config);
       failures += !RunCase<__nv_bfloat16>(l, ConvPoolAlgorithm::kWgmma, 0, false, wl.check);
       failures += !RunCase<__half>(l, ConvPoolAlgorithm::kWgmma, 0, false, wl.check);
@@ -514,7 +507,7 @@ int main(int argc, char** argv) {
     // Every wgmma configuration on VGG's pooled layers (the data behind ConfigFor's choice).
     for (int i = 0; i <= 4 && major == 9; ++i)
       for (int config = 0; config < jaxcnn::conv_pool_wgmma::kConfigs; ++config) {
-        if (!ConfigTakes(config, kNetworks[i])) continue;
+        if (!jaxcnn::conv_pool_wgmma::ConfigTakes(config, ToParams(kNetworks[i]))) continue;
         ForcedConfig forced(config);
         failures += !RunCase<__nv_bfloat16>(kNetworks[i], ConvPoolAlgorithm::kWgmma, 0, false,
                                             {0}, 20);
