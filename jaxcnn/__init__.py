@@ -18,6 +18,7 @@ _LAZY = {
     "conv1x1_conv3x3": "jaxcnn.ops",
     "inception": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",
+    "relayout_weights": "jaxcnn.ops",
     "max_pool2d": "jaxcnn.ops",
     "avg_pool2d": "jaxcnn.ops",
     "softmax": "jaxcnn.ops",

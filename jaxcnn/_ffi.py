@@ -33,6 +33,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_fire_fwd": "JaxcnnFireFwd",
     "jaxcnn_conv2d_pool_fwd": "JaxcnnConv2dPoolFwd",
     "jaxcnn_sparse_conv2d_fwd": "JaxcnnSparseConv2dFwd",
+    "jaxcnn_weight_relayout": "JaxcnnWeightRelayout",
 }
 
 

@@ -206,8 +206,10 @@ def test_autotune_policy_keeps_xla_where_it_wins():
     assert_close(opt(m.params, m.x), m.apply(m.params, m.x))
 
 
-@pytest.mark.parametrize("name", ["linen_squeezenet1_1", "nnx_squeezenet1_1"])
+@pytest.mark.parametrize("name", ["linen_squeezenet1_1", "nnx_squeezenet1_1", "equinox_squeezenet1_1"])
 def test_fuse_all_turns_every_fire_module_into_one_fused_call(name):
+    """Equinox's model is NCHW, one example per call under vmap: its convs reach each other
+    through unit reshapes and its pools through transposes; it fuses all the same."""
     m = build(name)
     fast = jaxcnn.optimize(m.apply, fuse="all", policy="all")
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_fire") == 8  # SqueezeNet 1.1's fires
@@ -265,6 +267,45 @@ def test_fuse_takes_a_stem_conv_the_policy_leaves_to_xla():
     assert kinds.count("conv_pool") == 1 and kinds.count("fire") == 8
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 1
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
+
+
+def test_nchw_fire_runs_channels_last_between_transposes():
+    """An NCHW fire is the NHWC kernel between two transposes; the fused model's values, grads
+    and vmap are the original's, and a squeeze read by anything besides the expands (here
+    through one of the unit reshapes) leaves the group alone."""
+    m = build("equinox_squeezenet1_1")
+    fast = jaxcnn.optimize(m.apply, fuse="all")
+    groups = fast.decisions(m.params, m.x)
+    assert [g.attrs["layout"] for g, _, _ in groups] == ["NCHW"] * 9
+    fire = next(g for g, _, _ in groups if g.kind == "fire")
+    assert fire.x_shape[3] == 64 and fire.y_shape[3] == 128  # NHWC, as the kernels see it
+    # The 25 OIHW weights go to HWIO in one op ahead of the groups, not in 25 transposes.
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_weight_relayout") == 1
+    assert "transpose[permutation=(2, 3, 1, 0)]" not in str(jax.make_jaxpr(fast)(m.params, m.x))
+    loss = lambda f: lambda p, x: jnp.sum(f(p, x) ** 2)
+    got = jax.grad(loss(fast))(m.params, m.x)
+    want = jax.grad(loss(m.apply))(m.params, m.x)
+    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
+    xs = jnp.stack([m.x, m.x * 0.5])
+    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+
+    def fire_nchw(x, ws, view_also_returned):
+        def conv(v, w, pad):
+            y = jax.lax.conv_general_dilated(v[None].reshape(v.shape), w, (1, 1), [(pad, pad)] * 2)
+            return jax.nn.relu(y)
+        s = conv(x, ws[0], 0)
+        view = s[:, None].reshape(s.shape)  # a unit reshape of the squeeze, as Equinox's are
+        y = jnp.concatenate([conv(view, ws[1], 0), conv(s, ws[2], 1)], axis=1)
+        return (y, view) if view_also_returned else y
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 9, 7))
+    ws = [jax.random.normal(k, shape) for k, shape in zip(jax.random.split(jax.random.PRNGKey(2), 3),
+                                                          [(4, 8, 1, 1), (6, 4, 1, 1), (6, 4, 3, 3)])]
+    one = jaxcnn.fusion.optimize(lambda x, ws: fire_nchw(x, ws, False), groups="all")
+    assert [g.kind for g, _, _ in one.decisions(x, ws)] == ["fire"]
+    assert_close(one(x, ws), fire_nchw(x, ws, False))
+    both = jaxcnn.fusion.optimize(lambda x, ws: fire_nchw(x, ws, True), groups="all")
+    assert both.decisions(x, ws) == []
 
 
 def test_fuse_rejects_unknown_values():

@@ -56,6 +56,22 @@ def test_model_runs_the_kernels_and_matches(name, dtype):
     assert rel_diff(got, want) <= REL_TOL[dtype], rel_diff(got, want)
 
 
+@pytest.mark.parametrize("name", ["linen_squeezenet1_1", "equinox_squeezenet1_1"])
+def test_fused_squeezenet_runs_one_kernel_per_fire(name):
+    """fuse="all": every fire module is one jaxcnn_fire call and the stem conv + its pool one
+    conv2d_pool, in NHWC (linen) and in NCHW (Equinox, the kernels between transposes that
+    XLA cancels between consecutive groups)."""
+    m = build(name, 8, jnp.bfloat16)
+    fast = jax.jit(jaxcnn.optimize(m.apply, fuse="all"))
+    hlo = fast.lower(m.params, m.x).compile().as_text()
+    assert len(re.findall(r'custom_call_target="jaxcnn_fire_fwd"', hlo)) == 8
+    assert len(re.findall(r'custom_call_target="jaxcnn_conv2d_pool_fwd"', hlo)) == 1
+    # Equinox's OIHW weights: one batched relayout to HWIO; linen's are HWIO already.
+    relayouts = len(re.findall(r'custom_call_target="jaxcnn_weight_relayout"', hlo))
+    assert relayouts == (1 if name.startswith("equinox") else 0)
+    assert rel_diff(fast(m.params, m.x), jax.jit(m.apply)(m.params, m.x)) <= REL_TOL[jnp.bfloat16]
+
+
 @pytest.mark.parametrize("name", ["linen_squeezenet1_1", "equinox_cnn"])
 def test_grad_on_gpu(name):
     m = build(name, 4, jnp.float32)

@@ -6,15 +6,19 @@ jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one `jax
     y = jax.jit(fast)(params, x)
     print(fast.explain(params, x))                   # the group decisions, then every rewrite
 
-A group is what jaxcnn.optimize matches as three NHWC conv2d sites (stride 1, ReLU; rewritten
-by the policy or left to XLA by it): a 1x1 "squeeze" whose output only two convs read, a 1x1
-and a 3x3 (padding 1) "expand", whose outputs only one channel concatenate reads, in that order.
-Searched in call bodies too (jit, custom_jvp/vjp). Weights in any order are transposed to HWIO,
-as optimize does.
+A group is what jaxcnn.optimize matches as three conv2d sites of one layout, NHWC or NCHW
+(stride 1, ReLU; rewritten by the policy or left to XLA by it): a 1x1 "squeeze" whose output
+only two convs read, a 1x1 and a 3x3 (padding 1) "expand", whose outputs only one channel
+concatenate reads, in that order. Searched in call bodies too (jit, custom_jvp/vjp). Weights in
+any order are transposed to HWIO, as optimize does.
 
-A conv->pool group is an NHWC conv2d site (ReLU, groups 1) whose output only a max pool reads
-(straight to its reduce_window_max, NHWC): one conv2d_pool, the pre-pool activation never
-written to memory.
+A conv->pool group is a conv2d site (ReLU, groups 1) whose output only a max pool of the same
+layout reads: one conv2d_pool, the pre-pool activation never written to memory.
+
+Both may reach their readers through layout-only views: size-1 axes added and removed (Equinox
+under vmap wraps every conv so) and, for the pool, the transposes Equinox pools through. NCHW
+groups run the NHWC kernel between two transposes; between consecutive groups those transposes
+cancel, so an NCHW model runs channels-last from its first group to its last.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.planner import GroupDecision, _fmt_ms, _table, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv_args import conv2d_flops
-from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, match_pool
+from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, is_unit_reshape, match_pool
 from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan, declined_convs
 
 GROUPS = ("auto", "all", "none")
+FUSED_LAYOUTS = ("NHWC", "NCHW")  # activation layouts a group may have (the kernels take NHWC)
 USER_KINDS = ("fire", "conv_pool")
 
 
@@ -111,6 +116,7 @@ class JaxprGroup:
 class _FireSite:
     plan: Plan
     concat: int
+    x: Any  # what the fused call reads: the squeeze's input, or the value it is a view of
     sq: Match
     e1: Match
     e3: Match
@@ -120,9 +126,56 @@ class _FireSite:
 def _conv_ok(m: Match, kernel: int) -> bool:
     s = m.site
     pad = kernel // 2
-    return (s.layout == "NHWC" and s.w_shape[:2] == (kernel, kernel) and s.kwargs["activation"] == "relu"
+    return (s.layout in FUSED_LAYOUTS and s.w_shape[:2] == (kernel, kernel) and s.kwargs["activation"] == "relu"
             and tuple(s.kwargs["stride"]) == (1, 1) and tuple(s.kwargs["dilation"]) == (1, 1)
             and s.kwargs["groups"] == 1 and tuple(map(tuple, s.kwargs["padding"])) == ((pad, pad),) * 2)
+
+
+def _nhwc(shape, layout: str) -> tuple[int, ...]:
+    return tuple(shape[layout.index(d)] for d in "NHWC")
+
+
+def _as_nhwc_op(layout: str, op: Callable) -> Callable:
+    """op(x, *rest) on an NHWC x, taking and returning `layout` (NHWC: op itself). XLA folds the
+    transposes of two such ops in a row into nothing."""
+    if layout == "NHWC":
+        return op
+    to_nhwc = tuple(layout.index(d) for d in "NHWC")
+    back = tuple("NHWC".index(d) for d in layout)
+
+    def wrapped(x, *rest):
+        return jax.numpy.transpose(op(jax.numpy.transpose(x, to_nhwc), *rest), back)
+    return wrapped
+
+
+def _view_chain(uses: Uses, var, base) -> list[int] | None:
+    """The equations of a chain of unit reshapes leading from `base` to `var`, each value on it
+    read by the chain alone ([] when var is base), or None when var is no such view of base."""
+    chain = []
+    while var is not base:
+        found = uses.defining(var)
+        if found is None or not is_unit_reshape(found[1]) or uses.sole_reader(var) is None:
+            return None
+        chain.append(found[0])
+        var = found[1].invars[0]
+    return chain
+
+
+def _pool_reading(uses: Uses, var) -> Match | None:
+    """The max pool that alone reads `var`, through layout-only steps (unit reshapes, one
+    transpose) into its reduce_window_max, matched with `var` as its input; else None."""
+    for _ in range(4):
+        reader = uses.sole_reader(var)
+        if reader is None:
+            return None
+        eqn = uses.jaxpr.eqns[reader]
+        if eqn.primitive.name == "reduce_window_max":
+            pool = match_pool(uses, reader)
+            return pool if pool is not None and pool.op == "max_pool2d" else None
+        if not (is_unit_reshape(eqn) or eqn.primitive.name == "transpose"):
+            return None
+        var = eqn.outvars[0]
+    return None
 
 
 def _open_calls(plan: Plan) -> None:
@@ -155,35 +208,70 @@ def _call_bodies(plan: Plan, path: str):
         yield child, f"{path}/{label}" if path else label
 
 
+def _unviewed(uses: Uses, var) -> tuple[Any, list[int]]:
+    """The furthest value of var's shape that `var` is a unit-reshape view of (var itself when
+    none), and the view's equations. A group reads that value instead: the view is Equinox's
+    per-example axis, and behind it the previous group's output, whose transpose back to NCHW
+    then meets this group's transpose to NHWC and XLA drops both."""
+    best, best_chain, chain = var, [], []
+    while uses.sole_reader(var) is not None:
+        found = uses.defining(var)
+        if found is None or not is_unit_reshape(found[1]):
+            break
+        chain.append(found[0])
+        var = found[1].invars[0]
+        if tuple(var.aval.shape) == tuple(best.aval.shape):
+            best, best_chain = var, list(chain)
+    return best, best_chain
+
+
+def _view_source(uses: Uses, var, sources) -> tuple[Any, list[int]] | None:
+    """(the value of `sources` that `var` is a unit-reshape view of, the view's equations), or
+    None when there is none or something else reads the view on the way."""
+    base = var
+    while base not in sources:
+        found = uses.defining(base)
+        if found is None or not is_unit_reshape(found[1]):
+            return None
+        base = found[1].invars[0]
+    chain = _view_chain(uses, var, base)
+    return None if chain is None else (base, chain)
+
+
 def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
     convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
-        if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate":
-            continue
-        if len(eqn.invars) != 2 or eqn.params.get("dimension") != 3:
+        if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate" or len(eqn.invars) != 2:
             continue
         e1, e3 = (convs.get(v) for v in eqn.invars)
-        if e1 is None or e3 is None or e1.in_vars[0] is not e3.in_vars[0]:
+        if e1 is None or e3 is None:
             continue
-        sq = convs.get(e1.in_vars[0])
-        if sq is None or not (_conv_ok(sq, 1) and _conv_ok(e1, 1) and _conv_ok(e3, 3)):
+        # The expands read the squeeze's output, each maybe through its own unit reshapes.
+        views = [_view_source(uses, m.in_vars[0], convs) for m in (e1, e3)]
+        if None in views or views[0][0] is not views[1][0]:
             continue
-        if len({sq.site.dtype, e1.site.dtype, e3.site.dtype}) != 1:
+        sq = convs[views[0][0]]
+        layout = sq.site.layout
+        if not (_conv_ok(sq, 1) and _conv_ok(e1, 1) and _conv_ok(e3, 3)) or eqn.params.get("dimension") != layout.index("C"):
+            continue
+        if len({sq.site.dtype, e1.site.dtype, e3.site.dtype}) != 1 or len({sq.site.layout, e1.site.layout, e3.site.layout}) != 1:
             continue
         # The squeeze feeds the two expands only, the expands the concatenate only.
-        if sq.out_var in uses.outputs or sorted(uses.readers.get(sq.out_var, [])) != sorted(
-                (e1.eqn_indices[0], e3.eqn_indices[0])):
+        first_readers = [chain[-1] if chain else m.eqn_indices[0] for m, (_, chain) in zip((e1, e3), views)]
+        if sq.out_var in uses.outputs or sorted(uses.readers.get(sq.out_var, [])) != sorted(first_readers):
             continue
         if any(m.out_var in uses.outputs or uses.readers.get(m.out_var, []) != [i] for m in (e1, e3)):
             continue
-        indices = tuple(sorted({*sq.eqn_indices, *e1.eqn_indices, *e3.eqn_indices, i}))
-        group = JaxprGroup("fire", path, tuple(sq.site.x_shape), tuple(eqn.outvars[0].aval.shape),
+        x, x_view = _unviewed(uses, sq.in_vars[0])
+        indices = tuple(sorted({*x_view, *sq.eqn_indices, *e1.eqn_indices, *e3.eqn_indices, *views[0][1],
+                                *views[1][1], i}))
+        group = JaxprGroup("fire", path, _nhwc(sq.site.x_shape, layout), _nhwc(eqn.outvars[0].aval.shape, layout),
                            sq.site.dtype, (tuple(sq.site.w_shape), tuple(e1.site.w_shape),
-                                           tuple(e3.site.w_shape)), indices)
-        found.append(_FireSite(plan, i, sq, e1, e3, group))
+                                           tuple(e3.site.w_shape)), indices, dict(layout=layout))
+        found.append(_FireSite(plan, i, x, sq, e1, e3, group))
     for child, child_path in _call_bodies(plan, path):
         found.extend(_fire_sites(child, child_path))
     return found
@@ -192,22 +280,23 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
 @dataclass
 class _ConvPoolSite:
     plan: Plan
+    x: Any  # as _FireSite.x
     conv: Match
     pool: Match
     group: JaxprGroup
 
 
-def _conv_pool_build(conv: Match, pool_kw):
+def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
     conv_kw = conv.site.kwargs
 
     def build(x, w, *b):
         from jaxcnn.ops.conv2d_pool import conv2d_pool
 
-        return conv2d_pool(x, conv.weight_hwio(w), b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
+        return conv2d_pool(x, w if w_is_hwio else conv.weight_hwio(w), b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
                            padding=conv_kw["padding"], dilation=conv_kw["dilation"],
                            pool_window=pool_kw["window"], pool_stride=pool_kw["stride"],
                            pool_padding=pool_kw["padding"], precision=conv_kw["precision"])
-    return build
+    return _as_nhwc_op(conv.site.layout, build)
 
 
 def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
@@ -216,14 +305,11 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
     found = []
     for m in [*plan.matches.values(), *declined_convs(plan, uses)]:
         s = m.site
-        if (m.op != "conv2d" or s.layout != "NHWC" or s.kwargs["activation"] != "relu"
+        if (m.op != "conv2d" or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
             continue
-        readers = uses.readers.get(m.out_var, [])
-        if len(readers) != 1 or jaxpr.eqns[readers[0]].primitive.name != "reduce_window_max":
-            continue
-        pool = match_pool(uses, readers[0])
-        if pool is None or pool.op != "max_pool2d" or pool.site.layout != "NHWC" or pool.in_vars[0] is not m.out_var:
+        pool = _pool_reading(uses, m.out_var)
+        if pool is None or pool.site.layout != s.layout or pool.in_vars[0] is not m.out_var:
             continue
         # The pool's equations are free, or the policy matched this very pool.
         planned = plan.matches.get(max(pool.eqn_indices))
@@ -234,17 +320,18 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
         avals = [v.aval for v in m.in_vars]
         if not _accepts(build, pool.out_var.aval, *avals):
             continue  # a pool conv2d_pool does not take (e.g. padding as wide as the window)
-        group = JaxprGroup("conv_pool", path, tuple(s.x_shape), tuple(pool.out_var.aval.shape), s.dtype,
-                           (tuple(s.w_shape),), tuple(sorted({*m.eqn_indices, *pool.eqn_indices})),
+        x, x_view = _unviewed(uses, m.in_vars[0])
+        group = JaxprGroup("conv_pool", path, _nhwc(s.x_shape, s.layout), _nhwc(pool.out_var.aval.shape, s.layout),
+                           s.dtype, (tuple(s.w_shape),), tuple(sorted({*x_view, *m.eqn_indices, *pool.eqn_indices})),
                            dict(conv=dict(s.kwargs), pool=dict(pool.site.kwargs),
-                                conv_out=tuple(m.out_var.aval.shape)))
-        found.append(_ConvPoolSite(plan, m, pool, group))
+                                conv_out=_nhwc(m.out_var.aval.shape, s.layout), layout=s.layout))
+        found.append(_ConvPoolSite(plan, x, m, pool, group))
     for child, child_path in _call_bodies(plan, path):
         found.extend(_conv_pool_sites(child, child_path))
     return found
 
 
-def _replace_conv_pool(site: _ConvPoolSite) -> None:
+def _replace_conv_pool(site: _ConvPoolSite, weights: "_WeightRelayouts") -> None:
     """Puts one conv2d_pool match in place of the conv match (and the pool's, if planned)."""
     plan, conv, pool = site.plan, site.conv, site.pool
     plan.matches.pop(max(conv.eqn_indices), None)  # absent when the policy left it to XLA
@@ -257,9 +344,11 @@ def _replace_conv_pool(site: _ConvPoolSite) -> None:
     kwargs = {k: v for k, v in conv.site.kwargs.items() if k not in ("activation", "groups", "layout")}
     kwargs.update(pool_window=pool.site.kwargs["window"], pool_stride=pool.site.kwargs["stride"],
                   pool_padding=pool.site.kwargs["padding"])
-    build = _conv_pool_build(conv, pool.site.kwargs)
-    match = Match("conv2d_pool", g.eqn_indices, pool.out_var, conv.in_vars,
-                  Site("conv2d_pool", "NHWC", g.x_shape, g.dtype, g.weight_shapes[0], conv.site.bias, kwargs),
+    w, w_is_hwio = weights.operand(plan, conv)
+    build = _conv_pool_build(conv, pool.site.kwargs, w_is_hwio)
+    match = Match("conv2d_pool", g.eqn_indices, pool.out_var, (site.x, w, *conv.in_vars[2:]),
+                  Site("conv2d_pool", conv.site.layout, conv.site.x_shape, g.dtype, g.weight_shapes[0],
+                       conv.site.bias, kwargs),
                   conv.replaced + pool.replaced, build=build, algorithm="auto")
     plan.matches[max(g.eqn_indices)] = match
     plan.skipped.update(j for j in g.eqn_indices if j != max(g.eqn_indices))
@@ -273,7 +362,7 @@ def find_jaxpr_groups(fn: Callable, *args, **kwargs) -> list[JaxprGroup]:
     return [site.group for site in _fire_sites(plan) + _conv_pool_sites(plan)]
 
 
-def _replace(site: _FireSite) -> None:
+def _replace(site: _FireSite, weights: "_WeightRelayouts") -> None:
     """Puts one fire match in place of the three conv matches and the concatenate."""
     plan = site.plan
     parts = (site.sq, site.e1, site.e3)
@@ -282,30 +371,70 @@ def _replace(site: _FireSite) -> None:
         plan.skipped.difference_update(m.eqn_indices)
     # Read x once, then (w[, b]) of each conv: the expands' input is the squeeze, inside.
     counts = [len(m.in_vars) - 1 for m in parts]
+    operands = [weights.operand(plan, m) for m in parts]  # (w or its HWIO stand-in, is HWIO)
 
     def build(x, *vals):
         from jaxcnn.ops.fire import fire
 
         it = iter(vals)
         ws, bs = [], []
-        for m, count in zip(parts, counts):
+        for m, count, (_, w_is_hwio) in zip(parts, counts, operands):
             w, *b = [next(it) for _ in range(count)]
-            ws.append(m.weight_hwio(w))  # the user's weight order to HWIO
-            bs.append(b[0] if b else None)
+            ws.append(w if w_is_hwio else m.weight_hwio(w))  # the user's weight order to HWIO
+            bs.append(b[0].reshape(-1) if b else None)  # Equinox biases are (K, 1, 1)
         return fire(x, *ws, *bs)
 
+    build = _as_nhwc_op(site.sq.site.layout, build)
     indices = site.group.eqn_indices
     out = plan.jaxpr.eqns[site.concat].outvars[0]
-    in_vars = (site.sq.in_vars[0],) + tuple(v for m in parts for v in m.in_vars[1:])
+    in_vars = (site.x,) + tuple(v for m, (w, _) in zip(parts, operands) for v in (w, *m.in_vars[2:]))
     g = site.group
     match = Match("fire", indices, out, in_vars,
-                  Site("fire", "NHWC", g.x_shape, g.dtype, None, all(len(m.in_vars) == 3 for m in parts),
+                  Site("fire", site.sq.site.layout, site.sq.site.x_shape, g.dtype, None, all(len(m.in_vars) == 3 for m in parts),
                        dict(squeeze=g.weight_shapes[0][3], expand1x1=g.weight_shapes[1][3],
                             expand3x3=g.weight_shapes[2][3])),
                   ("conv_general_dilated(squeeze)+bias+relu", "expand 1x1", "expand 3x3", "concatenate"),
                   build=build, algorithm="auto")
     plan.matches[max(indices)] = match
     plan.skipped.update(j for j in indices if j != max(indices))
+
+
+class _HoistedWeight:
+    """Stands for a weight relaid out to HWIO by the plan's prologue (a key of its environment)."""
+
+    __slots__ = ("var", "perm")
+
+    def __init__(self, var, perm):
+        self.var, self.perm = var, perm
+
+
+class _WeightRelayouts:
+    """The weights that the fused groups of the top-level jaxpr read in another axis order
+    (OIHW in an NCHW model), relaid out to HWIO by one relayout_weights in the plan's prologue
+    rather than by one transpose kernel per weight on every call."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.inputs = {id(v) for v in (*plan.jaxpr.invars, *plan.jaxpr.constvars)}
+        self.hoisted: dict[tuple, _HoistedWeight] = {}
+
+    def operand(self, plan: Plan, conv: Match):
+        """(what the fused call reads for `conv`'s weight, whether that is HWIO already)."""
+        w, perm = conv.in_vars[1], conv.w_to_hwio
+        if plan is not self.plan or perm in (None, (0, 1, 2, 3)) or id(w) not in self.inputs:
+            return w, False  # a call body's weight (bound later) or HWIO already
+        return self.hoisted.setdefault((id(w), perm), _HoistedWeight(w, perm)), True
+
+    def install(self) -> None:
+        if not self.hoisted:
+            return
+        hoisted = list(self.hoisted.values())
+
+        def relayout(env):
+            from jaxcnn.ops.weight_relayout import relayout_weights
+
+            env.update(zip(hoisted, relayout_weights([env[h.var] for h in hoisted], [h.perm for h in hoisted])))
+        self.plan.prologue.append(relayout)
 
 
 class FusedOptimized(Optimized):
@@ -339,9 +468,11 @@ class FusedOptimized(Optimized):
                 for s in sites:
                     take = (self.groups == "all") if isinstance(self.groups, str) else bool(self.groups(s.group))
                     chosen.append((s, take, None))
+            weights = _WeightRelayouts(traced.plan)
             for s, take, _ in chosen:
                 if take:
-                    (_replace_conv_pool if isinstance(s, _ConvPoolSite) else _replace)(s)
+                    (_replace_conv_pool if isinstance(s, _ConvPoolSite) else _replace)(s, weights)
+            weights.install()
             _prune_calls(traced.plan)
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
         return traced

@@ -60,6 +60,9 @@ class Plan:
     matches: dict[int, Match] = field(default_factory=dict)  # keyed by the last equation index
     skipped: set[int] = field(default_factory=set)
     calls: dict[int, "Plan"] = field(default_factory=dict)  # only bodies holding a rewrite
+    # Run once the inputs are bound, before any equation: each puts values the matches read
+    # into the environment (e.g. all weights relaid out in one op rather than one per match).
+    prologue: list[Callable[[dict], None]] = field(default_factory=list)
 
     def rewrites(self, path: str = "") -> list[Rewrite]:
         out = []
@@ -294,6 +297,8 @@ def evaluate(plan: Plan, consts, args) -> list:
         env[v] = x
     for v, x in zip(jaxpr.invars, args):
         env[v] = x
+    for step in plan.prologue:
+        step(env)
     for i, eqn in enumerate(jaxpr.eqns):
         if i in plan.skipped:
             continue

@@ -1,0 +1,73 @@
+// XLA FFI handler for the batched weight permutation: k operands, k results, one attribute
+// `perms` holding 4 entries per operand (result i = transpose(operand i, perms[4i:4i+4])).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/ffi_common.h"
+#include "weights/weight_relayout.h"
+
+namespace jaxcnn {
+namespace {
+
+ffi::Error Invalid(const std::string& message) {
+  return InvalidArgumentFor("weight_relayout", message);
+}
+
+ffi::Error WeightRelayoutImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                              ffi::Span<const int64_t> perms) {
+  const size_t k = args.size();
+  if (rets.size() != k)
+    return Invalid("needs one result per operand, got " + std::to_string(k) + " operands and " +
+                   std::to_string(rets.size()) + " results");
+  if (perms.size() != 4 * k)
+    return Invalid("perms must hold 4 entries per operand (" + std::to_string(4 * k) + "), got " +
+                   std::to_string(perms.size()));
+  std::vector<WeightRelayout> jobs(k);
+  size_t element_bytes = 0;
+  for (size_t i = 0; i < k; ++i) {
+    auto w = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!w.has_value() || !out.has_value()) return Invalid("operand/result " + std::to_string(i) + " is not a buffer");
+    const std::string which = "operand " + std::to_string(i);
+    const auto dims = w->dimensions();
+    const auto out_dims = (*out)->dimensions();
+    if (dims.size() != 4) return Invalid(which + " must be rank 4, got shape " + DimsToString(dims));
+    if ((*out)->element_type() != w->element_type()) return Invalid(which + ": result dtype must equal the operand's");
+    const size_t bytes = ffi::ByteWidth(w->element_type());
+    if (i > 0 && bytes != element_bytes) return Invalid("every operand must have the same element width");
+    element_bytes = bytes;
+    WeightRelayout& job = jobs[i];
+    job.src = w->untyped_data();
+    job.dst = (*out)->untyped_data();
+    bool shape_ok = out_dims.size() == 4;
+    for (int d = 0; d < 4; ++d) {
+      job.dims[d] = dims[d];
+      const int64_t p = perms[4 * i + d];
+      if (p < 0 || p > 3) return Invalid(which + ": perm entries must be in 0..3");
+      job.perm[d] = static_cast<int>(p);
+      shape_ok = shape_ok && out_dims[d] == dims[p];
+    }
+    if (!shape_ok) return Invalid(which + ": result shape " + DimsToString(out_dims) + " must be " +
+                                  DimsToString(dims) + " permuted");
+  }
+  if (k == 0) return ffi::Error::Success();
+  if (const char* reason = weight_relayout_unsupported_reason(jobs, element_bytes)) return Invalid(reason);
+  JAXCNN_RETURN_IF_CUDA_ERROR(launch_weight_relayout(jobs, element_bytes, stream), "weight_relayout launch");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcnn
+
+// Re-declared with default visibility so -fvisibility=hidden builds export it.
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnWeightRelayout(XLA_FFI_CallFrame*);
+
+// Command-buffer (CUDA graph) compatible: kernel launches on the given stream only.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnWeightRelayout, jaxcnn::WeightRelayoutImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("perms"),
+                              {ffi::Traits::kCmdBufferCompatible});
