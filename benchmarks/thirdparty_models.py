@@ -29,6 +29,10 @@ SQUEEZENET1_1_FIRES = (
 # VGG-19 (configuration E): channels per conv, "M" = 2x2 max pool.
 VGG19_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
              512, 512, 512, 512, "M")
+# GoogLeNet's first inception blocks (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj), "M" =
+# 3x3/2 max pool: the part of the network GoogLeNetHead runs.
+GOOGLENET_HEAD_BLOCKS = ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), "M",
+                         (192, 96, 208, 16, 48, 64))
 
 
 # -- Flax linen ---------------------------------------------------------------------------------
@@ -102,6 +106,42 @@ def _linen_models():
             x = nn.relu(nn.Dense(120, dtype=self.dtype, param_dtype=self.dtype)(x))
             return nn.log_softmax(nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.dtype)(x))
 
+    class Inception(nn.Module):
+        filters: tuple
+        dtype: Any = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            n1, r3, n3, r5, n5, proj = self.filters
+            conv = lambda k, size, v: nn.relu(nn.Conv(k, (size, size), padding="SAME", dtype=self.dtype,  # noqa: E731
+                                                      param_dtype=self.dtype)(v))
+            b1 = conv(n1, 1, x)
+            b3 = conv(n3, 3, conv(r3, 1, x))
+            b5 = conv(n5, 5, conv(r5, 1, x))
+            bp = conv(proj, 1, nn.max_pool(x, (3, 3), strides=(1, 1), padding="SAME"))
+            return jnp.concatenate([b1, b3, b5, bp], axis=-1)
+
+    class GoogLeNetHead(nn.Module):
+        """GoogLeNet (Szegedy et al.) through inception4a, then global pool + classifier."""
+
+        num_classes: int = 1000
+        dtype: Any = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            conv = lambda k, size, stride, v: nn.relu(nn.Conv(k, (size, size), strides=(stride, stride),  # noqa: E731
+                                                              padding="SAME", dtype=self.dtype,
+                                                              param_dtype=self.dtype)(v))
+            x = nn.max_pool(conv(64, 7, 2, x), (3, 3), strides=(2, 2), padding="SAME")
+            x = nn.max_pool(conv(192, 3, 1, conv(64, 1, 1, x)), (3, 3), strides=(2, 2), padding="SAME")
+            for block in GOOGLENET_HEAD_BLOCKS:
+                if block == "M":
+                    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+                else:
+                    x = Inception(block, dtype=self.dtype)(x)
+            x = jnp.mean(x, axis=(1, 2))
+            return nn.softmax(nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.dtype)(x))
+
     class BasicBlock(nn.Module):
         channels: int
         strides: int = 1
@@ -132,7 +172,8 @@ def _linen_models():
             x = jnp.mean(x, axis=(1, 2))
             return nn.softmax(nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.dtype)(x))
 
-    return {"squeezenet1_1": SqueezeNet11, "vgg19": VGG19, "lenet": LeNet, "resnet_small": ResNetSmall}
+    return {"squeezenet1_1": SqueezeNet11, "vgg19": VGG19, "lenet": LeNet, "resnet_small": ResNetSmall,
+            "googlenet_head": GoogLeNetHead}
 
 
 # -- Flax nnx -----------------------------------------------------------------------------------
@@ -316,6 +357,7 @@ MODELS = {
     "linen_vgg19": ("linen", "vgg19", 224, 3),
     "linen_lenet": ("linen", "lenet", 28, 1),
     "linen_resnet_small": ("linen", "resnet_small", 32, 3),
+    "linen_googlenet_head": ("linen", "googlenet_head", 224, 3),
     "nnx_squeezenet1_1": ("nnx", "squeezenet1_1", 224, 3),
     "nnx_vgg19": ("nnx", "vgg19", 224, 3),
     "nnx_cnn": ("nnx", "cnn", 28, 1),

@@ -223,11 +223,11 @@ if has flax; then
     step bench_optimize_flax_autotune timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
       --out "$OUT" --policy autotune --name optimize_flax_autotune ${FLAX_BENCH_ARGS:-}
   fi
-  # Fusion through optimize: fire modules and conv->max-pool pairs, each where the planner
-  # measures it faster (SqueezeNet's fires, VGG's stage ends).
+  # Fusion through optimize: fire modules (NHWC and Equinox's NCHW), inception blocks and
+  # conv->max-pool pairs, each where the planner measures it faster.
   # shellcheck disable=SC2086
   step bench_optimize_flax_fuse timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
-    --out "$OUT" --fuse auto --name optimize_flax_fuse --models linen_squeezenet1_1,linen_vgg19 ${FLAX_BENCH_ARGS:-}
+    --out "$OUT" --fuse auto --name optimize_flax_fuse --models linen_squeezenet1_1,linen_vgg19,equinox_squeezenet1_1,linen_googlenet_head ${FLAX_BENCH_ARGS:-}
 fi
 
 if has multigpu; then

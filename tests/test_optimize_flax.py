@@ -31,13 +31,15 @@ SMALL = {
     "nnx_squeezenet1_1": dict(hw=48, num_classes=10),
     "nnx_vgg19": dict(hw=32, num_classes=10, hidden=16),
     "equinox_squeezenet1_1": dict(hw=48, num_classes=10),
+    "linen_googlenet_head": dict(hw=64, num_classes=10),
 }
 # name: (convs, of them with bias + ReLU fused, max pools, avg pools, softmax op)
 EXPECTED = {
     "linen_squeezenet1_1": (26, 26, 3, 1, "softmax"),
     "linen_vgg19": (16, 16, 5, 0, "softmax"),
     "linen_lenet": (2, 2, 0, 2, "log_softmax"),
-    "linen_resnet_small": (6, 1, 1, 0, "softmax"),  # block convs have no bias; ReLUs after the residual add stay
+    "linen_resnet_small": (6, 1, 1, 0, "softmax"),
+    "linen_googlenet_head": (21, 21, 6, 0, "softmax"),  # 3 stem convs + 3 blocks of 6; jnp.mean is no pool  # block convs have no bias; ReLUs after the residual add stay
     "nnx_squeezenet1_1": (26, 26, 3, 1, "softmax"),
     "nnx_vgg19": (16, 16, 5, 0, "softmax"),
     "nnx_cnn": (2, 2, 0, 2, "log_softmax"),
@@ -306,6 +308,55 @@ def test_nchw_fire_runs_channels_last_between_transposes():
     assert_close(one(x, ws), fire_nchw(x, ws, False))
     both = jaxcnn.fusion.optimize(lambda x, ws: fire_nchw(x, ws, True), groups="all")
     assert both.decisions(x, ws) == []
+
+
+def test_fuse_all_turns_every_inception_block_into_one_call():
+    """GoogLeNet's blocks written with Flax layers: one jaxcnn.inception each (the stem convs
+    with their pools: conv2d_pool); values, grads and vmap as the original."""
+    m = build("linen_googlenet_head")
+    fast = jaxcnn.optimize(m.apply, fuse="all")
+    assert [g.kind for g, _, _ in fast.decisions(m.params, m.x)].count("inception") == 3
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_inception") == 3
+    assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 2
+    assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
+    loss = lambda f: lambda p, x: jnp.sum(jnp.log(f(p, x) + 1e-3))
+    got, want = jax.grad(loss(fast))(m.params, m.x), jax.grad(loss(m.apply))(m.params, m.x)
+    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
+    xs = jnp.stack([m.x, m.x * 0.5])
+    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+    only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
+    assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_inception") == 0
+
+
+def _lax_inception(x, ws, layout, leak=False):
+    """An inception block in raw lax, in `layout` with OIHW weights; leak=True also returns the
+    3x3 branch's reduce output (then the block is not fusable)."""
+    dn = (layout, "OIHW", layout)
+    c = layout.index("C")
+
+    def conv(v, w):
+        pad = w.shape[2] // 2
+        return jax.nn.relu(jax.lax.conv_general_dilated(v, w, (1, 1), [(pad, pad)] * 2, dimension_numbers=dn))
+
+    window = tuple(3 if d in "HW" else 1 for d in layout)
+    pooled = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, window, (1,) * 4,
+                                   [(1, 1) if d in "HW" else (0, 0) for d in layout])
+    r3 = conv(x, ws[1])
+    y = jnp.concatenate([conv(x, ws[0]), conv(r3, ws[2]), conv(conv(x, ws[3]), ws[4]), conv(pooled, ws[5])], axis=c)
+    return (y, r3) if leak else y
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_inception_in_raw_lax_any_layout_and_a_leaking_branch(layout):
+    shapes = [(6, 5, 1, 1), (4, 5, 1, 1), (7, 4, 3, 3), (3, 5, 1, 1), (2, 3, 5, 5), (4, 5, 1, 1)]  # OIHW
+    ws = [jax.random.normal(k, s) for k, s in zip(jax.random.split(jax.random.PRNGKey(3), 6), shapes)]
+    x = jax.random.normal(jax.random.PRNGKey(4), (2, 5, 9, 7) if layout == "NCHW" else (2, 9, 7, 5))
+    fast = jaxcnn.fusion.optimize(lambda x, ws: _lax_inception(x, ws, layout), groups="all")
+    assert [g.kind for g, _, _ in fast.decisions(x, ws)] == ["inception"]
+    assert count_in_jaxpr(fast, x, ws, name="jaxcnn_weight_relayout") == 1  # OIHW -> HWIO, once
+    assert_close(fast(x, ws), _lax_inception(x, ws, layout))
+    leaky = jaxcnn.fusion.optimize(lambda x, ws: _lax_inception(x, ws, layout, leak=True), groups="all")
+    assert leaky.decisions(x, ws) == []
 
 
 def test_fuse_rejects_unknown_values():

@@ -24,8 +24,8 @@ from benchmarks import thirdparty_models as tm  # noqa: E402
 # max |optimized - original| / max |original|: TF32 on both sides in fp32, one bf16 rounding
 # per layer output in bf16 (over 26 layers).
 REL_TOL = {jnp.float32: 2e-2, jnp.bfloat16: 6e-2}
-MODELS = ["linen_squeezenet1_1", "linen_vgg19", "linen_resnet_small", "nnx_squeezenet1_1", "nnx_cnn",
-          "equinox_squeezenet1_1", "equinox_cnn"]
+MODELS = ["linen_squeezenet1_1", "linen_vgg19", "linen_resnet_small", "linen_googlenet_head", "nnx_squeezenet1_1",
+          "nnx_cnn", "equinox_squeezenet1_1", "equinox_cnn"]
 
 
 def build(name, batch, dtype):
@@ -69,6 +69,18 @@ def test_fused_squeezenet_runs_one_kernel_per_fire(name):
     # Equinox's OIHW weights: one batched relayout to HWIO; linen's are HWIO already.
     relayouts = len(re.findall(r'custom_call_target="jaxcnn_weight_relayout"', hlo))
     assert relayouts == (1 if name.startswith("equinox") else 0)
+    assert rel_diff(fast(m.params, m.x), jax.jit(m.apply)(m.params, m.x)) <= REL_TOL[jnp.bfloat16]
+
+
+def test_fused_googlenet_runs_one_inception_call_per_block():
+    m = build("linen_googlenet_head", 8, jnp.bfloat16)
+    fast = jax.jit(jaxcnn.optimize(m.apply, fuse="all"))
+    hlo = fast.lower(m.params, m.x).compile().as_text()
+    # Each jaxcnn.inception lowers to jaxcnn's kernels: one split 1x1 conv, the 3x3 and 5x5
+    # branch convs, the pool and its projection (the stem's 1x1 conv is the auto policy's XLA).
+    assert len(re.findall(r'custom_call_target="jaxcnn_conv2d_fwd', hlo)) == 3 * 4
+    assert len(re.findall(r'custom_call_target="jaxcnn_max_pool2d_fwd"', hlo)) == 3
+    assert len(re.findall(r'custom_call_target="jaxcnn_conv2d_pool_fwd"', hlo)) == 2
     assert rel_diff(fast(m.params, m.x), jax.jit(m.apply)(m.params, m.x)) <= REL_TOL[jnp.bfloat16]
 
 

@@ -38,8 +38,10 @@ from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, 
 from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan, declined_convs
 
 GROUPS = ("auto", "all", "none")
+# inception's convs in jaxcnn.inception's argument order (the zoo's layer roles)
+INCEPTION_CONVS = ("1x1", "3x3_reduce", "3x3", "5x5_reduce", "5x5", "pool_proj")
 FUSED_LAYOUTS = ("NHWC", "NCHW")  # activation layouts a group may have (the kernels take NHWC)
-USER_KINDS = ("fire", "conv_pool")
+USER_KINDS = ("fire", "inception", "conv_pool")
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,12 @@ class JaxprGroup:
     x_shape: tuple[int, ...]
     y_shape: tuple[int, ...]
     dtype: str
-    weight_shapes: tuple[tuple[int, ...], ...]  # HWIO: squeeze, expand 1x1, expand 3x3 / the conv
+    # HWIO: squeeze, expand 1x1, expand 3x3 / inception's six convs in INCEPTION_CONVS order /
+    # the conv
+    weight_shapes: tuple[tuple[int, ...], ...]
     eqn_indices: tuple[int, ...]
-    # conv_pool: the conv's and the pool's keywords, and the conv's output shape
+    # layout (of every group); conv_pool: the conv's and the pool's keywords, and the conv's
+    # output shape
     attrs: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -71,17 +76,13 @@ class JaxprGroup:
         model and the autotuner treat it like a model's."""
         if self.kind == "conv_pool":
             return self._conv_pool_group()
+        if self.kind == "inception":
+            return self._inception_group()
         sq_w, e1_w, e3_w = self.weight_shapes
         n, h, w, _ = self.x_shape
         s_shape = (n, h, w, sq_w[3])
         item = np.dtype(self.dtype).itemsize
-
-        def conv(role, x_shape, w_shape, y_shape, pad):
-            moved = (math.prod(x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(y_shape)) * item
-            return LayerInfo(f"{self.name}/{role}", "conv2d", self.dtype, (x_shape,), y_shape, w_shape,
-                             (w_shape[3],), stride=(1, 1), padding=((pad, pad), (pad, pad)),
-                             dilation=(1, 1), groups=1, activation="relu", block=self.name,
-                             flops=conv2d_flops(x_shape, w_shape, y_shape), bytes=moved)
+        conv = self._conv_info
 
         y1, y3 = (n, h, w, e1_w[3]), (n, h, w, e3_w[3])
         members = (conv("squeeze1x1", self.x_shape, sq_w, s_shape, 0), conv("expand1x1", s_shape, e1_w, y1, 0),
@@ -92,6 +93,34 @@ class JaxprGroup:
                            ("straight", "split", "merge"),
                            dict(squeeze=sq_w[3], expand1x1=e1_w[3], expand3x3=e3_w[3]))
 
+
+    def _conv_info(self, role, x_shape, w_shape, y_shape, pad) -> LayerInfo:
+        """A stride-1 conv + bias + ReLU member of this group (padding `pad` on each side)."""
+        moved = (math.prod(x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(y_shape)) * np.dtype(self.dtype).itemsize
+        return LayerInfo(f"{self.name}/{role}", "conv2d", self.dtype, (x_shape,), y_shape, w_shape,
+                         (w_shape[3],), stride=(1, 1), padding=((pad, pad), (pad, pad)),
+                         dilation=(1, 1), groups=1, activation="relu", block=self.name,
+                         flops=conv2d_flops(x_shape, w_shape, y_shape), bytes=moved)
+
+    def _inception_group(self) -> FusionGroup:
+        """The zoo's GoogLeNet block layers (roles as models.googlenet.inception names them)."""
+        n, h, w, c = self.x_shape
+        item = np.dtype(self.dtype).itemsize
+        ws = dict(zip(INCEPTION_CONVS, self.weight_shapes))
+        ins = {"1x1": self.x_shape, "3x3_reduce": self.x_shape, "5x5_reduce": self.x_shape, "pool_proj": self.x_shape,
+               "3x3": (n, h, w, ws["3x3_reduce"][3]), "5x5": (n, h, w, ws["5x5_reduce"][3])}
+        members = [self._conv_info(role, ins[role], ws[role], (n, h, w, ws[role][3]), ws[role][0] // 2)
+                   for role in INCEPTION_CONVS]
+        members.insert(5, LayerInfo(f"{self.name}/pool", "maxpool", self.dtype, (self.x_shape,), self.x_shape,
+                                    window=(3, 3), stride=(1, 1), padding=((1, 1), (1, 1)), block=self.name,
+                                    flops=math.prod(self.x_shape) * 9, bytes=2 * math.prod(self.x_shape) * item))
+        branches = [m.output_shape for m in members if m.name.rsplit("/", 1)[-1] in ("1x1", "3x3", "5x5", "pool_proj")]
+        members.append(LayerInfo(f"{self.name}/concat", "concat", self.dtype, tuple(branches), self.y_shape,
+                                 block=self.name,
+                                 bytes=(sum(map(math.prod, branches)) + math.prod(self.y_shape)) * item))
+        filters = tuple(ws[r][3] for r in INCEPTION_CONVS)
+        return FusionGroup(self.name, "inception", tuple(members), self.x_shape, self.y_shape, self.dtype,
+                           ("split", "merge"), dict(filters=filters))
 
     def _conv_pool_group(self) -> FusionGroup:
         (w_shape,) = self.weight_shapes
@@ -277,6 +306,130 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     return found
 
 
+def _view_base(uses: Uses, var):
+    """The furthest value of var's shape behind a chain of unit reshapes (var itself if none)."""
+    best = var
+    found = uses.defining(var)
+    while found is not None and is_unit_reshape(found[1]):
+        var = found[1].invars[0]
+        if tuple(var.aval.shape) == tuple(best.aval.shape):
+            best = var
+        found = uses.defining(var)
+    return best
+
+
+@dataclass
+class _InceptionSite:
+    plan: Plan
+    concat: int
+    x: Any
+    convs: tuple[Match, ...]  # in INCEPTION_CONVS order
+    pool: Match
+    group: JaxprGroup
+
+
+def _inception_sites(plan: Plan, path: str = "") -> list[_InceptionSite]:
+    """GoogLeNet blocks: a channel concatenate of [1x1(x), KxK(1x1(x)), KxK(1x1(x)),
+    1x1(maxpool3x3/1(x))], every conv + ReLU, stride 1, "same" padding, the branch convs 3x3
+    and 5x5 (the zoo block the planner measures), each intermediate read by its branch alone.
+    x itself may have other readers."""
+    jaxpr = plan.jaxpr
+    uses = Uses(jaxpr)
+    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
+    pools = {p.out_var: p for p in (match_pool(uses, j) for j, e in enumerate(jaxpr.eqns)
+                                    if e.primitive.name == "reduce_window_max") if p is not None and p.op == "max_pool2d"}
+    found = []
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate" or len(eqn.invars) != 4:
+            continue
+        c1, b3, b5, pp = (convs.get(v) for v in eqn.invars)
+        if None in (c1, b3, b5, pp):
+            continue
+        layout = c1.site.layout
+        if layout not in FUSED_LAYOUTS or eqn.params.get("dimension") != layout.index("C"):
+            continue
+        reduces = [_view_source(uses, m.in_vars[0], convs) for m in (b3, b5)]
+        if None in reduces:
+            continue
+        r3, r5 = (convs[src] for src, _ in reduces)
+        pool_view = _view_source(uses, pp.in_vars[0], pools)
+        if pool_view is None:
+            continue
+        pool, pp_view = pools[pool_view[0]], pool_view[1]
+        if pool.site.layout != layout:
+            continue
+        pk = pool.site.kwargs
+        if (tuple(pk["window"]) != (3, 3) or tuple(pk["stride"]) != (1, 1)
+                or tuple(map(tuple, pk["padding"])) != ((1, 1), (1, 1))):
+            continue
+        members = (c1, r3, b3, r5, b5, pp)
+        if not (all(_conv_ok(m, 1) for m in (c1, r3, r5, pp)) and _conv_ok(b3, 3) and _conv_ok(b5, 5)):
+            continue
+        if len({m.site.dtype for m in members}) != 1 or len({m.site.layout for m in members}) != 1:
+            continue
+        if len({m.site.kwargs["precision"] for m in members}) != 1:
+            continue
+        x = _view_base(uses, c1.in_vars[0])
+        views = [_view_chain(uses, m.in_vars[0], x) for m in (c1, r3, r5)] + [_view_chain(uses, pool.in_vars[0], x)]
+        if None in views:
+            continue
+        # Inside the block every value has one reader: its next step (x may have others).
+        inner = [(c1.out_var, i), (b3.out_var, i), (b5.out_var, i), (pp.out_var, i)]
+        if any(uses.sole_reader(v) != r for v, r in inner):
+            continue
+        if any(m.out_var in uses.outputs or len(uses.readers.get(m.out_var, [])) != 1 for m in (r3, r5)):
+            continue
+        if pool.out_var in uses.outputs or len(uses.readers.get(pool.out_var, [])) != 1:
+            continue
+        indices = tuple(sorted({*(j for m in members for j in m.eqn_indices), *pool.eqn_indices,
+                                *(j for v in views for j in v), *pp_view, *reduces[0][1], *reduces[1][1], i}))
+        planned = plan.matches.get(max(pool.eqn_indices))  # the pool's equations are free, or
+        same = planned is not None and planned.eqn_indices == pool.eqn_indices  # the policy's pool match
+        if not same and any(j in plan.matches or j in plan.skipped for j in pool.eqn_indices):
+            continue
+        group = JaxprGroup("inception", path, _nhwc(x.aval.shape, layout), _nhwc(eqn.outvars[0].aval.shape, layout),
+                           c1.site.dtype, tuple(tuple(m.site.w_shape) for m in members), indices, dict(layout=layout))
+        found.append(_InceptionSite(plan, i, x, members, pool, group))
+    for child, child_path in _call_bodies(plan, path):
+        found.extend(_inception_sites(child, child_path))
+    return found
+
+
+def _replace_inception(site: _InceptionSite, weights: "_WeightRelayouts") -> None:
+    """Puts one jaxcnn.inception match in place of the six convs, the pool and the concatenate."""
+    plan = site.plan
+    for m in (*site.convs, site.pool):
+        planned = plan.matches.get(max(m.eqn_indices))
+        if planned is not None and planned.eqn_indices == m.eqn_indices:
+            plan.matches.pop(max(m.eqn_indices))
+        plan.skipped.difference_update(m.eqn_indices)
+    operands = [weights.operand(plan, m) for m in site.convs]
+    has_bias = [len(m.in_vars) == 3 for m in site.convs]
+    precision = site.convs[0].site.kwargs["precision"]
+
+    def build(x, *vals):
+        from jaxcnn.ops.inception import inception
+
+        it = iter(vals)
+        ws, bs = [], []
+        for m, (_, w_is_hwio), bias in zip(site.convs, operands, has_bias):
+            w = next(it)
+            ws.append(w if w_is_hwio else m.weight_hwio(w))
+            bs.append(next(it).reshape(-1) if bias else None)
+        return inception(x, *ws, *bs, precision=precision)
+
+    in_vars = (site.x,) + tuple(v for m, (w, _) in zip(site.convs, operands) for v in (w, *m.in_vars[2:]))
+    g = site.group
+    out = plan.jaxpr.eqns[site.concat].outvars[0]
+    match = Match("inception", g.eqn_indices, out, in_vars,
+                  Site("inception", g.attrs["layout"], tuple(site.x.aval.shape), g.dtype, None, all(has_bias),
+                       dict(zip(INCEPTION_CONVS, (w[3] for w in g.weight_shapes)))),
+                  ("6 x conv_general_dilated+bias+relu", "reduce_window_max", "concatenate"),
+                  build=_as_nhwc_op(g.attrs["layout"], build), algorithm="auto")
+    plan.matches[max(g.eqn_indices)] = match
+    plan.skipped.update(j for j in g.eqn_indices if j != max(g.eqn_indices))
+
+
 @dataclass
 class _ConvPoolSite:
     plan: Plan
@@ -359,7 +512,7 @@ def find_jaxpr_groups(fn: Callable, *args, **kwargs) -> list[JaxprGroup]:
     docstring), whichever convs optimize's default policy would leave to XLA."""
     closed = jax.make_jaxpr(lambda a, k: fn(*a, **k))(args, kwargs)
     plan = build_plan(closed.jaxpr, "all")
-    return [site.group for site in _fire_sites(plan) + _conv_pool_sites(plan)]
+    return [site.group for site in _fire_sites(plan) + _inception_sites(plan) + _conv_pool_sites(plan)]
 
 
 def _replace(site: _FireSite, weights: "_WeightRelayouts") -> None:
@@ -459,6 +612,7 @@ class FusedOptimized(Optimized):
         if id(traced) not in self._decisions:
             _open_calls(traced.plan)
             sites = ((_fire_sites(traced.plan) if "fire" in self.kinds else [])
+                     + (_inception_sites(traced.plan) if "inception" in self.kinds else [])
                      + (_conv_pool_sites(traced.plan) if "conv_pool" in self.kinds else []))
             chosen: list = []
             if self.groups == "auto" and sites:
@@ -471,7 +625,8 @@ class FusedOptimized(Optimized):
             weights = _WeightRelayouts(traced.plan)
             for s, take, _ in chosen:
                 if take:
-                    (_replace_conv_pool if isinstance(s, _ConvPoolSite) else _replace)(s, weights)
+                    replace = {_ConvPoolSite: _replace_conv_pool, _InceptionSite: _replace_inception}.get(type(s), _replace)
+                    replace(s, weights)
             weights.install()
             _prune_calls(traced.plan)
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
