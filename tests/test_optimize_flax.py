@@ -246,7 +246,7 @@ def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
     only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
     assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_conv2d_pool") == 0
     with pytest.raises(ValueError, match="kinds"):
-        jaxcnn.fusion.optimize(m.apply, kinds=("conv_pool", "inception"))
+        jaxcnn.fusion.optimize(m.apply, kinds=("conv_pool", "residual"))
 
     def two_readers(x, w):  # the conv's output is also returned: no conv2d_pool
         y = jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))

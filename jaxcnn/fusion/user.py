@@ -237,13 +237,15 @@ def _call_bodies(plan: Plan, path: str):
         yield child, f"{path}/{label}" if path else label
 
 
-def _unviewed(uses: Uses, var) -> tuple[Any, list[int]]:
+def _view_base(uses: Uses, var, exclusive: bool = True) -> tuple[Any, list[int]]:
     """The furthest value of var's shape that `var` is a unit-reshape view of (var itself when
-    none), and the view's equations. A group reads that value instead: the view is Equinox's
-    per-example axis, and behind it the previous group's output, whose transpose back to NCHW
-    then meets this group's transpose to NHWC and XLA drops both."""
+    none), and the view's equations; exclusive: only through values the view alone reads.
+
+    A group reads that value instead of its input: the view is Equinox's per-example axis, and
+    behind it the previous group's output, whose transpose back to NCHW then meets this group's
+    transpose to NHWC and XLA drops both."""
     best, best_chain, chain = var, [], []
-    while uses.sole_reader(var) is not None:
+    while not exclusive or uses.sole_reader(var) is not None:
         found = uses.defining(var)
         if found is None or not is_unit_reshape(found[1]):
             break
@@ -294,7 +296,7 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
             continue
         if any(m.out_var in uses.outputs or uses.readers.get(m.out_var, []) != [i] for m in (e1, e3)):
             continue
-        x, x_view = _unviewed(uses, sq.in_vars[0])
+        x, x_view = _view_base(uses, sq.in_vars[0])
         indices = tuple(sorted({*x_view, *sq.eqn_indices, *e1.eqn_indices, *e3.eqn_indices, *views[0][1],
                                 *views[1][1], i}))
         group = JaxprGroup("fire", path, _nhwc(sq.site.x_shape, layout), _nhwc(eqn.outvars[0].aval.shape, layout),
@@ -304,18 +306,6 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     for child, child_path in _call_bodies(plan, path):
         found.extend(_fire_sites(child, child_path))
     return found
-
-
-def _view_base(uses: Uses, var):
-    """The furthest value of var's shape behind a chain of unit reshapes (var itself if none)."""
-    best = var
-    found = uses.defining(var)
-    while found is not None and is_unit_reshape(found[1]):
-        var = found[1].invars[0]
-        if tuple(var.aval.shape) == tuple(best.aval.shape):
-            best = var
-        found = uses.defining(var)
-    return best
 
 
 @dataclass
@@ -369,7 +359,7 @@ def _inception_sites(plan: Plan, path: str = "") -> list[_InceptionSite]:
             continue
         if len({m.site.kwargs["precision"] for m in members}) != 1:
             continue
-        x = _view_base(uses, c1.in_vars[0])
+        x, _ = _view_base(uses, c1.in_vars[0], exclusive=False)  # x may have other readers
         views = [_view_chain(uses, m.in_vars[0], x) for m in (c1, r3, r5)] + [_view_chain(uses, pool.in_vars[0], x)]
         if None in views:
             continue
@@ -473,7 +463,7 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
         avals = [v.aval for v in m.in_vars]
         if not _accepts(build, pool.out_var.aval, *avals):
             continue  # a pool conv2d_pool does not take (e.g. padding as wide as the window)
-        x, x_view = _unviewed(uses, m.in_vars[0])
+        x, x_view = _view_base(uses, m.in_vars[0])
         group = JaxprGroup("conv_pool", path, _nhwc(s.x_shape, s.layout), _nhwc(pool.out_var.aval.shape, s.layout),
                            s.dtype, (tuple(s.w_shape),), tuple(sorted({*x_view, *m.eqn_indices, *pool.eqn_indices})),
                            dict(conv=dict(s.kwargs), pool=dict(pool.site.kwargs),
