@@ -161,14 +161,18 @@ MODELS_SCRIPT = textwrap.dedent(
 
     # Explicit axes (jax.make_mesh's default) type each value with its sharding; VGG's
     # pool -> flatten -> dense needs the pool's result typed batch-sharded there.
-    for name, kw, axis_type in (("linen_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto),
-                                ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Auto),
-                                ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Explicit),
-                                ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto)):
+    # fuse="all": Equinox's NCHW fire groups (and their one weight relayout), GoogLeNet's
+    # inception blocks.
+    for name, kw, axis_type, fuse in (("linen_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto, "none"),
+                                      ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Auto, "none"),
+                                      ("linen_vgg19", dict(hw=32, num_classes=16, hidden=32), AxisType.Explicit, "none"),
+                                      ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto, "none"),
+                                      ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto, "all"),
+                                      ("linen_googlenet_head", dict(hw=64, num_classes=16), AxisType.Auto, "all")):
         mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
         m = tm.build(name, batch=16, **kw)
-        opt = jaxcnn.optimize(m.apply, policy="all")
-        assert len(opt.rewrites(m.params, m.x)) > 10
+        opt = jaxcnn.optimize(m.apply, policy="all", fuse=fuse)
+        assert len(opt.rewrites(m.params, m.x)) > (10 if fuse == "none" else 4)
         xs = jax.device_put(m.x, NamedSharding(mesh, P("data")))
         params = jax.device_put(m.params, NamedSharding(mesh, P()))
         fwd = jax.jit(opt)
@@ -177,7 +181,7 @@ MODELS_SCRIPT = textwrap.dedent(
         y = fwd(params, xs)
         assert y.sharding.spec[0] == "data", (name, y.sharding)
         np.testing.assert_allclose(y, jax.jit(m.apply)(m.params, m.x), rtol=2e-4, atol=2e-5, err_msg=name)
-        print("OK", name, axis_type)
+        print("OK", name, axis_type, fuse)
     print("MODELS OK")
     """
 )

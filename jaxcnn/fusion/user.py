@@ -1,21 +1,25 @@
-"""Fusion in a plain JAX function: fire-shaped and conv->max-pool groups in the jaxpr that
-jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one `jaxcnn.fire` /
-`jaxcnn.conv2d_pool` each.
+"""Fusion in a plain JAX function: fire-shaped, inception-shaped and conv->max-pool groups in
+the jaxpr that jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one
+`jaxcnn.fire` / `jaxcnn.inception` / `jaxcnn.conv2d_pool` each.
 
     fast = fusion.optimize(model_fn)                 # jaxcnn.optimize + fused fire modules
     y = jax.jit(fast)(params, x)
     print(fast.explain(params, x))                   # the group decisions, then every rewrite
 
-A group is what jaxcnn.optimize matches as three conv2d sites of one layout, NHWC or NCHW
+A fire group is what jaxcnn.optimize matches as three conv2d sites of one layout, NHWC or NCHW
 (stride 1, ReLU; rewritten by the policy or left to XLA by it): a 1x1 "squeeze" whose output
 only two convs read, a 1x1 and a 3x3 (padding 1) "expand", whose outputs only one channel
 concatenate reads, in that order. Searched in call bodies too (jit, custom_jvp/vjp). Weights in
-any order are transposed to HWIO, as optimize does.
+any order go to HWIO: those of the top-level jaxpr's inputs in one jaxcnn.relayout_weights for
+all groups, the others as optimize transposes them.
+
+An inception group is GoogLeNet's block: 1x1, 1x1 -> 3x3, 1x1 -> 5x5 and 3x3/1 max pool -> 1x1
+branches of one input, every conv + ReLU, concatenated along channels in that order.
 
 A conv->pool group is a conv2d site (ReLU, groups 1) whose output only a max pool of the same
 layout reads: one conv2d_pool, the pre-pool activation never written to memory.
 
-Both may reach their readers through layout-only views: size-1 axes added and removed (Equinox
+All may reach their readers through layout-only views: size-1 axes added and removed (Equinox
 under vmap wraps every conv so) and, for the pool, the transposes Equinox pools through. NCHW
 groups run the NHWC kernel between two transposes; between consecutive groups those transposes
 cancel, so an NCHW model runs channels-last from its first group to its last.
@@ -93,7 +97,6 @@ class JaxprGroup:
                            ("straight", "split", "merge"),
                            dict(squeeze=sq_w[3], expand1x1=e1_w[3], expand3x3=e3_w[3]))
 
-
     def _conv_info(self, role, x_shape, w_shape, y_shape, pad) -> LayerInfo:
         """A stride-1 conv + bias + ReLU member of this group (padding `pad` on each side)."""
         moved = (math.prod(x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(y_shape)) * np.dtype(self.dtype).itemsize
@@ -104,7 +107,7 @@ class JaxprGroup:
 
     def _inception_group(self) -> FusionGroup:
         """The zoo's GoogLeNet block layers (roles as models.googlenet.inception names them)."""
-        n, h, w, c = self.x_shape
+        n, h, w, _ = self.x_shape
         item = np.dtype(self.dtype).itemsize
         ws = dict(zip(INCEPTION_CONVS, self.weight_shapes))
         ins = {"1x1": self.x_shape, "3x3_reduce": self.x_shape, "5x5_reduce": self.x_shape, "pool_proj": self.x_shape,
@@ -190,21 +193,10 @@ def _view_chain(uses: Uses, var, base) -> list[int] | None:
     return chain
 
 
-def _pool_reading(uses: Uses, var) -> Match | None:
-    """The max pool that alone reads `var`, through layout-only steps (unit reshapes, one
-    transpose) into its reduce_window_max, matched with `var` as its input; else None."""
-    for _ in range(4):
-        reader = uses.sole_reader(var)
-        if reader is None:
-            return None
-        eqn = uses.jaxpr.eqns[reader]
-        if eqn.primitive.name == "reduce_window_max":
-            pool = match_pool(uses, reader)
-            return pool if pool is not None and pool.op == "max_pool2d" else None
-        if not (is_unit_reshape(eqn) or eqn.primitive.name == "transpose"):
-            return None
-        var = eqn.outvars[0]
-    return None
+def _max_pools(uses: Uses) -> list[Match]:
+    """Every max pool of the jaxpr as optimize matches it (layout-only steps absorbed)."""
+    pools = (match_pool(uses, j) for j, e in enumerate(uses.jaxpr.eqns) if e.primitive.name == "reduce_window_max")
+    return [p for p in pools if p is not None and p.op == "max_pool2d"]
 
 
 def _open_calls(plan: Plan) -> None:
@@ -326,8 +318,7 @@ def _inception_sites(plan: Plan, path: str = "") -> list[_InceptionSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
     convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
-    pools = {p.out_var: p for p in (match_pool(uses, j) for j, e in enumerate(jaxpr.eqns)
-                                    if e.primitive.name == "reduce_window_max") if p is not None and p.op == "max_pool2d"}
+    pools = {p.out_var: p for p in _max_pools(uses)}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
         if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate" or len(eqn.invars) != 4:
@@ -443,16 +434,16 @@ def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
 
 
 def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
-    jaxpr = plan.jaxpr
-    uses = Uses(jaxpr)
+    uses = Uses(plan.jaxpr)
+    pools = {p.in_vars[0]: p for p in _max_pools(uses)}
     found = []
     for m in [*plan.matches.values(), *declined_convs(plan, uses)]:
         s = m.site
         if (m.op != "conv2d" or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
             continue
-        pool = _pool_reading(uses, m.out_var)
-        if pool is None or pool.site.layout != s.layout or pool.in_vars[0] is not m.out_var:
+        pool = pools.get(m.out_var)  # read by the pool alone (straight or through its layout steps)
+        if pool is None or pool.site.layout != s.layout or uses.sole_reader(m.out_var) not in pool.eqn_indices:
             continue
         # The pool's equations are free, or the policy matched this very pool.
         planned = plan.matches.get(max(pool.eqn_indices))
