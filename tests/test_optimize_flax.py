@@ -60,6 +60,15 @@ def assert_close(got, want, dtype=jnp.float32):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **TOL[dtype])
 
 
+def assert_grads_and_vmap_match(fast, m, loss=lambda y: jnp.sum(y ** 2)):
+    """The optimized model's parameter grads of loss(model(params, x)) and its vmap
+    over a stack of two batches equal the original's."""
+    grad = lambda f: jax.grad(lambda p, x: loss(f(p, x)))(m.params, m.x)  # noqa: E731
+    jax.tree.map(lambda a, b: assert_close(a, b), grad(fast), grad(m.apply))
+    xs = jnp.stack([m.x, m.x * 0.5])
+    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+
+
 def count_in_jaxpr(fn, *args, name):
     return str(jax.make_jaxpr(fn)(*args)).count(f"{name}[")
 
@@ -235,12 +244,7 @@ def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_max_pool2d") == 0
     assert [g.kind for g, fused, _ in fast.decisions(m.params, m.x)] == ["conv_pool"] * 5
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
-    loss = lambda f: lambda p, x: jnp.sum(f(p, x) ** 2)
-    got = jax.grad(loss(fast))(m.params, m.x)
-    want = jax.grad(loss(m.apply))(m.params, m.x)
-    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
-    xs = jnp.stack([m.x, m.x * 0.5])
-    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+    assert_grads_and_vmap_match(fast, m)
     # Off the GPU "auto" decides with the cost model; "none" and kinds=("fire",) fuse nothing here.
     assert count_in_jaxpr(jaxcnn.optimize(m.apply, fuse="none"), m.params, m.x, name="jaxcnn_conv2d_pool") == 0
     only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
@@ -284,12 +288,7 @@ def test_nchw_fire_runs_channels_last_between_transposes():
     # The 25 OIHW weights go to HWIO in one op ahead of the groups, not in 25 transposes.
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_weight_relayout") == 1
     assert "transpose[permutation=(2, 3, 1, 0)]" not in str(jax.make_jaxpr(fast)(m.params, m.x))
-    loss = lambda f: lambda p, x: jnp.sum(f(p, x) ** 2)
-    got = jax.grad(loss(fast))(m.params, m.x)
-    want = jax.grad(loss(m.apply))(m.params, m.x)
-    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
-    xs = jnp.stack([m.x, m.x * 0.5])
-    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+    assert_grads_and_vmap_match(fast, m)
 
     def fire_nchw(x, ws, view_also_returned):
         def conv(v, w, pad):
@@ -319,11 +318,7 @@ def test_fuse_all_turns_every_inception_block_into_one_call():
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_inception") == 3
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 2
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
-    loss = lambda f: lambda p, x: jnp.sum(jnp.log(f(p, x) + 1e-3))
-    got, want = jax.grad(loss(fast))(m.params, m.x), jax.grad(loss(m.apply))(m.params, m.x)
-    jax.tree.map(lambda a, b: assert_close(a, b), got, want)
-    xs = jnp.stack([m.x, m.x * 0.5])
-    assert_close(jax.vmap(fast, in_axes=(None, 0))(m.params, xs), jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs))
+    assert_grads_and_vmap_match(fast, m, loss=lambda y: jnp.sum(jnp.log(y + 1e-3)))
     only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
     assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_inception") == 0
 
