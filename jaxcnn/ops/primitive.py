@@ -76,10 +76,7 @@ class BatchShardedPrimitive:
     def _cuda_or_reference(cls, ctx, *args, **params):
         if _ffi.handlers_registered():
             return cls.cuda_lowering(ctx, *args, **params)
-        reason = _ffi.library_state().reason
-        if os.environ.get(STRICT_ENV) == "1":
-            raise RuntimeError(f"{cls.name}: CUDA lowering without the jaxcnn library: {reason}")
-        _warn_fallback_once(cls.name, reason)
+        allow_reference_fallback(cls.name, _ffi.library_state().reason)
         return mlir.lower_fun(functools.partial(cls.reference, **params), multiple_results=False)(
             ctx, *args
         )
@@ -227,6 +224,14 @@ def _batch_spec(rank: int, axis: int | None, mesh_axes) -> PartitionSpec:
     if axis is not None:
         entries[axis] = mesh_axes
     return PartitionSpec(*entries)
+
+
+def allow_reference_fallback(op_name: str, reason: str) -> None:
+    """Before a CUDA lowering falls back to the lax reference: an error under JAXCNN_STRICT=1,
+    else a warning (once per op and reason)."""
+    if os.environ.get(STRICT_ENV) == "1":
+        raise RuntimeError(f"{op_name}: CUDA lowering without the jaxcnn library: {reason}")
+    _warn_fallback_once(op_name, reason)
 
 
 @functools.cache

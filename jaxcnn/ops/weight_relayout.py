@@ -13,7 +13,6 @@ transposes (no partitioning rule to get wrong); one device gets the batched kern
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jaxcnn import _ffi
-from jaxcnn.ops.primitive import STRICT_ENV, _single_device, _warn_fallback_once
+from jaxcnn.ops.primitive import _single_device, allow_reference_fallback
 
 __all__ = ["relayout_weights"]
 
@@ -61,10 +60,7 @@ def _cuda_lowering(ctx, *ws, perms):
         if _ffi.target_registered(FFI_TARGET):
             flat = np.asarray([p for perm in perms for p in perm], np.int64)
             return jax.ffi.ffi_lowering(FFI_TARGET)(ctx, *ws, perms=flat)
-        reason = _ffi.missing_target_reason(FFI_TARGET)
-        if os.environ.get(STRICT_ENV) == "1":
-            raise RuntimeError(f"{NAME}: CUDA lowering without the jaxcnn library: {reason}")
-        _warn_fallback_once(NAME, reason)
+        allow_reference_fallback(NAME, _ffi.missing_target_reason(FFI_TARGET))
     return mlir.lower_fun(functools.partial(_reference, perms=perms), multiple_results=True)(ctx, *ws)
 
 
