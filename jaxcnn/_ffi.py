@@ -274,7 +274,7 @@ def sparse_conv_scratch_bytes(params: dict) -> int | None:
 def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str | None:
     """The fire module's kernel configuration for these shapes on the current device, as the
     library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ...", or
-    "kernel=wgmma convs=3 workspace=..."): what the handler will launch. None when the library
+    "kernel=wgmma launches=2 workspace=..."): what the handler will launch. None when the library
     is not loaded (or predates the query)."""
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_fire_plan"):
         return None

@@ -1,5 +1,5 @@
 """GPU suite for the fire module (`pytest -m gpu`): the CUDA kernels (fused tensor-core
-bf16/fp16, the three wgmma convs, the two-phase cooperative kernel, CUDA-core fp32 and
+bf16/fp16, the wgmma path (squeeze + one merged expand launch, or three convs), the two-phase cooperative kernel, CUDA-core fp32 and
 fallback) against XLA's unfused composition computed in float32
 and a float64 oracle, over random shapes (odd H/W, N = 1), every SqueezeNet 1.0/1.1 fire,
 NaN-poisoned outputs, grads and vmap."""
@@ -116,6 +116,28 @@ def test_wgmma_squeezenet_fires(n, hw, c, s, e):
     check(fire_operands(c + s + hw + 1, n, hw, hw, c, s, e, e, jnp.bfloat16), "wgmma")
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 1, 2, 3]), st.integers(1, 60), st.integers(1, 60),
+       st.sampled_from([16, 64, 96, 128, 136]), st.sampled_from([32, 64, 96]),
+       st.sampled_from([64, 128, 192, 256]), st.sampled_from([64, 128, 192, 256]),
+       st.sampled_from(["bfloat16", "float16"]), st.integers(0, 2**16))
+def test_wgmma_merged_expand_random_shapes(n, h, w, c, s, e1, e3, dtype, seed):
+    """S a multiple of 32, E1 and E3 of 64: both expands run as one wgmma launch (1x1 blocks on
+    the centre tap alone), 28x8 or 14x8 tiles over odd sizes."""
+    from jaxcnn import _ffi
+    plan = _ffi.fire_plan((n, h, w, c), s, e1, e3, jnp.dtype(dtype), "wgmma")
+    assert plan.startswith("kernel=wgmma launches=2"), plan
+    check(fire_operands(seed, n, h, w, c, s, e1, e3, jnp.dtype(dtype)), "wgmma")
+
+
+def test_wgmma_expands_not_merged_off_the_channel_multiples():
+    from jaxcnn import _ffi
+    for s, e1, e3 in [(16, 64, 64), (48, 192, 192), (32, 64, 96), (32, 96, 64)]:
+        plan = _ffi.fire_plan((2, 27, 27, 128), s, e1, e3, jnp.bfloat16, "wgmma")
+        assert plan.startswith("kernel=wgmma launches=3"), (s, e1, e3, plan)
+    check(fire_operands(5, 2, 27, 27, 128, 48, 192, 192, jnp.bfloat16), "wgmma")
+
+
 @settings(max_examples=40, deadline=None)
 @given(gpu_cases())
 def test_two_phase_kernel_random_shapes(case):
@@ -133,7 +155,7 @@ def test_auto_plan_takes_wgmma_for_the_headline_fused_mid_size_and_two_phase_for
     big = _ffi.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
     mid = _ffi.fire_plan((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16)
     small = _ffi.fire_plan((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16)
-    assert big.startswith("kernel=wgmma"), big
+    assert big.startswith("kernel=wgmma launches=2"), big
     assert mid.startswith("kernel=tensor_core"), mid
     assert small.startswith("kernel=two_phase"), small
     assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == \

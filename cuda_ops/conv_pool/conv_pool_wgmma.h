@@ -61,5 +61,32 @@ template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
                          cudaStream_t stream, bool relu = true);
 
+// Fire expand (split + merge fusion; jaxcnn.fire's wgmma path): one launch computes
+//   y[..., :E1] = relu(conv1x1(s, w1) + b1),  y[..., E1:] = relu(conv3x3_same(s, w3) + b3)
+// for s [N, H, W, S], w1 [S, E1], w3 [3, 3, S, E3] (HWIO), y [N, H, W, E1 + E3]: s is read
+// once per tile for both, each 64-channel block of y is stored straight into its slice, and a
+// block of the 1x1 half runs the centre tap alone (its weights from w1; no 9x zero-padded
+// MACs). S a multiple of 32, E1 and E3 of 64, 16-bit types, sm_90.
+// E3 = 0 makes it a 1x1 conv of any E1 multiple of 8 (the fire's squeeze: s = x, E1 = squeeze
+// channels; w3 unused): whole 64-channel blocks whose extra channels are clipped by the store.
+struct FireExpandParams {
+  int64_t N, H, W, S, E1, E3;
+};
+template <typename T>
+struct FireExpandBuffers {
+  const T* s;
+  const T* w1;
+  const T* b1;  // may be null (zero bias), as b3
+  const T* w3;
+  const T* b3;
+  T* y;
+};
+const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_bytes, bool is_float,
+                                        const void* s, const void* w1, const void* w3,
+                                        const void* y);
+template <typename T>
+cudaError_t LaunchFireExpand(const FireExpandParams& f, const FireExpandBuffers<T>& b,
+                             cudaStream_t stream);
+
 }  // namespace conv_pool_wgmma
 }  // namespace jaxcnn

@@ -66,8 +66,10 @@ constexpr int kSmemMax = 232448;  // 227 KB per CTA
 //      need no padding rows). kPingPong: the consumers take alternate work items, each a
 //      kRows-row tile; else they would share each stage (as pixels-as-M does), consumer c
 //      computing rows c*kRows.. of a 2*kRows-row tile.
-//   kResidentW (ping-pong, C <= 64, one 64-channel block): the whole filter is loaded once
-//      per CTA and stays; the stages hold x only.
+//   kResidentW (ping-pong, C <= 64): the CTA's filter is loaded once and stays; the stages
+//      hold x only. Each CTA runs one 64-channel block (the grid is a multiple of the blocks;
+//      VGG's c1_2 has one, a fire expand several); a centre-only block's is one tap per
+//      chunk, so any C whose taps fit the region.
 //   kStoreTile (unpooled channels-as-M only): the epilogue writes the tile into a 128B-swizzled
 //      shared-memory buffer per consumer and one TMA store moves it out. Storing channel
 //      pairs straight from the registers (16 of each 32-byte sector per instruction, the
@@ -157,11 +159,25 @@ auto WithShape(Config c, F&& f, bool store_tile = false) {
 struct Args {
   const void* bias;
   void* y;
+  // Fire expand (LaunchFireExpand): output channels [0, k_center) are a 1x1 conv, the 3x3's
+  // centre tap only, with weights from w1_map and bias_center; channels k_center.. are the
+  // 3x3 conv (w_map, bias). 0: every channel is the 3x3 conv.
+  const void* bias_center;
+  int k_center;
   int C, K, PH, PW;
   int tiles_h, tiles_w, n_blocks, chunks;
   int work;  // N * tiles_h * tiles_w * n_blocks
   bool pool;  // 2x2/2 max pool, else none: y is the conv output itself (PH x PW = P x Q)
   bool relu;  // only without the pool (conv2d's activation=None); the pooled layers ReLU
+};
+
+
+// A fire expand's 1x1 half (k_center == 0: a plain conv): its output channels come first in y.
+template <typename T>
+struct CenterBlock {
+  int64_t k_center = 0;
+  const T* w = nullptr;     // [C][k_center]
+  const T* bias = nullptr;  // [k_center] or null
 };
 
 // A wgmma shared-memory matrix descriptor: start, LBO and SBO in 16-byte units, base offset 0,
@@ -201,9 +217,11 @@ __device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d, ScaleOut
 __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || a > b) ? a : b; }
 
 // bias[n], bias[n + 1] (zeros without a bias), loaded once per use.
+// count: the channels bias holds (a centre-only layer's last block runs past K; its extra
+// channels are clipped by the TMA store).
 template <typename T>
-__device__ __forceinline__ float2 BiasPair(const T* bias, int n) {
-  return bias == nullptr ? make_float2(0.f, 0.f)
+__device__ __forceinline__ float2 BiasPair(const T* bias, int n, int count) {
+  return bias == nullptr || n >= count ? make_float2(0.f, 0.f)
                          : make_float2(static_cast<float>(bias[n]), static_cast<float>(bias[n + 1]));
 }
 
@@ -243,13 +261,27 @@ __device__ __forceinline__ Item DecodeItem(const Args& a, int item) {
   return it;
 }
 
+// The bias of an item's output channels: bias[c - first] is channel c's.
+template <typename T>
+struct ItemBias {
+  const T* bias;
+  int first;
+  int count;  // channels [first, first + count) have a bias
+};
+template <typename T, bool kFire>
+__device__ __forceinline__ ItemBias<T> BiasOf(const Args& a, const Item& it) {
+  if (kFire && it.n0 < a.k_center) return {static_cast<const T*>(a.bias_center), 0, a.k_center};
+  return {static_cast<const T*>(a.bias), a.k_center, a.K - a.k_center};
+}
+
 // Pixels as M: pool the warpgroup's two 8x8 blocks (rows 2*warp, 2*warp + 1 of each: one
 // pooled row; block blk covers tile columns 8*blk..).
 template <typename T, class S>
-__device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, int consumer,
+__device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it,
+                                                const ItemBias<T>& ib, int consumer,
                                                 float (&acc)[S::kBlocks][S::kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  const T* bias = static_cast<const T*>(a.bias);
+  const T* bias = ib.bias;
   const int n_lane = it.n0 + 2 * (lane % 4);
   if (!a.pool) {
     // Elements 4j + {0, 1} are channels n_lane + 8j, +1 of conv row 2*warp, 4j + {2, 3} of
@@ -266,7 +298,7 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
             ((static_cast<int64_t>(it.img) * a.PH + oh) * a.PW + ow) * a.K + n_lane);
 #pragma unroll
         for (int j = 0; j < S::kN / 8; ++j) {
-          const float2 b = BiasPair(bias, n_lane + 8 * j);
+          const float2 b = BiasPair(bias, n_lane + 8 * j - ib.first, ib.count);
           y[4 * j] = PackPair<T>(Act(acc[blk][4 * j + 2 * half], b.x, a.relu),
                                  Act(acc[blk][4 * j + 2 * half + 1], b.y, a.relu));
         }
@@ -289,7 +321,7 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
       v0 = NanMax(v0, __shfl_xor_sync(0xffffffffu, v0, 4));  // the next column's lane
       v1 = NanMax(v1, __shfl_xor_sync(0xffffffffu, v1, 4));
       if (writer) {
-        const float2 b = BiasPair(bias, n_lane + 8 * j);
+        const float2 b = BiasPair(bias, n_lane + 8 * j - ib.first, ib.count);
         y[4 * j] = PackPair<T>(Act(v0, b.x, true), Act(v1, b.y, true));  // 8 channels = 4 words
       }
     }
@@ -304,11 +336,12 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it, i
 // A consumer of a shared tile holds its rows row0.. (pooled rows row0/2..). y_tile: the
 // consumer's output tile in shared memory (S::kStoreTile; the caller stores it by TMA).
 template <typename T, class S>
-__device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it, int row0,
+__device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
+                                                  const ItemBias<T>& ib, int row0,
                                                   uint32_t y_tile,
                                                   float (&acc)[S::kBlocks][S::kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  const T* bias = static_cast<const T*>(a.bias);
+  const T* bias = ib.bias;
   const bool even = (lane / 4) % 2 == 0;
   const int c_lo = it.n0 + 16 * warp + lane / 4;  // this lane's lower channel
   T* y_img = static_cast<T*>(a.y) + static_cast<int64_t>(it.img) * a.PH * a.PW * a.K;
@@ -319,7 +352,8 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
     // c_lo - 1, c_lo and +7, +8 at the right one).
     const int col = 2 * (lane % 4) + (even ? 0 : 1);
     const int c_pair = even ? c_lo : c_lo - 1;
-    const float2 b_lo = BiasPair(bias, c_pair), b_hi = BiasPair(bias, c_pair + 8);
+    const float2 b_lo = BiasPair(bias, c_pair - ib.first, ib.count),
+                 b_hi = BiasPair(bias, c_pair + 8 - ib.first, ib.count);
 #pragma unroll
     for (int j = 0; j < S::kConsumerRows; ++j) {
       const float* d = &acc[0][4 * j];
@@ -351,7 +385,7 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
   }
   const int c_store = even ? c_lo : c_lo + 7;
   const int pw = it.ow0 / 2 + lane % 4;
-  const float2 b = BiasPair(bias, c_store);
+  const float2 b = BiasPair(bias, c_store - ib.first, ib.count);
 #pragma unroll
   for (int pr = 0; pr < S::kConsumerRows / 2; ++pr) {
     const float* d = &acc[0][8 * pr];
@@ -378,11 +412,14 @@ __device__ __forceinline__ void FenceAcc(float (&acc)[S::kBlocks][S::kAcc]) {
 // Threads: warpgroup 0 produces (one thread issues the TMA loads), 1 and 2 consume.
 constexpr int kKernelThreads = 3 * 128;
 
-template <typename T, class S>
+// kFire: a fire expand's kernel (Args::k_center > 0 possible); the plain conv's kernels have no
+// branch around their wgmmas (ptxas would insert warpgroup fences into them).
+template <typename T, class S, bool kFire>
 __global__ void __launch_bounds__(kKernelThreads, 1)
     conv_pool_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
                            const __grid_constant__ CUtensorMap w_map,
-                           const __grid_constant__ CUtensorMap y_map, const Args a) {
+                           const __grid_constant__ CUtensorMap y_map,
+                           const __grid_constant__ CUtensorMap w1_map, const Args a) {
   using Op = typename WgmmaOp<T, S::kMmaN>::type;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -395,7 +432,9 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   // waiting on item i+1's stages earlier could pass a stage two phases ahead of the producer
   // (when an item has at least as many chunks as there are stages).
   auto* order = reinterpret_cast<EmptyBarrier*>(filter_loaded + 1);
-  const int wg = threadIdx.x / 128;
+  // Warp-uniform for the compiler (a shuffle): a fire expand's branch on its items' kind then
+  // does not serialize the wgmmas.
+  const int wg = cutlass::canonical_warp_group_idx();
   const int items = a.work > static_cast<int>(blockIdx.x)
                         ? (a.work - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
                         : 0;
@@ -412,6 +451,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     cutlass::arch::fence_barrier_init();
     cute::prefetch_tma_descriptor(&x_map);
     cute::prefetch_tma_descriptor(&w_map);
+    if (a.k_center > 0) cute::prefetch_tma_descriptor(&w1_map);
     if constexpr (S::kStoreTile) cute::prefetch_tma_descriptor(&y_map);
   }
   __syncthreads();
@@ -429,10 +469,19 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
                                        n0 + 64 * h, tap * a.C + c0);
     };
     if constexpr (S::kResidentW) {
-      filter_loaded->arrive_and_expect_tx(a.chunks * S::kWBytes);
-      for (int chunk = 0; chunk < a.chunks; ++chunk)
-        load_w(smem + chunk * S::kWBytes, reinterpret_cast<uint64_t*>(filter_loaded), 0,
-               chunk * S::kChunkC);
+      // The CTA's one channel block (the launcher makes the grid a multiple of the blocks):
+      // all its chunks' taps, or for a centre-only block the one tap per chunk, packed.
+      const int n0 = DecodeItem<S>(a, blockIdx.x).n0;
+      const bool center = kFire && n0 < a.k_center;
+      uint64_t* bar = reinterpret_cast<uint64_t*>(filter_loaded);
+      filter_loaded->arrive_and_expect_tx(a.chunks * (center ? S::kWTapBytes : S::kWBytes));
+      for (int chunk = 0; chunk < a.chunks; ++chunk) {
+        if (center)
+          cute::SM90_TMA_LOAD_2D::copy(&w1_map, bar, 0, smem + chunk * S::kWTapBytes, n0,
+                                       chunk * S::kChunkC);
+        else
+          load_w(smem + chunk * S::kWBytes, bar, n0 - a.k_center, chunk * S::kChunkC);
+      }
     }
     for (int t = 0; t < steps; ++t) {
       const int stage = t % S::kStages;
@@ -440,10 +489,22 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       const Item it = DecodeItem<S>(a, blockIdx.x + (t / a.chunks) * gridDim.x);
       const int c0 = (t % a.chunks) * S::kChunkC;
       uint64_t* bar = reinterpret_cast<uint64_t*>(&full[stage]);
-      full[stage].arrive_and_expect_tx(S::kStageTx);
+      // A centre-only item's stage holds one tap of weights.
+      const bool center = kFire && !S::kResidentW && it.n0 < a.k_center;
+      full[stage].arrive_and_expect_tx(center ? S::kXBytesUsed + S::kWTapBytes : S::kStageTx);
       cute::SM90_TMA_LOAD_4D::copy(&x_map, bar, 0, smem + S::kXOffset + stage * S::kXBytes, c0,
                                    it.ow0 - 1, it.oh0 - 1, it.img);
-      if constexpr (!S::kResidentW) load_w(smem + stage * S::kWBytes, bar, it.n0, c0);
+      if constexpr (!S::kResidentW) {
+        if (center) {
+#pragma unroll
+          for (int h = 0; h < S::kN / 64; ++h)
+            cute::SM90_TMA_LOAD_2D::copy(&w1_map, bar, 0,
+                                         smem + stage * S::kWBytes + h * S::kChunkC * 128,
+                                         it.n0 + 64 * h, c0);
+        } else {
+          load_w(smem + stage * S::kWBytes, bar, it.n0 - a.k_center, c0);
+        }
+      }
     }
     return;
   }
@@ -461,23 +522,25 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   if constexpr (S::kResidentW) filter_loaded->wait(0);
   for (int item = first; item < items; item += stride) {
     if (S::kPingPong && item > 0) order->wait((item - 1) & 1);
+    // (Decoded again after the mainloop: live across it, the item costs the largest tiles
+    // registers they spill.)
+    const bool center =
+        kFire && DecodeItem<S>(a, blockIdx.x + item * gridDim.x).n0 < a.k_center;
     int held = -1;  // the stage whose wgmmas may still be reading
     for (int chunk = 0, t = item * a.chunks; chunk < a.chunks; ++chunk, ++t) {
       const int stage = t % S::kStages;
       full[stage].wait((t / S::kStages) & 1);
       const uint32_t x_base = smem_base + S::kXOffset + stage * S::kXBytes;
-      const uint32_t w_base = smem_base + (S::kResidentW ? chunk : stage) * S::kWBytes;
-      FenceAcc<S>(acc);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int tap = 0; tap < kTaps; ++tap) {
-        const int r = tap / 3, s = tap % 3;
+      const uint32_t w_base =
+          smem_base + (!S::kResidentW ? stage * S::kWBytes
+                                      : chunk * (center ? S::kWTapBytes : S::kWBytes));
+      // Tap (r, s) with its weights at w_tap: the tile's view from pixel (r, s) on.
+      auto mma_tap = [&](uint32_t w_tap, int r, int s, bool first_tap) {
 #pragma unroll
         for (int kk = 0; kk < S::kChunkC / 16; ++kk) {
-          const uint64_t dw =
-              Desc(w_base + tap * S::kWTapBytes + kk * 16 * 128, S::kWLbo, S::kWSbo, 1);
+          const uint64_t dw = Desc(w_tap + kk * 16 * 128, S::kWLbo, S::kWSbo, 1);
           const ScaleOut scale =
-              (chunk > 0 || tap > 0 || kk > 0) ? ScaleOut::One : ScaleOut::Zero;
+              (chunk > 0 || !first_tap || kk > 0) ? ScaleOut::One : ScaleOut::Zero;
           // LBO is unused by swizzled K-major layouts (16 bytes, as CUTLASS sets it).
 #pragma unroll
           for (int blk = 0; blk < S::kBlocks; ++blk) {
@@ -490,6 +553,21 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
               Fma<Op>(dx, dw, acc[blk], scale, std::make_integer_sequence<int, S::kAcc>{});
           }
         }
+      };
+      FenceAcc<S>(acc);
+      cute::warpgroup_arrive();
+      if constexpr (kFire) {
+        if (center) {
+          mma_tap(w_base, 1, 1, true);  // a 1x1 conv: the centre tap alone, its weights first
+        } else {
+#pragma unroll
+          for (int tap = 0; tap < kTaps; ++tap)
+            mma_tap(w_base + tap * S::kWTapBytes, tap / 3, tap % 3, tap == 0);
+        }
+      } else {
+#pragma unroll
+        for (int tap = 0; tap < kTaps; ++tap)
+          mma_tap(w_base + tap * S::kWTapBytes, tap / 3, tap % 3, tap == 0);
       }
       cute::warpgroup_commit_batch();
       // Every lane of this warp is past its last wait of the item (the wgmmas are warp-wide).
@@ -503,6 +581,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
     FenceAcc<S>(acc);
     if (release_lane) empty[held].arrive();
     const Item it = DecodeItem<S>(a, blockIdx.x + item * gridDim.x);
+    const ItemBias<T> ib = BiasOf<T, kFire>(a, it);
     if constexpr (S::kStoreTile) {
       // The consumer's output tile: its previous TMA store must have read it (the issuing
       // thread waits, the named barrier tells the rest); written, it is fenced for the async
@@ -511,7 +590,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       const uint32_t y_tile = smem_base + S::kYOffset + consumer * S::kYTileBytes;
       if (leader) cute::tma_store_wait<0>();
       cutlass::arch::NamedBarrier::sync(128, consumer);
-      EpilogueChannelsM<T, S>(a, it, row0, y_tile, acc);
+      EpilogueChannelsM<T, S>(a, it, ib, row0, y_tile, acc);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, consumer);
       if (leader) {
@@ -520,9 +599,9 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
         cute::tma_store_arrive();
       }
     } else if constexpr (S::kChannelsM) {
-      EpilogueChannelsM<T, S>(a, it, row0, 0, acc);
+      EpilogueChannelsM<T, S>(a, it, ib, row0, 0, acc);
     } else {
-      EpiloguePixelsM<T, S>(a, it, consumer, acc);
+      EpiloguePixelsM<T, S>(a, it, ib, consumer, acc);
     }
   }
   // Shared memory must outlive the last store's reads.
@@ -533,7 +612,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <class S>
 int64_t WorkOf(const ConvPoolParams& p) {
-  return p.N * CeilDiv(p.P, S::kTileH) * CeilDiv(p.Q, S::kTileW) * (p.K / S::kN);
+  return p.N * CeilDiv(p.P, S::kTileH) * CeilDiv(p.Q, S::kTileW) * CeilDiv(p.K, S::kN);
 }
 
 int SmCount() {
@@ -557,8 +636,10 @@ int64_t CriticalPath(const ConvPoolParams& p, int sms) {
 // A 1x1/1 pool: conv2d's unpooled layer (stored tiles where the configuration has them).
 bool Unpooled(const ConvPoolParams& p) { return p.pool_h == 1; }
 
-Config ConfigFor(const ConvPoolParams& p) {
-  if (p.K == 64 && p.C <= 64) return Config::kChannels32Resident;
+// fire_expand: channels-as-M only (64-channel blocks never straddle the 1x1 / 3x3 boundary;
+// LaunchFireExpand decides on the resident filter itself).
+Config ConfigFor(const ConvPoolParams& p, bool fire_expand = false) {
+  if (p.K == 64 && p.C <= 64 && !fire_expand) return Config::kChannels32Resident;
   struct Candidate {
     Config config;
     int weight;
@@ -571,13 +652,22 @@ Config ConfigFor(const ConvPoolParams& p) {
   Config best = Config::kChannels28;
   int64_t best_cost = std::numeric_limits<int64_t>::max();
   for (const Candidate& c : kCandidates) {
-    if (c.config == Config::kPixelsM && p.K % 128 != 0) continue;
+    if (c.config == Config::kPixelsM && (p.K % 128 != 0 || fire_expand)) continue;
     if (c.config == Config::kChannels32 && Unpooled(p)) continue;  // no stored-tile variant
     const int64_t cost =
         c.weight * WithShape(c.config, [&](auto s) { return CriticalPath<decltype(s)>(p, sms); });
     if (cost < best_cost) best = c.config, best_cost = cost;
   }
   return best;
+}
+
+// Persistent CTAs: one per SM; with the resident filter a multiple of the channel blocks (each
+// CTA keeps to one).
+template <class S>
+int64_t GridOf(int64_t work, int64_t n_blocks) {
+  const int64_t sms = SmCount();
+  return std::min<int64_t>(work, S::kResidentW ? std::max<int64_t>(sms / n_blocks, 1) * n_blocks
+                                               : sms);
 }
 
 int64_t Work(const ConvPoolParams& p) {
@@ -594,9 +684,11 @@ constexpr CUtensorMapDataType kTmaType = std::is_same_v<T, __nv_bfloat16>
 //   w: [R*S*C][K], box = kChunkC rows x 64 output channels, 128B swizzle;
 //   y (S::kStoreTile: unpooled, PH x PW = P x Q): [N][P][Q][K], box = one consumer's tile of
 //      64 channels, 128B swizzle.
+//   w1 (a fire expand's 1x1 weights): [C][k_center], boxes as w's; else a copy of w's map.
 template <typename T, class S>
-cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUtensorMap* x_map,
-                       CUtensorMap* w_map, CUtensorMap* y_map) {
+cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                       const CenterBlock<T>& center, CUtensorMap* x_map, CUtensorMap* w_map,
+                       CUtensorMap* y_map, CUtensorMap* w1_map) {
   const EncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   constexpr cuuint64_t e = sizeof(T);
@@ -610,14 +702,27 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
                       S::kRowBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  const cuuint64_t w_dims[2] = {static_cast<cuuint64_t>(p.K),
-                                static_cast<cuuint64_t>(kTaps * p.C)};
-  const cuuint64_t w_strides[1] = {p.K * e};
-  const cuuint32_t w_box[2] = {64, S::kChunkC};
-  r = encode(w_map, kTmaType<T>, 2, const_cast<T*>(b.w), w_dims, w_strides, w_box, unit,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  // [rows][k] weights, rows of k channels: the 3x3 filter's (its k = K - k_center) or the 1x1's.
+  auto encode_w = [&](CUtensorMap* map, const T* w, int64_t k, int64_t rows) {
+    const cuuint64_t w_dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t w_strides[1] = {k * e};
+    const cuuint32_t w_box[2] = {64, S::kChunkC};
+    return encode(map, kTmaType<T>, 2, const_cast<T*>(w), w_dims, w_strides, w_box, unit,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  // Maps a layer does not read are copies of the other (a plain conv has no 1x1 part, a
+  // centre-only one no 3x3 part).
+  if (center.k_center > 0) {
+    r = encode_w(w1_map, center.w, center.k_center, p.C);
+    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  if (p.K > center.k_center) {
+    r = encode_w(w_map, b.w, p.K - center.k_center, kTaps * p.C);
+    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  if (center.k_center == 0) *w1_map = *w_map;
+  if (p.K == center.k_center) *w_map = *w1_map;
   if constexpr (S::kStoreTile) {
     const cuuint64_t y_dims[4] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.PW),
                                   static_cast<cuuint64_t>(p.PH), static_cast<cuuint64_t>(p.N)};
@@ -630,30 +735,32 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, CUt
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, class S>
+template <typename T, class S, bool kFire = false>
 cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, bool relu,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const CenterBlock<T>& center = {}) {
   Args a{};
   a.pool = p.pool_h == 2;
   a.relu = relu || a.pool;
   a.bias = b.bias, a.y = b.y;
+  a.bias_center = center.bias;
+  a.k_center = static_cast<int>(center.k_center);
   a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
   a.PH = static_cast<int>(p.PH), a.PW = static_cast<int>(p.PW);
   a.tiles_h = static_cast<int>(CeilDiv(p.P, S::kTileH));
   a.tiles_w = static_cast<int>(CeilDiv(p.Q, S::kTileW));
-  a.n_blocks = static_cast<int>(p.K / S::kN);
+  a.n_blocks = static_cast<int>(CeilDiv(p.K, S::kN));  // a partial block: center-only K < 64
   a.chunks = static_cast<int>(p.C / S::kChunkC);
   a.work = static_cast<int>(WorkOf<S>(p));
-  CUtensorMap x_map{}, w_map{}, y_map{};
-  cudaError_t status = EncodeMaps<T, S>(p, b, &x_map, &w_map, &y_map);
+  CUtensorMap x_map{}, w_map{}, y_map{}, w1_map{};
+  cudaError_t status = EncodeMaps<T, S>(p, b, center, &x_map, &w_map, &y_map, &w1_map);
   if (status != cudaSuccess) return status;
-  auto kernel = conv_pool_wgmma_kernel<T, S>;
+  auto kernel = conv_pool_wgmma_kernel<T, S, kFire>;
   status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 S::kSmemBytes);
   if (status != cudaSuccess) return status;
-  const int64_t grid = std::min<int64_t>(a.work, SmCount());
-  kernel<<<static_cast<unsigned>(grid), kKernelThreads, S::kSmemBytes, stream>>>(x_map, w_map,
-                                                                               y_map, a);
+  const int64_t grid = GridOf<S>(a.work, a.n_blocks);
+  kernel<<<static_cast<unsigned>(grid), kKernelThreads, S::kSmemBytes, stream>>>(
+      x_map, w_map, y_map, w1_map, a);
   return cudaGetLastError();
 }
 
@@ -742,6 +849,64 @@ cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, i
       static_cast<Config>(config), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); }, Unpooled(p));
 }
 
+// The fire expand as the kernel's layer: a 3x3 SAME conv of s, unpooled, with every output
+// channel (both halves) in K.
+ConvPoolParams FireExpandAsConv(const FireExpandParams& f) {
+  ConvPoolParams p{};
+  p.N = f.N, p.H = f.H, p.W = f.W, p.C = f.S;
+  p.R = p.S = 3, p.K = f.E1 + f.E3;
+  p.stride_h = p.stride_w = 1, p.pad_top = p.pad_left = 1, p.dilation_h = p.dilation_w = 1;
+  p.P = p.PH = f.H, p.Q = p.PW = f.W;
+  p.pool_h = p.pool_w = p.pool_stride_h = p.pool_stride_w = 1;
+  return p;
+}
+
+const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_bytes, bool is_float,
+                                        const void* s, const void* w1, const void* w3,
+                                        const void* y) {
+  const bool both = f.E1 > 0 && f.E3 > 0 && f.E1 % 64 == 0 && f.E3 % 64 == 0;
+  const bool only_1x1 = f.E3 == 0 && f.E1 > 0 && f.E1 % 8 == 0;
+  if (!both && !only_1x1)
+    return "wgmma fire expand: expand1 and expand3 channels must be positive multiples of 64 "
+           "(or no expand3 and expand1 a multiple of 8)";
+  if (!Aligned16(w1)) return "wgmma fire expand: the 1x1 weights must be 16-byte aligned";
+  // The 3x3 checks on the layer with K rounded up to whole 64-channel blocks (the last block
+  // of a 1x1-only layer is clipped).
+  ConvPoolParams p = FireExpandAsConv(f);
+  p.K = CeilDiv(p.K, 64) * 64;
+  return UnsupportedReason(p, dtype_bytes, is_float, s, only_1x1 ? w1 : w3, y);
+}
+
+template <typename T>
+cudaError_t LaunchFireExpand(const FireExpandParams& f, const FireExpandBuffers<T>& b,
+                             cudaStream_t stream) {
+  const ConvPoolParams p = FireExpandAsConv(f);
+  const ConvPoolBuffers<T> conv{b.s, b.w3, b.b3, b.y};
+  const CenterBlock<T> center{f.E1, b.w1, b.b1};
+  // ConfigFor leaves a fire expand (unpooled, channels as M) 28x8 or 14x8 tiles, both with the
+  // stored-tile epilogue; each CTA keeps its channel block's filter where it fits. Measured on
+  // the headline fire (H100, N = 64, 55x55; squeeze + expand): streaming the filter with every
+  // item (3 stages, each consumer holding one; 37 KB of L2 reads per 28 KB tile stored) took
+  // 86 us, resident 79 us; 14x8 tiles for either launch 91-106 us; a TMA prefetch into L2 of
+  // the x tiles 2-4 items ahead 94-98 us.
+  const int chunks = static_cast<int>(p.C / kChannelMultiple);
+  auto launch = [&](auto resident, auto streamed) {
+    using R = decltype(resident);
+    const bool fits = f.E3 == 0 ? chunks * R::kWTapBytes <= R::kWRegion
+                                : chunks <= R::kResidentChunks;
+    return fits ? LaunchShape<T, R, true>(p, conv, true, stream, center)
+                : LaunchShape<T, decltype(streamed), true>(p, conv, true, stream, center);
+  };
+  if (ConfigFor(p, /*fire_expand=*/true) == Config::kChannels14)
+    return launch(Shape<true, 14, true, true, true>{}, Shape<true, 14, true, false, true>{});
+  return launch(Shape<true, 28, true, true, true>{}, Shape<true, 28, true, false, true>{});
+}
+
+template cudaError_t LaunchFireExpand<__nv_bfloat16>(const FireExpandParams&,
+                                                     const FireExpandBuffers<__nv_bfloat16>&,
+                                                     cudaStream_t);
+template cudaError_t LaunchFireExpand<__half>(const FireExpandParams&,
+                                              const FireExpandBuffers<__half>&, cudaStream_t);
 template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,
                                                  const ConvPoolBuffers<__nv_bfloat16>&, int,
                                                  cudaStream_t, bool);

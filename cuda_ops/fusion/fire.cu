@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "common/device_attribute.h"
+#include "conv_pool/conv_pool_wgmma.h"
 #include "conv_tc/conv2d_tensorcore.h"
 #include "fusion/fire.h"
 #include "fusion/fire_kernels.cuh"
@@ -233,6 +235,42 @@ int64_t WgmmaWorkspaceBytes(const FireParams& p, size_t element_bytes) {
   return CeilDiv(s_bytes, kWorkspaceAlign) * kWorkspaceAlign;
 }
 
+// JAXCNN_FIRE_WGMMA=conv_tc runs the kWgmma path's three convs on the CUTLASS kernels (the
+// path before the merged expand), =squeeze_conv_tc only the squeeze: for A/B measurements.
+std::string FireWgmmaOverride() {
+  static const std::string value = [] {
+    const char* v = std::getenv("JAXCNN_FIRE_WGMMA");
+    return std::string(v == nullptr ? "" : v);
+  }();
+  return value;
+}
+
+// Both expands as one wgmma launch (nullptr), or why not.
+template <typename T>
+const char* MergedExpandUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return "float32";
+  } else {
+    if (FireWgmmaOverride() == "conv_tc") return "JAXCNN_FIRE_WGMMA=conv_tc";
+    return conv_pool_wgmma::FireExpandUnsupportedReason(
+        {p.N, p.H, p.W, p.S, p.E1, p.E3}, sizeof(T), false, b.workspace, b.w_e1, b.w_e3, b.y);
+  }
+}
+
+// The squeeze as a 1x1-only launch of the same wgmma kernel (nullptr), or why not. Headline
+// fire (H100, N = 64): 31.3 us, the CUTLASS 1x1 conv 31.4 us; one kernel family for the path.
+template <typename T>
+const char* WgmmaSqueezeUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return "float32";
+  } else {
+    if (!FireWgmmaOverride().empty()) return "JAXCNN_FIRE_WGMMA override";
+    return conv_pool_wgmma::FireExpandUnsupportedReason({p.N, p.H, p.W, p.C, p.S, 0}, sizeof(T),
+                                                        false, b.x, b.w_sq, nullptr,
+                                                        b.workspace);
+  }
+}
+
 // Why the kWgmma path cannot run these params/buffers (workspace aside), or nullptr.
 template <typename T>
 const char* WgmmaUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
@@ -442,11 +480,14 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
         wg_reason = "the wgmma fire path needs a compute capability 9.0 (Hopper) GPU";
     }
     const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));
+    const int launches = MergedExpandUnsupportedReason(p, b) == nullptr ? 2 : 3;
+    plan.wgmma_squeeze = WgmmaSqueezeUnsupportedReason(p, b) == nullptr;
     if (algorithm == FireAlgorithm::kWgmma) {
       plan.unsupported = wg_reason;
       plan.kernel = FireAlgorithm::kWgmma;
       plan.why = "requested";
       plan.workspace_bytes = need;
+      plan.wgmma_launches = launches;
       return plan;
     }
     const bool fused_at_scale = tc_reason == nullptr && p.S <= kFusedMaxSqueezeAtScale &&
@@ -458,6 +499,7 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       plan.why = p.S > 32 ? "more than 32 squeeze channels (the fused kernel would split)"
                           : "large problem (the fused kernel's mma.sync loses to wgmma)";
       plan.workspace_bytes = need;
+      plan.wgmma_launches = launches;
       return plan;
     }
   }
@@ -519,9 +561,23 @@ template <typename T>
 cudaError_t LaunchWgmma(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
   const WgmmaConvs convs = MakeWgmmaConvs(p);
   T* s = static_cast<T*>(b.workspace);
-  cudaError_t status = launch_conv2d_tensorcore<T>(b.x, b.w_sq, b.b_sq, s, convs.squeeze,
-                                                   nullptr, 0, stream);
+  cudaError_t status = cudaErrorInvalidValue;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (WgmmaSqueezeUnsupportedReason(p, b) == nullptr)
+      status = conv_pool_wgmma::LaunchFireExpand<T>({p.N, p.H, p.W, p.C, p.S, 0},
+                                                    {b.x, b.w_sq, b.b_sq, nullptr, nullptr, s},
+                                                    stream);
+    else
+      status = launch_conv2d_tensorcore<T>(b.x, b.w_sq, b.b_sq, s, convs.squeeze, nullptr, 0,
+                                           stream);
+  }
   if (status != cudaSuccess) return status;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (MergedExpandUnsupportedReason(p, b) == nullptr)
+      return conv_pool_wgmma::LaunchFireExpand<T>({p.N, p.H, p.W, p.S, p.E1, p.E3},
+                                                  {s, b.w_e1, b.b_e1, b.w_e3, b.b_e3, b.y},
+                                                  stream);
+  }
   // An empty expand1 (conv1x1_conv3x3) is a no-op launch.
   status = launch_conv2d_tensorcore<T>(s, b.w_e1, b.b_e1, b.y, convs.expand1, nullptr, 0, stream);
   if (status != cudaSuccess) return status;

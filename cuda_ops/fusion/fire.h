@@ -11,10 +11,13 @@
 //  - kTwoPhase: one cooperative launch for small problems (N = 1): the squeeze spread over
 //    the whole grid into a workspace, a grid barrier, then the expands; every CTA moves tens
 //    of KB where the single kernel's few tiles each stream the whole input and weights;
-//  - kWgmma: three launches of the Hopper tensor-core conv (conv_tc/: wgmma + TMA), s through
-//    a workspace, each expand's epilogue storing into its channel slice of y (merge fusion
-//    again, so XLA's concatenate copy is gone). It wins where the single kernel's mma.sync
-//    and halo/channel-split recompute cost more than s's round trip (big batches, S > 32).
+//  - kWgmma: the squeeze by the Hopper tensor-core conv (conv_tc/: wgmma + TMA) into a
+//    workspace, then both expands in one launch of the wgmma conv kernel
+//    (conv_pool/conv_pool_wgmma.h, LaunchFireExpand: split and merge fusion; S % 32, E1 and E3
+//    % 64), or where that does not apply one conv_tc launch per expand, each storing into its
+//    channel slice of y (no concatenate either way). It wins where the single kernel's
+//    mma.sync and halo/channel-split recompute cost more than s's round trip (big batches,
+//    S > 32).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -72,6 +75,12 @@ struct FirePlan {
   // kWgmma, kTwoPhase: device scratch for s (256-byte aligned) the launch needs in
   // FireBuffers.
   int64_t workspace_bytes = 0;
+  // kWgmma: 2 launches where both expands run as one (conv_pool_wgmma::LaunchFireExpand: s
+  // read once per tile, one store per 64-channel block of y), else 3 (one conv each).
+  int wgmma_launches = 0;
+  // kWgmma: the squeeze runs on the wgmma conv kernel as a 1x1-only layer (C % 32), else on
+  // the CUTLASS conv (conv_tc/).
+  bool wgmma_squeeze = false;
 };
 
 // The pointers a launch reads and writes; alignment decides the kernel.
