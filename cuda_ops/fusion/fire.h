@@ -11,7 +11,7 @@
 //  - kTwoPhase: one cooperative launch for small problems (N = 1): the squeeze spread over
 //    the whole grid into a workspace, a grid barrier, then the expands; every CTA moves tens
 //    of KB where the single kernel's few tiles each stream the whole input and weights;
-//  - kWgmma: the squeeze by the Hopper tensor-core conv (conv_tc/: wgmma + TMA) into a
+//  - kWgmma: the squeeze by the Hopper tensor-core conv (conv_tc/: CUTLASS wgmma + TMA) into a
 //    workspace, then both expands in one launch of the wgmma conv kernel
 //    (conv_pool/conv_pool_wgmma.h, LaunchFireExpand: split and merge fusion; S % 32, E1 and E3
 //    % 64), or where that does not apply one conv_tc launch per expand, each storing into its
@@ -78,8 +78,8 @@ struct FirePlan {
   // kWgmma: 2 launches where both expands run as one (conv_pool_wgmma::LaunchFireExpand: s
   // read once per tile, one store per 64-channel block of y), else 3 (one conv each).
   int wgmma_launches = 0;
-  // kWgmma: the squeeze runs on the wgmma conv kernel as a 1x1-only layer (C % 32), else on
-  // the CUTLASS conv (conv_tc/).
+  // kWgmma: the squeeze runs on the wgmma conv kernel as a 1x1-only layer (on request:
+  // JAXCNN_FIRE_WGMMA=squeeze_wgmma, C % 32), else on the CUTLASS conv (conv_tc/).
   bool wgmma_squeeze = false;
 };
 
