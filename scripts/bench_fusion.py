@@ -8,7 +8,8 @@ algorithm against XLA's composition on them; then, in one profiler trace, the de
 of GPU kernel durations, jaxcnn/profile/device_time.py) of
   - jaxcnn: jaxcnn.fire, algorithm "auto" (what users get),
   - fused:  algorithm "tensor_core" (the single mma.sync kernel),
-  - wgmma:  algorithm "wgmma" (three wgmma convs, expands into their slices of the output),
+  - wgmma:  algorithm "wgmma" (the squeeze conv, then both expands in one wgmma launch, or one
+            each, into their slices of the output; JAXCNN_FIRE_WGMMA=conv_tc: three convs),
   - two_phase: algorithm "two_phase" (one cooperative launch: squeeze over the whole grid,
             grid barrier, expands; for small problems),
   - xla:    the zoo's fire module on XLA's ops under jit (squeeze conv + bias + ReLU, two

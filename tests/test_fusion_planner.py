@@ -78,24 +78,26 @@ def test_kinds_are_validated():
 
 def test_fire_cost_model_counts_saved_bytes_and_launches():
     """Small fires, and big ones with a 16-channel squeeze, run the single fused kernel (saves
-    s's round trip and the concatenate); big ones with a wider squeeze on Hopper the three
-    wgmma convs (saves the concatenate only)."""
+    s's round trip and the concatenate); big ones with a wider squeeze on Hopper the wgmma
+    path: the squeeze, then both expands as one launch (saves the concatenate and one read of
+    s) where S % 32 and E % 64, else one launch each (saves the concatenate only)."""
     spec = L._resolve_spec("H200", False)[0]
     item = 2
     # (batch, fire index in squeezenet1_1, spatial size, squeeze, expand, launches)
     for batch, index, hw, s, e, launches in ((2, 0, 55, 16, 64, 1), (64, 0, 55, 16, 64, 1),
-                                             (64, 2, 27, 32, 128, 3)):
+                                             (64, 2, 27, 32, 128, 2), (64, 4, 13, 48, 192, 3)):
         groups, _ = fusion.find_groups("squeezenet1_1", batch=batch, dtype="bfloat16", kinds=BLOCKS)
         g = groups[index]
         assert g.attrs["squeeze"] == s and g.x_shape[1] == hw
         fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
         assert (fused.launches, xla.launches) == (launches, 4)
-        assert cost.fire_uses_wgmma(g, spec) == (launches == 3)
+        assert cost.fire_uses_wgmma(g, spec) == (launches > 1)
+        assert cost.fire_merges_expands(g) == (s % 32 == 0)
         squeeze = batch * hw * hw * s * item
         y = batch * hw * hw * 2 * e * item
         # The concatenate's copy (read + write of y); the fused kernel also keeps s on chip
         # (written once, read by both expands).
-        saved = 2 * y + (3 * squeeze if launches == 1 else 0)
+        saved = 2 * y + {1: 3 * squeeze, 2: squeeze, 3: 0}[launches]
         assert xla.dram_bytes - fused.dram_bytes == pytest.approx(saved)
         assert fused.time_ms < xla.time_ms
         assert fused.launch_ms == pytest.approx(launches * cost.LAUNCH_MS)

@@ -161,9 +161,10 @@ def fire_uses_two_phase(group: FusionGroup) -> bool:
 
 
 def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
-    """Whether jaxcnn.fire's "auto" runs its three wgmma convs (squeeze into a workspace, each
-    expand into its channel slice of the output) on this GPU: big problems and wide squeezes,
-    except narrow squeezes whose fused kernel runs two CTAs per SM unsplit."""
+    """Whether jaxcnn.fire's "auto" runs its wgmma path (squeeze into a workspace, the expands
+    into their channel slices of the output: one launch, or one each) on this GPU: big problems
+    and wide squeezes, except narrow squeezes whose fused kernel runs two CTAs per SM
+    unsplit."""
     n, h, w, c = group.x_shape
     s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
     hopper = spec.name.startswith(("H100", "H200"))
@@ -178,6 +179,20 @@ def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
         return False
     return not (s <= FIRE_FUSED_MAX_SQUEEZE_AT_SCALE
                 and fire_fits_two_ctas_unsplit(n, h, w, c, s, e1, e3, spec.sm_count or 132))
+
+
+# The wgmma path runs both expands as one launch of the wgmma conv kernel (s read once per
+# tile, each 64-channel block stored into its slice of y) where S is a multiple of this ...
+FIRE_MERGED_SQUEEZE_MULTIPLE = 32
+# ... and E1 and E3 of this (cuda_ops/conv_pool/conv_pool_wgmma.h, LaunchFireExpand).
+FIRE_MERGED_EXPAND_MULTIPLE = 64
+
+
+def fire_merges_expands(group: FusionGroup) -> bool:
+    """Whether jaxcnn.fire's wgmma path runs its two expands as one launch."""
+    s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
+    return (s % FIRE_MERGED_SQUEEZE_MULTIPLE == 0 and e1 > 0 and e3 > 0
+            and e1 % FIRE_MERGED_EXPAND_MULTIPLE == 0 and e3 % FIRE_MERGED_EXPAND_MULTIPLE == 0)
 
 
 def conv_pool_uses_tensor_cores(group: FusionGroup) -> bool:
@@ -196,7 +211,8 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
     weights = sum(math.prod(m.weight_shape) + m.weight_shape[-1] for m in group.members
                   if m.weight_shape is not None) * item
     if group.kind == "fire" and fire_uses_wgmma(group, spec):
-        # Three tensor-core convs: s makes one round trip, the concatenate is gone.
+        # Tensor-core convs: s makes one round trip, the concatenate is gone; merged expands
+        # read s once.
         n, h, w, _ = group.x_shape
         s_bytes = bytes_of((n, h, w, group.attrs["squeeze"]), dtype)
         kernels = []
@@ -206,6 +222,10 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
             inp = bytes_of(group.x_shape, dtype) if role == "squeeze1x1" else s_bytes
             out = s_bytes if role == "squeeze1x1" else bytes_of(m.output_shape, dtype)
             kernels.append(Kernel(f"jaxcnn_fire/{role}", m.flops, inp + out + w_bytes, "tensor"))
+        if fire_merges_expands(group):
+            e1, e3 = kernels[1:]
+            kernels[1:] = [Kernel("jaxcnn_fire/expands", e1.flops + e3.flops,
+                                  e1.bytes + e3.bytes - s_bytes, "tensor")]
         return _version("fused", kernels, spec, dtype)
     if group.kind == "fire" and fire_uses_two_phase(group):
         # One launch: s written to the workspace once and read by both expands (the same

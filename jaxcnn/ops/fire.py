@@ -100,11 +100,13 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
       squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
       algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: the two-phase
         kernel for at most 1024 output pixels and 8 to 64 squeeze channels; on Hopper the
-        three wgmma convs for >= 8192 output pixels or > 32 squeeze channels, unless the
-        squeeze has at most 16 channels and the fused kernel runs two CTAs per SM unsplit;
+        wgmma path (the squeeze conv, then both expands in one launch where S % 32 and
+        E1, E3 % 64, else one conv each) for >= 8192 output pixels or > 32 squeeze channels,
+        unless the squeeze has at most 16 channels and the fused kernel runs two CTAs per SM
+        unsplit;
         else the fused tensor-core kernel for at most 64 squeeze channels; else CUDA cores),
-        "tensor_core" (the fused mma.sync kernel; error if it cannot run), "wgmma" (the three
-        convs; error if they cannot run), "two_phase" (one cooperative launch: squeeze,
+        "tensor_core" (the fused mma.sync kernel; error if it cannot run), "wgmma" (that
+        path; error if it cannot run), "two_phase" (one cooperative launch: squeeze,
         grid barrier, expands; error if it cannot run) or "fma" (the CUDA-core kernel).
         float32 always runs the CUDA-core kernel (fp32 FMA).
 
