@@ -42,10 +42,9 @@
 
 #include "common/device_attribute.h"
 #include "common/tensor_map.h"
+#include "common/wgmma_sm90.cuh"
 #include "conv_pool/conv_pool_wgmma.h"
 #include "cute/arch/copy_sm90_tma.hpp"
-#include "cute/arch/mma_sm90_gmma.hpp"
-#include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 
@@ -53,8 +52,11 @@ namespace jaxcnn {
 namespace conv_pool_wgmma {
 namespace {
 
-using cute::SM90::GMMA::Major;
-using cute::SM90::GMMA::ScaleOut;
+using wgmma_sm90::Desc;
+using wgmma_sm90::Fma;
+using wgmma_sm90::Major;
+using wgmma_sm90::PackPair;
+using wgmma_sm90::ScaleOut;
 constexpr int kTaps = 9;
 constexpr int kSmemMax = 232448;  // 227 KB per CTA
 
@@ -180,38 +182,11 @@ struct CenterBlock {
   const T* bias = nullptr;  // [k_center] or null
 };
 
-// A wgmma shared-memory matrix descriptor: start, LBO and SBO in 16-byte units, base offset 0,
-// layout type (1 128B, 2 64B, 3 32B swizzle).
-__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
-                                         uint32_t layout) {
-  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(layout) << 62);
-}
-
 // The wgmma of a configuration: pixels-as-M is x (K-major) times w (MN-major), m64n128;
 // channels-as-M is w (MN-major) times x (K-major), m64nN with N = 8 * rows of the tile.
-template <typename T, int kMmaN>
-struct WgmmaOp;
-#define JAXCNN_WGMMA_OP(T, N, A, B, NAME)   \
-  template <>                               \
-  struct WgmmaOp<T, N> {                    \
-    using type = cute::SM90::GMMA::NAME<A, B>; \
-  };
-JAXCNN_WGMMA_OP(__nv_bfloat16, 128, Major::K, Major::MN, MMA_64x128x16_F32BF16BF16_SS)
-JAXCNN_WGMMA_OP(__nv_bfloat16, 256, Major::MN, Major::K, MMA_64x256x16_F32BF16BF16_SS)
-JAXCNN_WGMMA_OP(__nv_bfloat16, 224, Major::MN, Major::K, MMA_64x224x16_F32BF16BF16_SS)
-JAXCNN_WGMMA_OP(__nv_bfloat16, 112, Major::MN, Major::K, MMA_64x112x16_F32BF16BF16_SS)
-JAXCNN_WGMMA_OP(__half, 128, Major::K, Major::MN, MMA_64x128x16_F32F16F16_SS)
-JAXCNN_WGMMA_OP(__half, 256, Major::MN, Major::K, MMA_64x256x16_F32F16F16_SS)
-JAXCNN_WGMMA_OP(__half, 224, Major::MN, Major::K, MMA_64x224x16_F32F16F16_SS)
-JAXCNN_WGMMA_OP(__half, 112, Major::MN, Major::K, MMA_64x112x16_F32F16F16_SS)
-#undef JAXCNN_WGMMA_OP
-
-template <class Op, int... I>
-__device__ __forceinline__ void Fma(uint64_t da, uint64_t db, float* d, ScaleOut scale,
-                                    std::integer_sequence<int, I...>) {
-  Op::fma(da, db, d[I]..., scale);
-}
+template <typename T, class S>
+using OpOf = typename wgmma_sm90::WgmmaOp<T, S::kMmaN, S::kChannelsM ? Major::MN : Major::K,
+                                          S::kChannelsM ? Major::K : Major::MN>::type;
 
 // max that propagates NaN (as the reference's reduce_window max does).
 __device__ __forceinline__ float NanMax(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -231,17 +206,6 @@ __device__ __forceinline__ float2 BiasPair(const T* bias, int n, int count) {
 __device__ __forceinline__ float Act(float v, float bias, bool relu) {
   v += bias;
   return relu && v < 0.f ? 0.f : v;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 }
 
 struct Item {
@@ -420,7 +384,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
                            const __grid_constant__ CUtensorMap w_map,
                            const __grid_constant__ CUtensorMap y_map,
                            const __grid_constant__ CUtensorMap w1_map, const Args a) {
-  using Op = typename WgmmaOp<T, S::kMmaN>::type;
+  using Op = OpOf<T, S>;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   extern __shared__ __align__(1024) uint8_t smem[];

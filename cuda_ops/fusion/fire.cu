@@ -11,6 +11,7 @@
 #include "conv_pool/conv_pool_wgmma.h"
 #include "conv_tc/conv2d_tensorcore.h"
 #include "fusion/fire.h"
+#include "fusion/fire_fused_wgmma.h"
 #include "fusion/fire_kernels.cuh"
 #include "fusion/fire_two_phase_kernel.cuh"
 
@@ -246,6 +247,19 @@ std::string FireWgmmaOverride() {
   return value;
 }
 
+// The whole module as one launch (fire_fused_wgmma.h: s never leaves shared memory), or why not.
+// JAXCNN_FIRE_WGMMA=two_launch (or any other override) keeps the squeeze + merged expand path.
+template <typename T>
+const char* FusedUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return "float32";
+  } else {
+    if (!FireWgmmaOverride().empty()) return "JAXCNN_FIRE_WGMMA is set";
+    return fire_fused_wgmma::UnsupportedReason(p, sizeof(T), false, b.x, b.w_sq, b.w_e1,
+                                               b.w_e3, b.y);
+  }
+}
+
 // Both expands as one wgmma launch (nullptr), or why not.
 template <typename T>
 const char* MergedExpandUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
@@ -394,6 +408,7 @@ const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>&
 }
 
 bool HasWorkspace(const void* workspace, size_t bytes, int64_t need) {
+  if (need == 0) return true;
   return workspace != nullptr && bytes >= static_cast<size_t>(need) &&
          reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlign == 0;
 }
@@ -481,8 +496,11 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
       else if (dev.major != 9)
         wg_reason = "the wgmma fire path needs a compute capability 9.0 (Hopper) GPU";
     }
-    const int64_t need = WgmmaWorkspaceBytes(p, sizeof(T));
-    const int launches = MergedExpandUnsupportedReason(p, b) == nullptr ? 2 : 3;
+    // One launch needs no workspace: s stays in shared memory.
+    const int launches = FusedUnsupportedReason(p, b) == nullptr           ? 1
+                         : MergedExpandUnsupportedReason(p, b) == nullptr ? 2
+                                                                           : 3;
+    const int64_t need = launches == 1 ? 0 : WgmmaWorkspaceBytes(p, sizeof(T));
     plan.wgmma_squeeze = WgmmaSqueezeUnsupportedReason(p, b) == nullptr;
     if (algorithm == FireAlgorithm::kWgmma) {
       plan.unsupported = wg_reason;
@@ -561,6 +579,9 @@ cudaError_t LaunchTcTile(const FireParams& p, const FireBuffers<T>& b, const Fir
 
 template <typename T>
 cudaError_t LaunchWgmma(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (FusedUnsupportedReason(p, b) == nullptr) return fire_fused_wgmma::Launch<T>(p, b, stream);
+  }
   const WgmmaConvs convs = MakeWgmmaConvs(p);
   T* s = static_cast<T*>(b.workspace);
   cudaError_t status = cudaErrorInvalidValue;

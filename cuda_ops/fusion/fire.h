@@ -11,8 +11,10 @@
 //  - kTwoPhase: one cooperative launch for small problems (N = 1): the squeeze spread over
 //    the whole grid into a workspace, a grid barrier, then the expands; every CTA moves tens
 //    of KB where the single kernel's few tiles each stream the whole input and weights;
-//  - kWgmma: the squeeze by the Hopper tensor-core conv (conv_tc/: CUTLASS wgmma + TMA) into a
-//    workspace, then both expands in one launch of the wgmma conv kernel
+//  - kWgmma: where it applies (S = 32, E1 and E3 % 64, C % 32) the whole module as one TMA +
+//    wgmma launch (fire_fused_wgmma.h: each tile's squeeze over its halo stays in shared
+//    memory, all expand weights resident); else the squeeze by the Hopper tensor-core conv
+//    (conv_tc/: CUTLASS wgmma + TMA) into a workspace, then both expands in one launch of the wgmma conv kernel
 //    (conv_pool/conv_pool_wgmma.h, LaunchFireExpand: split and merge fusion; S % 32, E1 and E3
 //    % 64), or where that does not apply one conv_tc launch per expand, each storing into its
 //    channel slice of y (no concatenate either way). It wins where the single kernel's
@@ -35,8 +37,9 @@ enum class FireAlgorithm : int {
                     // kTensorCore where it applies, else kFma
   kTensorCore = 1,  // bf16/fp16 mma.sync (sm_80+); channel counts multiples of 8
   kFma = 2,         // CUDA-core fp32 FMA: any dtype, any channel counts
-  kWgmma = 3,       // three wgmma/TMA convs (sm_90), expands into y's slices; bf16/fp16,
-                    // channel counts multiples of 8; needs FirePlan::workspace_bytes
+  kWgmma = 3,       // wgmma/TMA kernels (sm_90): one fused launch, or the squeeze into the
+                    // workspace then the expands into y's slices; bf16/fp16, channel counts
+                    // multiples of 8; needs FirePlan::workspace_bytes (0 for one launch)
   kTwoPhase = 4,    // one cooperative mma.sync launch (sm_80+): squeeze over the whole grid
                     // into the workspace, grid barrier, expands into y's slices; for small
                     // problems; bf16/fp16, channels multiples of 8, S <= 64; needs
@@ -75,8 +78,9 @@ struct FirePlan {
   // kWgmma, kTwoPhase: device scratch for s (256-byte aligned) the launch needs in
   // FireBuffers.
   int64_t workspace_bytes = 0;
-  // kWgmma: 2 launches where both expands run as one (conv_pool_wgmma::LaunchFireExpand: s
-  // read once per tile, one store per 64-channel block of y), else 3 (one conv each).
+  // kWgmma: 1 launch for the fused kernel (fire_fused_wgmma.h; JAXCNN_FIRE_WGMMA set turns it
+  // off), 2 where both expands run as one (conv_pool_wgmma::LaunchFireExpand: s read once per
+  // tile, one store per 64-channel block of y), else 3 (one conv each).
   int wgmma_launches = 0;
   // kWgmma: the squeeze runs on the wgmma conv kernel as a 1x1-only layer (on request:
   // JAXCNN_FIRE_WGMMA=squeeze_wgmma, C % 32), else on the CUTLASS conv (conv_tc/).

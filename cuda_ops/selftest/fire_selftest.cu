@@ -228,12 +228,13 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   }
 
   std::printf("%-22s %-4s %-11s N=%lld H=%lld W=%lld C=%lld S=%lld E=%lld+%lld misalign=%d  "
-              "kernel=%s tile=%dx%d split=%d grid=%lld ctas/sm=%d smem=%lld res(sq,ex)=(%d,%d) chunk=%d  "
+              "kernel=%s launches=%d tile=%dx%d split=%d grid=%lld ctas/sm=%d smem=%lld res(sq,ex)=(%d,%d) chunk=%d  "
               "max_rel_err=%.2e nonfinite=%lld",
               label, selftest::DTypeName(DTypeOf<T>()), AlgoName(algo), (long long)p.N,
               (long long)p.H, (long long)p.W, (long long)p.C, (long long)p.S, (long long)p.E1,
               (long long)p.E3, misalign,
-              plan.unsupported ? plan.unsupported : AlgoName(plan.kernel), plan.tile_h,
+              plan.unsupported ? plan.unsupported : AlgoName(plan.kernel),
+              plan.wgmma_launches, plan.tile_h,
               plan.tile_w, plan.split, (long long)plan.grid, plan.ctas_per_sm,
               (long long)plan.smem_bytes,
               plan.squeeze_weights_resident, plan.expand_weights_resident, plan.expand_chunk, rel,
@@ -305,6 +306,15 @@ int main(int argc, char** argv) {
     count(RunCase<__half>(p, wgmma, 0, "odd"));
     count(RunCase<__nv_bfloat16>(p, two, 0, "odd"));
     count(RunCase<__half>(p, two, 0, "odd"));
+  }
+  // The one-launch wgmma kernel (S = 32): 1 to 8 input chunks, 2 to 4 pipeline stages (the
+  // expand weights' size), E1 != E3, edge tiles in both directions, a 1x1 image.
+  const FireParams fused[] = {{1, 1, 1, 32, 32, 64, 64},       {3, 57, 9, 96, 32, 192, 64},
+                              {2, 30, 17, 256, 32, 64, 64},    {5, 29, 31, 160, 32, 128, 128},
+                              {1, 55, 55, 128, 32, 128, 128}};
+  for (const FireParams& p : fused) {
+    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "fused"));
+    count(RunCase<__half>(p, wgmma, 0, "fused"));
   }
   // No 1x1 expand (E1 = 0): the straight squeeze -> 3x3 chain (jaxcnn.conv1x1_conv3x3).
   const FireParams chains[] = {{1, 13, 13, 64, 16, 0, 64}, {2, 9, 21, 72, 24, 0, 40},
