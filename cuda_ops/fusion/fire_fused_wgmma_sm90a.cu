@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -61,7 +62,6 @@ constexpr int kTapBytes = kSqueeze * 64 * 2;  // one tap of one 64-channel block
 constexpr int kMmaN = kTileH * kTileW;        // 224
 constexpr int kAcc = kMmaN / 2;               // accumulators per consumer thread
 constexpr int kSqueezeAcc = kSqueeze / 2;     // per m64n32 block
-static_assert(kSqueezeBlocks * kSqueezeAcc <= kAcc, "the squeeze reuses the expand's registers");
 static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kYTileBytes % 1024 == 0,
               "swizzle alignment");
 
@@ -70,7 +70,7 @@ constexpr int kKernelThreads = 3 * 128;  // producer warpgroup, two consumers
 // Shared-memory offsets (bytes) for a given expand width.
 struct Layout {
   int blocks1, blocks3;  // 64-channel blocks of the 1x1 / 3x3 expand
-  int w3, y, s, stages_at, barriers, stages, bytes;
+  int w3, y, s, stages_at, barriers, stages, biases, bytes;
 };
 
 Layout LayoutOf(const FireParams& p) {
@@ -81,10 +81,11 @@ Layout LayoutOf(const FireParams& p) {
   l.y = l.w3 + l.blocks3 * kTaps * kTapBytes;
   l.s = l.y + 2 * kYTileBytes;
   l.stages_at = l.s + 2 * kSTileBytes;
-  const int free = kSmemMax - l.stages_at - 256;
+  const int free = kSmemMax - l.stages_at - 256 - static_cast<int>(p.E1 + p.E3) * 4;
   l.stages = std::max(0, std::min(4, free / kStageBytes));
   l.barriers = l.stages_at + l.stages * kStageBytes;
-  l.bytes = l.barriers + (2 * l.stages + 2) * 8;
+  l.biases = l.barriers + (2 * l.stages + 2) * 8;
+  l.bytes = l.biases + static_cast<int>(p.E1 + p.E3) * 4;
   return l;
 }
 
@@ -92,10 +93,11 @@ struct Args {
   const void* b_sq;
   const void* b1;
   const void* b3;
-  int H, W, E1;
+  int H, W, E1, E3;
   int chunks, tiles_h, tiles_w, work;
   int blocks1, blocks3;
-  int w3, y, s, stages_at, barriers, stages;
+  int w3, y, s, stages_at, barriers, stages, biases;
+  int prefetch;  // items ahead whose x tiles the producer prefetches into L2 (0: none)
 };
 
 struct Tile {
@@ -122,9 +124,10 @@ __device__ __forceinline__ float Relu(float v, float bias) {
   return v < 0.f ? 0.f : v;
 }
 
-__device__ __forceinline__ void FenceAcc(float (&acc)[kAcc]) {
+template <int kCount>
+__device__ __forceinline__ void FenceAcc(float (&acc)[kCount]) {
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+  for (int i = 0; i < kCount; ++i) cute::warpgroup_fence_operand(acc[i]);
 }
 
 // The squeeze's m64n32 accumulators (block blk in acc[16 blk ..]: element 4j + e is halo
@@ -133,7 +136,8 @@ __device__ __forceinline__ void FenceAcc(float (&acc)[kAcc]) {
 // chunks XORed by address bits 7-8 (TMA's 64B swizzle; the tile is 1024-byte aligned).
 template <typename T>
 __device__ __forceinline__ void StoreSqueeze(const Args& a, const Tile& t, uint32_t s_tile,
-                                             const float (&bias)[8], float (&acc)[kAcc]) {
+                                             const float (&bias)[8],
+                                             const float (&acc)[kSqueezeBlocks * kSqueezeAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int blk = 0; blk < kSqueezeBlocks; ++blk)
@@ -158,16 +162,16 @@ __device__ __forceinline__ void StoreSqueeze(const Args& a, const Tile& t, uint3
 // for e >= 2) at tile row j, column 2(lane%4) + e%2) into the consumer's y tile: bias, ReLU,
 // rounded to T; [row][column][64 channels], 128-byte pixels, TMA's 128B swizzle (16-byte
 // chunk XOR column). Lanes 4 apart trade a column so each stores channel pairs of one pixel.
+// bias: the block's 64 fp32 biases in shared memory.
 template <typename T>
-__device__ __forceinline__ void StoreBlock(const void* bias, int bias0, uint32_t y_tile,
+__device__ __forceinline__ void StoreBlock(const float* bias, uint32_t y_tile,
                                            const float (&acc)[kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const bool even = (lane / 4) % 2 == 0;
   const int c_lo = 16 * warp + lane / 4;
   const int col = 2 * (lane % 4) + (even ? 0 : 1);
   const int c = even ? c_lo : c_lo - 1;  // the lane's channel pairs: c, c+1 and c+8, c+9
-  const float b0 = Load<T>(bias, bias0 + c), b1 = Load<T>(bias, bias0 + c + 1),
-              b8 = Load<T>(bias, bias0 + c + 8), b9 = Load<T>(bias, bias0 + c + 9);
+  const float b0 = bias[c], b1 = bias[c + 1], b8 = bias[c + 8], b9 = bias[c + 9];
 #pragma unroll
   for (int j = 0; j < kTileH; ++j) {
     const float* d = &acc[4 * j];
@@ -233,8 +237,18 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
                                      smem + a.w3 + (b * kTaps + tap) * kTapBytes, 64 * b,
                                      tap * kSqueeze);
     const int steps = items * a.chunks;
+    // The stages hold half a tile's x: without a prefetch every tile waits for two DRAM
+    // round trips in turn.
+    auto prefetch = [&](int item) {
+      if (item >= items) return;
+      const Tile tile = TileOf(a, blockIdx.x + item * gridDim.x);
+      for (int c0 = 0; c0 < a.chunks * kChunkC; c0 += kChunkC)
+        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&x_map, c0, tile.ow0 - 1, tile.oh0 - 1, tile.img);
+    };
+    for (int i = 1; i < a.prefetch; ++i) prefetch(i);
     for (int t = 0; t < steps; ++t) {
       const int stage = t % a.stages;
+      if (a.prefetch > 0 && t % a.chunks == 0) prefetch(t / a.chunks + a.prefetch);
       empty[stage].wait(((t / a.stages) & 1) ^ 1);
       const Tile tile = TileOf(a, blockIdx.x + (t / a.chunks) * gridDim.x);
       const int c0 = (t % a.chunks) * kChunkC;
@@ -252,8 +266,6 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   const bool release_lane = threadIdx.x % 32 == 0;
   const bool leader = threadIdx.x % 128 == 0;
   const int lane = threadIdx.x % 32;
-  // Never zeroed or copied by ordinary code: each block's first wgmma overwrites (scale 0).
-  float acc[kAcc];
   float sq_bias[8];  // this lane's squeeze channels 8j + 2(lane%4) + {0, 1}
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -264,17 +276,30 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   const uint32_t s_tile = smem_base + a.s + consumer * kSTileBytes;
   const uint32_t y_tile = smem_base + a.y + consumer * kYTileBytes;
   uint8_t* const y_tile_ptr = smem + a.y + consumer * kYTileBytes;
+  // Both expands' biases as one fp32 table in y's channel order (a global load per block
+  // stalled the epilogues).
+  float* const bias = reinterpret_cast<float*>(smem + a.biases);
+  for (int i = threadIdx.x - 128; i < a.E1 + a.E3; i += 256)
+    bias[i] = i < a.E1 ? Load<T>(a.b1, i) : Load<T>(a.b3, i - a.E1);
+  cutlass::arch::NamedBarrier::sync(256, 2);
   weights_loaded->wait(0);
   for (int item = consumer; item < items; item += 2) {
     if (item > 0) order->wait((item - 1) & 1);
-    // 1. The squeeze over the halo tile, a chunk of input channels per stage.
+    // 1. The squeeze over the halo tile, a chunk of input channels per stage. Its
+    // accumulators and the expand's are zeroed where they start (the first wgmma overwrites
+    // them anyway) so that neither is live across the other's wgmmas: one array for both
+    // made the compiler copy the squeeze's out of the wgmma registers, which serializes every
+    // wgmma of the kernel (ptxas C7514).
+    float sq_acc[kSqueezeBlocks * kSqueezeAcc];
+#pragma unroll
+    for (int i = 0; i < kSqueezeBlocks * kSqueezeAcc; ++i) sq_acc[i] = 0.f;
     int held = -1;  // the stage whose wgmmas may still be reading
     for (int chunk = 0, t = item * a.chunks; chunk < a.chunks; ++chunk, ++t) {
       const int stage = t % a.stages;
       full[stage].wait((t / a.stages) & 1);
       const uint32_t x_base = smem_base + a.stages_at + stage * kStageBytes;
       const uint32_t w_base = x_base + kXBytes;
-      FenceAcc(acc);
+      FenceAcc(sq_acc);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int kk = 0; kk < kChunkC / 16; ++kk) {
@@ -287,7 +312,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
         for (int blk = 0; blk < kSqueezeBlocks; ++blk)
           Fma<SqueezeOp>(Desc(x_base + blk * 64 * kRowBytes + kk * 32, 16, 8 * kRowBytes,
                               kSwizzle64B),
-                         dw, &acc[kSqueezeAcc * blk], scale,
+                         dw, &sq_acc[kSqueezeAcc * blk], scale,
                          std::make_integer_sequence<int, kSqueezeAcc>{});
       }
       cute::warpgroup_commit_batch();
@@ -297,19 +322,22 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       held = stage;
     }
     cute::warpgroup_wait<0>();
-    FenceAcc(acc);
+    FenceAcc(sq_acc);
     if (release_lane) empty[held].arrive();
     const Tile tile = TileOf(a, blockIdx.x + item * gridDim.x);
     // The previous item's expand wgmmas (which read s_tile) are complete: each block waited.
-    StoreSqueeze<T>(a, tile, s_tile, sq_bias, acc);
+    StoreSqueeze<T>(a, tile, s_tile, sq_bias, sq_acc);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
     cutlass::arch::NamedBarrier::sync(128, consumer);
 
     // 2-3. Every 64-channel block of the expands, stored into its slice of y.
-    auto store = [&](int n0, const void* bias, int bias0) {
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    auto store = [&](int n0) {
       if (leader) cute::tma_store_wait<0>();  // the previous block's store has read y_tile
       cutlass::arch::NamedBarrier::sync(128, consumer);
-      StoreBlock<T>(bias, bias0, y_tile, acc);
+      StoreBlock<T>(bias + n0, y_tile, acc);
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, consumer);
       if (leader) {
@@ -337,7 +365,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       FenceAcc(acc);
-      store(64 * b, a.b1, 64 * b);
+      store(64 * b);
     }
     for (int b = 0; b < a.blocks3; ++b) {
       const uint32_t w = smem_base + a.w3 + b * kTaps * kTapBytes;
@@ -349,7 +377,7 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       FenceAcc(acc);
-      store(a.E1 + 64 * b, a.b3, 64 * b);
+      store(a.E1 + 64 * b);
     }
   }
   // Shared memory must outlive the last store's reads.
@@ -367,6 +395,15 @@ int SmCount() {
   if (CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&sms) != cudaSuccess || sms < 1)
     sms = 1;
   return sms;
+}
+
+// JAXCNN_FIRE_FUSED_PREFETCH=K (A/B runs): prefetch x K items ahead.
+int PrefetchItems() {
+  static const int items = [] {
+    const char* v = std::getenv("JAXCNN_FIRE_FUSED_PREFETCH");
+    return v == nullptr ? 0 : std::max(0, std::atoi(v));
+  }();
+  return items;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -467,13 +504,16 @@ cudaError_t Launch(const FireParams& p, const FireBuffers<T>& b, cudaStream_t st
   Args a{};
   a.b_sq = b.b_sq, a.b1 = b.b_e1, a.b3 = b.b_e3;
   a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W), a.E1 = static_cast<int>(p.E1);
+  a.E3 = static_cast<int>(p.E3);
   a.chunks = static_cast<int>(p.C / kChunkC);
   a.tiles_h = static_cast<int>(CeilDiv(p.H, kTileH));
   a.tiles_w = static_cast<int>(CeilDiv(p.W, kTileW));
   a.work = static_cast<int>(WorkOf(p));
   a.blocks1 = l.blocks1, a.blocks3 = l.blocks3;
   a.w3 = l.w3, a.y = l.y, a.s = l.s, a.stages_at = l.stages_at, a.barriers = l.barriers;
+  a.biases = l.biases;
   a.stages = l.stages;
+  a.prefetch = PrefetchItems();
   CUtensorMap x_map{}, wsq_map{}, w1_map{}, w3_map{}, y_map{};
   cudaError_t status = EncodeMaps<T>(p, b, &x_map, &wsq_map, &w1_map, &w3_map, &y_map);
   if (status != cudaSuccess) return status;

@@ -188,6 +188,22 @@ FIRE_MERGED_SQUEEZE_MULTIPLE = 32
 FIRE_MERGED_EXPAND_MULTIPLE = 64
 
 
+# The whole module as one wgmma launch (cuda_ops/fusion/fire_fused_wgmma.h): 32 squeeze
+# channels, C a multiple of 32, E1 and E3 of 64 whose weights (one 64-channel block: 4 KB a
+# tap, 1 tap for the 1x1, 9 for the 3x3) fit next to the kernel's other shared memory.
+FIRE_ONE_LAUNCH_SQUEEZE = 32
+FIRE_ONE_LAUNCH_MAX_WEIGHT_BYTES = 90880
+
+
+def fire_runs_one_launch(group: FusionGroup) -> bool:
+    """Whether jaxcnn.fire's wgmma path runs the whole module as one launch (s on chip)."""
+    c = group.x_shape[3]
+    s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
+    weights = (e1 // 64 + 9 * (e3 // 64)) * 4096
+    return (s == FIRE_ONE_LAUNCH_SQUEEZE and c % 32 == 0 and e1 > 0 and e3 > 0
+            and e1 % 64 == 0 and e3 % 64 == 0 and weights <= FIRE_ONE_LAUNCH_MAX_WEIGHT_BYTES)
+
+
 def fire_merges_expands(group: FusionGroup) -> bool:
     """Whether jaxcnn.fire's wgmma path runs its two expands as one launch."""
     s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
@@ -222,7 +238,13 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
             inp = bytes_of(group.x_shape, dtype) if role == "squeeze1x1" else s_bytes
             out = s_bytes if role == "squeeze1x1" else bytes_of(m.output_shape, dtype)
             kernels.append(Kernel(f"jaxcnn_fire/{role}", m.flops, inp + out + w_bytes, "tensor"))
-        if fire_merges_expands(group):
+        if fire_runs_one_launch(group):
+            # s never leaves shared memory; the squeeze is recomputed on each 28x8 tile's halo.
+            halo = (30 * 10) / (28 * 8)
+            flops = sum(k.flops for k in kernels) + kernels[0].flops * (halo - 1)
+            moved = sum(k.bytes for k in kernels) - 3 * s_bytes
+            kernels = [Kernel("jaxcnn_fire/one_launch", flops, moved, "tensor")]
+        elif fire_merges_expands(group):
             e1, e3 = kernels[1:]
             kernels[1:] = [Kernel("jaxcnn_fire/expands", e1.flops + e3.flops,
                                   e1.bytes + e3.bytes - s_bytes, "tensor")]
