@@ -12,13 +12,17 @@
 //   stages: a 32-channel chunk of the x halo tile (TMA zero-fills outside the image) as the
 //      squeeze's K-major A operand, and the matching [32 rows][32 channels] of w_sq (64B
 //      swizzle, an MN-major B operand).
+// Measured on the headline fire (H100, N = 64, 55x55, 128 -> 32 -> (128, 128); selftest
+// graph times): 63.6 us. Each squeeze stage goes back as soon as its wgmmas are done (held
+// until the next chunk arrived: 66.6 us). Dropped, all slower: TMA L2 prefetch of the next
+// tile's x (73.4 us) or of the tile's chunks past the stages (67.5), 256-byte L2 promotion of
+// x (64.2), the y tiles copied out by the consumer threads instead of TMA stores (67.5).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -97,7 +101,6 @@ struct Args {
   int chunks, tiles_h, tiles_w, work;
   int blocks1, blocks3;
   int w3, y, s, stages_at, barriers, stages, biases;
-  int prefetch;  // items ahead whose x tiles the producer prefetches into L2 (0: none)
 };
 
 struct Tile {
@@ -237,18 +240,8 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
                                      smem + a.w3 + (b * kTaps + tap) * kTapBytes, 64 * b,
                                      tap * kSqueeze);
     const int steps = items * a.chunks;
-    // The stages hold half a tile's x: without a prefetch every tile waits for two DRAM
-    // round trips in turn.
-    auto prefetch = [&](int item) {
-      if (item >= items) return;
-      const Tile tile = TileOf(a, blockIdx.x + item * gridDim.x);
-      for (int c0 = 0; c0 < a.chunks * kChunkC; c0 += kChunkC)
-        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&x_map, c0, tile.ow0 - 1, tile.oh0 - 1, tile.img);
-    };
-    for (int i = 1; i < a.prefetch; ++i) prefetch(i);
     for (int t = 0; t < steps; ++t) {
       const int stage = t % a.stages;
-      if (a.prefetch > 0 && t % a.chunks == 0) prefetch(t / a.chunks + a.prefetch);
       empty[stage].wait(((t / a.stages) & 1) ^ 1);
       const Tile tile = TileOf(a, blockIdx.x + (t / a.chunks) * gridDim.x);
       const int c0 = (t % a.chunks) * kChunkC;
@@ -395,15 +388,6 @@ int SmCount() {
   return sms;
 }
 
-// JAXCNN_FIRE_FUSED_PREFETCH=K (A/B runs): prefetch x K items ahead.
-int PrefetchItems() {
-  static const int items = [] {
-    const char* v = std::getenv("JAXCNN_FIRE_FUSED_PREFETCH");
-    return v == nullptr ? 0 : std::max(0, std::atoi(v));
-  }();
-  return items;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
@@ -511,7 +495,6 @@ cudaError_t Launch(const FireParams& p, const FireBuffers<T>& b, cudaStream_t st
   a.w3 = l.w3, a.y = l.y, a.s = l.s, a.stages_at = l.stages_at, a.barriers = l.barriers;
   a.biases = l.biases;
   a.stages = l.stages;
-  a.prefetch = PrefetchItems();
   CUtensorMap x_map{}, wsq_map{}, w1_map{}, w3_map{}, y_map{};
   cudaError_t status = EncodeMaps<T>(p, b, &x_map, &wsq_map, &w1_map, &w3_map, &y_map);
   if (status != cudaSuccess) return status;
