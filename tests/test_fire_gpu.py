@@ -123,11 +123,31 @@ def test_wgmma_squeezenet_fires(n, hw, c, s, e):
        st.sampled_from(["bfloat16", "float16"]), st.integers(0, 2**16))
 def test_wgmma_merged_expand_random_shapes(n, h, w, c, s, e1, e3, dtype, seed):
     """S a multiple of 32, E1 and E3 of 64: both expands run as one wgmma launch (1x1 blocks on
-    the centre tap alone), 28x8 or 14x8 tiles over odd sizes."""
+    the centre tap alone), 28x8 or 14x8 tiles over odd sizes; with S = 32, C % 32 and expand
+    weights that fit shared memory, the whole module is one launch."""
     from jaxcnn import _ffi
+    from jaxcnn.fusion import cost
     plan = _ffi.fire_plan((n, h, w, c), s, e1, e3, jnp.dtype(dtype), "wgmma")
-    assert plan.startswith("kernel=wgmma launches=2"), plan
+    one = cost.fire_one_launch_applies(c, s, e1, e3)
+    assert plan.startswith(f"kernel=wgmma launches={1 if one else 2}"), plan
     check(fire_operands(seed, n, h, w, c, s, e1, e3, jnp.dtype(dtype)), "wgmma")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 1, 2, 3]), st.integers(1, 70), st.integers(1, 70),
+       st.sampled_from([32, 64, 96, 128, 160, 256]), st.sampled_from([64, 128, 192]),
+       st.sampled_from([64, 128]), st.sampled_from(["bfloat16", "float16"]),
+       st.integers(0, 2**16))
+def test_wgmma_one_launch_random_shapes(n, h, w, c, e1, e3, dtype, seed):
+    """S = 32: squeeze, both expands and the concatenation in one launch (s never leaves shared
+    memory; 28x8 tiles whose halo pixels outside the image are zeroed), odd sizes, 1 to 8
+    input chunks, 2 to 4 pipeline stages."""
+    from jaxcnn import _ffi
+    from jaxcnn.fusion import cost
+    assert cost.fire_one_launch_applies(c, 32, e1, e3)
+    plan = _ffi.fire_plan((n, h, w, c), 32, e1, e3, jnp.dtype(dtype), "wgmma")
+    assert plan.startswith("kernel=wgmma launches=1") and "workspace=0 " in plan, plan
+    check(fire_operands(seed, n, h, w, c, 32, e1, e3, jnp.dtype(dtype)), "wgmma")
 
 
 def test_wgmma_expands_not_merged_off_the_channel_multiples():
@@ -155,11 +175,13 @@ def test_auto_plan_takes_wgmma_for_the_headline_fused_mid_size_and_two_phase_for
     big = _ffi.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
     mid = _ffi.fire_plan((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16)
     small = _ffi.fire_plan((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16)
-    assert big.startswith("kernel=wgmma launches=2"), big
+    assert big.startswith("kernel=wgmma launches=1"), big
     assert mid.startswith("kernel=tensor_core"), mid
     assert small.startswith("kernel=two_phase"), small
-    assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == \
-        64 * 55 * 55 * 32 * 2
+    # One launch: s stays in shared memory, no workspace.
+    assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == 0
+    assert _ffi.fire_workspace_bytes((64, 13, 13, 384), 64, 256, 256, jnp.bfloat16, "auto") == \
+        64 * 13 * 13 * 64 * 2
     assert _ffi.fire_workspace_bytes((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
     # s packed [169][48] bf16, rounded up to 256 bytes.
     assert _ffi.fire_workspace_bytes((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16, "auto") == \

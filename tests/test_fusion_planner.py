@@ -79,20 +79,24 @@ def test_kinds_are_validated():
 def test_fire_cost_model_counts_saved_bytes_and_launches():
     """Small fires, and big ones with a 16-channel squeeze, run the single fused kernel (saves
     s's round trip and the concatenate); big ones with a wider squeeze on Hopper the wgmma
-    path: the squeeze, then both expands as one launch (saves the concatenate and one read of
-    s) where S % 32 and E % 64, else one launch each (saves the concatenate only)."""
+    path: with S = 32 the whole module as one launch (s on chip, as the fused kernel), else the
+    squeeze, then both expands as one launch (saves the concatenate and one read of s) where
+    S % 32 and E % 64, else one launch each (saves the concatenate only)."""
     spec = L._resolve_spec("H200", False)[0]
     item = 2
-    # (batch, fire index in squeezenet1_1, spatial size, squeeze, expand, launches)
-    for batch, index, hw, s, e, launches in ((2, 0, 55, 16, 64, 1), (64, 0, 55, 16, 64, 1),
-                                             (64, 2, 27, 32, 128, 2), (64, 4, 13, 48, 192, 3)):
+    # (batch, fire index in squeezenet1_1, spatial size, squeeze, expand, launches, wgmma)
+    for batch, index, hw, s, e, launches, wgmma in (
+            (2, 0, 55, 16, 64, 1, False), (64, 0, 55, 16, 64, 1, False),
+            (64, 2, 27, 32, 128, 1, True), (64, 6, 13, 64, 256, 2, True),
+            (64, 4, 13, 48, 192, 3, True)):
         groups, _ = fusion.find_groups("squeezenet1_1", batch=batch, dtype="bfloat16", kinds=BLOCKS)
         g = groups[index]
         assert g.attrs["squeeze"] == s and g.x_shape[1] == hw
         fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
         assert (fused.launches, xla.launches) == (launches, 4)
-        assert cost.fire_uses_wgmma(g, spec) == (launches > 1)
+        assert cost.fire_uses_wgmma(g, spec) == wgmma
         assert cost.fire_merges_expands(g) == (s % 32 == 0)
+        assert cost.fire_runs_one_launch(g) == (s == 32)
         squeeze = batch * hw * hw * s * item
         y = batch * hw * hw * 2 * e * item
         # The concatenate's copy (read + write of y); the fused kernel also keeps s on chip
@@ -168,9 +172,10 @@ def test_plan_explain_lists_every_group_with_candidates_and_reasons():
     for header in ("group", "members", "fused ms", "XLA ms", "DRAM MiB XLA->fused", "choice", "why"):
         assert header in text
     # N=64 on Hopper: fire2/fire3 (16-channel squeeze) one fused kernel; the others the wgmma
-    # path: squeeze + merged expands (S 32, 64: fire4/5/8/9) or a conv per expand (S 48).
-    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->1") == 2
-    assert text.count("4->2") == 4 and text.count("4->3") == 2
+    # path: one launch (S 32: fire4/5), squeeze + merged expands (S 64: fire8/9) or a conv per
+    # expand (S 48).
+    assert text.count(FIRE_MEMBERS) == 8 and text.count("4->1") == 4
+    assert text.count("4->2") == 2 and text.count("4->3") == 2
     assert "groups: 8 of 8 fused" in text and "launch (assumed)" in text
     assert "saves" in text and "kernel launches" in text
     d = plan.to_dict()

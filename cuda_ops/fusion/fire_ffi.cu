@@ -178,8 +178,9 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
   } else if (plan.kernel == jaxcnn::FireAlgorithm::kFma) {
     text = std::string("kernel=fma (") + plan.why + ")";
   } else if (plan.kernel == jaxcnn::FireAlgorithm::kWgmma) {
+    // squeeze=fused: the one-launch kernel computes it per tile (fire_fused_wgmma.h).
     text = "kernel=wgmma launches=" + std::to_string(plan.wgmma_launches) + " squeeze=" +
-           (plan.wgmma_squeeze ? "wgmma" : "conv_tc") +
+           (plan.wgmma_launches == 1 ? "fused" : plan.wgmma_squeeze ? "wgmma" : "conv_tc") +
            " workspace=" + std::to_string(plan.workspace_bytes) +
            " (" + plan.why + ")";
   } else if (plan.kernel == jaxcnn::FireAlgorithm::kTwoPhase) {

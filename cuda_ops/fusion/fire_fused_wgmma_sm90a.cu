@@ -164,27 +164,29 @@ __device__ __forceinline__ void StoreSqueeze(const Args& a, const Tile& t, uint3
 // One 64-channel block's m64n224 accumulators (element 4j + e: channel 16 warp + lane/4 (+8
 // for e >= 2) at tile row j, column 2(lane%4) + e%2) into the consumer's y tile: bias, ReLU,
 // rounded to T; [row][column][64 channels], 128-byte pixels, TMA's 128B swizzle (16-byte
-// chunk XOR column). Lanes 4 apart trade a column so each stores channel pairs of one pixel.
+// chunk XOR pixel mod 8). Each 8 channels x 8 pixels of a warp is one transposed stmatrix
+// (lane 8i + r gives pixel r's row of matrix i): 14 stmatrix.x4 a warp, where pairing the
+// channels by shuffles and 4-byte stores took 56 of each.
 // bias: the block's 64 fp32 biases in shared memory.
 template <typename T>
 __device__ __forceinline__ void StoreBlock(const float* bias, uint32_t y_tile,
                                            const float (&acc)[kAcc]) {
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-  const bool even = (lane / 4) % 2 == 0;
-  const int c_lo = 16 * warp + lane / 4;
-  const int col = 2 * (lane % 4) + (even ? 0 : 1);
-  const int c = even ? c_lo : c_lo - 1;  // the lane's channel pairs: c, c+1 and c+8, c+9
-  const float b0 = bias[c], b1 = bias[c + 1], b8 = bias[c + 8], b9 = bias[c + 9];
+  const float b_lo = bias[16 * warp + lane / 4], b_hi = bias[16 * warp + lane / 4 + 8];
+  const int r = lane % 8, matrix = lane / 8;  // matrices: (rows j, j + 1) x (channels, +8)
+  const uint32_t row = y_tile + ((matrix / 2) * kTileW + r) * 128 +
+                       (((2 * warp + matrix % 2) ^ r) << 4);
 #pragma unroll
-  for (int j = 0; j < kTileH; ++j) {
-    const float* d = &acc[4 * j];
-    const float r0 = __shfl_xor_sync(0xffffffffu, even ? d[1] : d[0], 4);
-    const float r1 = __shfl_xor_sync(0xffffffffu, even ? d[3] : d[2], 4);
-    const uint32_t lo = PackPair<T>(Relu(even ? d[0] : r0, b0), Relu(even ? r0 : d[1], b1));
-    const uint32_t hi = PackPair<T>(Relu(even ? d[2] : r1, b8), Relu(even ? r1 : d[3], b9));
-    const uint32_t pixel = y_tile + (j * kTileW + col) * 128 + (c % 8) * 2;
-    asm volatile("st.shared.u32 [%0], %1;" ::"r"(pixel + (((c / 8) ^ col) * 16)), "r"(lo));
-    asm volatile("st.shared.u32 [%0], %1;" ::"r"(pixel + (((c / 8 + 1) ^ col) * 16)), "r"(hi));
+  for (int j = 0; j < kTileH; j += 2) {
+    const float* d0 = &acc[4 * j];
+    const float* d1 = &acc[4 * (j + 1)];
+    const uint32_t m0 = PackPair<T>(Relu(d0[0], b_lo), Relu(d0[1], b_lo));
+    const uint32_t m1 = PackPair<T>(Relu(d0[2], b_hi), Relu(d0[3], b_hi));
+    const uint32_t m2 = PackPair<T>(Relu(d1[0], b_lo), Relu(d1[1], b_lo));
+    const uint32_t m3 = PackPair<T>(Relu(d1[2], b_hi), Relu(d1[3], b_hi));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                     row + j * kTileW * 128),
+                 "r"(m0), "r"(m1), "r"(m2), "r"(m3));
   }
 }
 

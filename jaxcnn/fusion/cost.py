@@ -190,18 +190,23 @@ FIRE_MERGED_EXPAND_MULTIPLE = 64
 
 # The whole module as one wgmma launch (cuda_ops/fusion/fire_fused_wgmma.h): 32 squeeze
 # channels, C a multiple of 32, E1 and E3 of 64 whose weights (one 64-channel block: 4 KB a
-# tap, 1 tap for the 1x1, 9 for the 3x3) fit next to the kernel's other shared memory.
+# tap, 1 tap for the 1x1, 9 for the 3x3) and fp32 biases fit in the shared memory the kernel's
+# tiles and two pipeline stages leave.
 FIRE_ONE_LAUNCH_SQUEEZE = 32
-FIRE_ONE_LAUNCH_MAX_WEIGHT_BYTES = 90880
+FIRE_ONE_LAUNCH_SMEM_LEFT = 90880
+
+
+def fire_one_launch_applies(c: int, s: int, e1: int, e3: int) -> bool:
+    """Whether a fire of these channel counts runs as one wgmma launch (bf16/fp16, Hopper)."""
+    resident = (e1 // 64 + 9 * (e3 // 64)) * 4096 + 4 * (e1 + e3)
+    return (s == FIRE_ONE_LAUNCH_SQUEEZE and c % 32 == 0 and e1 > 0 and e3 > 0
+            and e1 % 64 == 0 and e3 % 64 == 0 and resident <= FIRE_ONE_LAUNCH_SMEM_LEFT)
 
 
 def fire_runs_one_launch(group: FusionGroup) -> bool:
     """Whether jaxcnn.fire's wgmma path runs the whole module as one launch (s on chip)."""
-    c = group.x_shape[3]
     s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
-    weights = (e1 // 64 + 9 * (e3 // 64)) * 4096
-    return (s == FIRE_ONE_LAUNCH_SQUEEZE and c % 32 == 0 and e1 > 0 and e3 > 0
-            and e1 % 64 == 0 and e3 % 64 == 0 and weights <= FIRE_ONE_LAUNCH_MAX_WEIGHT_BYTES)
+    return fire_one_launch_applies(group.x_shape[3], s, e1, e3)
 
 
 def fire_merges_expands(group: FusionGroup) -> bool:
