@@ -233,7 +233,7 @@ def fused_cost(group: FusionGroup, spec: GpuSpec) -> VersionCost:
                   if m.weight_shape is not None) * item
     if group.kind == "fire" and fire_uses_wgmma(group, spec):
         # Tensor-core convs: s makes one round trip, the concatenate is gone; merged expands
-        # read s once.
+        # read s once; with 32 squeeze channels one launch keeps s on chip.
         n, h, w, _ = group.x_shape
         s_bytes = bytes_of((n, h, w, group.attrs["squeeze"]), dtype)
         kernels = []

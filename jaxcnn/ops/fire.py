@@ -9,9 +9,12 @@ zoo's `models.squeezenet.fire`). CUDA runs cuda_ops/fusion through XLA FFI, one 
   - the fused kernel: the squeeze tile stays in shared memory (straight fusion), both expands
     read it there (split) and write straight into their channel slices of the output (merge:
     no concatenate);
-  - on Hopper, three wgmma/TMA convs (conv_tc/) whose expand epilogues store into their
-    channel slices of the output (merge again); s goes through a workspace. "auto" takes it
-    for big problems (many pixels, or S > 32 where the fused kernel recomputes the squeeze);
+  - on Hopper, TMA + wgmma kernels. With 32 squeeze channels the whole module is one launch
+    (each tile's squeeze over its halo stays in shared memory; fusion/fire_fused_wgmma.h);
+    otherwise the squeeze conv writes s to a workspace and the expands (one merged launch, or
+    one conv each) store into their channel slices of the output (merge again). "auto" takes
+    it for big problems (many pixels, or S > 32 where the fused kernel recomputes the
+    squeeze);
   - for small problems (N = 1), one cooperative launch in two phases: the squeeze spread
     over every SM into the workspace, a grid barrier, then the expands into their slices.
 Every other platform runs the lax reference (the unfused composition). Gradients are the
@@ -100,8 +103,9 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
       squeeze_b, expand1_b, expand3_b: [S], [E1], [E3] biases, or None for zero bias.
       algorithm: "auto" (bf16/fp16 with channel counts multiples of 8: the two-phase
         kernel for at most 1024 output pixels and 8 to 64 squeeze channels; on Hopper the
-        wgmma path (the squeeze conv, then both expands in one launch where S % 32 and
-        E1, E3 % 64, else one conv each) for >= 8192 output pixels or > 32 squeeze channels,
+        wgmma path (one launch for S = 32, C % 32, E1, E3 % 64; else the squeeze conv, then
+        both expands in one launch where S % 32 and E1, E3 % 64, else one conv each) for
+        >= 8192 output pixels or > 32 squeeze channels,
         unless the squeeze has at most 16 channels and the fused kernel runs two CTAs per SM
         unsplit;
         else the fused tensor-core kernel for at most 64 squeeze channels; else CUDA cores),

@@ -13,8 +13,8 @@ import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Kernel choice; codes match cuda_ops' FireAlgorithm. "auto": the two-phase kernel for small
-# problems (<= 1024 output pixels); on Hopper, the wgmma path (squeeze conv, merged expands)
-# for big problems or S > 32; else the fused mma.sync kernel (bf16/fp16, channel counts
+# problems (<= 1024 output pixels); on Hopper, the wgmma path (one launch for S = 32, else
+# squeeze conv + merged expands) for big problems or S > 32; else the fused mma.sync kernel (bf16/fp16, channel counts
 # multiples of 8, 16-byte aligned buffers); else the CUDA-core kernel.
 ALGORITHMS = ("auto", "tensor_core", "fma", "wgmma", "two_phase")
 # Operand order of the primitive and the custom call.
