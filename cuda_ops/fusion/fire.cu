@@ -236,9 +236,10 @@ int64_t WgmmaWorkspaceBytes(const FireParams& p, size_t element_bytes) {
   return CeilDiv(s_bytes, kWorkspaceAlign) * kWorkspaceAlign;
 }
 
-// For A/B measurements: JAXCNN_FIRE_WGMMA=conv_tc runs the kWgmma path's three convs on the
-// CUTLASS kernels (the path before the merged expand); =squeeze_wgmma runs the squeeze on the
-// wgmma conv kernel as a 1x1-only layer instead of the CUTLASS conv.
+// For A/B measurements: JAXCNN_FIRE_WGMMA set to anything turns the one-launch kernel off
+// (=two_launch: the CUTLASS squeeze + merged expand); =conv_tc runs the kWgmma path's three
+// convs on the CUTLASS kernels (the path before the merged expand); =squeeze_wgmma runs the
+// squeeze on the wgmma conv kernel as a 1x1-only layer instead of the CUTLASS conv.
 std::string FireWgmmaOverride() {
   static const std::string value = [] {
     const char* v = std::getenv("JAXCNN_FIRE_WGMMA");

@@ -12,11 +12,13 @@
 //   stages: a 32-channel chunk of the x halo tile (TMA zero-fills outside the image) as the
 //      squeeze's K-major A operand, and the matching [32 rows][32 channels] of w_sq (64B
 //      swizzle, an MN-major B operand).
-// Measured on the headline fire (H100, N = 64, 55x55, 128 -> 32 -> (128, 128); selftest
-// graph times): 63.6 us. Each squeeze stage goes back as soon as its wgmmas are done (held
-// until the next chunk arrived: 66.6 us). Dropped, all slower: TMA L2 prefetch of the next
-// tile's x (73.4 us) or of the tile's chunks past the stages (67.5), 256-byte L2 promotion of
-// x (64.2), the y tiles copied out by the consumer threads instead of TMA stores (67.5).
+// Measured on the headline fire (H100, N = 64, 55x55, 128 -> 32 -> (128, 128); selftest graph
+// times, each against the step before on the same machine): the stmatrix epilogue 62.1 us
+// (shuffles + 4-byte stores: 68.2); each squeeze stage given back as soon as its wgmmas are
+// done 63.6 (held until the next chunk arrived: 66.6). Dropped, all slower than 63.6: TMA L2
+// prefetch of the next tile's x (73.4 us) or of the tile's chunks past the stages (67.5),
+// 256-byte L2 promotion of x (64.2), y tiles copied out by the consumer threads instead of
+// TMA stores (67.5). Report: benchmarks/results/h100-2026-11-27-s18_fire_one_launch.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -154,8 +156,8 @@ __device__ __forceinline__ void StoreSqueeze(const Args& a, const Tile& t, uint3
 #pragma unroll
       for (int j = 0; j < kSqueeze / 8; ++j) {
         const float* d = &acc[kSqueezeAcc * blk + 4 * j + 2 * half];
-        const uint32_t v = inside ? PackPair<T>(Relu(d[0], bias[2 * j]), Relu(d[1], bias[2 * j + 1]))
-                                  : 0u;
+        const uint32_t v =
+            inside ? PackPair<T>(Relu(d[0], bias[2 * j]), Relu(d[1], bias[2 * j + 1])) : 0u;
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(row + ((j ^ ((p >> 1) & 3)) << 4)), "r"(v));
       }
     }
@@ -271,8 +273,8 @@ __global__ void __launch_bounds__(kKernelThreads, 1)
   const uint32_t s_tile = smem_base + a.s + consumer * kSTileBytes;
   const uint32_t y_tile = smem_base + a.y + consumer * kYTileBytes;
   uint8_t* const y_tile_ptr = smem + a.y + consumer * kYTileBytes;
-  // Both expands' biases as one fp32 table in y's channel order (a global load per block
-  // stalled the epilogues).
+  // Both expands' biases as one fp32 table in y's channel order, loaded once: the epilogues
+  // then read shared memory only.
   float* const bias = reinterpret_cast<float*>(smem + a.biases);
   for (int i = threadIdx.x - 128; i < a.E1 + a.E3; i += 256)
     bias[i] = i < a.E1 ? Load<T>(a.b1, i) : Load<T>(a.b3, i - a.E1);
