@@ -161,10 +161,10 @@ def fire_uses_two_phase(group: FusionGroup) -> bool:
 
 
 def fire_uses_wgmma(group: FusionGroup, spec: GpuSpec) -> bool:
-    """Whether jaxcnn.fire's "auto" runs its wgmma path (squeeze into a workspace, the expands
-    into their channel slices of the output: one launch, or one each) on this GPU: big problems
-    and wide squeezes, except narrow squeezes whose fused kernel runs two CTAs per SM
-    unsplit."""
+    """Whether jaxcnn.fire's "auto" runs its wgmma path (the whole module as one launch where
+    fire_runs_one_launch, else the squeeze into a workspace and the expands into their channel
+    slices of the output: one launch, or one each) on this GPU: big problems and wide
+    squeezes, except narrow squeezes whose fused kernel runs two CTAs per SM unsplit."""
     n, h, w, c = group.x_shape
     s, e1, e3 = (group.attrs[k] for k in ("squeeze", "expand1x1", "expand3x3"))
     hopper = spec.name.startswith(("H100", "H200"))
