@@ -32,12 +32,6 @@ const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_floa
                               const void* w_sq, const void* w_e1, const void* w_e3,
                               const void* y);
 
-// Shared memory per CTA, pipeline stages and persistent CTAs for these params (0 where the
-// expand weights leave no room for two stages).
-int64_t SmemBytes(const FireParams& p);
-int Stages(const FireParams& p);
-int64_t Grid(const FireParams& p);
-
 // p must pass UnsupportedReason; biases may be null (zero).
 template <typename T>
 cudaError_t Launch(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream);

@@ -445,16 +445,16 @@ cudaError_t EncodeMaps(const FireParams& p, const FireBuffers<T>& b, CUtensorMap
   return cudaSuccess;
 }
 
-}  // namespace
-
+// Shared memory per CTA (0 where the expand weights leave no room for two stages).
 int64_t SmemBytes(const FireParams& p) {
   const Layout l = LayoutOf(p);
   return l.stages >= 2 ? l.bytes : 0;
 }
 
-int Stages(const FireParams& p) { return LayoutOf(p).stages; }
-
+// Persistent CTAs: one per SM.
 int64_t Grid(const FireParams& p) { return std::min<int64_t>(WorkOf(p), SmCount()); }
+
+}  // namespace
 
 const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_float, const void* x,
                               const void* w_sq, const void* w_e1, const void* w_e3,
