@@ -16,6 +16,8 @@ _LAZY = {
     "conv2d_pool": "jaxcnn.ops",
     "fire": "jaxcnn.ops",
     "conv1x1_conv3x3": "jaxcnn.ops",
+    "conv3x3_conv1x1": "jaxcnn.ops",
+    "conv1x1_depthwise": "jaxcnn.ops",
     "inception": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",
     "relayout_weights": "jaxcnn.ops",

@@ -14,6 +14,9 @@
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
 #                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
+#     chain      straight conv chains (3x3->1x1, 1x1->depthwise): chain_selftest (standalone nvcc
+#                build) + memcheck/racecheck (--small), pytest -m gpu tests/test_chain_gpu.py,
+#                scripts/bench_chain.py (CHAIN_BENCH_ARGS, e.g. "--batches 64"; its report lands in OUTDIR)
 #     convpool   fused conv + bias + ReLU + max-pool: conv_pool_selftest (standalone nvcc build),
 #                pytest -m gpu tests/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
 #                (CONVPOOL_BENCH_ARGS, e.g. "--quick")
@@ -132,6 +135,20 @@ if has fusion; then
   step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
+fi
+
+if has chain; then
+  # Links the build step's kernel archive, like the fusion section.
+  CHAIN_SELFTEST=build/chain_selftest
+  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
+  step chain_selftest_build nvcc -std=c++17 -O3 -arch=${CHAIN_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
+    cuda_ops/selftest/chain_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$CHAIN_SELFTEST"
+  step chain_selftest "$CHAIN_SELFTEST"
+  step chain_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$CHAIN_SELFTEST" --small
+  step chain_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$CHAIN_SELFTEST" --small
+  step pytest_chain_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_chain_gpu.xml" tests/test_chain_gpu.py
+  # shellcheck disable=SC2086
+  step chain_bench $PY scripts/bench_chain.py --out "$OUT" ${CHAIN_BENCH_ARGS:-}
 fi
 
 if has convpool; then

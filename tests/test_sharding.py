@@ -90,6 +90,8 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
     NHWC, NCHW, CHWN = (16, 7, 5, 6), (16, 6, 7, 5), (6, 7, 5, 16)
     inc = [jax.random.normal(next(key), shape) * 0.3 for shape in
            ((1, 1, 6, 2), (1, 1, 6, 3), (3, 3, 3, 4), (1, 1, 6, 2), (5, 5, 2, 3), (1, 1, 6, 2))]
+    c1 = jax.random.normal(next(key), (1, 1, 4, 5)) * 0.3
+    dw = jax.random.normal(next(key), (3, 3, 1, 3)) * 0.3
 
     ROWS = [
         # name, jaxcnn function it needs, fn, input shape, batch axis (input, output)
@@ -111,6 +113,9 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
         ("sparse_conv2d", "sparse_conv2d", lambda x: jaxcnn.sparse_conv2d(jax.nn.relu(x), w3, bias), NHWC, 0),
         ("sparse_conv2d_pool", "sparse_conv2d_pool", lambda x: jaxcnn.sparse_conv2d_pool(x, w3, bias), NHWC, 0),
         ("inception", "inception", lambda x: jaxcnn.inception(x, *inc), NHWC, 0),
+        ("conv3x3_conv1x1", "conv3x3_conv1x1", lambda x: jaxcnn.conv3x3_conv1x1(x, w3, c1, bias), NHWC, 0),
+        ("conv1x1_depthwise /2", "conv1x1_depthwise",
+         lambda x: jaxcnn.conv1x1_depthwise(x, sq, dw, stride=2, activations=("relu6", None)), NHWC, 0),
     ]
 
     checked = []
@@ -148,7 +153,7 @@ def test_every_primitive_shards_over_the_batch():
     out = run_on_8_devices(PRIMITIVES_SCRIPT)
     assert "PRIMITIVES OK" in out
     checked = int(out.split("CHECKED ")[1].split()[0])
-    assert checked >= 17, out  # every row above: a missing function would be skipped
+    assert checked >= 19, out  # every row above: a missing function would be skipped
 
 
 # Data-parallel inference of Flax-written SqueezeNet 1.1 and VGG-19 through jaxcnn.optimize.

@@ -1,7 +1,9 @@
 """One module per primitive; each exposes its public function."""
 
+from jaxcnn.ops.conv1x1_depthwise import conv1x1_depthwise
 from jaxcnn.ops.conv2d import conv2d
 from jaxcnn.ops.conv2d_pool import conv2d_pool
+from jaxcnn.ops.conv3x3_conv1x1 import conv3x3_conv1x1
 from jaxcnn.ops.fire import conv1x1_conv3x3, fire
 from jaxcnn.ops.inception import inception
 from jaxcnn.ops.layout_transform import to_layout
@@ -10,6 +12,6 @@ from jaxcnn.ops.softmax import log_softmax, softmax
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d, sparse_conv2d_pool
 from jaxcnn.ops.weight_relayout import relayout_weights
 
-__all__ = ["avg_pool2d", "conv1x1_conv3x3", "conv2d", "conv2d_pool", "fire", "inception",
-           "log_softmax", "max_pool2d", "relayout_weights", "softmax", "sparse_conv2d",
-           "sparse_conv2d_pool", "to_layout"]
+__all__ = ["avg_pool2d", "conv1x1_conv3x3", "conv1x1_depthwise", "conv2d", "conv2d_pool",
+           "conv3x3_conv1x1", "fire", "inception", "log_softmax", "max_pool2d",
+           "relayout_weights", "softmax", "sparse_conv2d", "sparse_conv2d_pool", "to_layout"]

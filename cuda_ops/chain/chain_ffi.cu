@@ -1,0 +1,184 @@
+// XLA FFI handlers for the straight conv chains (conv3x3 -> conv1x1, conv1x1 -> depthwise3x3):
+// decode, validate, launch, report.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "chain/chain.h"
+#include "common/ffi_common.h"
+
+namespace jaxcnn {
+namespace {
+
+struct Expect {
+  const char* name;
+  const ffi::AnyBuffer* buffer;
+  std::vector<int64_t> shape;
+};
+
+std::string ShapeText(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+
+bool HasShape(const ffi::AnyBuffer& buffer, const std::vector<int64_t>& want) {
+  const auto dims = buffer.dimensions();
+  if (dims.size() != want.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (dims[i] != want[i]) return false;
+  return true;
+}
+
+// Every operand and the result must have its expected shape and x's dtype.
+ffi::Error CheckBuffers(const char* op, ffi::DataType dtype, const std::vector<Expect>& expects) {
+  for (const Expect& e : expects) {
+    if (!HasShape(*e.buffer, e.shape))
+      return InvalidArgumentFor(op, std::string(e.name) + " must have shape " +
+                                        ShapeText(e.shape) + ", got " +
+                                        DimsToString(e.buffer->dimensions()));
+    if (e.buffer->element_type() != dtype)
+      return InvalidArgumentFor(op, std::string(e.name) + " dtype must equal x dtype");
+  }
+  return ffi::Error::Success();
+}
+
+bool ToActivation(int64_t code, ChainActivation* act) {
+  if (code < 0 || code > 2) return false;
+  *act = static_cast<ChainActivation>(code);
+  return true;
+}
+
+// Decodes act1/act2 (0 none, 1 relu, 2 relu6) into `p`.
+template <typename Params>
+ffi::Error DecodeActivations(const char* op, int64_t act1, int64_t act2, Params* p) {
+  if (!ToActivation(act1, &p->act1) || !ToActivation(act2, &p->act2))
+    return InvalidArgumentFor(op, "act1 and act2 must be 0 (none), 1 (relu) or 2 (relu6), got " +
+                                      std::to_string(act1) + " and " + std::to_string(act2));
+  return ffi::Error::Success();
+}
+
+// The fused kernels are bf16/fp16 only (float32 chains lower to XLA's convs).
+template <typename Fn>
+ffi::Error DispatchHalfType(ffi::DataType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case ffi::DataType::BF16: return fn(DTypeTraits<ffi::DataType::BF16>{});
+    case ffi::DataType::F16: return fn(DTypeTraits<ffi::DataType::F16>{});
+    default: return InvalidArgumentFor(op, "x dtype must be bfloat16 or float16");
+  }
+}
+
+template <typename T>
+const T* In(const ffi::AnyBuffer& buffer) {
+  return static_cast<const T*>(buffer.untyped_data());
+}
+
+ffi::Error Conv3x3Conv1x1Fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w3,
+                             ffi::AnyBuffer b3, ffi::AnyBuffer w1, ffi::AnyBuffer b1,
+                             ffi::Result<ffi::AnyBuffer> y, int64_t act1, int64_t act2) {
+  constexpr const char* kOp = "conv3x3_conv1x1";
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() != 4)
+    return InvalidArgumentFor(kOp, "x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
+  if (w3.dimensions().size() != 4 || w1.dimensions().size() != 4)
+    return InvalidArgumentFor(kOp, "w3 and w1 must be rank 4 (HWIO)");
+  Conv3x3Conv1x1Params p;
+  p.N = x_dims[0], p.H = x_dims[1], p.W = x_dims[2], p.C = x_dims[3];
+  p.M = w3.dimensions()[3];
+  p.K = w1.dimensions()[3];
+  if (ffi::Error e = DecodeActivations(kOp, act1, act2, &p); e.failure()) return e;
+  if (ffi::Error e = CheckBuffers(kOp, x.element_type(),
+                                  {{"w3", &w3, {3, 3, p.C, p.M}},
+                                   {"b3", &b3, {p.M}},
+                                   {"w1", &w1, {1, 1, p.M, p.K}},
+                                   {"b1", &b1, {p.K}},
+                                   {"output y", &*y, {p.N, p.H, p.W, p.K}}});
+      e.failure())
+    return e;
+  return DispatchHalfType(x.element_type(), kOp, [&](auto traits) -> ffi::Error {
+    using T = typename decltype(traits)::type;
+    if (const char* reason = conv3x3_conv1x1_unsupported_reason(p))
+      return InvalidArgumentFor(kOp, std::string("unsupported shape: ") + reason + " (x " +
+                                         DimsToString(x_dims) + ", M " + std::to_string(p.M) +
+                                         ", K " + std::to_string(p.K) + ")");
+    JAXCNN_RETURN_IF_CUDA_ERROR(
+        launch_conv3x3_conv1x1<T>(p, In<T>(x), In<T>(w3), In<T>(b3), In<T>(w1), In<T>(b1),
+                                  static_cast<T*>(y->untyped_data()), stream),
+        "conv3x3_conv1x1 launch");
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1,
+                               ffi::AnyBuffer b1, ffi::AnyBuffer wd, ffi::AnyBuffer bd,
+                               ffi::Result<ffi::AnyBuffer> y, int64_t stride, int64_t act1,
+                               int64_t act2) {
+  constexpr const char* kOp = "conv1x1_depthwise";
+  if (stride != 1 && stride != 2)
+    return InvalidArgumentFor(kOp, "stride must be 1 or 2, got " + std::to_string(stride));
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() != 4)
+    return InvalidArgumentFor(kOp, "x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
+  if (w1.dimensions().size() != 4)
+    return InvalidArgumentFor(kOp, "w1 must be rank 4 (HWIO)");
+  Conv1x1DepthwiseParams p;
+  p.N = x_dims[0], p.H = x_dims[1], p.W = x_dims[2], p.C = x_dims[3];
+  p.M = w1.dimensions()[3];
+  p.stride = static_cast<int>(stride);
+  if (ffi::Error e = DecodeActivations(kOp, act1, act2, &p); e.failure()) return e;
+  const int64_t P = (p.H - 1) / stride + 1, Q = (p.W - 1) / stride + 1;
+  if (ffi::Error e = CheckBuffers(kOp, x.element_type(),
+                                  {{"w1", &w1, {1, 1, p.C, p.M}},
+                                   {"b1", &b1, {p.M}},
+                                   {"wd", &wd, {3, 3, 1, p.M}},
+                                   {"bd", &bd, {p.M}},
+                                   {"output y", &*y, {p.N, P, Q, p.M}}});
+      e.failure())
+    return e;
+  return DispatchHalfType(x.element_type(), kOp, [&](auto traits) -> ffi::Error {
+    using T = typename decltype(traits)::type;
+    if (const char* reason = conv1x1_depthwise_unsupported_reason(p))
+      return InvalidArgumentFor(kOp, std::string("unsupported shape: ") + reason + " (x " +
+                                         DimsToString(x_dims) + ", M " + std::to_string(p.M) +
+                                         ")");
+    JAXCNN_RETURN_IF_CUDA_ERROR(
+        launch_conv1x1_depthwise<T>(p, In<T>(x), In<T>(w1), In<T>(b1), In<T>(wd), In<T>(bd),
+                                    static_cast<T*>(y->untyped_data()), stream),
+        "conv1x1_depthwise launch");
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+}  // namespace jaxcnn
+
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv3x3Conv1x1Fwd(XLA_FFI_CallFrame*);
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv1x1DepthwiseFwd(XLA_FFI_CallFrame*);
+
+// Command-buffer (CUDA graph) compatible: the launchers only launch on `stream`.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv3x3Conv1x1Fwd, jaxcnn::Conv3x3Conv1x1Fwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // w3
+                                  .Arg<ffi::AnyBuffer>()  // b3
+                                  .Arg<ffi::AnyBuffer>()  // w1
+                                  .Arg<ffi::AnyBuffer>()  // b1
+                                  .Ret<ffi::AnyBuffer>()  // y
+                                  .Attr<int64_t>("act1")
+                                  .Attr<int64_t>("act2"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv1x1DepthwiseFwd, jaxcnn::Conv1x1DepthwiseFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // w1
+                                  .Arg<ffi::AnyBuffer>()  // b1
+                                  .Arg<ffi::AnyBuffer>()  // wd
+                                  .Arg<ffi::AnyBuffer>()  // bd
+                                  .Ret<ffi::AnyBuffer>()  // y
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("act1")
+                                  .Attr<int64_t>("act2"),
+                              {ffi::Traits::kCmdBufferCompatible});

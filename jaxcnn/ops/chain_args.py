@@ -1,0 +1,146 @@
+"""Argument validation, shape rules and the fused-kernel rule of the straight conv chains
+(`jaxcnn.conv3x3_conv1x1`, `jaxcnn.conv1x1_depthwise`).
+
+Runs at trace time on static shapes: bad input fails before any kernel runs, with an error
+that names the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
+# Per-stage activation; index = the handlers' act1/act2 code (cuda_ops' ChainActivation).
+ACTIVATIONS = (None, "relu", "relu6")
+STRIDES = (1, 2)
+# Operand order of each primitive and its custom call.
+CONV3X3_CONV1X1_OPERANDS = ("x", "w3", "b3", "w1", "b1")
+CONV1X1_DEPTHWISE_OPERANDS = ("x", "w1", "b1", "wd", "bd")
+
+# The fused kernels' limits (cuda_ops/chain/chain.h): bf16/fp16, channel counts multiples of 8,
+# the resident intermediate (3x3 -> 1x1) or input halo tile (1x1 -> depthwise) bounded, int32
+# indexing. Anything else runs XLA's unfused convs.
+FUSED_DTYPES = (np.dtype("bfloat16"), np.dtype("float16"))
+CHANNEL_MULTIPLE = 8
+CONV3X3_CONV1X1_MAX_MID = 384
+CONV1X1_DEPTHWISE_MAX_IN = 256
+MAX_ELEMENTS = 2**31
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """Static parameters of one chain (shapes live in the operands)."""
+
+    act1: str | None = "relu"
+    act2: str | None = "relu"
+    stride: int = 1  # of the depthwise conv; always 1 for conv3x3_conv1x1
+
+
+def make_chain_config(activations: Any = ("relu", "relu"), stride: Any = 1) -> ChainConfig:
+    if (not isinstance(activations, (tuple, list)) or len(activations) != 2
+            or any(a not in ACTIVATIONS for a in activations)):
+        raise ValueError(f"activations must be a pair of {ACTIVATIONS} (one per conv), "
+                         f"got {activations!r}")
+    if not isinstance(stride, (int, np.integer)) or isinstance(stride, bool):
+        raise TypeError(f"stride must be an int (1 or 2), got {stride!r}")
+    if int(stride) not in STRIDES:
+        raise ValueError(f"stride must be 1 or 2, got {stride}")
+    return ChainConfig(activations[0], activations[1], int(stride))
+
+
+def _check_dtypes(names: Sequence[str], dtypes: Sequence[Any]) -> np.dtype:
+    x_dtype = np.dtype(dtypes[0])
+    if x_dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"x dtype must be float32, bfloat16 or float16, got {x_dtype.name}")
+    for name, dtype in zip(names[1:], dtypes[1:]):
+        if np.dtype(dtype) != x_dtype:
+            raise TypeError(f"{name} dtype {np.dtype(dtype).name} must equal x dtype {x_dtype.name}")
+    return x_dtype
+
+
+def _check_x(shape: tuple) -> tuple[int, int, int, int]:
+    if len(shape) != 4:
+        raise ValueError(f"x must be rank 4 [N, H, W, C] (NHWC), got shape {shape}")
+    if min(shape[1:]) < 1:
+        raise ValueError(f"x must have H, W and C >= 1, got shape {shape}")
+    return shape
+
+
+def _check_weight(name: str, shape: tuple, window: int, cin: int, what: str) -> int:
+    """Checks a [window, window, cin, out] HWIO weight; returns out."""
+    if len(shape) != 4 or shape[:2] != (window, window):
+        raise ValueError(f"{name} must be rank 4 HWIO [{window}, {window}, in, out], got shape {shape}")
+    if shape[3] < 1:
+        raise ValueError(f"{name} must have >= 1 output channels, got shape {shape}")
+    if shape[2] != cin:
+        raise ValueError(f"{name} must have shape {(window, window, cin, shape[3])} ({what}), "
+                         f"got {shape}")
+    return shape[3]
+
+
+def _check_bias(name: str, shape: tuple, k: int) -> None:
+    if shape != (k,):
+        raise ValueError(f"{name} must have shape ({k},) (one per output channel of its conv), "
+                         f"got {shape}")
+
+
+def _check_count(names: Sequence[str], shapes: Sequence, want: int, op: str) -> list[tuple]:
+    if len(shapes) != want:
+        raise ValueError(f"{op} takes {want} operands {tuple(names)}, got {len(shapes)}")
+    return [tuple(s) for s in shapes]
+
+
+def conv3x3_conv1x1_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) -> tuple:
+    """[N, H, W, K] for (x, w3, b3, w1, b1); raises on bad input."""
+    names = CONV3X3_CONV1X1_OPERANDS
+    x_shape, w3_shape, b3_shape, w1_shape, b1_shape = _check_count(names, shapes, 5, "conv3x3_conv1x1")
+    _check_dtypes(names, dtypes)
+    n, h, w, c = _check_x(x_shape)
+    m = _check_weight("w3", w3_shape, 3, c, f"input channels of x = {c}")
+    k = _check_weight("w1", w1_shape, 1, m, f"output channels of w3 = {m}")
+    _check_bias("b3", b3_shape, m)
+    _check_bias("b1", b1_shape, k)
+    return (n, h, w, k)
+
+
+def conv1x1_depthwise_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
+                                   stride: int) -> tuple:
+    """[N, (H - 1) // stride + 1, (W - 1) // stride + 1, M] for (x, w1, b1, wd, bd)."""
+    names = CONV1X1_DEPTHWISE_OPERANDS
+    x_shape, w1_shape, b1_shape, wd_shape, bd_shape = _check_count(names, shapes, 5, "conv1x1_depthwise")
+    _check_dtypes(names, dtypes)
+    n, h, w, c = _check_x(x_shape)
+    m = _check_weight("w1", w1_shape, 1, c, f"input channels of x = {c}")
+    if wd_shape != (3, 3, 1, m):
+        raise ValueError(f"wd must have shape (3, 3, 1, {m}) (depthwise HWIO over the {m} "
+                         f"channels of w1), got {wd_shape}")
+    _check_bias("b1", b1_shape, m)
+    _check_bias("bd", bd_shape, m)
+    return (n, (h - 1) // stride + 1, (w - 1) // stride + 1, m)
+
+
+def _fits(*shapes: Sequence[int]) -> bool:
+    return all(int(np.prod(s, dtype=np.int64)) < MAX_ELEMENTS for s in shapes)
+
+
+def conv3x3_conv1x1_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any) -> bool:
+    """True when the fused CUDA kernel runs this chain (else XLA's unfused convs do)."""
+    n, h, w, c = x_shape
+    return (np.dtype(dtype) in FUSED_DTYPES
+            and all(v % CHANNEL_MULTIPLE == 0 for v in (c, m, k))
+            and m <= CONV3X3_CONV1X1_MAX_MID
+            # The intermediate too: the kernel indexes pixels of it in int32.
+            and _fits(x_shape, (n, h, w, m), (n, h, w, k), (3, 3, c, m)))
+
+
+def conv1x1_depthwise_fused(x_shape: Sequence[int], m: int, stride: int, dtype: Any) -> bool:
+    """True when the fused CUDA kernel runs this chain (else XLA's unfused convs do)."""
+    n, h, w, c = x_shape
+    p, q = (h - 1) // stride + 1, (w - 1) // stride + 1
+    return (np.dtype(dtype) in FUSED_DTYPES
+            and c % CHANNEL_MULTIPLE == 0 and m % CHANNEL_MULTIPLE == 0
+            and c <= CONV1X1_DEPTHWISE_MAX_IN
+            and _fits(x_shape, (n, h, w, m), (n, p, q, m), (1, 1, c, m)))

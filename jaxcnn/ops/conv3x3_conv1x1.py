@@ -1,0 +1,111 @@
+"""`jaxcnn.conv3x3_conv1x1`: a 3x3 conv followed by a 1x1 conv as one fused primitive.
+
+    t = act1(conv3x3(x, w3, stride 1, padding 1) + b3)     rounded to x's dtype
+    y = act2(conv1x1(t, w1) + b1)
+
+(ResNet bottleneck's conv2 -> conv3, a VGG-style 3x3 then a projection.) NHWC activations,
+HWIO weights. CUDA runs cuda_ops/chain through XLA FFI: each tile's 3x3 output stays in shared
+memory and the 1x1 reads it there (straight fusion), so t never reaches DRAM. The fused kernel
+takes bf16/fp16 with C, M, K multiples of 8 and M <= 384; float32 and other shapes run XLA's
+unfused convs (the reference), as does every other platform. Gradients are the reference's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import mlir
+
+from jaxcnn import _ffi
+from jaxcnn.ops.chain_args import (
+    ACTIVATIONS,
+    CONV3X3_CONV1X1_OPERANDS as OPERAND_NAMES,
+    ChainConfig,
+    conv3x3_conv1x1_fused,
+    conv3x3_conv1x1_output_shape,
+    make_chain_config,
+)
+from jaxcnn.ops.chain_reference import conv3x3_conv1x1_reference
+from jaxcnn.ops.primitive import LeadingBatchPrimitive, allow_reference_fallback
+
+FFI_TARGET = "jaxcnn_conv3x3_conv1x1_fwd"
+
+
+class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
+    name = "jaxcnn_conv3x3_conv1x1"
+    # Only the batch factor n may stay sharded: the 3x3 needs halo rows/columns, the
+    # contractions need all channels.
+    sharding_rules = {OPERAND_NAMES: "n h w c, a b c m, m, d e m k, k -> n h w k"}
+
+    @staticmethod
+    def abstract(*operands, cfg: ChainConfig, operand_names):
+        shape = conv3x3_conv1x1_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+        return ShapedArray(shape, operands[0].dtype)
+
+    @staticmethod
+    def reference(*operands, cfg: ChainConfig, operand_names):
+        return conv3x3_conv1x1_reference(*operands, cfg=cfg)
+
+    @classmethod
+    def cuda_lowering(cls, ctx, *operands, cfg: ChainConfig, operand_names):
+        x_aval, w3_aval, _, w1_aval, _ = ctx.avals_in
+        fused = conv3x3_conv1x1_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3], x_aval.dtype)
+        if fused and _ffi.target_registered(FFI_TARGET):
+            return jax.ffi.ffi_lowering(FFI_TARGET)(
+                ctx, *operands, act1=np.int64(ACTIVATIONS.index(cfg.act1)),
+                act2=np.int64(ACTIVATIONS.index(cfg.act2)))
+        if fused:  # a library built before this op has no handler: same policy as no library
+            allow_reference_fallback(cls.name, _ffi.missing_target_reason(FFI_TARGET))
+        return mlir.lower_fun(functools.partial(cls.reference, cfg=cfg, operand_names=operand_names),
+                              multiple_results=False)(ctx, *operands)
+
+
+Conv3x3Conv1x1Primitive.register()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chain(cfg: ChainConfig, *operands):
+    return Conv3x3Conv1x1Primitive.outer.bind(*operands, cfg=cfg, operand_names=OPERAND_NAMES)
+
+
+def _chain_fwd(cfg, *operands):
+    return _chain(cfg, *operands), operands
+
+
+def _chain_bwd(cfg, operands, g):
+    # Backward is unfused: XLA's transposes of the reference (it recomputes t).
+    _, vjp = jax.vjp(functools.partial(conv3x3_conv1x1_reference, cfg=cfg), *operands)
+    return vjp(g)
+
+
+_chain.defvjp(_chain_fwd, _chain_bwd)
+
+
+def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")):
+    """act2(conv1x1(act1(conv3x3(x, w3, padding 1) + b3), w1) + b1), fused into one kernel on
+    CUDA for bf16/fp16 with channel counts multiples of 8 and at most 384 mid channels;
+    float32 and other shapes run XLA's unfused convs.
+
+    Args:
+      x: [N, H, W, C] float32, bfloat16 or float16 (NHWC).
+      w3: [3, 3, C, M] (HWIO), stride 1, padding 1; w1: [1, 1, M, K]; same dtype as x.
+      b3, b1: [M], [K] biases, or None for zero bias.
+      activations: (act1, act2), each None, "relu" or "relu6" (min(max(v, 0), 6)); NaN
+        propagates.
+
+    Returns:
+      [N, H, W, K] in x's dtype. Each conv accumulates in float32 and rounds once to x's dtype
+      (the intermediate too, as the unfused layers would).
+    """
+    cfg = make_chain_config(activations)
+    x, w3, w1 = (jnp.asarray(a) for a in (x, w3, w1))
+    b3, b1 = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b)
+              for b, w in ((b3, w3), (b1, w1)))
+    operands = (x, w3, b3, w1, b1)
+    # Validate here too so errors point at the caller, not at a custom_vjp trace.
+    conv3x3_conv1x1_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    return _chain(cfg, *operands)
