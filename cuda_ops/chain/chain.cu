@@ -90,7 +90,7 @@ cudaError_t launch_conv3x3_conv1x1(const Conv3x3Conv1x1Params& p, const T* x, co
   if (p.N * p.H * p.W == 0) return cudaSuccess;
   C31Args a{};
   a.N = p.N, a.H = p.H, a.W = p.W, a.C = p.C, a.M = p.M, a.K = p.K;
-  a.act1 = static_cast<int>(p.act1), a.act2 = static_cast<int>(p.act2);
+  a.act1 = ClampOf(p.act1), a.act2 = ClampOf(p.act2);
   a.tiles_h = CeilDiv(p.H, kC31TileH), a.tiles_w = CeilDiv(p.W, kC31TileW);
   a.m_blocks = CeilDiv(p.M, kBlockN);
   a.mp = RoundUp(a.M, 16);
@@ -100,31 +100,31 @@ cudaError_t launch_conv3x3_conv1x1(const Conv3x3Conv1x1Params& p, const T* x, co
   const int64_t tiles = p.N * a.tiles_h * a.tiles_w;
   const int64_t t_bytes = int64_t{kC31TileH} * kC31TileW * a.t_stride * sizeof(T);
   // Two CTAs per SM where their shared memory fits in one SM's 228 KB (1 KB reserved per
-  // CTA): 16 warps hide the MMA and load latencies better than 8. Else one, with the bigger
-  // chunks (fewer barriers) where they fit.
-  const int64_t smem_16x3 = 3 * C31SlotElems(16) * sizeof(T) + t_bytes;
-  const int64_t smem_32x3 = 3 * C31SlotElems(32) * sizeof(T) + t_bytes;
+  // CTA): 16 warps hide the MMA and load latencies better than 8 (measured: more than a
+  // deeper pipeline does). Else one, with the bigger chunks (fewer barriers) where they fit.
+  constexpr int64_t kTwoPerSm = 113 * 1024;
+  const int64_t slot16 = C31SlotElems(16) * sizeof(T), slot32 = C31SlotElems(32) * sizeof(T);
   int max_smem = 0;
   cudaError_t status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&max_smem);
   if (status != cudaSuccess) return status;
-  const int per_sm = smem_16x3 <= 113 * 1024 ? 2 : 1;
+  const int per_sm = 2 * slot16 + t_bytes <= kTwoPerSm ? 2 : 1;
   status = SplitBlocks(tiles, per_sm, a.k_blocks, &a.k_split, &a.k_blocks_per_cta);
   if (status != cudaSuccess) return status;
   const int64_t grid = tiles * a.k_split;
-  if (per_sm == 2) {
-    a.c_chunks = CeilDiv(p.C, 16);
-    return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 16, 3, 2>, grid, smem_16x3, stream, a, x,
-                          w3, b3, w1, b1, y);
-  }
-  if (smem_32x3 <= max_smem) {
-    a.c_chunks = CeilDiv(p.C, 32);
-    return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 32, 3, 1>, grid, smem_32x3, stream, a, x,
-                          w3, b3, w1, b1, y);
-  }
   a.c_chunks = CeilDiv(p.C, 16);
-  return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 16, 4, 1>, grid,
-                        4 * C31SlotElems(16) * sizeof(T) + t_bytes, stream, a, x, w3, b3, w1,
-                        b1, y);
+  if (3 * slot16 + t_bytes <= kTwoPerSm)
+    return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 16, 3, 2>, grid, 3 * slot16 + t_bytes,
+                          stream, a, x, w3, b3, w1, b1, y);
+  if (per_sm == 2)
+    return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 16, 2, 2>, grid, 2 * slot16 + t_bytes,
+                          stream, a, x, w3, b3, w1, b1, y);
+  if (3 * slot32 + t_bytes <= max_smem) {
+    a.c_chunks = CeilDiv(p.C, 32);
+    return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 32, 3, 1>, grid, 3 * slot32 + t_bytes,
+                          stream, a, x, w3, b3, w1, b1, y);
+  }
+  return LaunchWithSmem(conv3x3_conv1x1_kernel<T, 16, 4, 1>, grid, 4 * slot16 + t_bytes, stream,
+                        a, x, w3, b3, w1, b1, y);
 }
 
 template <typename T>
@@ -139,7 +139,7 @@ cudaError_t launch_conv1x1_depthwise(const Conv1x1DepthwiseParams& p, const T* x
   a.P = p.H == 0 ? 0 : (p.H - 1) / p.stride + 1;
   a.Q = p.W == 0 ? 0 : (p.W - 1) / p.stride + 1;
   if (p.N * a.P * a.Q == 0) return cudaSuccess;
-  a.act1 = static_cast<int>(p.act1), a.act2 = static_cast<int>(p.act2);
+  a.act1 = ClampOf(p.act1), a.act2 = ClampOf(p.act2);
   a.cp = RoundUp(a.C, 16);
   a.x_stride = OddVecStride(a.cp);
   a.m_blocks = CeilDiv(p.M, kBlockN);

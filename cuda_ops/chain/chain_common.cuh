@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <limits>
+
 #include "chain/chain.h"
 
 namespace jaxcnn {
@@ -20,11 +22,22 @@ __host__ __device__ constexpr int OddVecStride(int cols) {
 }
 __host__ __device__ constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 
-// Comparisons are false for NaN, so NaN passes through every activation (as lax's max/min).
-__device__ __forceinline__ float Activate(float v, int act) {
-  if (act != static_cast<int>(ChainActivation::kNone) && v < 0.0f) v = 0.0f;
-  if (act == static_cast<int>(ChainActivation::kRelu6) && v > 6.0f) v = 6.0f;
-  return v;
+// The activation as a clamp to [lo, hi] (-inf/inf where it has no bound): per element two
+// NaN-propagating min/max instructions (sm_80+), NaN passing through as lax's max/min do,
+// instead of compares and selects on the activation code.
+struct Clamp {
+  float lo, hi;
+};
+inline Clamp ClampOf(ChainActivation act) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (act == ChainActivation::kNone) return {-inf, inf};
+  return {0.0f, act == ChainActivation::kRelu6 ? 6.0f : inf};
+}
+__device__ __forceinline__ float Activate(float v, Clamp c) {
+  float out;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(out) : "f"(v), "f"(c.lo));
+  asm("min.NaN.f32 %0, %0, %1;\n" : "+f"(out) : "f"(c.hi));
+  return out;
 }
 
 }  // namespace chain

@@ -33,7 +33,7 @@ constexpr int kDwVecs = kBlockN / 4;               // 4-channel vectors per t ro
 
 struct DwArgs {
   int N, H, W, C, M, P, Q;
-  int act1, act2;
+  Clamp act1, act2;  // the activations as clamps
   int tile_h, tile_w, tiles_h, tiles_w;
   int halo_h, halo_w, halo_rows;  // halo_rows: halo pixels rounded up to 16 (zero rows)
   int cp;                         // C rounded up to 16 (zero columns)
@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   CpAsyncCommit();
 
   const int m_tiles = a.halo_rows / 16;
+  static_assert(kThreads / kDwVecs == 16, "every tile width (16, 8, 4) divides a pass");
   const int vec = threadIdx.x % kDwVecs;  // this thread's 4 channels of every block
   for (int b = b_begin; b < b_end; ++b) {
     const int m0 = b * kBlockN;
@@ -176,17 +177,20 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // ---- depthwise 3x3 on the t tile: each item is a strip of kStripRows output rows of one
     // column (their input rows overlap: each t load feeds up to 3 / stride outputs).
+    // tile_w divides the 16 items a pass covers: a thread keeps its column and steps its
+    // strip by 16 / tile_w strips per pass (no division in the loop).
+    constexpr int kPerPass = kThreads / kDwVecs;
     const int c = m0 + vec * 4;
-    if (c < a.M) {
+    const int ox = threadIdx.x / kDwVecs % a.tile_w;
+    if (c < a.M && ox0 + ox < a.Q) {
       float wk[9][4], bias[4];
       Load4(bd + c, bias);
 #pragma unroll
       for (int tap = 0; tap < 9; ++tap) Load4(wd + tap * a.M + c, wk[tap]);
       constexpr int kInRows = (kStripRows - 1) * kStride + 3;
-      const int strips = a.tile_h / kStripRows * a.tile_w;
-      for (int item = threadIdx.x / kDwVecs; item < strips; item += kThreads / kDwVecs) {
-        const int oy = item / a.tile_w * kStripRows, ox = item % a.tile_w;
-        if (oy0 + oy >= a.P || ox0 + ox >= a.Q) continue;
+      const int oy_step = kPerPass / a.tile_w * kStripRows;
+      const int oy_end = min(a.tile_h, a.P - oy0);
+      for (int oy = threadIdx.x / kDwVecs / a.tile_w * kStripRows; oy < oy_end; oy += oy_step) {
         float out[kStripRows][4];
 #pragma unroll
         for (int j = 0; j < kStripRows; ++j)

@@ -39,7 +39,7 @@ __host__ __device__ constexpr int C31SlotElems(int cc) {
 
 struct C31Args {
   int N, H, W, C, M, K;
-  int act1, act2;
+  Clamp act1, act2;  // the activations as clamps
   int tiles_h, tiles_w;
   int c_chunks;      // ceil(C / kCC)
   int m_blocks;      // ceil(M / 64): stage-1 blocks
