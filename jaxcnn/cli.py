@@ -298,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_layouts)
 
-    p = sub.add_parser("fuse", help="choose which blocks (fire, inception, conv->pool) run fused")
+    p = sub.add_parser("fuse", help="choose which blocks (fire, inception, conv->pool, "
+                                       "expand->depthwise) run fused")
     model_args(p)
     autotune_args(p, "time fused vs unfused on the GPU (cached); default: measured where the "
                      "CUDA kernels run, else the cost model", "cost model even on a GPU")

@@ -10,7 +10,9 @@ jaxcnn op against XLA's composition on them (lax.conv_general_dilated with float
 accumulation, bias, activation, rounded to the dtype between the convs: what the fused kernels
 compute); then, in one profiler trace, the device time (sum of GPU kernel durations,
 jaxcnn/profile/device_time.py) of
-  - jaxcnn:    the fused op,
+  - jaxcnn:    the fused op (conv3x3_conv1x1 with algorithm="fused": its default "auto"
+               currently runs XLA's convs for 3x3 -> 1x1, the fused kernel having measured
+               0.2-0.8x of them on an H100),
   - xla:       that composition under jit,
   - xla_plain: what a plain JAX model runs (the zoo's xla_conv2d: conv output in the dtype,
                then bias and activation); up to ~3x faster than xla on an H100 (xla's convs
@@ -169,7 +171,9 @@ def compositions(case: ChainCase) -> dict[str, Any]:
             return conv(conv(x, w3, b3, a1, padding=1), w1, b1, a2)
 
         def ours(x, w3, b3, w1, b1):
-            return jaxcnn.conv3x3_conv1x1(x, w3, w1, b3, b1, activations=case.acts)
+            # "fused": time the kernel ("auto", the default, currently runs XLA's convs here).
+            return jaxcnn.conv3x3_conv1x1(x, w3, w1, b3, b1, activations=case.acts,
+                                          algorithm="fused")
     else:
         def chain(conv, x, w1, b1, wd, bd):
             return conv(conv(x, w1, b1, a1), wd, bd, a2, stride=case.stride, padding=1,
@@ -337,6 +341,9 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         "(the fused op's definition, the accuracy oracle); XLA plain: a plain JAX model's layers "
         "(conv in the dtype, then bias and activation). XLA/jaxcnn and XLA % floor use the faster "
         "of the two.",
+        "- jaxcnn 3x3->1x1 rows time `conv3x3_conv1x1(..., algorithm=\"fused\")`: its default "
+        "`algorithm=\"auto\"` currently picks XLA's unfused convs for every 3x3->1x1 shape "
+        "(the fused kernel measured slower than cuDNN's convs on an H100).",
         "",
         "## Summary",
         "",

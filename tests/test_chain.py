@@ -1,8 +1,9 @@
 """jaxcnn.conv3x3_conv1x1 and jaxcnn.conv1x1_depthwise on the reference (CPU) path: equal to a
 float64 NumPy oracle on random (odd, N = 1, strided) shapes for every activation and dtype,
 grads against a plain lax composition, vmap, validation errors naming the argument, NaN
-propagation, the fused-kernel rule, and the CUDA lowering text (one FFI custom call for
-bf16/fp16 shapes the kernel runs, XLA's convs otherwise). Batch sharding: test_sharding.py."""
+propagation, the fused-kernel rules, and the CUDA lowering text (one FFI custom call for
+bf16/fp16 shapes the kernel runs -- for conv3x3_conv1x1 only with algorithm="fused" -- XLA's
+convs otherwise). Batch sharding: test_sharding.py."""
 
 import re
 import warnings
@@ -248,6 +249,22 @@ def test_fused_kernel_rule():
     assert c1dw((2**13, 128, 128, 8), 8, 2, bf16)
 
 
+def test_conv3x3_conv1x1_algorithm_rule():
+    """algorithm="fused" runs the kernel where it applies; "auto" is "xla" on every shape for now (the
+    kernel measured 0.2-0.8x of cuDNN's convs on an H100)."""
+    runs = chain_args.conv3x3_conv1x1_runs_fused
+    bf16, f32 = jnp.bfloat16, jnp.float32
+    for shape, m, k in (((64, 56, 56, 64), 64, 256), ((1, 56, 56, 64), 64, 256),
+                        ((64, 28, 28, 128), 128, 512), ((64, 14, 14, 256), 256, 1024),
+                        ((2, 9, 9, 64), 384, 256)):
+        assert runs(shape, m, k, bf16, "fused")
+        assert not runs(shape, m, k, bf16, "auto") and not runs(shape, m, k, bf16, "xla")
+    assert not runs((2, 9, 9, 64), 64, 64, f32, "fused")  # the kernel does not apply
+    assert not runs((2, 9, 9, 64), 392, 64, bf16, "fused")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        runs((2, 9, 9, 64), 64, 64, bf16, "cudnn")
+
+
 # ---------------------------------------------------------------- validation
 
 
@@ -322,6 +339,20 @@ def test_bad_keyword_arguments(kwargs, error, match):
     if "activations" in kwargs:
         with pytest.raises(error, match=match):
             jax.jit(lambda *a: jaxcnn.conv3x3_conv1x1(*a, **kwargs)).trace(*C3C1_GOOD.values())
+
+
+@pytest.mark.parametrize("algorithm", ["cudnn", "Fused", "", None, 1, ("fused",)])
+def test_conv3x3_conv1x1_bad_algorithm(algorithm):
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'fused', 'xla'\)"):
+        jax.jit(lambda *a: jaxcnn.conv3x3_conv1x1(*a, algorithm=algorithm)).trace(*C3C1_GOOD.values())
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "fused", "xla"])
+def test_conv3x3_conv1x1_algorithms_agree_off_cuda(algorithm):
+    """Off CUDA every algorithm is the reference lowering: bit-identical results."""
+    ops = c3c1_operands(8, 2, 6, 5, 8, 16, 8, jnp.bfloat16)
+    np.testing.assert_array_equal(jaxcnn.conv3x3_conv1x1(*ops, algorithm=algorithm),
+                                  jaxcnn.conv3x3_conv1x1(*ops))
 
 
 def test_primitive_bind_validates_too():
@@ -435,6 +466,10 @@ def handler_present(monkeypatch):
     monkeypatch.setattr(_ffi, "target_registered", lambda target: True)
 
 
+def c3c1_fused(*a, **kwargs):
+    return jaxcnn.conv3x3_conv1x1(*a, algorithm="fused", **kwargs)
+
+
 def c3c1_sds(dtype, n=2, h=9, w=7, c=16, m=32, k=24):
     return [sds(s, dtype) for s in ((n, h, w, c), (3, 3, c, m), (1, 1, m, k), (m,), (k,))]
 
@@ -449,7 +484,8 @@ def c1dw_sds(dtype, n=2, h=9, w=7, c=16, m=48):
                                         (("relu6", None), (2, 0))])
 def test_cuda_lowering_is_one_ffi_custom_call(handler_present, acts, codes, dtype):
     short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
-    text = cuda_text(lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=acts), *c3c1_sds(dtype))
+    text = cuda_text(lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=acts, algorithm="fused"),
+                     *c3c1_sds(dtype))
     calls = calls_to(text, C3C1_TARGET)
     assert len(calls) == 1, text
     for attr, value in (("act1", codes[0]), ("act2", codes[1])):
@@ -470,12 +506,29 @@ def test_cuda_lowering_is_one_ffi_custom_call(handler_present, acts, codes, dtyp
 @needs_library
 def test_cuda_lowering_operand_order_is_x_w3_b3_w1_b1(handler_present):
     """Operands of distinct shapes: the call's types list them in the handler's order."""
-    text = cuda_text(jaxcnn.conv3x3_conv1x1, *c3c1_sds(jnp.bfloat16, c=16, m=32, k=24))
+    text = cuda_text(c3c1_fused, *c3c1_sds(jnp.bfloat16, c=16, m=32, k=24))
     assert ("(tensor<2x9x7x16xbf16>, tensor<3x3x16x32xbf16>, tensor<32xbf16>, tensor<1x1x32x24xbf16>, "
             "tensor<24xbf16>) -> tensor<2x9x7x24xbf16>") in calls_to(text, C3C1_TARGET)[0]
     text = cuda_text(jaxcnn.conv1x1_depthwise, *c1dw_sds(jnp.bfloat16, c=16, m=48))
     assert ("(tensor<2x9x7x16xbf16>, tensor<1x1x16x48xbf16>, tensor<48xbf16>, tensor<3x3x1x48xbf16>, "
             "tensor<48xbf16>) -> tensor<2x9x7x48xbf16>") in calls_to(text, C1DW_TARGET)[0]
+
+
+@needs_library
+@pytest.mark.parametrize("algorithm", ["auto", "xla", None])
+@pytest.mark.parametrize("dtype,shape", [
+    ("bfloat16", dict()), ("float16", dict()),
+    ("bfloat16", dict(n=64, h=56, w=56, c=64, m=64, k=256)),  # ResNet-50 conv2 -> conv3
+    ("bfloat16", dict(n=1, h=14, w=14, c=256, m=256, k=1024))])
+def test_cuda_lowering_of_auto_and_xla_is_xla_convs(handler_present, algorithm, dtype, shape):
+    """The default ("auto") and "xla": XLA's two convs, no custom call, no fallback warning,
+    even for shapes the kernel runs (it measured slower than cuDNN's convs)."""
+    kwargs = {} if algorithm is None else dict(algorithm=algorithm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = cuda_text(lambda *a: jaxcnn.conv3x3_conv1x1(*a, **kwargs), *c3c1_sds(dtype, **shape))
+    assert C3C1_TARGET not in text and text.count("stablehlo.convolution") == 2, text
+    assert "custom_call" not in text, text
 
 
 UNFUSED = [
@@ -490,7 +543,7 @@ UNFUSED = [
 @needs_library
 @pytest.mark.parametrize("dtype,c3c1,c1dw", UNFUSED)
 def test_cuda_lowering_of_unsupported_configs_is_xla_convs(handler_present, dtype, c3c1, c1dw):
-    for fn, ops, target in ((jaxcnn.conv3x3_conv1x1, c3c1_sds(dtype, **c3c1), C3C1_TARGET),
+    for fn, ops, target in ((c3c1_fused, c3c1_sds(dtype, **c3c1), C3C1_TARGET),
                             (lambda *a: jaxcnn.conv1x1_depthwise(*a, stride=2), c1dw_sds(dtype, **c1dw),
                              C1DW_TARGET)):
         with warnings.catch_warnings():
@@ -504,7 +557,7 @@ def test_library_without_the_handlers_falls_back_to_the_reference(monkeypatch):
     monkeypatch.setattr(_ffi, "target_registered", lambda target: False)
     monkeypatch.delenv(primitive.STRICT_ENV, raising=False)
     primitive._warn_fallback_once.cache_clear()
-    fns = ((jaxcnn.conv3x3_conv1x1, c3c1_sds(jnp.bfloat16), C3C1_TARGET),
+    fns = ((c3c1_fused, c3c1_sds(jnp.bfloat16), C3C1_TARGET),
            (jaxcnn.conv1x1_depthwise, c1dw_sds(jnp.bfloat16), C1DW_TARGET))
     for fn, ops, target in fns:
         with warnings.catch_warnings(record=True) as caught:
@@ -527,7 +580,7 @@ needs_handlers = pytest.mark.skipif(
 @needs_handlers
 def test_loaded_library_lowers_to_the_custom_calls():
     """Unpatched: runs once the library is rebuilt with the chain handlers."""
-    assert len(calls_to(cuda_text(jaxcnn.conv3x3_conv1x1, *c3c1_sds(jnp.bfloat16)), C3C1_TARGET)) == 1
+    assert len(calls_to(cuda_text(c3c1_fused, *c3c1_sds(jnp.bfloat16)), C3C1_TARGET)) == 1
     assert len(calls_to(cuda_text(jaxcnn.conv1x1_depthwise, *c1dw_sds(jnp.float16)), C1DW_TARGET)) == 1
 
 

@@ -2,8 +2,9 @@
 jaxcnn.conv3x3_conv1x1 and jaxcnn.conv1x1_depthwise against the float64 oracle and XLA's
 unfused reference over random shapes (odd H/W, N = 1, channels 8..384, stride 1/2, every
 activation), NaN-poisoned outputs, NaN propagation, the unfused fallback for configs the
-kernels do not run (float32, channel counts off multiples of 8, past the tile limits), handler
-errors, grads and vmap."""
+kernels do not run (float32, channel counts off multiples of 8, past the tile limits) and for
+conv3x3_conv1x1's algorithm="auto"/"xla", handler errors, grads and vmap. conv3x3_conv1x1's
+kernel runs only with algorithm="fused"."""
 
 import warnings
 
@@ -42,8 +43,9 @@ def run_poisoned(fn, target, *operands):
         return compiled(poison, *operands)
 
 
-def c3c1_call(acts):
-    return lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=acts)
+def c3c1_call(acts, algorithm="fused"):
+    # "fused": the kernel under test ("auto" currently picks XLA's convs for every shape).
+    return lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=acts, algorithm=algorithm)
 
 
 def c1dw_call(stride, acts):
@@ -89,14 +91,14 @@ C1DW_SHAPES = [(1, 1, 1, 8, 8), (2, 7, 5, 8, 16), (1, 112, 112, 16, 96), (2, 56,
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("acts", [("relu", "relu"), (None, "relu6"), ("relu6", None)])
+@pytest.mark.parametrize("acts", [("relu", None), (None, "relu6")])
 @pytest.mark.parametrize("shape", C3C1_SHAPES)
 def test_conv3x3_conv1x1_fixed_shapes(shape, acts, dtype):
     check_c3c1(shape, dtype, acts, seed=sum(shape))
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("acts", [("relu", "relu"), ("relu6", "relu6"), (None, None)])
+@pytest.mark.parametrize("acts", [("relu6", "relu6"), (None, "relu")])
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("shape", C1DW_SHAPES)
 def test_conv1x1_depthwise_fixed_shapes(shape, stride, acts, dtype):
@@ -106,14 +108,14 @@ def test_conv1x1_depthwise_fixed_shapes(shape, stride, acts, dtype):
 mult8 = st.integers(1, 48).map(lambda v: 8 * v)  # 8 .. 384
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.sampled_from([1, 1, 2, 3]), st.integers(1, 40), st.integers(1, 40), mult8, mult8, mult8,
        st.sampled_from(ACTS), st.sampled_from(ACTS), st.sampled_from(HALF), st.integers(0, 2**16))
 def test_conv3x3_conv1x1_random_shapes(n, h, w, c, m, k, act1, act2, dtype, seed):
     check_c3c1((n, h, w, c, m, k), dtype, (act1, act2), seed)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.sampled_from([1, 1, 2, 3]), st.integers(1, 40), st.integers(1, 40),
        st.integers(1, 32).map(lambda v: 8 * v), mult8, st.sampled_from([1, 2]),
        st.sampled_from(ACTS), st.sampled_from(ACTS), st.sampled_from(HALF), st.integers(0, 2**16))
@@ -127,7 +129,7 @@ def test_nan_propagates_like_xla(act, dtype):
     """fmaxf(NaN, 0) is 0 on CUDA: the kernels must keep lax's NaN-propagating max/min."""
     x, w3, w1, b3, b1 = c3c1_operands(1, 1, 9, 9, 16, 16, 16, jnp.dtype(dtype))
     x = x.at[0, 4, 4, 3].set(jnp.nan)
-    got = np.isnan(as_f64(jaxcnn.conv3x3_conv1x1(x, w3, w1, b3, b1, activations=(act, act))))
+    got = np.isnan(as_f64(c3c1_call((act, act))(x, w3, w1, b3, b1)))
     want = np.isnan(as_f64(xla_reference(conv3x3_conv1x1_reference, (x, w3, b3, w1, b1),
                                          ChainConfig(act, act))))
     assert want.any() and (got == want).all()
@@ -166,6 +168,17 @@ def test_unsupported_configs_run_xla_convs_correctly(dtype, c3c1, c1dw):
         assert_close(f(*ops), c1dw_oracle(*ops, stride, acts), dtype)
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "xla"])
+def test_auto_and_xla_run_xla_convs(algorithm):
+    """algorithm="auto" currently picks XLA's convs for conv3x3_conv1x1 on every shape (the fused kernel
+    measured slower than cuDNN's): no custom call, and the reference's result."""
+    acts = ("relu", "relu6")
+    ops = c3c1_operands(7, 2, 14, 14, 64, 64, 256, jnp.bfloat16)
+    f = jax.jit(c3c1_call(acts, algorithm))
+    assert C3C1_TARGET not in f.lower(*ops).as_text()
+    assert_close(f(*ops), c3c1_oracle(*ops, activations=acts), "bfloat16")
+
+
 # ---------------------------------------------------------------- handler, grads, vmap
 
 
@@ -201,7 +214,7 @@ def test_handler_errors_become_python_exceptions():
 
 def test_deterministic():
     ops = c3c1_operands(4, 2, 27, 27, 128, 128, 256, jnp.bfloat16)
-    f = jax.jit(jaxcnn.conv3x3_conv1x1)
+    f = jax.jit(c3c1_call(("relu", "relu")))
     np.testing.assert_array_equal(f(*ops), f(*ops))
     ops = c1dw_operands(4, 2, 27, 27, 64, 384, jnp.bfloat16)
     f = jax.jit(c1dw_call(2, ("relu6", "relu6")))
@@ -212,7 +225,7 @@ def test_grads_through_the_kernels():
     """The forward is the kernel, the backward the reference's transposes: both work under jit."""
     loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2)  # noqa: E731
     for fn, ops, ref in (
-            (jaxcnn.conv3x3_conv1x1, c3c1_operands(5, 2, 9, 11, 16, 32, 16, jnp.bfloat16),
+            (c3c1_call(("relu", "relu")), c3c1_operands(5, 2, 9, 11, 16, 32, 16, jnp.bfloat16),
              lambda x, w3, w1, b3, b1: conv3x3_conv1x1_reference(x, w3, b3, w1, b1, cfg=ChainConfig())),
             (c1dw_call(2, ("relu", "relu")), c1dw_operands(5, 2, 9, 11, 16, 32, jnp.bfloat16),
              lambda x, w1, wd, b1, bd: conv1x1_depthwise_reference(x, w1, b1, wd, bd,
@@ -228,9 +241,10 @@ def test_grads_through_the_kernels():
 def test_vmap_on_gpu():
     ops = c3c1_operands(6, 2, 9, 10, 32, 16, 32, jnp.bfloat16)
     xs = jnp.stack([ops[0], -ops[0], ops[0] * 2])
-    got = jax.jit(jax.vmap(lambda x: jaxcnn.conv3x3_conv1x1(x, *ops[1:])))(xs)
+    f = c3c1_call(("relu", "relu"))
+    got = jax.jit(jax.vmap(lambda x: f(x, *ops[1:])))(xs)
     for i in range(3):
-        np.testing.assert_array_equal(got[i], jaxcnn.conv3x3_conv1x1(xs[i], *ops[1:]))
+        np.testing.assert_array_equal(got[i], f(xs[i], *ops[1:]))
     ops = c1dw_operands(6, 2, 9, 10, 32, 64, jnp.float16)
     f = c1dw_call(2, ("relu6", None))
     got = jax.jit(jax.vmap(lambda x: f(x, *ops[1:])))(xs.astype(jnp.float16))

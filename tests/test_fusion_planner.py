@@ -1,7 +1,8 @@
 """jaxcnn.fusion on the CPU: group finding on the zoo (squeezenet1_0/1_1, googlenet, vgg16),
 cost-model decisions, the measured path and its cache (with a fake device), explain() text,
 plan.apply == the unfused model numerically, the straight conv->pool kind with a stand-in
-conv2d_pool module, fire groups in a user jaxpr, and the `jaxcnn fuse` CLI."""
+conv2d_pool module, MobileNetV2's expand->depthwise groups (and their CUDA lowering), fire
+groups in a user jaxpr, and the `jaxcnn fuse` CLI."""
 
 import json
 import sys
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 import jaxcnn
-from jaxcnn import cli, fusion, layouts as L
+from jaxcnn import _ffi, cli, fusion, layouts as L
 from jaxcnn.fusion import cost, planner as P
 from jaxcnn.models import get_model
+from jaxcnn.models.mobilenet import INVERTED_RESIDUAL_STAGES
 from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS
 
 # The block kinds these tests are about (conv_pool groups have their own tests).
@@ -441,6 +443,118 @@ def test_apply_with_conv_pool_equals_unfused(conv2d_pool_module):
     jaxpr = str(jax.make_jaxpr(per_layer.apply)(params, x))
     assert jaxpr.count("jaxcnn_conv2d") == 1  # conv1 only; the rest is XLA
     assert len(conv2d_pool_module) == calls
+
+
+# ---------------------------------------------------------------- expand->depthwise (MobileNetV2)
+
+EXPAND_DW = ("expand_depthwise",)
+EXPAND_DW_MEMBERS = "expand,expand.relu6,depthwise,depthwise.relu6"
+
+
+def expanding_blocks():
+    """MobileNetV2's inverted residual blocks with an expand conv (expand ratio != 1)."""
+    names, index = [], 1
+    for ratio, _, blocks, _ in INVERTED_RESIDUAL_STAGES:
+        names += [f"features.{i}" for i in range(index, index + blocks) if ratio != 1]
+        index += blocks
+    return names
+
+
+def test_mobilenetv2_has_an_expand_depthwise_group_per_expanding_block():
+    groups, _ = fusion.find_groups("mobilenetv2", batch=2, dtype="bfloat16")
+    assert [g.name for g in groups] == expanding_blocks() and len(groups) == 16
+    table = {i.name: i for i in get_model("mobilenetv2").layers(2, "bfloat16")}
+    for g in groups:
+        ex, dw = table[f"{g.name}.expand"], table[f"{g.name}.depthwise"]
+        assert g.kind == "expand_depthwise" and g.modes == ("straight",) and g.short_members() == EXPAND_DW_MEMBERS
+        assert g.x_shape == ex.input_shape and g.y_shape == table[f"{g.name}.depthwise.relu6"].output_shape
+        assert g.attrs == dict(stride=dw.stride[0], channels=ex.input_shape[3], hidden=6 * ex.input_shape[3])
+        assert g.role("depthwise") is dw
+    assert [g.attrs["stride"] for g in groups].count(2) == 4  # the first block of four stages
+    assert fusion.find_groups("mobilenetv2", kinds=("fire", "inception", "conv_pool"))[0] == []
+
+
+def test_expand_depthwise_cost_model_keeps_t_on_chip_where_the_kernel_runs():
+    """XLA (as on H100): expand conv+bias+ReLU, clamp, depthwise conv, bias+ReLU+clamp, t and
+    the depthwise's output each written and read twice; fused: one kernel, t on chip. Where
+    jaxcnn.conv1x1_depthwise runs XLA's convs (fp32, C > 256) the fused version is XLA's and
+    the model keeps XLA."""
+    spec = L._resolve_spec("H200", False)[0]
+    (g, *_), _ = fusion.find_groups("mobilenetv2", batch=64, dtype="bfloat16", kinds=EXPAND_DW)
+    fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
+    assert (xla.launches, fused.launches) == (4, 1) and fused.time_ms < xla.time_ms
+    t, y = 64 * 112 * 112 * 96 * 2, 64 * 56 * 56 * 96 * 2  # features.2's expanded t and output
+    assert xla.dram_bytes - fused.dram_bytes == pytest.approx(4 * t + 2 * y)
+    assert 1 < cost.expand_depthwise_recompute(g) < 2  # the 1x1 over each tile's halo
+    wide = P.dataclasses.replace(g, x_shape=(*g.x_shape[:3], 264))
+    assert cost.expand_depthwise_fused(g) and not cost.expand_depthwise_fused(wide)
+    plan32 = fusion.plan_fusion("mobilenetv2", batch=1, dtype="float32", costs="model", kinds=EXPAND_DW)
+    assert set(plan32.choices().values()) == {"xla"}
+    d = plan32.decisions[0]
+    assert "runs XLA's two convs" in d.reason and d.time("fused") == d.time("xla")
+
+
+def test_plan_explain_shows_mobilenetv2_expand_depthwise():
+    plan = fusion.plan_fusion("mobilenetv2", batch=64, dtype="bfloat16", costs="model")
+    assert plan.fused_groups == tuple(expanding_blocks())
+    text = plan.explain()
+    rows = [line for line in text.splitlines() if "expand_depthwise" in line]
+    assert len(rows) == 16 and rows[0].split()[:3] == ["0", "features.2", "expand_depthwise"]
+    assert all(EXPAND_DW_MEMBERS in r and " 4->1 " in r and "model: fused" in r for r in rows)
+    assert "groups: 16 of 16 fused" in text
+
+
+def test_expand_depthwise_group_candidates_agree():
+    (g, *_), _ = fusion.find_groups("mobilenetv2", 1, "float32", kinds=EXPAND_DW)
+    params, x = fusion.group_params(g)
+    outs = {v: jax.jit(fusion.group_fn(g, v))(params, x) for v in fusion.CANDIDATES}
+    assert outs["xla"].shape == g.y_shape
+    for v in ("fused", "jaxcnn"):
+        np.testing.assert_allclose(outs[v], outs["xla"], rtol=1e-5, atol=1e-5)
+    assert "jaxcnn_conv1x1_depthwise" in str(jax.make_jaxpr(fusion.group_fn(g, "fused"))(params, x))
+
+
+def test_measured_expand_depthwise_groups(fake_gpu):
+    plan = fusion.plan_fusion("mobilenetv2", batch=1, dtype="bfloat16", cache=False, iters=2, warmup=1,
+                              kinds=EXPAND_DW)
+    assert plan.source == "measured" and len(fake_gpu[0]) == 16 * 3
+    assert set(plan.choices().values()) == {"xla"} and "overrules the model (fused)" in plan.decisions[0].reason
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
+def test_apply_mobilenetv2_expand_depthwise_equals_the_unfused_model(dtype, tol):
+    """Fused groups: one jaxcnn.conv1x1_depthwise, the block's project conv and add on the
+    rest's ops; "jaxcnn" ones: expand and depthwise on jaxcnn.conv2d, the project on the rest's.
+    bf16: the fused op rounds once after each conv, XLA after the conv and after the bias."""
+    plan = fusion.plan_fusion("mobilenetv2", batch=1, dtype=dtype, costs="model", kinds=EXPAND_DW)
+    mixed = P.dataclasses.replace(plan, decisions=tuple(
+        P.dataclasses.replace(d, choice=("fused", "jaxcnn", "xla")[i % 3]) for i, d in enumerate(plan.decisions)))
+    fused = P.dataclasses.replace(plan, decisions=tuple(
+        P.dataclasses.replace(d, choice="fused") for d in plan.decisions))
+    spec = get_model("mobilenetv2")
+    params = spec.init(0, dtype)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 64, 64, 3)).astype(dtype)  # small: 2x2 at the end
+    want = np.asarray(jax.jit(spec.apply)(params, x), np.float64)
+    for p, rest in ((mixed, "xla"), (fused, "jaxcnn")):
+        got = np.asarray(jax.jit(lambda p_, x_: p.apply(p_, x_, rest=rest))(params, x), np.float64)
+        assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+    jaxpr = str(jax.make_jaxpr(mixed.apply)(params, x))
+    assert jaxpr.count("jaxcnn_conv1x1_depthwise[") == 6 and jaxpr.count("jaxcnn_conv2d") == 2 * 5
+    # rest="jaxcnn": every conv but the 32 fused ones (stem, features.1, projects, last) is jaxcnn's.
+    jaxpr = str(jax.make_jaxpr(lambda p_, x_: fused.apply(p_, x_, rest="jaxcnn"))(params, x))
+    assert jaxpr.count("jaxcnn_conv1x1_depthwise[") == 16 and jaxpr.count("jaxcnn_conv2d") == 52 - 32
+
+
+@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+def test_fused_mobilenetv2_lowers_to_conv1x1_depthwise_custom_calls(monkeypatch):
+    # Lowering only names the target: also where the loaded library predates the op.
+    monkeypatch.setattr(_ffi, "target_registered", lambda target: True)
+    plan = fusion.plan_fusion("mobilenetv2", batch=1, dtype="bfloat16", costs="model", kinds=EXPAND_DW)
+    assert len(plan.fused_groups) == 16
+    params = get_model("mobilenetv2").abstract_params(jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((1, 64, 64, 3), jnp.bfloat16)
+    text = jax.jit(plan.apply).trace(params, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @jaxcnn_conv1x1_depthwise_fwd(") == 16
 
 
 # ---------------------------------------------------------------- user jaxprs

@@ -1,6 +1,6 @@
 """GPU suite for jaxcnn.fusion (`pytest -m gpu`): the planner measures fused vs unfused on the
-device (real profiler device times, cached per GPU), and the planned SqueezeNet/GoogLeNet
-run end to end on the CUDA kernels and match XLA's model."""
+device (real profiler device times, cached per GPU), and the planned SqueezeNet/GoogLeNet/
+MobileNetV2 run end to end on the CUDA kernels and match XLA's model."""
 
 import dataclasses
 import json
@@ -73,6 +73,20 @@ def test_googlenet_inception_groups_measured_and_applied(tmp_path):
     got = jax.jit(forced.apply)(params, x)
     want = jax.jit(lambda p, x: spec.apply(p, x, backend="xla"))(params, x)
     assert rel(jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)) <= TOL["bfloat16"]
+
+
+def test_mobilenetv2_expand_depthwise_measured_and_applied(tmp_path):
+    plan = fusion.plan_fusion("mobilenetv2", 2, "bfloat16", costs="measured", cache=tmp_path / "c.json",
+                              iters=5, warmup=1, kinds=("expand_depthwise",))
+    assert len(plan.decisions) == 16 and all(d.source == "measured" for d in plan.decisions)
+    spec = get_model("mobilenetv2")
+    params = spec.init(0, jnp.bfloat16)
+    x = jax.random.normal(jax.random.PRNGKey(2), spec.input_shape(2)).astype(jnp.bfloat16)
+    fn = jax.jit(forced_fused(plan).apply)
+    hlo = fn.lower(params, x).compile().as_text()
+    assert hlo.count('custom_call_target="jaxcnn_conv1x1_depthwise_fwd"') == 16
+    want = jax.jit(lambda p, x: spec.apply(p, x, backend="xla"))(params, x)
+    assert rel(jnp.asarray(fn(params, x), jnp.float32), jnp.asarray(want, jnp.float32)) <= TOL["bfloat16"]
 
 
 def test_group_candidates_time_real_kernels():

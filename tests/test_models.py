@@ -306,3 +306,21 @@ def test_a_fused_block_kernel_slots_in_by_name(monkeypatch):
     assert len(calls) == 8
     assert calls[0] == ["fire2/squeeze1x1", "fire2/expand1x1", "fire2/expand3x3", "fire2/concat"]
     assert relative_error(fused, unfused) < 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
+def test_mobilenetv2_inverted_residual_block_entry_matches_the_layers(monkeypatch, dtype, tol):
+    """ops["inverted_residual"]: the 16 blocks with an expand run expand -> depthwise as one
+    jaxcnn.conv1x1_depthwise (ReLU6 both), features.1 (no expand) layer by layer; the logits
+    are XLA's (bf16: the fused op rounds once after each conv, XLA after the conv and the bias)."""
+    from jaxcnn.models.mobilenet import inverted_residual_block
+
+    monkeypatch.setitem(BACKENDS, "fused", {**XLA_OPS, "inverted_residual": inverted_residual_block})
+    model = models.get_model("mobilenetv2")
+    params = model.init(0, dtype)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 64, 64, 3)).astype(dtype)
+    fused = jax.jit(functools.partial(model.apply, backend="fused"))(params, x)
+    unfused = jax.jit(model.apply)(params, x)
+    assert relative_error(fused, unfused) < tol
+    jaxpr = str(jax.make_jaxpr(functools.partial(model.apply, backend="fused"))(params, x))
+    assert jaxpr.count("jaxcnn_conv1x1_depthwise[") == 16

@@ -113,7 +113,8 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
         ("sparse_conv2d", "sparse_conv2d", lambda x: jaxcnn.sparse_conv2d(jax.nn.relu(x), w3, bias), NHWC, 0),
         ("sparse_conv2d_pool", "sparse_conv2d_pool", lambda x: jaxcnn.sparse_conv2d_pool(x, w3, bias), NHWC, 0),
         ("inception", "inception", lambda x: jaxcnn.inception(x, *inc), NHWC, 0),
-        ("conv3x3_conv1x1", "conv3x3_conv1x1", lambda x: jaxcnn.conv3x3_conv1x1(x, w3, c1, bias), NHWC, 0),
+        ("conv3x3_conv1x1", "conv3x3_conv1x1", lambda x: jaxcnn.conv3x3_conv1x1(x, w3, c1, bias, algorithm="fused"),
+         NHWC, 0),
         ("conv1x1_depthwise /2", "conv1x1_depthwise",
          lambda x: jaxcnn.conv1x1_depthwise(x, sq, dw, stride=2, activations=("relu6", None)), NHWC, 0),
     ]

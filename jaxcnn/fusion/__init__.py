@@ -1,6 +1,7 @@
 """Cross-layer fusion planning for the model zoo: find fusable groups (fire modules,
-inception blocks, straight conv->ReLU->max pool), decide each from a cost model checked by
-on-device autotuning, explain the decision and run the model with the chosen fused kernels.
+inception blocks, straight conv->ReLU->max pool, MobileNetV2's expand->depthwise), decide
+each from a cost model checked by on-device autotuning, explain the decision and run the
+model with the chosen fused kernels.
 
     from jaxcnn import fusion
     plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bfloat16")

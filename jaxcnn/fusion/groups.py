@@ -6,7 +6,10 @@ Kinds:
   "inception"  GoogLeNet inception block: three 1x1 convs reading x, two branch convs, 3x3/1
                max pool -> 1x1, concat (`jaxcnn.inception`: split fusion of the 1x1s);
   "conv_pool"  a straight conv (+ bias + ReLU) -> max pool outside any block
-               (`jaxcnn.conv2d_pool`; only when jaxcnn.ops.conv2d_pool is importable).
+               (`jaxcnn.conv2d_pool`; only when jaxcnn.ops.conv2d_pool is importable);
+  "expand_depthwise"  MobileNetV2 inverted residual's expand 1x1 + ReLU6 -> depthwise 3x3
+               (stride 1 or 2) + ReLU6 (straight, one `jaxcnn.conv1x1_depthwise`); the block's
+               project conv and residual add stay as they are.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-KINDS = ("fire", "inception", "conv_pool")
+from jaxcnn.models.mobilenet import EXPAND_DEPTHWISE_LAYERS
+
+KINDS = ("fire", "inception", "conv_pool", "expand_depthwise")
 FIRE_ROLES = ("squeeze1x1", "expand1x1", "expand3x3", "concat")
 INCEPTION_ROLES = ("1x1", "3x3_reduce", "3x3", "5x5_reduce", "5x5", "pool", "pool_proj", "concat")
+EXPAND_DEPTHWISE_ROLES = EXPAND_DEPTHWISE_LAYERS  # the zoo names them "<block>.<role>"
 CONV_POOL_MODULE = "jaxcnn.ops.conv2d_pool"
 
 
@@ -61,10 +67,13 @@ class FusionGroup:
     def member_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
 
+    def _short(self, name: str) -> str:
+        k = len(self.name)
+        return name[k + 1:] if name.startswith(self.name) and name[k:k + 1] in ("/", ".") else name
+
     def short_members(self) -> str:
-        """Member names without the group prefix: 'squeeze1x1,expand1x1,expand3x3,concat'."""
-        prefix = self.name + "/"
-        return ",".join(n[len(prefix):] if n.startswith(prefix) else n for n in self.member_names)
+        """Member names without the group prefix ("/" or "."): 'squeeze1x1,expand1x1,expand3x3,concat'."""
+        return ",".join(self._short(n) for n in self.member_names)
 
     @property
     def weight_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -73,7 +82,7 @@ class FusionGroup:
     def role(self, role: str):
         """The member whose name ends in /role (None if absent)."""
         for m in self.members:
-            if m.name.rsplit("/", 1)[-1] == role:
+            if role in (m.name.rsplit("/", 1)[-1], self._short(m.name)):
                 return m
         return None
 
@@ -142,6 +151,25 @@ def _inception_group(name, members) -> FusionGroup | None:
                        roles["1x1"].dtype, ("split", "merge"), dict(filters=filters))
 
 
+def _expand_depthwise_group(name, members) -> FusionGroup | None:
+    roles = {m.name[len(name) + 1:]: m for m in members if m.name.startswith(name + ".")}
+    ex, ex6, dw, dw6 = (roles.get(r) for r in EXPAND_DEPTHWISE_ROLES)
+    if None in (ex, ex6, dw, dw6) or not _is_relu_conv(ex, 1) or ex.input_shape != members[0].input_shape:
+        return None
+    m = ex.weight_shape[3]
+    if (dw.op != "conv2d" or dw.activation != "relu" or dw.groups != m or tuple(dw.weight_shape) != (3, 3, 1, m)
+            or tuple(dw.stride) not in ((1, 1), (2, 2)) or tuple(dw.dilation) != (1, 1)
+            or tuple(map(tuple, dw.padding)) != ((1, 1), (1, 1))):
+        return None
+    # Each clamp reads the conv before it, the depthwise the first clamp.
+    if (ex6.op, dw6.op) != ("relu6", "relu6") or not (ex6.input_shape == ex.output_shape == dw.input_shape
+                                                      and dw6.input_shape == dw.output_shape):
+        return None
+    return FusionGroup(name, "expand_depthwise", (ex, ex6, dw, dw6), tuple(ex.input_shape),
+                       tuple(dw6.output_shape), ex.dtype, ("straight",),
+                       dict(stride=dw.stride[0], channels=ex.input_shape[3], hidden=m))
+
+
 def _conv_pool_groups(table) -> list[FusionGroup]:
     """conv (+bias +ReLU) immediately followed by a max pool of its output, both outside
     blocks: in the zoo, layers outside blocks form a chain, so the pool is the conv's only
@@ -173,7 +201,8 @@ def find_groups(model: str, batch: int = 1, dtype: Any = "bfloat16", *,
     skipped = {}
     groups: list[FusionGroup] = []
     for name, members in _by_block(table).items():
-        for kind, build in (("fire", _fire_group), ("inception", _inception_group)):
+        for kind, build in (("fire", _fire_group), ("inception", _inception_group),
+                            ("expand_depthwise", _expand_depthwise_group)):
             if kind in kinds:
                 group = build(name, members)
                 if group is not None:

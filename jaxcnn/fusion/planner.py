@@ -6,7 +6,8 @@ autotuning on the device.
     print(plan.explain())                      # group, members, candidates, choice and why
     y = jax.jit(lambda p, x: plan.apply(p, x))(params, x)
 
-Candidates of a group: "fused" (jaxcnn.fire / jaxcnn.inception / jaxcnn.conv2d_pool), "xla"
+Candidates of a group: "fused" (jaxcnn.fire / jaxcnn.inception / jaxcnn.conv2d_pool /
+jaxcnn.conv1x1_depthwise), "xla"
 (the zoo's layers on XLA's ops: what a plain JAX model runs) and, when measuring, "jaxcnn"
 (the same layers one jaxcnn kernel each). Where the CUDA kernels run, every candidate's device
 time is measured (one profiler trace for all groups) and cached per GPU kind, shapes and dtype
@@ -17,6 +18,7 @@ the decision is jaxcnn.fusion.cost's estimate, fused vs XLA.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -26,10 +28,13 @@ import numpy as np
 from jaxcnn import layouts
 from jaxcnn.fusion import cost as cost_model
 from jaxcnn.fusion.groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
-from jaxcnn.models.layers import Net
+from jaxcnn.models.layers import Net, bind_layer
 
 CANDIDATES = ("fused", "xla", "jaxcnn")
 RESTS = ("xla", "jaxcnn")
+# Kinds whose group is a whole zoo block: "jaxcnn" swaps the block's op table; the others
+# (conv_pool, expand_depthwise) run just their members on jaxcnn's kernels.
+WHOLE_BLOCK_KINDS = ("fire", "inception")
 COSTS = ("auto", "measured", "model")
 
 
@@ -143,7 +148,8 @@ class FusionPlan:
             lines.append(_table(["#", "group", "kind", "members", "fused ms", "XLA ms", "jaxcnn ms",
                                  "DRAM MiB XLA->fused", "kernels", "choice", "why"], rows))
         else:
-            lines.append("no fusable group (fire modules, inception blocks, conv->ReLU->max pool)")
+            lines.append("no fusable group (fire modules, inception blocks, conv->ReLU->max pool, "
+                         "expand->depthwise)")
         for d in self.decisions:
             for c in d.candidates:
                 if c.error:
@@ -196,8 +202,13 @@ class FusionPlan:
 # --------------------------------------------------------------------------- running groups
 
 
-def fused_block_fn(kind: str) -> Callable:
-    """The backends-table entry `ops[kind](layers, params, x)` running a whole block fused."""
+def fused_block_fn(kind: str, ops: Mapping[str, Callable] | None = None) -> Callable:
+    """The backends-table entry `ops[kind](layers, params, x)` running a zoo block fused;
+    `ops`: the table the layers outside the fused kernel run on (default XLA's)."""
+    if kind == "inverted_residual":
+        from jaxcnn.models.mobilenet import inverted_residual_block
+
+        return functools.partial(inverted_residual_block, ops=ops)
     if kind == "fire":
         from jaxcnn.ops.fire import fire_block
 
@@ -229,11 +240,15 @@ class _PlannedNet(Net):
         self._jaxcnn_ops = JAXCNN_OPS
         self._names = [info.name for info in table]
         self._choice = plan.choices()
+        self._groups = {d.group.name: d.group for d in plan.decisions}
+        # What a fused block's other layers run on: the layout table, or the rest's (unwrapped:
+        # the wrappers below name a layer by the count of layers run, a fused block's are in).
+        self._block_ops = ops
         self._straight = {d.group.members[0].name: d.group for d in plan.decisions
                           if d.group.kind == "conv_pool" and d.choice == "fused"}
-        # conv->pool pairs measured fastest as two jaxcnn kernels (without a layout plan).
+        # Groups other than whole blocks measured fastest as jaxcnn kernels (without a layout plan).
         self._per_layer = set() if layout_ops is not None else {
-            m.name for d in plan.decisions if d.group.kind == "conv_pool" and d.choice == "jaxcnn"
+            m.name for d in plan.decisions if d.group.kind not in WHOLE_BLOCK_KINDS and d.choice == "jaxcnn"
             for m in d.group.members}
         self._pending: dict[int, tuple] = {}
         super().__init__(self._wrap(ops), params)
@@ -265,13 +280,14 @@ class _PlannedNet(Net):
 
         return {**ops, "conv2d": conv2d, "maxpool": maxpool}
 
-    def _fused(self, kind):
-        fn = fused_block_fn(kind)
+    def _fused(self, kind, name):
+        fn = fused_block_fn(kind, self._block_ops)
         if self._layout_ops is None:
             return fn
 
         def counted(layers, params, x):
-            self._layout_ops.index += len(layers)
+            # The group's layers; the block's others (a project conv) count themselves.
+            self._layout_ops.index += len(self._groups[name].members)
             return fn(layers, params, x)
 
         return counted
@@ -280,8 +296,8 @@ class _PlannedNet(Net):
         choice = self._choice.get(name)
         saved = self.ops
         if choice == "fused":
-            self.ops = {**saved, kind: self._fused(kind)}
-        elif choice == "jaxcnn" and self._layout_ops is None:
+            self.ops = {**saved, kind: self._fused(kind, name)}
+        elif choice == "jaxcnn" and self._layout_ops is None and self._groups[name].kind in WHOLE_BLOCK_KINDS:
             self.ops = {k: v for k, v in self._jaxcnn_ops.items() if k != kind}
         else:
             self.ops = {k: v for k, v in saved.items() if k != kind}
@@ -322,6 +338,19 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
             return ops["maxpool"](y, **pool.op_kwargs())
 
         return unfused
+    if group.kind == "expand_depthwise":
+        from jaxcnn.models.mobilenet import expand_depthwise
+
+        ex, _, dw, _ = group.members
+        if version == "fused":
+            return lambda p, x: expand_depthwise(x, p[ex.name], p[dw.name], group.attrs["stride"])
+
+        def layers(p, x):
+            for m in group.members:
+                x = bind_layer(m, ops)(x, *((p[m.name]["w"], p[m.name]["b"]) if m.weight_shape else ()))
+            return x
+
+        return layers
     body, kwargs = _block_body(group)
     table = {**ops, group.kind: fused_block_fn(group.kind)} if version == "fused" else ops
     return lambda p, x: Net(table, p).block(group.kind, group.name, body, x, **kwargs)
@@ -358,6 +387,8 @@ def _model_decision(group: FusionGroup, spec, spec_note: str) -> GroupDecision:
     what = f"saves {saved:.2f} MiB of DRAM traffic and {launches} kernel launches"
     if group.kind == "fire" and not cost_model.fire_uses_tensor_cores(group):
         what += "; fused fire runs on CUDA-core FMA (fp32, channels not multiples of 8 or squeeze > 64)"
+    if group.kind == "expand_depthwise" and not cost_model.expand_depthwise_fused(group):
+        what += "; conv1x1_depthwise runs XLA's two convs here (needs bf16/fp16, channels multiples of 8, C <= 256)"
     if fused.time_ms < xla.time_ms:
         choice, why = "fused", f"model: fused {_fmt_ms(fused.time_ms)} < XLA {_fmt_ms(xla.time_ms)} ms ({what})"
     else:
@@ -461,8 +492,8 @@ def plan_fusion(model: str, batch: int = 1, dtype: Any = "bfloat16", *, costs: s
 
     costs: "auto" (measured where jaxcnn's CUDA kernels run, else the model), "measured"
       (RuntimeError without them) or "model".
-    kinds: group kinds to consider ("fire", "inception", "conv_pool"; conv_pool only when
-      jaxcnn.ops.conv2d_pool exists, else it is listed as skipped).
+    kinds: group kinds to consider ("fire", "inception", "conv_pool", "expand_depthwise";
+      conv_pool only when jaxcnn.ops.conv2d_pool exists, else it is listed as skipped).
     cache: jaxcnn.layouts' autotune cache (None: the default file, False: none, a path).
     gpu: the GPU spec the model uses (name or GpuSpec; default: this GPU, else H200).
     """

@@ -7,7 +7,10 @@
 HWIO weights. CUDA runs cuda_ops/chain through XLA FFI: each tile's 3x3 output stays in shared
 memory and the 1x1 reads it there (straight fusion), so t never reaches DRAM. The fused kernel
 takes bf16/fp16 with C, M, K multiples of 8 and M <= 384; float32 and other shapes run XLA's
-unfused convs (the reference), as does every other platform. Gradients are the reference's.
+unfused convs (the reference), as does every other platform. It runs only with
+algorithm="fused": "auto" (the default) currently runs XLA's convs on every shape, since the
+kernel measured 0.2-0.8x of them on an H100 (chain_args.conv3x3_conv1x1_runs_fused has the
+numbers and is the one place the choice is made). Gradients are the reference's.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from jaxcnn.ops.chain_args import (
     ACTIVATIONS,
     CONV3X3_CONV1X1_OPERANDS as OPERAND_NAMES,
     ChainConfig,
-    conv3x3_conv1x1_fused,
     conv3x3_conv1x1_output_shape,
+    conv3x3_conv1x1_runs_fused,
     make_chain_config,
 )
 from jaxcnn.ops.chain_reference import conv3x3_conv1x1_reference
@@ -53,7 +56,8 @@ class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
     @classmethod
     def cuda_lowering(cls, ctx, *operands, cfg: ChainConfig, operand_names):
         x_aval, w3_aval, _, w1_aval, _ = ctx.avals_in
-        fused = conv3x3_conv1x1_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3], x_aval.dtype)
+        fused = conv3x3_conv1x1_runs_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3],
+                                           x_aval.dtype, cfg.algorithm)
         if fused and _ffi.target_registered(FFI_TARGET):
             return jax.ffi.ffi_lowering(FFI_TARGET)(
                 ctx, *operands, act1=np.int64(ACTIVATIONS.index(cfg.act1)),
@@ -85,10 +89,11 @@ def _chain_bwd(cfg, operands, g):
 _chain.defvjp(_chain_fwd, _chain_bwd)
 
 
-def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")):
-    """act2(conv1x1(act1(conv3x3(x, w3, padding 1) + b3), w1) + b1), fused into one kernel on
-    CUDA for bf16/fp16 with channel counts multiples of 8 and at most 384 mid channels;
-    float32 and other shapes run XLA's unfused convs.
+def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu"),
+                    algorithm="auto"):
+    """act2(conv1x1(act1(conv3x3(x, w3, padding 1) + b3), w1) + b1). With algorithm="fused",
+    one fused kernel on CUDA for bf16/fp16 with channel counts multiples of 8 and at most 384
+    mid channels; float32, other shapes and other algorithms run XLA's unfused convs.
 
     Args:
       x: [N, H, W, C] float32, bfloat16 or float16 (NHWC).
@@ -96,12 +101,18 @@ def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")
       b3, b1: [M], [K] biases, or None for zero bias.
       activations: (act1, act2), each None, "relu" or "relu6" (min(max(v, 0), 6)); NaN
         propagates.
+      algorithm: "auto" (default), "fused" or "xla". "fused": the fused kernel where it
+        applies (else XLA's unfused convs). "xla": always XLA's unfused convs (cuDNN on CUDA).
+        "auto": currently "xla" on every shape; on an H100 (bf16) the fused kernel ran at
+        0.2-0.8x of XLA's layers (e.g. ResNet-50 conv2 -> conv3 at 56x56, N = 64: 190 us vs
+        95 us), since its mma.sync mainloop reaches ~110 TFLOP/s while cuDNN's wgmma convs
+        reach several times that, and fusing saves only t's DRAM round trip.
 
     Returns:
       [N, H, W, K] in x's dtype. Each conv accumulates in float32 and rounds once to x's dtype
       (the intermediate too, as the unfused layers would).
     """
-    cfg = make_chain_config(activations)
+    cfg = make_chain_config(activations, algorithm=algorithm)
     x, w3, w1 = (jnp.asarray(a) for a in (x, w3, w1))
     b3, b1 = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b)
               for b, w in ((b3, w3), (b1, w1)))
