@@ -16,7 +16,8 @@
 #                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
 #     chain      straight conv chains (3x3->1x1, 1x1->depthwise): chain_selftest (standalone nvcc
 #                build) + memcheck/racecheck (--small), pytest -m gpu tests/test_chain_gpu.py,
-#                scripts/bench_chain.py (CHAIN_BENCH_ARGS, e.g. "--batches 64"; its report lands in OUTDIR)
+#                scripts/bench_chain.py (CHAIN_BENCH_ARGS, e.g. "--batches 64"; its report lands in OUTDIR),
+#                scripts/bench_mobilenetv2.py: MobileNetV2 end to end, XLA vs the fusion plan
 #     convpool   fused conv + bias + ReLU + max-pool: conv_pool_selftest (standalone nvcc build),
 #                pytest -m gpu tests/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
 #                (CONVPOOL_BENCH_ARGS, e.g. "--quick")
@@ -149,6 +150,7 @@ if has chain; then
   step pytest_chain_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_chain_gpu.xml" tests/test_chain_gpu.py
   # shellcheck disable=SC2086
   step chain_bench $PY scripts/bench_chain.py --out "$OUT" ${CHAIN_BENCH_ARGS:-}
+  step mobilenetv2_e2e $PY scripts/bench_mobilenetv2.py --out "$OUT"
 fi
 
 if has convpool; then

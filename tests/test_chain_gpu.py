@@ -57,6 +57,13 @@ def xla_reference(reference, ops, cfg):
     return jax.jit(lambda *a: reference(*a, cfg=cfg))(*ops)
 
 
+def cpu_reference(reference, ops, cfg):
+    """The reference on the CPU: lax's NaN semantics (XLA's GPU conv + ReLU fusion turns a
+    NaN into 0, measured on an H100 for bf16 relu, so it cannot be the NaN oracle)."""
+    cpu = jax.devices("cpu")[0]
+    return jax.jit(lambda *a: reference(*a, cfg=cfg))(*(jax.device_put(o, cpu) for o in ops))
+
+
 def check_c3c1(shape, dtype, acts, seed=0):
     ops = c3c1_operands(seed, *shape, jnp.dtype(dtype))
     got = run_poisoned(c3c1_call(acts), C3C1_TARGET, *ops)
@@ -125,12 +132,12 @@ def test_conv1x1_depthwise_random_shapes(n, h, w, c, m, stride, act1, act2, dtyp
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("act", ACTS)
-def test_nan_propagates_like_xla(act, dtype):
+def test_nan_propagates_like_lax(act, dtype):
     """fmaxf(NaN, 0) is 0 on CUDA: the kernels must keep lax's NaN-propagating max/min."""
     x, w3, w1, b3, b1 = c3c1_operands(1, 1, 9, 9, 16, 16, 16, jnp.dtype(dtype))
     x = x.at[0, 4, 4, 3].set(jnp.nan)
     got = np.isnan(as_f64(c3c1_call((act, act))(x, w3, w1, b3, b1)))
-    want = np.isnan(as_f64(xla_reference(conv3x3_conv1x1_reference, (x, w3, b3, w1, b1),
+    want = np.isnan(as_f64(cpu_reference(conv3x3_conv1x1_reference, (x, w3, b3, w1, b1),
                                          ChainConfig(act, act))))
     assert want.any() and (got == want).all()
     x, w1, wd, b1, bd = c1dw_operands(1, 1, 9, 9, 16, 16, jnp.dtype(dtype))
@@ -138,7 +145,7 @@ def test_nan_propagates_like_xla(act, dtype):
     for stride in (1, 2):
         got = np.isnan(as_f64(jaxcnn.conv1x1_depthwise(x, w1, wd, b1, bd, stride=stride,
                                                        activations=(act, act))))
-        want = np.isnan(as_f64(xla_reference(conv1x1_depthwise_reference, (x, w1, b1, wd, bd),
+        want = np.isnan(as_f64(cpu_reference(conv1x1_depthwise_reference, (x, w1, b1, wd, bd),
                                              ChainConfig(act, act, stride))))
         assert want.any() and (got == want).all()
 
