@@ -57,7 +57,6 @@ except ImportError:  # run from a checkout that is not pip-installed
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS))
 from bench_layers import _json_safe, environment  # noqa: E402
@@ -65,6 +64,7 @@ from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report ce
 
 from jaxcnn.models.backends import xla_conv2d  # noqa: E402
 from jaxcnn.ops.chain_args import conv1x1_depthwise_fused, conv3x3_conv1x1_fused  # noqa: E402
+from jaxcnn.ops.chain_reference import chain_layer  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec, precision_class  # noqa: E402
 
@@ -137,24 +137,6 @@ def operands(case: ChainCase, n: int, dtype: str, seed: int):
             he(k[3], (3, 3, 1, case.m), 9), bias(k[4], case.m))
 
 
-def _act(v, act):
-    if act is None:
-        return v
-    v = jnp.maximum(v, 0)
-    return jnp.minimum(v, 6) if act == "relu6" else v
-
-
-def _xla_conv(x, w, b, act, *, stride=1, padding=0, groups=1):
-    """One layer as the fused kernels define it: float32 accumulation, bias and activation in
-    float32, one rounding to x's dtype."""
-    precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
-    y = lax.conv_general_dilated(x, w, (stride, stride), ((padding, padding),) * 2,
-                                 dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                 feature_group_count=groups, precision=precision,
-                                 preferred_element_type=jnp.float32)
-    return _act(y + b.astype(jnp.float32), act).astype(x.dtype)
-
-
 def _plain_conv(x, w, b, act, *, stride=1, padding=0, groups=1):
     """One layer as a plain JAX model runs it (the zoo's XLA backend)."""
     relu = act is not None
@@ -182,7 +164,7 @@ def compositions(case: ChainCase) -> dict[str, Any]:
         def ours(x, w1, b1, wd, bd):
             return jaxcnn.conv1x1_depthwise(x, w1, wd, b1, bd, stride=case.stride,
                                             activations=case.acts)
-    return dict(jaxcnn=ours, xla=functools.partial(chain, _xla_conv),
+    return dict(jaxcnn=ours, xla=functools.partial(chain, chain_layer),
                 xla_plain=functools.partial(chain, _plain_conv))
 
 

@@ -20,7 +20,9 @@ def activate(v, activation):
     return jnp.minimum(v, 6.0) if activation == "relu6" else v
 
 
-def _conv(x, w, b, activation, *, stride=1, padding=0, groups=1):
+def chain_layer(x, w, b, activation, *, stride=1, padding=0, groups=1):
+    """One conv of a chain as the fused kernels define it: float32 accumulation, bias and
+    activation in float32, one rounding to x's dtype."""
     # fp32 fp32-accurately (no TF32), as the unfused fp32 layers the fused op stands for.
     precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
     y = lax.conv_general_dilated(
@@ -33,11 +35,11 @@ def _conv(x, w, b, activation, *, stride=1, padding=0, groups=1):
 
 def conv3x3_conv1x1_reference(x, w3, b3, w1, b1, *, cfg: ChainConfig):
     """act2(conv1x1(act1(conv3x3_pad1(x, w3) + b3), w1) + b1)."""
-    t = _conv(x, w3, b3, cfg.act1, padding=1)
-    return _conv(t, w1, b1, cfg.act2)
+    t = chain_layer(x, w3, b3, cfg.act1, padding=1)
+    return chain_layer(t, w1, b1, cfg.act2)
 
 
 def conv1x1_depthwise_reference(x, w1, b1, wd, bd, *, cfg: ChainConfig):
     """act2(depthwise3x3(act1(conv1x1(x, w1) + b1), wd, stride, pad 1) + bd)."""
-    t = _conv(x, w1, b1, cfg.act1)
-    return _conv(t, wd, bd, cfg.act2, stride=cfg.stride, padding=1, groups=wd.shape[3])
+    t = chain_layer(x, w1, b1, cfg.act1)
+    return chain_layer(t, wd, bd, cfg.act2, stride=cfg.stride, padding=1, groups=wd.shape[3])

@@ -20,9 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.interpreters import mlir
 
-from jaxcnn import _ffi
 from jaxcnn.ops.chain_args import (
     ACTIVATIONS,
     CONV1X1_DEPTHWISE_OPERANDS as OPERAND_NAMES,
@@ -32,7 +30,7 @@ from jaxcnn.ops.chain_args import (
     make_chain_config,
 )
 from jaxcnn.ops.chain_reference import conv1x1_depthwise_reference
-from jaxcnn.ops.primitive import LeadingBatchPrimitive, allow_reference_fallback
+from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv1x1_depthwise_fwd"
 
@@ -57,16 +55,10 @@ class Conv1x1DepthwisePrimitive(LeadingBatchPrimitive):
     def cuda_lowering(cls, ctx, *operands, cfg: ChainConfig, operand_names):
         x_aval, w1_aval = ctx.avals_in[:2]
         fused = conv1x1_depthwise_fused(x_aval.shape, w1_aval.shape[3], cfg.stride, x_aval.dtype)
-        if fused and _ffi.target_registered(FFI_TARGET):
-            return jax.ffi.ffi_lowering(FFI_TARGET)(
-                ctx, *operands, stride=np.int64(cfg.stride),
-                act1=np.int64(ACTIVATIONS.index(cfg.act1)),
-                act2=np.int64(ACTIVATIONS.index(cfg.act2)))
-        if fused:  # a library built before this op has no handler: same policy as no library
-            allow_reference_fallback(cls.name, _ffi.missing_target_reason(FFI_TARGET))
-        return mlir.lower_fun(functools.partial(cls.reference, cfg=cfg, operand_names=operand_names),
-                              multiple_results=False)(ctx, *operands)
-
+        return cls.kernel_or_reference(
+            ctx, operands, dict(cfg=cfg, operand_names=operand_names), FFI_TARGET, fused,
+            stride=np.int64(cfg.stride), act1=np.int64(ACTIVATIONS.index(cfg.act1)),
+            act2=np.int64(ACTIVATIONS.index(cfg.act2)))
 
 Conv1x1DepthwisePrimitive.register()
 

@@ -21,9 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
-from jax.interpreters import mlir
 
-from jaxcnn import _ffi
 from jaxcnn.ops.chain_args import (
     ACTIVATIONS,
     CONV3X3_CONV1X1_OPERANDS as OPERAND_NAMES,
@@ -33,7 +31,7 @@ from jaxcnn.ops.chain_args import (
     make_chain_config,
 )
 from jaxcnn.ops.chain_reference import conv3x3_conv1x1_reference
-from jaxcnn.ops.primitive import LeadingBatchPrimitive, allow_reference_fallback
+from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv3x3_conv1x1_fwd"
 
@@ -58,15 +56,9 @@ class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
         x_aval, w3_aval, _, w1_aval, _ = ctx.avals_in
         fused = conv3x3_conv1x1_runs_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3],
                                            x_aval.dtype, cfg.algorithm)
-        if fused and _ffi.target_registered(FFI_TARGET):
-            return jax.ffi.ffi_lowering(FFI_TARGET)(
-                ctx, *operands, act1=np.int64(ACTIVATIONS.index(cfg.act1)),
-                act2=np.int64(ACTIVATIONS.index(cfg.act2)))
-        if fused:  # a library built before this op has no handler: same policy as no library
-            allow_reference_fallback(cls.name, _ffi.missing_target_reason(FFI_TARGET))
-        return mlir.lower_fun(functools.partial(cls.reference, cfg=cfg, operand_names=operand_names),
-                              multiple_results=False)(ctx, *operands)
-
+        return cls.kernel_or_reference(
+            ctx, operands, dict(cfg=cfg, operand_names=operand_names), FFI_TARGET, fused,
+            act1=np.int64(ACTIVATIONS.index(cfg.act1)), act2=np.int64(ACTIVATIONS.index(cfg.act2)))
 
 Conv3x3Conv1x1Primitive.register()
 

@@ -77,9 +77,26 @@ class BatchShardedPrimitive:
         if _ffi.handlers_registered():
             return cls.cuda_lowering(ctx, *args, **params)
         allow_reference_fallback(cls.name, _ffi.library_state().reason)
+        return cls.reference_lowering(ctx, *args, **params)
+
+    @classmethod
+    def reference_lowering(cls, ctx, *args, **params):
+        """The lax reference as this op's lowering."""
         return mlir.lower_fun(functools.partial(cls.reference, **params), multiple_results=False)(
             ctx, *args
         )
+
+    @classmethod
+    def kernel_or_reference(cls, ctx, args, params, target: str, runs_kernel: bool, **attributes):
+        """The FFI custom call `target` (with `attributes`) where the op's kernel runs these
+        shapes and the loaded library has its handler, else the reference. A missing handler
+        alone (a library built before the op) follows the no-library policy: a warning, or an
+        error under JAXCNN_STRICT."""
+        if runs_kernel and _ffi.target_registered(target):
+            return jax.ffi.ffi_lowering(target)(ctx, *args, **attributes)
+        if runs_kernel:
+            allow_reference_fallback(cls.name, _ffi.missing_target_reason(target))
+        return cls.reference_lowering(ctx, *args, **params)
 
     @classmethod
     def _mesh_batch_axis(cls, params, arg_shapes):
