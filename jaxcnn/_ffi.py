@@ -247,7 +247,7 @@ def _sparse_export(name: str):
 
 def sparse_conv_plan(params: dict) -> str | None:
     """The zero-skipping conv's plan for these params on the current device, as the library's
-    one line ("kernel=tile tile=4x8 k_per_lane=4 ..." or "kernel=walk ..."), or None when the
+    one line ("kernel=tile tile=2x8 k_per_lane=4 ..." or "kernel=walk ..."), or None when the
     library (or its sparse handler) is not loaded. `params` holds the fields of
     cuda_ops/sparse/sparse_conv.h's SparseConvParams by name."""
     fn = _sparse_export("jaxcnn_sparse_conv_plan")

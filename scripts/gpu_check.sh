@@ -172,7 +172,7 @@ if has sparse; then
   # one (a failed build) it compiles the launcher standalone.
   SPARSE_SELFTEST=build/sparse_selftest
   KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
-  step sparse_selftest_build nvcc -std=c++17 -O3 --jump-table-density=50 -arch=${SPARSE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
+  step sparse_selftest_build nvcc -std=c++17 -O3 -arch=${SPARSE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
     cuda_ops/selftest/sparse_selftest.cu "${KERNELS_ARCHIVE:-cuda_ops/sparse/sparse_conv.cu}" -o "$SPARSE_SELFTEST"
   step sparse_selftest "$SPARSE_SELFTEST"
   step sparse_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$SPARSE_SELFTEST" --skip-large

@@ -200,10 +200,11 @@ def test_plan_query_reports_the_launch():
     layer = dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1, stride_w=1, pad_h=1,
                  pad_w=1, dilation_h=1, dilation_w=1)
     text = _ffi.sparse_conv_plan(layer)
-    # Eight warps a CTA on an 8x32 region (56x56 wastes 8 columns, the least of the 8-warp
-    # regions); N=1 fills the GPU only with the input channels split (16 chunks of 16 fp32).
+    # Sixteen warps of 2x8 tiles a CTA on an 8x32 region (56x56 wastes 8 columns, the least of
+    # the 16-warp regions, and 8x32 is squarer than 4x64); N=1 fills the GPU only with the input
+    # channels split (16 chunks of 16 fp32).
     assert text is not None and text.startswith(
-        "kernel=tile tile=4x8 k_per_lane=4 warps=2x4 region=8x32 chunk=16 splits="), text
+        "kernel=tile tile=2x8 k_per_lane=4 warps=4x4 region=8x32 chunk=16 splits="), text
     splits = int(text.split("splits=")[1].split()[0])
     assert 1 < splits <= 16 and f"scratch={splits * 56 * 56 * 256 * 4}" in text, text
     # 16-bit storage stages 32 channels a chunk.

@@ -10,12 +10,11 @@
 // region rather than once per warp tile (with weights read per warp from L2, their traffic was
 // the cost that did not shrink with the zeros: ~15 GB for VGG conv3_2 at N = 64).
 // Per channel, a warp loads its halo's values (one per lane and 32 positions), ballots the
-// nonzero positions, and only when there is one reads its R*R*KPL weights; then it walks the
-// set bits: the value comes by shuffle from the lane that loaded it, and a nonzero at halo
-// position pos hits the output pixels pos - (r, s) that lie in the tile, so `switch (pos)`
-// jumps to code with compile-time accumulator indices (registers cannot be indexed at run
-// time). The walk is warp-uniform (every lane sees the same mask), so it never diverges, and
-// its length is the number of nonzeros.
+// nonzero positions, and only when there is one reads its R*R*KPL weights; then it sweeps the
+// halo positions in compile-time order, branching past the zeros (sweep_nonzeros): a nonzero at
+// halo position pos hits the output pixels pos - (r, s) that lie in the tile, and each position
+// has its own code with compile-time accumulator indices (registers cannot be indexed at run
+// time). Every lane sees the same mask, so the sweep never diverges.
 //
 // With SPLIT, grid.z splits the input channels; each split stores raw fp32 partial sums into
 // its slice of the workspace and finalize_split_partials adds them in a fixed order (bitwise
@@ -25,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "common/float_convert.cuh"
 #include "common/mma_sm80.cuh"
@@ -61,9 +61,14 @@ __host__ __device__ constexpr int64_t TileSmemBytes(int elem_bytes, int R, int T
               TileWeightElems(elem_bytes, R, KPL)) * elem_bytes;
 }
 
-// Warps a CTA may have (the kernel's launch bound): at ~200 registers a thread, 8 warps fill an
-// SM's registers.
-constexpr int kTileMaxWarps = 8;
+// Warps a CTA may have (the kernel's launch bound). A lane's fp32 accumulators and weight
+// registers: up to ~100 fit in 128 registers, so 16 warps (4 a scheduler) run, which hide the
+// sweep's branch and shared-memory latencies that 2 a scheduler did not (H100, VGG conv3_2
+// fp32 at 90% zeros: 2x8 tiles in 16 warps 2.91 ms, 4x8 in 8 warps 3.43 ms); more take ~210
+// registers, and 8 warps fill the SM.
+__host__ __device__ constexpr int TileMaxWarps(int R, int TH, int TW, int KPL) {
+  return TH * TW * KPL + R * R * KPL <= 100 ? 16 : 8;
+}
 
 struct TileArgs {
   int N, H, W, C, K, P, Q, pad_h, pad_w, activation;
@@ -94,81 +99,103 @@ __device__ __forceinline__ void scatter_nonzero(float v, float (&acc)[TH * TW][K
   }
 }
 
-// One case per halo position below 128 (the largest halo, 5x5 on a 4 x 8 tile, has 96).
-#define JAXCNN_SCATTER_CASE(i)                                        \
-  case (i):                                                           \
-    if constexpr ((i) < kHalo) scatter_nonzero<(i), R, TH, TW, KPL>(v, acc, wr); \
-    else __builtin_unreachable();                                     \
-    break;
-#define JAXCNN_SCATTER_CASES8(b)                                                        \
-  JAXCNN_SCATTER_CASE(b + 0) JAXCNN_SCATTER_CASE(b + 1) JAXCNN_SCATTER_CASE(b + 2)      \
-  JAXCNN_SCATTER_CASE(b + 3) JAXCNN_SCATTER_CASE(b + 4) JAXCNN_SCATTER_CASE(b + 5)      \
-  JAXCNN_SCATTER_CASE(b + 6) JAXCNN_SCATTER_CASE(b + 7)
-
-template <int R, int TH, int TW, int KPL>
-__device__ __forceinline__ void scatter_at(int pos, float v, float (&acc)[TH * TW][KPL],
-                                           const float (&wr)[R * R][KPL]) {
-  constexpr int kHalo = (TH + R - 1) * (TW + R - 1);
-  static_assert(kHalo <= 128, "halo larger than the scatter switch");
-  switch (pos) {
-    JAXCNN_SCATTER_CASES8(0) JAXCNN_SCATTER_CASES8(8) JAXCNN_SCATTER_CASES8(16)
-    JAXCNN_SCATTER_CASES8(24) JAXCNN_SCATTER_CASES8(32) JAXCNN_SCATTER_CASES8(40)
-    JAXCNN_SCATTER_CASES8(48) JAXCNN_SCATTER_CASES8(56) JAXCNN_SCATTER_CASES8(64)
-    JAXCNN_SCATTER_CASES8(72) JAXCNN_SCATTER_CASES8(80) JAXCNN_SCATTER_CASES8(88)
-    JAXCNN_SCATTER_CASES8(96) JAXCNN_SCATTER_CASES8(104) JAXCNN_SCATTER_CASES8(112)
-    JAXCNN_SCATTER_CASES8(120)
-    default: __builtin_unreachable();  // pos < kHalo: no range check before the jump table
-  }
-}
-#undef JAXCNN_SCATTER_CASES8
-#undef JAXCNN_SCATTER_CASE
-
-// Scatters every nonzero of `mask` (bit i: halo position base + i, its value held by lane i as
-// lane_value). Warp-uniform, one trip per nonzero; the next nonzero's bit scan and shuffle are
-// issued before this one's FMAs, so their latency hides behind them. They run unconditionally
-// (past the last nonzero on a dummy lane): no branch around the shuffle.
-template <int R, int TH, int TW, int KPL>
-__device__ __forceinline__ void walk_nonzeros(uint32_t mask, float lane_value,
-                                              float (&acc)[TH * TW][KPL],
-                                              const float (&wr)[R * R][KPL], int base) {
-  if (mask == 0) return;
-  int bit = __ffs(mask) - 1;
-  mask &= mask - 1;
-  float v = __shfl_sync(0xffffffffu, lane_value, bit);
-  while (true) {
-    const int pos = base + bit;
-    const float value = v;
-    const bool more = mask != 0;
-    bit = (__ffs(mask) - 1) & 31;
-    mask &= mask - 1;
-    v = __shfl_sync(0xffffffffu, lane_value, bit);
-    scatter_at<R, TH, TW, KPL>(pos, value, acc, wr);
-    if (!more) break;
+// Shared-memory loads by 32-bit address. The addresses stay in registers across the channel
+// loop; generic pointers into the dynamic shared memory were rebuilt from SR_CgaCtaId every
+// channel under the 128-register bound (short-scoreboard stalls in the loop's head).
+template <typename T>
+__device__ __forceinline__ float lds_value(uint32_t addr) {
+  if constexpr (sizeof(T) == 4) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+  } else {
+    uint16_t raw;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(raw) : "r"(addr) : "memory");
+    return to_float(*reinterpret_cast<const T*>(&raw));
   }
 }
 
 // KPL consecutive values of a shared-memory weight row as fp32 (one 16- or 8-byte load for
-// fp32 / 16-bit with KPL = 4, the row offsets are multiples of KPL elements).
+// fp32 / 16-bit with KPL = 4; the row offsets are multiples of KPL elements).
 template <typename T, int KPL>
-__device__ __forceinline__ void read_weight_row(const T* row, float (&v)[KPL]) {
+__device__ __forceinline__ void lds_weight_row(uint32_t addr, float (&v)[KPL]) {
+  static_assert(KPL == 2 || KPL == 4, "the tile kernel runs 2 or 4 channels a lane");
   if constexpr (sizeof(T) == 4 && KPL == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(row);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else if constexpr (sizeof(T) == 4 && KPL == 2) {
-    const float2 q = *reinterpret_cast<const float2*>(row);
-    v[0] = q.x, v[1] = q.y;
-  } else if constexpr (sizeof(T) == 2 && KPL == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row);
-    const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = to_float(h[j]);
-  } else if constexpr (sizeof(T) == 2 && KPL == 2) {
-    const uint32_t raw = *reinterpret_cast<const uint32_t*>(row);
-    const T* h = reinterpret_cast<const T*>(&raw);
-    v[0] = to_float(h[0]), v[1] = to_float(h[1]);
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(addr) : "memory");
+  } else if constexpr (sizeof(T) == 4) {
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v[0]), "=f"(v[1]) : "r"(addr) : "memory");
   } else {
-    static_assert(KPL == 2 || KPL == 4, "the tile kernel runs 2 or 4 channels a lane");
+    uint32_t raw[KPL / 2];
+    if constexpr (KPL == 4) {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(raw[0]), "=r"(raw[1]) : "r"(addr) : "memory");
+    } else {
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(raw[0]) : "r"(addr) : "memory");
+    }
+    const T* h = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int j = 0; j < KPL; ++j) v[j] = to_float(h[j]);
   }
+}
+
+// The sweep over one channel's nonzeros. Registers cannot be indexed at run time, so every halo
+// position has its own code with compile-time accumulator indices; the sweep visits the
+// positions in a fixed order, four at a time, and branches (warp-uniformly: every lane holds
+// the same ballot) past each group of four without a nonzero and then past each zero of the
+// group. Only direct branches: the previous walk jumped per nonzero through a 60-way table
+// (bit scan, jump-table load, indirect branch: ~22 instructions around 19 FFMAs); here a zero
+// costs one predicated branch and an empty group of four one test. A nonzero's value is one
+// broadcast shared-memory load from its halo row (`rows`: the channel's address of each halo
+// row's first position).
+template <typename T, int P0, int I, int R, int TH, int TW, int KPL>
+__device__ __forceinline__ void sweep_position(uint32_t group_bits,
+                                               const uint32_t (&rows)[TH + R - 1],
+                                               float (&acc)[TH * TW][KPL],
+                                               const float (&wr)[R * R][KPL]) {
+  constexpr int kHaloW = TW + R - 1, kHalo = (TH + R - 1) * kHaloW;
+  constexpr int kRowBytes = TileXRow(sizeof(T), R) * sizeof(T);
+  if constexpr (P0 + I < kHalo) {
+    if (group_bits & (1u << I)) {
+      constexpr int kPos = P0 + I;
+      const float value = lds_value<T>(rows[kPos / kHaloW] + (kPos % kHaloW) * kRowBytes);
+      scatter_nonzero<kPos, R, TH, TW, KPL>(value, acc, wr);
+    }
+  }
+}
+
+template <typename T, int G, int R, int TH, int TW, int KPL, int kWords>
+__device__ __forceinline__ void sweep_group(const uint32_t (&bits)[kWords],
+                                            const uint32_t (&rows)[TH + R - 1],
+                                            float (&acc)[TH * TW][KPL],
+                                            const float (&wr)[R * R][KPL]) {
+  constexpr int kP0 = 4 * G, kWord = kP0 / 32, kShift = kP0 % 32;  // a group lies in one word
+  const uint32_t group_bits = (bits[kWord] >> kShift) & 0xFu;
+  if (group_bits == 0) return;
+  sweep_position<T, kP0, 0, R, TH, TW, KPL>(group_bits, rows, acc, wr);
+  sweep_position<T, kP0, 1, R, TH, TW, KPL>(group_bits, rows, acc, wr);
+  sweep_position<T, kP0, 2, R, TH, TW, KPL>(group_bits, rows, acc, wr);
+  sweep_position<T, kP0, 3, R, TH, TW, KPL>(group_bits, rows, acc, wr);
+}
+
+template <typename T, int R, int TH, int TW, int KPL, int kWords, int... G>
+__device__ __forceinline__ void sweep_groups(std::integer_sequence<int, G...>,
+                                             const uint32_t (&bits)[kWords],
+                                             const uint32_t (&rows)[TH + R - 1],
+                                             float (&acc)[TH * TW][KPL],
+                                             const float (&wr)[R * R][KPL]) {
+  (sweep_group<T, G, R, TH, TW, KPL, kWords>(bits, rows, acc, wr), ...);
+}
+
+// Scatters every nonzero of one channel: bit i of bits[word] is halo position 32 word + i.
+template <typename T, int R, int TH, int TW, int KPL, int kWords>
+__device__ __forceinline__ void sweep_nonzeros(const uint32_t (&bits)[kWords],
+                                               const uint32_t (&rows)[TH + R - 1],
+                                               float (&acc)[TH * TW][KPL],
+                                               const float (&wr)[R * R][KPL]) {
+  constexpr int kHalo = (TH + R - 1) * (TW + R - 1);
+  static_assert(kWords * 32 >= kHalo, "one mask bit per halo position");
+  sweep_groups<T, R, TH, TW, KPL, kWords>(std::make_integer_sequence<int, (kHalo + 3) / 4>{},
+                                          bits, rows, acc, wr);
 }
 
 __device__ __forceinline__ float tile_nan_relu(float v) { return (v > 0.0f || v != v) ? v : 0.0f; }
@@ -237,7 +264,7 @@ __device__ __forceinline__ void stage_block_weights(T* buf, const T* __restrict_
 }
 
 template <typename T, int R, int TH, int TW, int KPL, bool SPLIT>
-__global__ void __launch_bounds__(32 * kTileMaxWarps, 1)
+__global__ void __launch_bounds__(32 * TileMaxWarps(R, TH, TW, KPL), 1)
     sparse_tile_conv(TileArgs a, const T* __restrict__ x, const T* __restrict__ w,
                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ partials) {
   constexpr int kHaloW = TW + R - 1, kHalo = (TH + R - 1) * kHaloW;
@@ -249,6 +276,7 @@ __global__ void __launch_bounds__(32 * kTileMaxWarps, 1)
   const int64_t halo_elems = TileHaloElems(kBytes, R, TH, TW, a.warps_y, a.warps_x);
   T* const xs = reinterpret_cast<T*>(tile_smem);  // [2][halo_elems], then [2][weights]
   T* const ws = xs + 2 * halo_elems;
+  const uint32_t xs_addr = mma::SmemAddr(xs), ws_addr = mma::SmemAddr(ws);
   constexpr int64_t kWeightElems = TileWeightElems(kBytes, R, KPL);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -270,6 +298,12 @@ __global__ void __launch_bounds__(32 * kTileMaxWarps, 1)
     const int hy = pos / kHaloW, hx = pos % kHaloW;
     xoff[word] = pos < kHalo ? ((wy * TH + hy) * halo_cols + wx * TW + hx) * kRow : -1;
   }
+
+  // Byte offsets of this warp's halo rows in a halo buffer.
+  uint32_t halo_row[TH + R - 1];
+#pragma unroll
+  for (int hy = 0; hy < TH + R - 1; ++hy)
+    halo_row[hy] = ((wy * TH + hy) * halo_cols + wx * TW) * kRow * kBytes;
 
   float acc[TH * TW][KPL];
 #pragma unroll
@@ -295,28 +329,40 @@ __global__ void __launch_bounds__(32 * kTileMaxWarps, 1)
     mma::CpAsyncWait<1>();  // this chunk has landed (the next may be in flight)
     __syncthreads();
     if (!tile_live) continue;
-    const T* xb = xs + buf * halo_elems;
-    const T* wb = ws + buf * kWeightElems + lane * KPL;
+    const uint32_t xb = xs_addr + static_cast<uint32_t>(buf * halo_elems * kBytes);
+    const uint32_t wb = ws_addr + static_cast<uint32_t>((buf * kWeightElems + lane * KPL) * kBytes);
     const int channels = min(kCh, a.C - chunk * kCh);
+    // The lane's halo values of a channel (0 past the halo). Loaded one channel ahead, so the
+    // ballot does not wait on them; past the chunk's last channel the read stays in the row's
+    // padding and is unused.
+    auto load_halo_values = [&](int cc, float (&v)[kWords]) {
+#pragma unroll
+      for (int word = 0; word < kWords; ++word)
+        v[word] = xoff[word] >= 0 ? lds_value<T>(xb + (xoff[word] + cc) * kBytes) : 0.0f;
+    };
+    float next_xv[kWords];
+    load_halo_values(0, next_xv);
     for (int cc = 0; cc < channels; ++cc) {
-      // NaN counts as nonzero: it propagates as in dense.
       float xv[kWords];
+#pragma unroll
+      for (int word = 0; word < kWords; ++word) xv[word] = next_xv[word];
+      load_halo_values(cc + 1, next_xv);
+      // NaN counts as nonzero: it propagates as in dense.
       uint32_t bits[kWords], any = 0;
 #pragma unroll
       for (int word = 0; word < kWords; ++word) {
-        xv[word] = xoff[word] >= 0 ? to_float(xb[xoff[word] + cc]) : 0.0f;
         bits[word] = __ballot_sync(0xffffffffu, xv[word] != 0.0f);
         any |= bits[word];
       }
       if (any == 0) continue;  // warp-uniform: no nonzero, no weight reads
       float wr[R * R][KPL];
 #pragma unroll
-      for (int t = 0; t < R * R; ++t) read_weight_row<T, KPL>(wb + (t * kCh + cc) * kCols, wr[t]);
-      // A walk per 32-position word: one walk over a 64-bit mask of both words (one copy of
-      // the switch's code) measured slower, its 64-bit bit scans cost more than they saved.
+      for (int t = 0; t < R * R; ++t)
+        lds_weight_row<T, KPL>(wb + (t * kCh + cc) * kCols * kBytes, wr[t]);
+      uint32_t rows[TH + R - 1];
 #pragma unroll
-      for (int word = 0; word < kWords; ++word)
-        walk_nonzeros<R, TH, TW, KPL>(bits[word], xv[word], acc, wr, word * 32);
+      for (int hy = 0; hy < TH + R - 1; ++hy) rows[hy] = halo_row[hy] + (xb + cc * kBytes);
+      sweep_nonzeros<T, R, TH, TW, KPL, kWords>(bits, rows, acc, wr);
     }
   }
   if (!tile_live) return;
