@@ -361,6 +361,10 @@ int main(int argc, char** argv) {
     Time<float>({"vgg_c2_1_n64", 64, 112, 112, 64, 128, 3, 3, 1, 1, 1, 1});
     Time<float>({"alex_c3_n1", 1, 13, 13, 192, 384, 3, 3, 1, 1, 1, 1});
     Time<float>({"alex_c3_n64", 64, 13, 13, 192, 384, 3, 3, 1, 1, 1, 1});
+    // The tile kernel's other shapes: K <= 64 (2 channels a lane) and 1x1.
+    Time<float>({"vgg_c1_2_n4", 4, 224, 224, 64, 64, 3, 3, 1, 1, 1, 1});
+    Time<float>({"res_1x1_k64_n16", 16, 56, 56, 256, 64, 1, 1, 1, 0, 1, 1});
+    Time<float>({"res_1x1_k256_n16", 16, 56, 56, 64, 256, 1, 1, 1, 0, 1, 1});
   }
   std::printf("%s: %d of %d cases failed\n", failures ? "FAILED" : "PASSED", failures, cases);
   return failures ? 1 : 0;

@@ -100,18 +100,17 @@ bool TileEligible(const SparseConvParams& p) {
          p.dilation_w == 1 && p.R == p.S && (p.R == 1 || p.R == 3 || p.R == 5);
 }
 
-// The warp tile (TH x TW pixels, KPL channels a lane) for these params. 3x3 with 4 channels a
-// lane: 2x8 tiles, 64 accumulators, 16 warps a CTA (H100, VGG conv3_2 fp32 at 90% zeros: 2.91
-// ms vs 3.43 for 4x8 tiles in 8 warps). 1x1: 4x8 (its halo is the tile, no overlap to share).
-// K <= 64: 2 channels a lane on 8x8 (H200: 4x8 with 4 channels ran 1.3-1.4x faster where both
-// apply). A 5x5 window's 25 weight rows leave room for 2 channels on 4x8 only.
+// The warp tile (TH x TW pixels, KPL channels a lane) for these params: 64 fp32 accumulators a
+// lane, 2x8 pixels x 4 channels (K > 64) or 4x8 x 2 (K <= 64, and 5x5), so that 16 warps of a CTA
+// fit the registers (H100, VGG conv3_2 fp32 at 90% zeros: 2x8 tiles in 16 warps 2.91 ms, 4x8
+// tiles x 4 channels in 8 warps 3.43 ms). A 5x5 window's 50 weight registers keep it at 8 warps.
 struct TileShape {
   int th, tw, kpl;
 };
 TileShape TileShapeFor(const SparseConvParams& p) {
   const int kpl = (p.R == 5 || p.K <= 64) ? 2 : 4;
-  if (p.R == 3 && kpl == 4) return {2, 8, 4};
-  return {(kpl == 4 || p.R == 5) ? 4 : 8, 8, kpl};
+  if (p.R == 5) return {4, 8, 2};
+  return kpl == 4 ? TileShape{2, 8, 4} : TileShape{4, 8, 2};
 }
 
 // Shared memory of a CTA of warps_y x warps_x warp tiles.
@@ -237,11 +236,11 @@ cudaError_t LaunchTile(const SparseConvParams& p, const SparseConvPlan& plan, co
   const int kpl = plan.k_per_lane;
   switch (p.R) {
     case 1:
-      return kpl == 4 ? LaunchTileShape<T, 1, 4, 4>(p, plan, x, w, bias, y, partials, stream)
-                      : LaunchTileShape<T, 1, 8, 2>(p, plan, x, w, bias, y, partials, stream);
+      return kpl == 4 ? LaunchTileShape<T, 1, 2, 4>(p, plan, x, w, bias, y, partials, stream)
+                      : LaunchTileShape<T, 1, 4, 2>(p, plan, x, w, bias, y, partials, stream);
     case 3:
       return kpl == 4 ? LaunchTileShape<T, 3, 2, 4>(p, plan, x, w, bias, y, partials, stream)
-                      : LaunchTileShape<T, 3, 8, 2>(p, plan, x, w, bias, y, partials, stream);
+                      : LaunchTileShape<T, 3, 4, 2>(p, plan, x, w, bias, y, partials, stream);
     default:  // 5x5
       return LaunchTileShape<T, 5, 4, 2>(p, plan, x, w, bias, y, partials, stream);
   }
