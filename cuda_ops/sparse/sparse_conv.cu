@@ -108,9 +108,8 @@ struct TileShape {
   int th, tw, kpl;
 };
 TileShape TileShapeFor(const SparseConvParams& p) {
-  const int kpl = (p.R == 5 || p.K <= 64) ? 2 : 4;
-  if (p.R == 5) return {4, 8, 2};
-  return kpl == 4 ? TileShape{2, 8, 4} : TileShape{4, 8, 2};
+  const bool two_channels = p.R == 5 || p.K <= 64;
+  return two_channels ? TileShape{4, 8, 2} : TileShape{2, 8, 4};
 }
 
 // Shared memory of a CTA of warps_y x warps_x warp tiles.
