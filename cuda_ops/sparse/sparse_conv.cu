@@ -196,6 +196,9 @@ template <typename T, int R, int TH, int KPL>
 cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
                             const T* w, const T* bias, T* y, float* partials,
                             cudaStream_t stream) {
+  // LaunchTile's instantiations must match TileShapeFor: the plan's grid and regions assume it.
+  if (plan.tile_h != TH || plan.tile_w != 8 || plan.k_per_lane != KPL)
+    return cudaErrorInvalidConfiguration;
   sparse::TileArgs a;
   a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
   a.C = static_cast<int>(p.C), a.K = static_cast<int>(p.K);
