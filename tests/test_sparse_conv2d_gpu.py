@@ -210,6 +210,10 @@ def test_plan_query_reports_the_launch():
     # 16-bit storage stages 32 channels a chunk.
     assert "chunk=32" in _ffi.sparse_conv_plan({**layer, "elem_bytes": 2})
     assert _ffi.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
+    # 28 columns: 7-wide tiles cover them exactly (8-wide ones would compute 32).
+    deep = {**layer, "N": 64, "H": 28, "W": 28, "C": 512, "K": 512, "P": 28, "Q": 28}
+    assert _ffi.sparse_conv_plan(deep).startswith(
+        "kernel=tile tile=2x7 k_per_lane=4 warps=8x2 region=16x14 chunk=16 splits=1"), _ffi.sparse_conv_plan(deep)
     strided = {**layer, "stride_h": 2, "stride_w": 2, "P": 28, "Q": 28}
     text = _ffi.sparse_conv_plan(strided)
     assert text.startswith("kernel=walk k_per_lane=") and f"scratch={56 * 56 * 8 * 4}" in text, text

@@ -104,12 +104,16 @@ bool TileEligible(const SparseConvParams& p) {
 // lane, 2x8 pixels x 4 channels (K > 64) or 4x8 x 2 (K <= 64, and 5x5), so that 16 warps of a CTA
 // fit the registers (H100, VGG conv3_2 fp32 at 90% zeros: 2x8 tiles in 16 warps 2.91 ms, 4x8
 // tiles x 4 channels in 8 warps 3.43 ms). A 5x5 window's 50 weight registers keep it at 8 warps.
+// Tiles are 7 pixels wide where that covers the output's width with fewer pixels than 8 (widths
+// 7, 13, 14, 27, 28: the deep layers of VGG, AlexNet and ResNet, where 8-wide tiles compute
+// 12-19% of their pixels past the image).
 struct TileShape {
   int th, tw, kpl;
 };
 TileShape TileShapeFor(const SparseConvParams& p) {
   const bool two_channels = p.R == 5 || p.K <= 64;
-  return two_channels ? TileShape{4, 8, 2} : TileShape{2, 8, 4};
+  const int tw = CeilDiv(p.Q, 7) * 7 < CeilDiv(p.Q, 8) * 8 ? 7 : 8;
+  return two_channels ? TileShape{4, tw, 2} : TileShape{2, tw, 4};
 }
 
 // Shared memory of a CTA of warps_y x warps_x warp tiles.
@@ -192,12 +196,12 @@ bool PlanTile(const SparseConvParams& p, int sm_count, int smem_optin,
   return true;
 }
 
-template <typename T, int R, int TH, int KPL>
+template <typename T, int R, int TH, int TW, int KPL>
 cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
                             const T* w, const T* bias, T* y, float* partials,
                             cudaStream_t stream) {
   // LaunchTile's instantiations must match TileShapeFor: the plan's grid and regions assume it.
-  if (plan.tile_h != TH || plan.tile_w != 8 || plan.k_per_lane != KPL)
+  if (plan.tile_h != TH || plan.tile_w != TW || plan.k_per_lane != KPL)
     return cudaErrorInvalidConfiguration;
   sparse::TileArgs a;
   a.N = static_cast<int>(p.N), a.H = static_cast<int>(p.H), a.W = static_cast<int>(p.W);
@@ -222,8 +226,8 @@ cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& pla
     kernel<<<grid, threads, smem, stream>>>(a, x, w, bias, y, out_partials);
     return cudaGetLastError();
   };
-  if (plan.splits == 1) return run(sparse::sparse_tile_conv<T, R, TH, 8, KPL, false>, nullptr);
-  cudaError_t status = run(sparse::sparse_tile_conv<T, R, TH, 8, KPL, true>, partials);
+  if (plan.splits == 1) return run(sparse::sparse_tile_conv<T, R, TH, TW, KPL, false>, nullptr);
+  cudaError_t status = run(sparse::sparse_tile_conv<T, R, TH, TW, KPL, true>, partials);
   if (status != cudaSuccess) return status;
   const int64_t elems = a.M * p.K;
   const int64_t blocks = std::min<int64_t>(CeilDiv(elems, 256), 1 << 16);
@@ -232,20 +236,28 @@ cudaError_t LaunchTileShape(const SparseConvParams& p, const SparseConvPlan& pla
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t LaunchTile(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
-                       const T* w, const T* bias, T* y, float* partials, cudaStream_t stream) {
+template <typename T, int TW>
+cudaError_t LaunchTileWidth(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
+                            const T* w, const T* bias, T* y, float* partials,
+                            cudaStream_t stream) {
   const int kpl = plan.k_per_lane;
   switch (p.R) {
     case 1:
-      return kpl == 4 ? LaunchTileShape<T, 1, 2, 4>(p, plan, x, w, bias, y, partials, stream)
-                      : LaunchTileShape<T, 1, 4, 2>(p, plan, x, w, bias, y, partials, stream);
+      return kpl == 4 ? LaunchTileShape<T, 1, 2, TW, 4>(p, plan, x, w, bias, y, partials, stream)
+                      : LaunchTileShape<T, 1, 4, TW, 2>(p, plan, x, w, bias, y, partials, stream);
     case 3:
-      return kpl == 4 ? LaunchTileShape<T, 3, 2, 4>(p, plan, x, w, bias, y, partials, stream)
-                      : LaunchTileShape<T, 3, 4, 2>(p, plan, x, w, bias, y, partials, stream);
+      return kpl == 4 ? LaunchTileShape<T, 3, 2, TW, 4>(p, plan, x, w, bias, y, partials, stream)
+                      : LaunchTileShape<T, 3, 4, TW, 2>(p, plan, x, w, bias, y, partials, stream);
     default:  // 5x5
-      return LaunchTileShape<T, 5, 4, 2>(p, plan, x, w, bias, y, partials, stream);
+      return LaunchTileShape<T, 5, 4, TW, 2>(p, plan, x, w, bias, y, partials, stream);
   }
+}
+
+template <typename T>
+cudaError_t LaunchTile(const SparseConvParams& p, const SparseConvPlan& plan, const T* x,
+                       const T* w, const T* bias, T* y, float* partials, cudaStream_t stream) {
+  return plan.tile_w == 7 ? LaunchTileWidth<T, 7>(p, plan, x, w, bias, y, partials, stream)
+                          : LaunchTileWidth<T, 8>(p, plan, x, w, bias, y, partials, stream);
 }
 
 }  // namespace
