@@ -210,6 +210,10 @@ def test_plan_query_reports_the_launch():
     # 16-bit storage stages 32 channels a chunk.
     assert "chunk=32" in _ffi.sparse_conv_plan({**layer, "elem_bytes": 2})
     assert _ffi.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
+    # VGG conv1_2 at N=1: 98 CTAs leave SMs idle, but splitting its 4 chunks would move 4 x 12.8 MB
+    # of fp32 partial sums through memory, more than the idle SMs cost.
+    conv1_2 = {**layer, "H": 224, "W": 224, "C": 64, "K": 64, "P": 224, "Q": 224}
+    assert " splits=1 " in _ffi.sparse_conv_plan(conv1_2), _ffi.sparse_conv_plan(conv1_2)
     # 28 columns: 7-wide tiles cover them exactly (8-wide ones would compute 32).
     deep = {**layer, "N": 64, "H": 28, "W": 28, "C": 512, "K": 512, "P": 28, "Q": 28}
     assert _ffi.sparse_conv_plan(deep).startswith(

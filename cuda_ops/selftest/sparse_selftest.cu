@@ -378,6 +378,12 @@ int main(int argc, char** argv) {
     Time<float>({"vgg_c1_2_n4", 4, 224, 224, 64, 64, 3, 3, 1, 1, 1, 1});
     Time<float>({"res_1x1_k64_n16", 16, 56, 56, 256, 64, 1, 1, 1, 0, 1, 1});
     Time<float>({"res_1x1_k256_n16", 16, 56, 56, 64, 256, 1, 1, 1, 0, 1, 1});
+    // Shapes whose channel-split count the partial-sum cost in the plan changes.
+    Time<float>({"vgg_c1_2_n1", 1, 224, 224, 64, 64, 3, 3, 1, 1, 1, 1});
+    Time<float>({"vgg_c2_2_n1", 1, 112, 112, 128, 128, 3, 3, 1, 1, 1, 1});
+    Time<float>({"vgg_c3_2_n16", 16, 56, 56, 256, 256, 3, 3, 1, 1, 1, 1});
+    Time<float>({"alex_c3_n16", 16, 13, 13, 192, 384, 3, 3, 1, 1, 1, 1});
+    Time<float>({"res_1x1_k64_n64", 64, 56, 56, 256, 64, 1, 1, 1, 0, 1, 1});
   }
   std::printf("%s: %d of %d cases failed\n", failures ? "FAILED" : "PASSED", failures, cases);
   return failures ? 1 : 0;

@@ -90,10 +90,19 @@ cudaError_t LaunchKpt(const SparseConvPlan& plan, const sparse::ConvArgs& args, 
   }
 }
 
-// Tile kernel: channel splits per layer at most, and the split count's cost factor for the
-// extra pass that adds the partial sums.
+// Tile kernel: channel splits per layer at most, and the cost model that picks the count.
+// A CTA's time per chunk of channels: each channel costs a warp a fixed scan (halo loads,
+// ballot, group tests) plus a part proportional to its tile's dense MACs. Fitted to the
+// selftest timings at 90% zeros on an H100 (the sparsity the sparse path is picked for):
+// 3x3 tiles of 16-18 K MACs a warp-channel take 0.7-0.95 us a channel step, 1x1 tiles of 2 K
+// MACs 0.43 us. A split adds its fp32 partial sums' round trip through memory (each split
+// writes its slice, the finalize pass reads them all) and the finalize launch: at VGG
+// conv1_2 N=1 four splits cost 80 us where one wave of the unsplit grid takes 53 us.
 constexpr int kTileMaxSplits = 16;
-constexpr double kTileSplitPassCost = 1.1;
+constexpr double kTileChannelStepSeconds = 0.4e-6;
+constexpr double kTileSecondsPerWarpMac = 2.3e-11;
+constexpr double kTilePartialsBytesPerSecond = 3.0e12;
+constexpr double kTileSplitPassSeconds = 4e-6;
 
 bool TileEligible(const SparseConvParams& p) {
   return !p.pooled() && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
@@ -179,13 +188,22 @@ bool PlanTile(const SparseConvParams& p, int sm_count, int smem_optin,
   const int64_t chunks = CeilDiv(p.C, chunk);
   const int64_t ctas = plan.grid_x * plan.grid_y;
   const int64_t slice = p.N * p.P * p.Q * p.K * static_cast<int64_t>(sizeof(float));
-  // Waves (one CTA an SM) x chunks a CTA walks, with the split pass's cost.
+  // Waves (one CTA an SM) x chunks a CTA walks x a chunk's time, plus a split's partial sums.
+  const double warp_macs = static_cast<double>(t.th) * t.tw * 32 * t.kpl * p.R * p.S;
+  const double chunk_seconds =
+      static_cast<double>(chunk) * (kTileChannelStepSeconds + kTileSecondsPerWarpMac * warp_macs);
+  auto split_seconds = [&](int64_t s) {
+    const double walk = static_cast<double>(CeilDiv(ctas * s, sm_count) * CeilDiv(chunks, s)) *
+                        chunk_seconds;
+    if (s == 1) return walk;
+    return walk + 2.0 * static_cast<double>(s * slice) / kTilePartialsBytesPerSecond +
+           kTileSplitPassSeconds;
+  };
   int64_t splits = 1;
-  double best_cost = static_cast<double>(CeilDiv(ctas, sm_count) * chunks);
+  double best_cost = split_seconds(1);
   for (int64_t s = 2; s <= std::min<int64_t>(chunks, kTileMaxSplits); ++s) {
     if (s * slice > scratch_bytes) break;
-    const double cost = static_cast<double>(CeilDiv(ctas * s, sm_count) * CeilDiv(chunks, s)) *
-                        kTileSplitPassCost;
+    const double cost = split_seconds(s);
     if (cost < best_cost) best_cost = cost, splits = s;
   }
   splits = CeilDiv(chunks, CeilDiv(chunks, splits));  // no empty split
