@@ -235,9 +235,9 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
   return pass;
 }
 
-// cudaEvent time of the encode + conv launches (median of 20) at each sparsity.
 const char* g_time_only_name = nullptr;  // --only: time just the shapes whose name holds it
 
+// cudaEvent time of the encode + conv launches (median of 20) at each sparsity.
 template <typename T>
 void Time(const Shape& shape) {
   if (g_time_only_name != nullptr && std::strstr(shape.name, g_time_only_name) == nullptr) return;
