@@ -150,8 +150,8 @@ bool ForcedTileRegion(int max_warps, int* warps_y, int* warps_x) {
 // Fills the tile kernel's plan, or returns false when no CTA of it fits this GPU's shared
 // memory. The CTA's region is the arrangement of the most warps (they share every weight load)
 // that fits, with the fewest pixels past the image (then the squarest: the smaller halo); the
-// input channels are split where that balances the waves better, as far as `scratch_bytes`
-// holds the partial sums.
+// input channels are split where the idle SMs of fewer waves cost more than the partial sums'
+// round trip through memory, as far as `scratch_bytes` holds them.
 bool PlanTile(const SparseConvParams& p, int sm_count, int smem_optin,
               int64_t scratch_bytes, SparseConvPlan& plan) {
   const TileShape t = TileShapeFor(p);
