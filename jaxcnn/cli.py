@@ -1,5 +1,8 @@
 """`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds,
-layout and fusion plans, compare runs, start the dashboard."""
+layout and fusion plans, compare runs, start the dashboard.
+
+Errors are one line on stderr: exit status 2 for a usage error (bad option or argument), 1 for
+anything else (a bad store, a missing run, a failed step); --debug adds the traceback."""
 
 from __future__ import annotations
 
@@ -8,8 +11,11 @@ import contextlib
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, NoReturn, Sequence
+
+from jaxcnn.store import StoreError
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
@@ -17,28 +23,59 @@ DASHBOARD_APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
 
 class CliError(Exception):
-    """A user error: printed without a traceback, exit status 2."""
+    """An error the user can act on: printed as one line without a traceback, exit status 1."""
+
+    status = 1
+
+
+class UsageError(CliError):
+    """A bad option or argument value found after parsing: exit status 2, as argparse's own."""
+
+    status = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (no usage dump), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _model_name(name: str) -> str:
     from jaxcnn.models import list_models
 
     if name not in list_models():
-        raise CliError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+        raise argparse.ArgumentTypeError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
     return name
 
 
 def _dtype(name: str) -> str:
     if name not in DTYPES:
-        raise CliError(f"unknown dtype {name!r}; use one of {', '.join(sorted(DTYPES))}")
+        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; use one of {', '.join(sorted(DTYPES))}")
     return DTYPES[name]
 
 
+BACKEND_CHOICES = {"both": ("xla", "jaxcnn"), "xla": ("xla",), "jaxcnn": ("jaxcnn",)}
+
+
 def _backends(name: str) -> tuple[str, ...]:
-    choices = {"both": ("xla", "jaxcnn"), "xla": ("xla",), "jaxcnn": ("jaxcnn",)}
-    if name not in choices:
-        raise CliError(f"unknown backend {name!r}; use xla, jaxcnn or both")
-    return choices[name]
+    if name not in BACKEND_CHOICES:
+        raise argparse.ArgumentTypeError(f"unknown backend {name!r}; use xla, jaxcnn or both")
+    return BACKEND_CHOICES[name]
+
+
+def _int_at_least(least: int):
+    """An argparse type: an integer >= `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+
+    return parse
 
 
 @contextlib.contextmanager
@@ -61,11 +98,12 @@ def _progress(enabled: bool) -> Iterator:
 def cmd_profile(args) -> int:
     from jaxcnn.profile.profiler import profile_model, summarize
 
+    # profile_model opens the store (and checks it) before it profiles anything.
     with _progress(not args.quiet) as progress:
         profile = profile_model(
-            _model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype),
-            backends=_backends(args.backend), iters=args.iters, warmup=args.warmup,
-            sparsity=not args.no_sparsity, store=args.db, note=args.note or "", progress=progress,
+            args.model, batch=args.batch, dtype=args.dtype, backends=args.backend, iters=args.iters,
+            warmup=args.warmup, sparsity=not args.no_sparsity, store=args.db, note=args.note or "",
+            progress=progress,
         )
     print("\n".join(summarize(profile)))
     print(f"run {profile.run_ids.get('store')} recorded in {args.db}")
@@ -77,8 +115,10 @@ def cmd_layers(args) -> int:
 
     from jaxcnn.models import get_model, layer_rows
 
-    layers = get_model(_model_name(args.model)).layers(args.batch, _dtype(args.dtype))
+    layers = get_model(args.model).layers(args.batch, args.dtype)
     table = pd.DataFrame(layer_rows(layers))
+    # Layers without weights (pools, concat, softmax) have no weight shape: "-", not NaN.
+    table["weight_shape"] = [shape if isinstance(shape, str) else "-" for shape in table["weight_shape"]]
     table["gflop"] = table["flops"] / 1e9
     table["mib"] = table["bytes"] / 2**20
     if args.csv:
@@ -92,46 +132,65 @@ def cmd_layers(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _store_for_writing(path: str | None) -> Iterator:
+    """The store at `path` opened (schema checked, write access required) before the command's
+    work, so a bad store fails at once; None without --db."""
+    if path is None:
+        yield None
+        return
+    from jaxcnn.store import Store
+
+    with Store(path, read_only=False) as store:
+        yield store
+
+
 def cmd_plan(args) -> int:
     from jaxcnn.planner.report import plan_model, store_plan, summary
 
-    plan = plan_model(_model_name(args.model), args.batch, train=args.train, dtype=_dtype(args.dtype),
-                      backend=args.backend, sources=(args.source,))
-    print(summary(plan, args.source))
-    if plan.xla:
-        print("XLA memory_analysis: " + ", ".join(
-            f"{k.replace('_in_bytes', '')} {v / 2**20:.2f} MiB" for k, v in plan.xla.items()
-            if k.endswith("_in_bytes")))
-    if args.db:
-        from jaxcnn.store import Store
-
-        with Store(args.db) as store:
-            runs = store_plan(store, plan)
-        print(f"run {runs[args.source]} (kind 'plan') recorded in {args.db}")
+    with _store_for_writing(args.db) as store:
+        plan = plan_model(args.model, args.batch, train=args.train, dtype=args.dtype,
+                          backend=args.backend, sources=(args.source,))
+        print(summary(plan, args.source))
+        if plan.xla:
+            print("XLA memory_analysis: " + ", ".join(
+                f"{k.replace('_in_bytes', '')} {v / 2**20:.2f} MiB" for k, v in plan.xla.items()
+                if k.endswith("_in_bytes")))
+        if store is not None:
+            with store.transaction():
+                runs = store_plan(store, plan)
+            print(f"run {runs[args.source]} (kind 'plan') recorded in {args.db}")
     return 0
 
 
 def cmd_maxbatch(args) -> int:
-    import json
-
     from jaxcnn.planner.batch import max_batch, parse_bytes
     from jaxcnn.planner.training import OPTIMIZERS
 
-    model, dtype = _model_name(args.model), _dtype(args.dtype)
+    model, dtype = args.model, args.dtype
     try:
         budget = parse_bytes(args.budget)
-        probes = tuple(int(p) for p in args.probes.split(","))
     except ValueError as err:
-        raise CliError(f"--budget/--probes: {err}") from None
+        raise UsageError(f"--budget: {err}") from None
+    try:
+        probes = tuple(int(p) for p in args.probes.split(","))
+    except ValueError:
+        raise UsageError(f"--probes: expected comma-separated batch sizes like 1,2,4, got {args.probes!r}") from None
     if args.optimizer not in OPTIMIZERS:
-        raise CliError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     kwargs = dict(train=args.train, dtype=dtype, backend=args.backend)
     if args.train:
         kwargs.update(optimizer=args.optimizer, donate=not args.no_donate)
-    try:
+    with _store_for_writing(args.db) as store:
         result = max_batch(model, budget, probe_batches=probes, limit=args.limit, **kwargs)
-    except ValueError as err:
-        raise CliError(str(err)) from None
+        _report_max_batch(args, result, kwargs, store)
+    return 0
+
+
+def _report_max_batch(args, result, kwargs, store) -> None:
+    import json
+
+    model, dtype = args.model, args.dtype
     what = f"training step ({args.optimizer}{', undonated' if args.no_donate else ''})" if args.train else "inference"
     print(f"{model} {what} {dtype} backend={args.backend}")
     print(result.explain())
@@ -142,15 +201,13 @@ def cmd_maxbatch(args) -> int:
         with open(args.json, "w") as f:
             json.dump(dict(model=model, **kwargs, **result.as_dict()), f, indent=1)
         print(f"wrote {args.json}")
-    if args.db:
+    if store is not None:
         from jaxcnn.planner.records import record_max_batch
-        from jaxcnn.store import Store
 
-        with Store(args.db) as store:
+        with store.transaction():
             run_id = record_max_batch(store, result, model=model, dtype=dtype, train=args.train,
                                       backend=args.backend, optimizer=args.optimizer)
         print(f"run {run_id} recorded in {args.db}")
-    return 0
 
 
 def cmd_layouts(args) -> int:
@@ -161,7 +218,7 @@ def cmd_layouts(args) -> int:
     costs = "measured" if args.autotune else "model" if args.model_only else "auto"
     try:
         plan = layouts.plan_model_layouts(
-            _model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype), costs=costs,
+            args.model, batch=args.batch, dtype=args.dtype, costs=costs,
             cache=args.cache if args.cache else None, iters=args.iters,
             split_blocks=args.split_blocks,
         )
@@ -182,7 +239,7 @@ def cmd_fuse(args) -> int:
 
     costs = "measured" if args.autotune else "model" if args.model_only else "auto"
     try:
-        plan = fusion.plan_fusion(_model_name(args.model), batch=args.batch, dtype=_dtype(args.dtype),
+        plan = fusion.plan_fusion(args.model, batch=args.batch, dtype=args.dtype,
                                   costs=costs, cache=args.cache if args.cache else None,
                                   iters=args.iters)
     except RuntimeError as err:  # --autotune without the CUDA kernels
@@ -200,15 +257,37 @@ def cmd_compare(args) -> int:
 
     from jaxcnn.store import Store
 
-    with Store(args.db) as store:
-        table = store.compare(args.run_a, args.run_b, metric=args.metric)
-        if table.empty and args.metric == "device_time_ms":  # CPU runs record host wall time
-            table = store.compare(args.run_a, args.run_b, metric="wall_time_ms")
-    if table.empty:
-        raise CliError(f"runs {args.run_a} and {args.run_b} share no measured layers in {args.db}")
+    run_ids = (args.run_a, args.run_b)
+    with Store(args.db, read_only=True) as store:  # a reader: never creates or changes the file
+        runs = store.runs().set_index("id")
+        for run_id in run_ids:
+            if run_id not in runs.index:
+                known = f"runs {runs.index.min()}-{runs.index.max()}" if len(runs) else "no runs"
+                raise CliError(f"{args.db}: no run with id {run_id} (the store holds {known})")
+        kinds = {run_id: runs.loc[run_id, "kind"] for run_id in run_ids}
+        metric = args.metric
+        if metric == "device_time_ms" and not all(_has_layer_metric(store, r, metric) for r in run_ids):
+            if all(_has_layer_metric(store, r, "wall_time_ms") for r in run_ids):
+                metric = "wall_time_ms"  # CPU runs record host wall time
+        for run_id, other in (run_ids, run_ids[::-1]):
+            if not _has_layer_metric(store, run_id, metric):
+                raise CliError(
+                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer {metric} measurements, so it "
+                    f"cannot be compared with run {other} ({kinds[other]!r})"
+                )
+        table = store.compare(*run_ids, metric=metric)
+    if table[["median_a", "median_b"]].dropna().empty:
+        raise CliError(f"{args.db}: runs {args.run_a} and {args.run_b} share no layer measured on one backend "
+                       f"with {metric}")
+    if metric != args.metric:
+        print(f"(no per-layer {args.metric} in both runs: comparing {metric})")
     with pd.option_context("display.max_rows", None, "display.width", 200):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return 0
+
+
+def _has_layer_metric(store, run_id: int, metric: str) -> bool:
+    return bool(store.measurements(run_id, metric=metric)["layer_id"].notna().any())
 
 
 def cmd_dashboard(args) -> int:
@@ -230,16 +309,29 @@ def cmd_dashboard(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jaxcnn.models import list_models
     from jaxcnn.store import DEFAULT_FILENAME
 
     default_db = os.environ.get("JAXCNN_DB", DEFAULT_FILENAME)
-    parser = argparse.ArgumentParser(prog="jaxcnn", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    db_help = f"profile store file (default $JAXCNN_DB or ./{DEFAULT_FILENAME}; now {default_db})"
+    model_help = f"zoo model: {', '.join(list_models())}"
+    positive = _int_at_least(1)
+    parser = _OneLineParser(prog="jaxcnn", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        # Also accepted after the command; SUPPRESS keeps the top-level value when absent here.
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
+        return p
 
     def model_args(p, batch=1, dtype="bf16"):
-        p.add_argument("model", help="zoo model name (see `jaxcnn layers --help`)")
-        p.add_argument("--batch", type=int, default=batch)
-        p.add_argument("--dtype", default=dtype, help="bf16, fp16 or fp32")
+        p.add_argument("model", type=_model_name, help=model_help)
+        p.add_argument("--batch", type=positive, default=batch, help=f"images per batch (default {batch})")
+        p.add_argument("--dtype", type=_dtype, default=dtype, help=f"bf16, fp16 or fp32 (default {dtype})")
 
     def autotune_args(p, autotune_help, model_only_help):
         """The measured-or-model options `layouts` and `fuse` share (jaxcnn.layouts' cache)."""
@@ -247,49 +339,50 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model-only", action="store_true", help=model_only_help)
         p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
                                        "~/.cache/jaxcnn/autotune.json)")
-        p.add_argument("--iters", type=int, default=20, help="timed calls per candidate")
+        p.add_argument("--iters", type=positive, default=20, help="timed calls per candidate (default 20)")
 
-    p = sub.add_parser("profile", help="time every layer and the whole model on each backend into the store")
+    p = command("profile", "time every layer and the whole model on each backend into the store")
     model_args(p)
-    p.add_argument("--backend", default="both", help="xla, jaxcnn or both")
-    p.add_argument("--db", default=default_db)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--backend", type=_backends, default="both", help="xla, jaxcnn or both (default both)")
+    p.add_argument("--db", default=default_db, help=db_help)
+    p.add_argument("--iters", type=positive, default=20, help="timed calls per layer and model (>= 1, default 20)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=3,
+                   help="untimed calls before timing (>= 0, default 3)")
     p.add_argument("--no-sparsity", action="store_true", help="skip the activation sparsity pass")
-    p.add_argument("--note", default="")
+    p.add_argument("--note", default="", help="free text stored with the run")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(run=cmd_profile)
 
-    p = sub.add_parser("layers", help="the model's layer table: shapes, FLOPs, bytes")
+    p = command("layers", "the model's layer table: shapes, FLOPs, bytes")
     model_args(p)
     p.add_argument("--csv", help="write the table to this CSV file instead of printing it")
     p.set_defaults(run=cmd_layers)
 
-    p = sub.add_parser("plan", help="memory of the model: every packing algorithm vs the lower bound and XLA")
+    p = command("plan", "memory of the model: every packing algorithm vs the lower bound and XLA")
     model_args(p)
-    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
+    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"), help="backend of the planned program")
     p.add_argument("--train", action="store_true", help="plan a training step (SGD) instead of inference")
     p.add_argument("--source", default="hlo", choices=("jaxpr", "hlo"),
                    help="buffers of the traced jaxpr or of XLA's compiled HLO (default)")
     p.add_argument("--db", default=None, help="record the plans (kind 'plan') in this store")
     p.set_defaults(run=cmd_plan)
 
-    p = sub.add_parser("maxbatch", help="largest batch whose compiled program fits a memory budget")
-    p.add_argument("model", help="zoo model name (see `jaxcnn layers --help`)")
+    p = command("maxbatch", "largest batch whose compiled program fits a memory budget")
+    p.add_argument("model", type=_model_name, help=model_help)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 8GiB, 512MiB, 16GB")
     p.add_argument("--train", action="store_true", help="one optimizer step instead of inference")
-    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
-    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"))
+    p.add_argument("--dtype", type=_dtype, default="bf16", help="bf16, fp16 or fp32 (default bf16)")
+    p.add_argument("--backend", default="xla", choices=("xla", "jaxcnn"), help="backend of the compiled program")
     p.add_argument("--optimizer", default="sgd_momentum", help="with --train: sgd_momentum or adam")
     p.add_argument("--no-donate", action="store_true", help="with --train: keep params/optimizer state undonated")
     p.add_argument("--probes", default="1,2,4", help="batches compiled for the affine fit")
-    p.add_argument("--limit", type=int, default=1 << 16, help="largest batch considered")
+    p.add_argument("--limit", type=positive, default=1 << 16, help="largest batch considered")
     p.add_argument("--curve", action="store_true", help="print the footprint of every compiled batch")
     p.add_argument("--json", help="also write the result as JSON to this file")
     p.add_argument("--db", help="record the result (and its curve) in this store")
     p.set_defaults(run=cmd_maxbatch)
 
-    p = sub.add_parser("layouts", help="choose the activation layout (and kernel) of every layer")
+    p = command("layouts", "choose the activation layout (and kernel) of every layer")
     model_args(p)
     autotune_args(p, "measure every candidate on the GPU (cached); default: measured where the "
                      "CUDA kernels run, else model estimates", "model estimates even on a GPU")
@@ -298,39 +391,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_layouts)
 
-    p = sub.add_parser("fuse", help="choose which blocks (fire, inception, conv->pool, "
-                                       "expand->depthwise) run fused")
+    p = command("fuse", "choose which blocks (fire, inception, conv->pool, expand->depthwise) run fused")
     model_args(p)
     autotune_args(p, "time fused vs unfused on the GPU (cached); default: measured where the "
                      "CUDA kernels run, else the cost model", "cost model even on a GPU")
     p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_fuse)
 
-    p = sub.add_parser("compare", help="per-layer device time of two stored runs")
-    p.add_argument("run_a", type=int)
-    p.add_argument("run_b", type=int)
-    p.add_argument("--db", default=default_db)
-    p.add_argument("--metric", default="device_time_ms")
+    p = command("compare", "per-layer device time of two stored runs")
+    p.add_argument("run_a", type=int, help="id of the first run (the baseline)")
+    p.add_argument("run_b", type=int, help="id of the second run (ratio = b / a)")
+    p.add_argument("--db", default=default_db, help=db_help + "; opened read-only")
+    p.add_argument("--metric", default="device_time_ms",
+                   help="measurement to compare (default device_time_ms; falls back to wall_time_ms "
+                        "where the runs have no device time)")
     p.set_defaults(run=cmd_compare)
 
-    p = sub.add_parser("dashboard", help="start the Streamlit dashboard on the store")
-    p.add_argument("--db", default=default_db)
+    p = command("dashboard", "start the Streamlit dashboard on the store")
+    p.add_argument("--db", default=default_db, help=db_help)
     p.add_argument("--address", default="127.0.0.1", help="bind address (localhost by default)")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=positive, default=8501, help="port to serve on (default 8501)")
     p.set_defaults(run=cmd_dashboard)
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """The error as one line: its first line, and the exception type where the message alone
+    would not say what went wrong."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = lines[0] if lines else type(err).__name__
+    if not isinstance(err, (CliError, StoreError, ValueError, TypeError, OSError)):
+        text = f"{type(err).__name__}: {text}"
+    if len(lines) > 1:
+        text += " (more with --debug)"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "batch", 1) is not None and getattr(args, "batch", 1) < 1:
-        parser.error("--batch must be >= 1")
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0) or a usage error, already reported in one line (2)
+        return done.code if isinstance(done.code, int) else 2
+    debug = getattr(args, "debug", False)
     try:
         return args.run(args)
-    except CliError as err:
-        print(f"jaxcnn: error: {err}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:  # stdout closed early (`jaxcnn layers ... | head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("jaxcnn: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - every error reaches the user as one line
+        if debug:
+            traceback.print_exc()
+        print(f"jaxcnn {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return err.status if isinstance(err, CliError) else 1
 
 
 if __name__ == "__main__":

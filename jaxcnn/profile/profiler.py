@@ -149,12 +149,35 @@ def profile_model(
 ) -> ModelProfile:
     """Profile zoo model `name`. `store`: a jaxcnn.store.Store, a path, or None (not stored).
 
+    The store is opened (schema checked, write access required) before any profiling, so a bad
+    store fails at once; the profile is recorded in one transaction at the end.
     layer_ops: which layer ops to time alone (default: all); every backend's end-to-end time
     is always measured.
     """
+    _check_count("batch", batch, 1)
+    _check_count("iters", iters, 1)
+    _check_count("warmup", warmup, 0)
     for backend in backends:
         get_ops(backend)  # unknown backend -> ValueError before any work
     spec = get_model(name)
+    from jaxcnn.profile.record import record_profile, writable_store
+
+    with writable_store(store) as target:
+        profile = _profile(spec, batch, dtype, backends, iters, warmup, seed, layer_ops, sparsity, note, progress)
+        if target is not None:
+            (progress or (lambda message: None))("recording")
+            record_profile(profile, target, predict=predict)
+    return profile
+
+
+def _check_count(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
+def _profile(spec, batch, dtype, backends, iters, warmup, seed, layer_ops, sparsity, note, progress) -> ModelProfile:
     dtype = jnp.dtype(dtype)
     params = spec.init(seed, dtype)
     x = sample_input(spec, batch, dtype, seed)
@@ -183,14 +206,8 @@ def profile_model(
         note = (note + " " if note else "") + (
             "no GPU device time: CPU reference path, host wall time" if jax.default_backend() == "cpu"
             else "no GPU device time: profiler trace had no kernel events")
-    profile = ModelProfile(name, batch, dtype.name, tuple(backends), is_device, layers, end_to_end,
-                           wall, memory, collect_environment(), note)
-    if store is not None:
-        say("recording")
-        from jaxcnn.profile.record import record_profile
-
-        record_profile(profile, store, predict=predict)
-    return profile
+    return ModelProfile(spec.name, batch, dtype.name, tuple(backends), is_device, layers, end_to_end,
+                        wall, memory, collect_environment(), note)
 
 
 def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
@@ -213,8 +230,26 @@ def summarize(profile: ModelProfile) -> list[str]:
         ratio = f"  XLA/{backend} = {base.median_ms / timing.median_ms:.2f}" if base and backend != "xla" else ""
         lines.append(f"  {backend:8s} end-to-end {timing.median_ms:9.4f} ms [{timing.p10_ms:.4f}-{timing.p90_ms:.4f}]"
                      f"  wall {profile.wall[backend].median_ms:9.4f} ms{ratio}")
-    slow = sorted(profile.layers, key=lambda l: -max((t.median_ms for t in l.times.values()), default=0))[:5]
-    for layer in slow:
+    # The slowest layers are where the time goes on either backend; whether jaxcnn is the slow
+    # one is each layer's own XLA/jaxcnn ratio, never implied by the list.
+    slowest = sorted(profile.layers, key=lambda l: -max((t.median_ms for t in l.times.values()), default=0))[:5]
+    if slowest:
+        lines.append("  slowest layers (median of the slower backend):")
+    for layer in slowest:
         cells = "  ".join(f"{b} {t.median_ms:.4f} ms" for b, t in layer.times.items())
-        lines.append(f"  slow: {layer.info.name:28s} {layer.info.op:8s} {cells}")
+        lines.append(f"    {layer.info.name:28s} {layer.info.op:8s} {cells}{_versus_xla(layer.times)}")
+    compared = [l for l in profile.layers if {"xla", "jaxcnn"} <= set(l.times)]
+    if compared:
+        slower = [l.info.name for l in compared if l.times["jaxcnn"].median_ms > l.times["xla"].median_ms]
+        shown = ", ".join(slower[:8]) + (", ..." if len(slower) > 8 else "")
+        lines.append(f"  jaxcnn slower than XLA on {len(slower)} of {len(compared)} layers" + (f": {shown}" if slower else ""))
     return lines
+
+
+def _versus_xla(times: dict[str, TimingStats]) -> str:
+    """'  XLA/jaxcnn = r (jaxcnn faster|slower)' where both backends timed the layer."""
+    if not {"xla", "jaxcnn"} <= set(times) or not times["jaxcnn"].median_ms:
+        return ""
+    ratio = times["xla"].median_ms / times["jaxcnn"].median_ms
+    verdict = "faster" if ratio > 1 else "slower" if ratio < 1 else "as fast"
+    return f"  XLA/jaxcnn = {ratio:.2f} (jaxcnn {verdict})"

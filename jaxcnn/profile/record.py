@@ -3,16 +3,28 @@ memory stats, roofline floors and (when the perf model is available) traffic pre
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any
+import os
+from typing import Any, Iterator
 
 from jaxcnn.profile.profiler import ModelProfile, timing_row
+from jaxcnn.store import Store, StoreError
 
 
-def _open(store: Any):
-    from jaxcnn.store import Store
-
-    return (store, False) if isinstance(store, Store) else (Store(store), True)
+@contextlib.contextmanager
+def writable_store(store: Any) -> Iterator[Any]:
+    """`store` as an open, writable Store (None stays None): a path is opened here, its schema
+    checked and write access required, and closed when the block ends; a Store is used as is."""
+    if store is None or isinstance(store, Store):
+        if store is not None and store.read_only:
+            raise StoreError(f"profile store {store.path} is open read-only: cannot record a profile in it")
+        yield store
+        return
+    if not isinstance(store, (str, os.PathLike)):
+        raise TypeError(f"store must be a jaxcnn.store.Store, a path or None, got {type(store).__name__}")
+    with Store(store, read_only=False) as opened:
+        yield opened
 
 
 def _layer_row(index: int, info) -> dict[str, Any]:
@@ -26,56 +38,70 @@ def _layer_row(index: int, info) -> dict[str, Any]:
     )
 
 
-def _predictions(profile: ModelProfile, layer_ids: list[int]) -> list[dict[str, Any]]:
-    """Roofline floors for every layer, plus the traffic model for conv layers if importable."""
+def _predictions(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
+    """(layer index, row) of the roofline floor of every layer, plus the traffic model's for conv
+    layers if importable."""
     rows = []
-    for layer, layer_id in zip(profile.layers, layer_ids):
+    for index, layer in enumerate(profile.layers):
         if layer.floor:
-            rows.append(dict(layer_id=layer_id, model="roofline", time_ms=layer.floor["floor_ms"],
-                             extra=json.loads(json.dumps(layer.floor, default=str))))
+            rows.append((index, dict(model="roofline", time_ms=layer.floor["floor_ms"],
+                                     extra=json.loads(json.dumps(layer.floor, default=str)))))
     try:
         from jaxcnn.perfmodel import predict_layer_info
     except ImportError:
         return rows
     gpu = profile.environment.get("gpu_name")
-    for layer, layer_id in zip(profile.layers, layer_ids):
+    for index, layer in enumerate(profile.layers):
         if layer.info.op != "conv2d" or not gpu:
             continue
         for impl in profile.backends:
             row = predict_layer_info(layer.info, gpu=gpu, impl=impl)
             if row is not None:
-                rows.append(dict(row, layer_id=layer_id))
+                rows.append((index, row))
     return rows
 
 
+def _measurements(profile: ModelProfile) -> list[tuple[int | None, dict[str, Any]]]:
+    """(layer index or None for the whole model, row) of every timing and memory statistic."""
+    metric = "device_time_ms" if profile.is_device_time else "wall_time_ms"
+    rows = [(index, timing_row(t, backend=b, metric=metric))
+            for index, layer in enumerate(profile.layers) for b, t in layer.times.items()]
+    rows += [(None, timing_row(t, backend=b, metric=metric)) for b, t in profile.end_to_end.items()]
+    rows += [(None, timing_row(t, backend=b, metric="wall_time_ms")) for b, t in profile.wall.items()]
+    rows += [(None, dict(backend=b, metric=name.replace("_size_in_bytes", "_bytes").replace("_in_bytes", "_bytes"),
+                         median=value, unit="bytes"))
+             for b, stats in profile.memory.items() for name, value in stats.items()]
+    return rows
+
+
+def _sparsity(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
+    return [(index, dict(zero_fraction=l.input_zero_fraction, sample_count=profile.batch,
+                         extra=dict(output_zero_fraction=l.output_zero_fraction)))
+            for index, l in enumerate(profile.layers) if l.input_zero_fraction is not None]
+
+
+def _with_layer_ids(rows: list[tuple[int | None, dict[str, Any]]], layer_ids: list[int]) -> list[dict[str, Any]]:
+    return [dict(row, layer_id=None if index is None else layer_ids[index]) for index, row in rows]
+
+
 def record_profile(profile: ModelProfile, store: Any, *, predict: bool = True) -> int:
-    """Adds the profile as one run; returns the run id (also kept in profile.run_ids)."""
-    store, owned = _open(store)
-    try:
-        git = (profile.environment.get("extra") or {}).get("git") or {}
-        run_id = store.add_run(
+    """Adds the profile as one run in one transaction: a failure or a kill midway leaves no trace
+    of it. `store`: a writable Store or a path. Returns the run id (also kept in profile.run_ids)."""
+    # Every row is built before the transaction, so the write lock is held only for the inserts.
+    git = (profile.environment.get("extra") or {}).get("git") or {}
+    layers = [_layer_row(i, l.info) for i, l in enumerate(profile.layers)]
+    measurements, sparsity = _measurements(profile), _sparsity(profile)
+    predictions = _predictions(profile) if predict else []
+    with writable_store(store) as target, target.transaction():
+        run_id = target.add_run(
             "profile", model=profile.model, backend=",".join(profile.backends), batch=profile.batch,
             dtype=profile.dtype, device="gpu" if profile.is_device_time else "cpu", note=profile.note or None,
             git_commit=git.get("commit"), environment=profile.environment,
         )
-        layer_ids = store.add_layers(run_id, [_layer_row(i, l.info) for i, l in enumerate(profile.layers)])
-        metric = "device_time_ms" if profile.is_device_time else "wall_time_ms"
-        rows = [timing_row(t, layer_id=lid, backend=b, metric=metric)
-                for layer, lid in zip(profile.layers, layer_ids) for b, t in layer.times.items()]
-        rows += [timing_row(t, layer_id=None, backend=b, metric=metric) for b, t in profile.end_to_end.items()]
-        rows += [timing_row(t, layer_id=None, backend=b, metric="wall_time_ms") for b, t in profile.wall.items()]
-        rows += [dict(layer_id=None, backend=b, metric=name.replace("_size_in_bytes", "_bytes").replace("_in_bytes", "_bytes"),
-                      median=value, unit="bytes")
-                 for b, stats in profile.memory.items() for name, value in stats.items()]
-        store.add_measurements(run_id, rows)
-        store.add_sparsity(run_id, [
-            dict(layer_id=lid, zero_fraction=l.input_zero_fraction, sample_count=profile.batch,
-                 extra=dict(output_zero_fraction=l.output_zero_fraction))
-            for l, lid in zip(profile.layers, layer_ids) if l.input_zero_fraction is not None])
-        if predict:
-            store.add_predictions(run_id, _predictions(profile, layer_ids))
-        profile.run_ids["store"] = run_id
-        return run_id
-    finally:
-        if owned:
-            store.close()
+        layer_ids = target.add_layers(run_id, layers)
+        target.add_measurements(run_id, _with_layer_ids(measurements, layer_ids))
+        target.add_sparsity(run_id, _with_layer_ids(sparsity, layer_ids))
+        if predictions:
+            target.add_predictions(run_id, _with_layer_ids(predictions, layer_ids))
+    profile.run_ids["store"] = run_id
+    return run_id

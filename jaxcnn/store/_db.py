@@ -31,26 +31,79 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
     return Path(path).expanduser()
 
 
-def open_connection(path: Path) -> sqlite3.Connection:
-    """A connection to the store at `path`, its schema created or migrated to the current version."""
+def open_connection(path: Path, read_only: bool | None = None) -> tuple[sqlite3.Connection, bool]:
+    """A connection to the store at `path` and whether it is read-only.
+
+    read_only=None: read-write, creating the file (and the schema) if it is missing, unless the
+    file exists without write permission for this process: then read-only.
+    read_only=True: read-only (SQLite mode=ro): never creates, migrates or writes anything.
+    read_only=False: read-write; a file without write permission is a StoreError up front.
+    A writable store has its schema created or migrated to the current version; every store has
+    its schema checked (identity, version, tables) before this returns.
+    """
+    read_only = _access_mode(path, read_only)
     check_file_header(path)
+    # mode=ro makes SQLite refuse any write and never create the file; the URI keeps any
+    # character of the path literal (as_uri percent-encodes '?' and '#').
+    uri = f"{path.resolve().as_uri()}?mode={'ro' if read_only else 'rwc'}"
     try:
         # isolation_level=None: no implicit transactions; writers use write_transaction().
         # check_same_thread=False: a Store may be shared across threads (its methods hold a lock).
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open profile store {path}: {exc}") from exc
     try:
         conn.execute("PRAGMA foreign_keys = ON")  # per connection, off by default in SQLite
-        ensure_schema(conn, path)
-        enable_wal(conn)
+        if read_only:
+            check_readable_schema(conn, path)
+        else:
+            ensure_schema(conn, path)
+            enable_wal(conn)
+        check_tables(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
-        raise StoreError(f"cannot open profile store {path}: {exc} (corrupt file?)") from exc
+        raise StoreError(f"cannot open profile store {path}: {_explain(exc)}") from exc
     except BaseException:
         conn.close()
         raise
-    return conn
+    return conn, read_only
+
+
+def _access_mode(path: Path, read_only: bool | None) -> bool:
+    """Whether to open `path` read-only, after the checks that need no SQLite: StoreError when
+    a reader finds no file, or a writer cannot write the file or create it."""
+    if path.is_dir():
+        raise StoreError(f"profile store {path} is a directory, not a file")
+    if not path.exists():
+        if read_only:
+            raise StoreError(f"profile store {path} does not exist")
+        directory = path.parent
+        if not directory.is_dir():
+            raise StoreError(f"cannot create profile store {path}: directory {directory} does not exist")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise StoreError(f"cannot create profile store {path}: directory {directory} is not writable")
+        return False
+    if read_only is None:
+        return not is_writable(path)
+    if not read_only and not is_writable(path):
+        raise StoreError(f"profile store {path} is read-only (no write permission): cannot write to it")
+    return read_only
+
+
+def is_writable(path: Path) -> bool:
+    """Whether this process may write the store file (and so open it read-write)."""
+    return os.access(path, os.W_OK)
+
+
+def _explain(exc: sqlite3.DatabaseError) -> str:
+    """SQLite's message, with the likely cause where the message alone misleads."""
+    message = str(exc)
+    if "readonly" in message or "read-only" in message:
+        return f"{message} (no write permission for the file or its directory?)"
+    if "unable to open" in message:
+        return f"{message} (missing directory or no permission?)"
+    return f"{message} (corrupt file?)"
 
 
 def check_file_header(path: Path) -> None:
@@ -100,6 +153,31 @@ def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
             version = 0
         for target in range(version + 1, latest + 1):
             _migrate(conn, path, target)
+
+
+def check_readable_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """What ensure_schema checks, for a store that may not be written: nothing to create or migrate."""
+    version = read_schema_version(conn, path)
+    latest = len(_schema.MIGRATIONS)
+    if version is None:
+        raise StoreError(f"profile store {path} is empty (no jaxcnn tables): nothing to read")
+    if version < latest:
+        raise StoreError(
+            f"profile store {path} has schema version {version}, older than this jaxcnn's ({latest}), "
+            "and is opened read-only: open it writable once to migrate it"
+        )
+
+
+def check_tables(conn: sqlite3.Connection, path: Path) -> None:
+    """Every table the store uses is there: a dropped one is named, not met later as a table
+    without columns."""
+    present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = [table for table in _schema.TABLES if table not in present]
+    if missing:
+        raise StoreError(
+            f"profile store {path} is damaged: table{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} missing (dropped by hand?)"
+        )
 
 
 def _migrate(conn: sqlite3.Connection, path: Path, target: int) -> None:
@@ -163,7 +241,11 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 @contextmanager
 def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One consistent snapshot across several SELECTs (WAL readers never block writers)."""
+    """One consistent snapshot across several SELECTs (WAL readers never block writers);
+    inside a write transaction, that transaction is the snapshot."""
+    if conn.in_transaction:
+        yield conn
+        return
     conn.execute("BEGIN")
     try:
         yield conn

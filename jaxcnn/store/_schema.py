@@ -20,6 +20,9 @@ from collections.abc import Callable
 # tell the file apart from other SQLite databases.
 APPLICATION_ID = 0x4A434E4E
 
+# The tables of the current schema that hold data (meta aside); a store lacking one is damaged.
+TABLES = ("environments", "runs", "layers", "measurements", "predictions", "counters", "plans", "buffers", "sparsity")
+
 # Also kept in the meta table, so the identity survives tools that rewrite the header.
 APPLICATION_MARKER = "jaxcnn-profile-store"
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from jaxcnn.store import _db, _portable, _rows
 from jaxcnn.store._db import StoreError
-
-TABLES = ("environments", "runs", "layers", "measurements", "predictions", "counters", "plans", "buffers", "sparsity")
+from jaxcnn.store._schema import TABLES
 
 # Columns the Store fills in itself, never taken from row dicts.
 _MANAGED = {
@@ -41,15 +40,23 @@ class Store:
     Store may be shared across threads. Open a new Store in each process (never share one
     across fork).
 
+    ``read_only=True`` opens an existing store read-only and never creates, migrates or writes
+    it (what readers should use); ``read_only=False`` insists on write access; the default opens a
+    file without write permission read-only and anything else read-write. The file is checked
+    (identity, schema version, tables) here, so a bad store fails before any work is done.
+
     Writers take plain dicts whose keys are the table's columns (see _schema.py; unknown or missing
-    required keys raise ValueError) and insert all rows of one call in one transaction. Readers
+    required keys raise ValueError) and insert all rows of one call in one transaction;
+    ``with store.transaction():`` makes several calls one all-or-nothing transaction. Readers
     return pandas DataFrames with JSON columns decoded and integer columns as nullable Int64.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool | None = None):
         self.path: Path = _db.resolve_path(path)
         self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = _db.open_connection(self.path)
+        self._in_transaction = False  # inside transaction(): writer calls become savepoints
+        conn, self.read_only = _db.open_connection(self.path, read_only)
+        self._conn: sqlite3.Connection | None = conn
         self._columns = {t: _rows.table_columns(self._conn, t) for t in TABLES}
         self._kinds = {**_rows.column_kinds(self._conn, TABLES), **_JOINED_KINDS}
 
@@ -68,7 +75,29 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r})"
+        return f"Store({str(self.path)!r}{', read_only=True' if self.read_only else ''})"
+
+    @contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """Make every writer call in the block one transaction: all of it lands, or none of it
+        (an exception, a crash or a kill midway). Other threads' calls wait for the block;
+        other processes see nothing of it until it ends. Nested blocks join the outer one.
+
+            with store.transaction():
+                run = store.add_run("profile", ...)
+                store.add_measurements(run, rows)
+        """
+        with self._connection() as conn:
+            if self._in_transaction:
+                yield self
+                return
+            self._check_writable()
+            with _db.write_transaction(conn):
+                self._in_transaction = True
+                try:
+                    yield self
+                finally:
+                    self._in_transaction = False
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -85,8 +114,26 @@ class Store:
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
-        with self._connection() as conn, _db.write_transaction(conn):
-            yield conn
+        """One writer call, all or nothing: its own transaction, or a savepoint inside transaction()."""
+        with self._connection() as conn:
+            self._check_writable()
+            if not self._in_transaction:
+                with _db.write_transaction(conn):
+                    yield conn
+                return
+            conn.execute("SAVEPOINT writer_call")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK TO writer_call")
+                    conn.execute("RELEASE writer_call")
+                raise
+            conn.execute("RELEASE writer_call")
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"profile store {self.path} is open read-only: cannot write to it")
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
