@@ -264,7 +264,8 @@ def _view_source(uses: Uses, var, sources) -> tuple[Any, list[int]] | None:
 def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
-    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
+    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)]
+             if m.op == "conv2d" and m.plain}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
         if i in plan.skipped or i in plan.matches or eqn.primitive.name != "concatenate" or len(eqn.invars) != 2:
@@ -317,7 +318,8 @@ def _inception_sites(plan: Plan, path: str = "") -> list[_InceptionSite]:
     x itself may have other readers."""
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
-    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)] if m.op == "conv2d"}
+    convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)]
+             if m.op == "conv2d" and m.plain}
     pools = {p.out_var: p for p in _max_pools(uses)}
     found = []
     for i, eqn in enumerate(jaxpr.eqns):
@@ -439,7 +441,7 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
     found = []
     for m in [*plan.matches.values(), *declined_convs(plan, uses)]:
         s = m.site
-        if (m.op != "conv2d" or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
+        if (m.op != "conv2d" or not m.plain or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
             continue
         pool = pools.get(m.out_var)  # read by the pool alone (straight or through its layout steps)

@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import numpy as np
 from jax import lax
 
+from jaxcnn.ops.epilogue import ACTIVATIONS, check_activation
 from jaxcnn.ops.layouts import LAYOUTS, convert_shape  # x and y memory orders; weights are HWIO
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
-ACTIVATIONS = (None, "relu")
 # fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is
 # fp32-accurate. Codes match cuda_ops' MathPrecision.
 PRECISIONS = ("default", "highest")
@@ -41,6 +41,7 @@ class Conv2dConfig:
     layout: str = "NHWC"
     precision: str = "default"
     algorithm: str = "auto"
+    alpha: float = 0.0  # leaky_relu's negative slope (epilogue.py); 0.0 for every other activation
 
     def replace(self, **changes: Any) -> "Conv2dConfig":
         return dataclasses.replace(self, **changes)
@@ -103,6 +104,7 @@ def make_config(
     layout: str = "NHWC",
     precision: Any = None,
     algorithm: str = "auto",
+    alpha: Any = None,
 ) -> Conv2dConfig:
     """Normalizes the keyword arguments of `conv2d`; SAME/VALID become explicit pads."""
     if layout not in LAYOUTS:
@@ -116,8 +118,7 @@ def make_config(
         raise TypeError(f"groups must be an int, got {groups!r}")
     if groups < 1:
         raise ValueError(f"groups must be >= 1, got {groups}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    alpha_ = check_activation(activation, alpha)
     if len(x_shape) != 4:
         raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
@@ -125,7 +126,7 @@ def make_config(
     _, h, wd, _ = convert_shape(x_shape, layout, "NHWC")
     window = (dilation_[0] * (w_shape[0] - 1) + 1, dilation_[1] * (w_shape[1] - 1) + 1)
     pads = padding_pairs(padding, (h, wd), window, stride_)
-    return Conv2dConfig(stride_, pads, dilation_, int(groups), activation, layout, precision_, algorithm)
+    return Conv2dConfig(stride_, pads, dilation_, int(groups), activation, layout, precision_, algorithm, alpha_)
 
 
 def _check_dtype(name: str, dtype: Any) -> None:
@@ -148,8 +149,9 @@ def conv2d_output_shape(
         raise ValueError(f"x must be rank 4 ({cfg.layout}), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
         raise ValueError(f"w must be rank 4 (HWIO), got shape {tuple(w_shape)}")
-    if 0 in x_shape:
-        raise ValueError(f"x must not have zero-size dimensions, got shape {tuple(x_shape)}")
+    if 0 in convert_shape(x_shape, cfg.layout, "NHWC")[1:]:
+        # N = 0 (an empty batch) is allowed: conv2d returns the empty result, as XLA does.
+        raise ValueError(f"x must not have zero-size H, W or C, got shape {tuple(x_shape)}")
     if 0 in w_shape:
         raise ValueError(f"w must not have zero-size dimensions, got shape {tuple(w_shape)}")
     _check_dtype("x", x_dtype)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxcnn.ops.conv_args import Conv2dConfig
+from jaxcnn.ops.epilogue import apply_activation, epilogue_reference
 
 
 def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
@@ -29,23 +31,31 @@ def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
     )
 
 
-def conv2d_reference(x, w, bias, cfg: Conv2dConfig):
-    """Same semantics as the CUDA kernel: fp32 accumulate, bias and ReLU in fp32, one rounding."""
+def conv2d_reference(x, w, bias, cfg: Conv2dConfig, *, residual=None, out_dtype=None):
+    """Same semantics as the CUDA kernels: fp32 accumulate, the epilogue (bias, residual,
+    activation) in fp32, one rounding to x's dtype (or `out_dtype`)."""
     y = linear_conv2d(x, w, cfg, out_dtype=jnp.float32)
-    if bias is not None:
-        channel_axis = cfg.layout.index("C")
-        y = y + jnp.expand_dims(bias.astype(jnp.float32), tuple(range(channel_axis + 1 - 4, 0)))
-    if cfg.activation == "relu":
-        y = jnp.maximum(y, 0.0)
-    return y.astype(x.dtype)
+    y = epilogue_reference(y, bias, residual, cfg.activation, cfg.alpha, cfg.layout.index("C"))
+    return y.astype(x.dtype if out_dtype is None else out_dtype)
 
 
-def xla_conv2d(x, w, bias, cfg: Conv2dConfig):
+def xla_conv2d(x, w, bias, cfg: Conv2dConfig, *, residual=None):
     """conv2d as a JAX user writes it, what algorithm="xla" runs: the conv in x's dtype (cuDNN
-    still accumulates in fp32), then bias and ReLU in x's dtype. For half types that rounds twice,
-    unlike conv2d_reference, but it is the formulation XLA fuses and runs fastest."""
+    still accumulates in fp32), then bias, residual and activation in x's dtype. For half types
+    that rounds more than once, unlike conv2d_reference, but it is the formulation XLA fuses
+    (into cuDNN's conv + bias + activation where it can) and runs fastest."""
     y = linear_conv2d(x, w, cfg)
     if bias is not None:
         channel_axis = cfg.layout.index("C")
         y = y + jnp.expand_dims(bias, tuple(range(channel_axis + 1 - 4, 0)))
-    return jnp.maximum(y, 0) if cfg.activation == "relu" else y
+    if residual is not None:
+        y = y + residual
+    return apply_activation(y, cfg.activation, cfg.alpha)
+
+
+def check_residual(residual_shape, residual_dtype, out_shape, x_dtype) -> None:
+    """A residual operand must have the conv output's shape (in its layout) and x's dtype."""
+    if tuple(residual_shape) != tuple(out_shape):
+        raise ValueError(f"residual must have the output's shape {tuple(out_shape)}, got {tuple(residual_shape)}")
+    if np.dtype(residual_dtype) != np.dtype(x_dtype):
+        raise TypeError(f"residual dtype {np.dtype(residual_dtype).name} must match x dtype {np.dtype(x_dtype).name}")

@@ -21,6 +21,7 @@ from jax import lax
 from jax.extend.core import Literal, Var
 
 from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.optimize.epilogue_patterns import Epilogue, epilogue_operands, find_epilogue, vector_dependencies_ok
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
 
@@ -47,6 +48,8 @@ class Site:
     w_shape: tuple[int, ...] | None = None
     bias: bool = False
     kwargs: dict = field(default_factory=dict)
+    residual: bool = False  # convs: a residual tensor is added before the activation
+    folded: bool = False  # convs: per-channel affine steps (e.g. BatchNorm) fold into the weights
 
     def logical_x_shape(self) -> tuple[int, ...]:
         """The activation's shape in NHWC order (what jaxcnn.layouts' functions take)."""
@@ -67,6 +70,12 @@ class Match:
     make_build: Callable[[str], Callable[..., Any]] | None = None
     algorithm: str | None = None
     w_to_hwio: tuple[int, ...] | None = None  # conv matches: the weight's axes in HWIO order
+    # conv matches: in_vars values -> (x, HWIO weights with the epilogue folded in, bias [K] or
+    # None, residual or None), what a fused kernel takes in the conv's place
+    operands: Callable[..., tuple] | None = None
+    # conv matches: the epilogue is at most a [K] bias and ReLU (in_vars are x, w[, bias]), the
+    # form the fused groups of jaxcnn.fusion build from
+    plain: bool = True
 
     def weight_hwio(self, w):
         """A conv match's weight operand (in the user's axis order) as HWIO."""
@@ -138,24 +147,6 @@ def _inner_jaxpr(eqn):
     return None
 
 
-def relu_input(eqn):
-    """The operand `eqn` applies ReLU to (max(x, 0), also inside jax.nn.relu's custom_jvp/jit
-    calls), or None."""
-    if eqn.primitive.name == "max" and len(eqn.invars) == 2:
-        a, b = eqn.invars
-        if _is_scalar_literal(b, 0.0) and isinstance(a, Var):
-            return a
-        if _is_scalar_literal(a, 0.0) and isinstance(b, Var):
-            return b
-        return None
-    body = _inner_jaxpr(eqn)
-    if body is None or len(eqn.invars) != 1 or len(body.invars) != 1 or len(body.eqns) != 1:
-        return None
-    if body.constvars or len(body.outvars) != 1 or body.outvars[0] is not body.eqns[0].outvars[0]:
-        return None
-    return eqn.invars[0] if relu_input(body.eqns[0]) is body.invars[0] else None
-
-
 def _non_unit(shape) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
@@ -173,56 +164,6 @@ def is_unit_reshape(eqn) -> bool:
     if name == "broadcast_in_dim" and (len(eqn.invars) != 1 or int(np.prod(src)) != int(np.prod(dst))):
         return False  # a real broadcast (or dynamic shape operands)
     return _non_unit(src) == _non_unit(dst)
-
-
-def _unit_reshape_chain(uses: Uses, var, want_shape) -> tuple[Any, list[int]]:
-    """Follows `var` through the unit reshapes that alone read it; returns the last variable of
-    shape `want_shape` on that chain (`var` itself when none) and the chain's equation indices
-    up to it. A chain of reshapes ending in the shape it started from moves no data."""
-    best, best_chain, chain = var, [], []
-    while True:
-        reader = uses.sole_reader(var)
-        if reader is None or not is_unit_reshape(uses.jaxpr.eqns[reader]):
-            return best, best_chain
-        chain.append(reader)
-        var = uses.jaxpr.eqns[reader].outvars[0]
-        if tuple(var.aval.shape) == tuple(want_shape):
-            best, best_chain = var, list(chain)
-
-
-def _bias_source(uses: Uses, var, axis: int, k: int, rank: int, chain: list):
-    """The 1-D [K] variable `var` broadcasts along `axis` (through broadcast_in_dim/reshape), or
-    None; appends the indices of those broadcast equations to `chain`."""
-    if not isinstance(var, Var):
-        return None
-    shape = tuple(var.aval.shape)
-    if len(shape) != rank or any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] != k:
-        return None
-    kpos = axis
-    while True:
-        if shape == (k,):
-            return var
-        found = uses.defining(var)
-        eqn = found and found[1]
-        if eqn is None or eqn.primitive.name not in ("broadcast_in_dim", "reshape") or not isinstance(eqn.invars[0], Var):
-            # A [K]-sized source of another rank (Equinox keeps its bias as [K, 1, 1]): the
-            # replacement reshapes it to [K].
-            return var
-        src = eqn.invars[0]
-        src_shape = tuple(src.aval.shape)
-        if eqn.primitive.name == "broadcast_in_dim":
-            dims = tuple(eqn.params["broadcast_dimensions"])
-            if kpos not in dims or len(eqn.invars) != 1:
-                return None
-            src_kpos = dims.index(kpos)
-        elif eqn.params.get("dimensions") is None:
-            src_kpos = next((i for i, d in enumerate(src_shape) if d != 1), 0)
-        else:
-            return None
-        if any(d != 1 for i, d in enumerate(src_shape) if i != src_kpos) or src_shape[src_kpos] != k:
-            return None
-        chain.append(found[0])
-        var, shape, kpos = src, src_shape, src_kpos
 
 
 def _spec_layout(spec) -> str | None:
@@ -262,7 +203,9 @@ def _accepts(fn, out_aval, *avals) -> bool:
 
 
 def match_conv(uses: Uses, index: int) -> Match | None:
-    """conv_general_dilated [+ bias broadcast along channels] [+ ReLU] -> jaxcnn.conv2d."""
+    """conv_general_dilated + its epilogue (epilogue_patterns: per-channel affine steps such as a
+    bias or inference BatchNorm, a residual add, an activation) -> one jaxcnn.conv2d, the affine
+    steps folded into its weights and bias on every call."""
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x, w = eqn.invars
@@ -284,60 +227,54 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     o_axis, i_axis, r_axis, s_axis = dn.rhs_spec
     to_hwio = (r_axis, s_axis, i_axis, o_axis)
     w_hwio_shape = tuple(w.aval.shape[a] for a in to_hwio)
-
-    indices, out, replaced = [index], eqn.outvars[0], ["conv_general_dilated"]
-    conv_shape = tuple(out.aval.shape)
+    conv_out = eqn.outvars[0]
+    conv_shape = tuple(conv_out.aval.shape)
     channel_axis, k = layout.index("C"), w_hwio_shape[3]
-    bias = None
-    out, reshapes = _unit_reshape_chain(uses, out, conv_shape)  # Equinox under vmap: [N,1,K,H,W] and back
-    indices += reshapes
-    replaced += [uses.jaxpr.eqns[i].primitive.name for i in reshapes]
-    reader = uses.sole_reader(out)
-    if reader is not None and uses.jaxpr.eqns[reader].primitive.name == "add":
-        add = uses.jaxpr.eqns[reader]
-        other = add.invars[1] if add.invars[0] is out else add.invars[0]
-        if add.invars[0] is not add.invars[1] and tuple(add.outvars[0].aval.shape) == tuple(out.aval.shape):
-            chain = []
-            bias = _bias_source(uses, other, channel_axis, k, 4, chain)
-            if bias is not None and bias.aval.dtype == x.aval.dtype:
-                indices.append(reader)
-                out, more = _unit_reshape_chain(uses, add.outvars[0], conv_shape)
-                indices += more
-                replaced += ["add(bias)", *(uses.jaxpr.eqns[i].primitive.name for i in more)]
-                reader = uses.sole_reader(out)
-            else:
-                bias = None
-    activation = None
-    if reader is not None and relu_input(uses.jaxpr.eqns[reader]) is out:
-        relu = uses.jaxpr.eqns[reader]
-        indices.append(reader)
-        out = relu.outvars[0]
-        activation = "relu"
-        replaced.append("relu" if relu.primitive.name == "max" else f"{relu.primitive.name}(relu)")
+
+    ep = find_epilogue(uses, conv_out, conv_shape, channel_axis, k, is_unit_reshape)
+    if not vector_dependencies_ok(uses, ep, index):
+        ep = Epilogue(out=conv_out)
+    indices = [index, *ep.indices]
+    out = ep.out
     if not uses.internal(indices, out):
         return None
-    if bias is not None and uses.internal(indices + chain, out):
-        indices += chain  # the broadcast only fed this add: it goes too
 
     kwargs = dict(stride=tuple(p["window_strides"]), padding=tuple(tuple(q) for q in p["padding"]),
                   dilation=tuple(p["rhs_dilation"]), groups=p["feature_group_count"],
-                  activation=activation, layout=layout, precision=precision)
+                  activation=ep.activation, layout=layout, precision=precision)
+    if ep.activation == "leaky_relu":
+        kwargs["alpha"] = ep.alpha
+    vectors = ep.vectors
+    in_vars = (x, w, *vectors) + ((ep.residual,) if ep.residual is not None else ())
+    x_dtype, out_dtype = x.aval.dtype, out.aval.dtype
     identity = to_hwio == (0, 1, 2, 3)
 
+    def operands(x_, w_, *rest):
+        """(x, folded HWIO weights, bias, residual) for conv2d from the match's input values."""
+        w_hwio = w_ if identity else jnp.transpose(w_, to_hwio)
+        values = dict(zip([*vectors, *([ep.residual] if ep.residual is not None else [])], rest))
+        return (x_, *epilogue_operands(ep, values, k, w_hwio, x_dtype))
+
     def make_build(algorithm):
-        def build(x, w, *b):
-            w = w if identity else jnp.transpose(w, to_hwio)
-            return conv2d(x, w, b[0].reshape(k) if b else None, algorithm=algorithm, **kwargs)
+        def build(*vals):
+            x_, w_, b_, r_ = operands(*vals)
+            return conv2d(x_, w_, b_, residual=r_, algorithm=algorithm, **kwargs).astype(out_dtype)
         return build
 
-    avals = [x.aval, w.aval] + ([jax.ShapeDtypeStruct((k,), bias.aval.dtype)] if bias is not None else [])
-    if not _accepts(make_build("auto"), out.aval, *avals):
+    if not _accepts(make_build("auto"), out.aval, *(v.aval for v in in_vars)):
         return None
-    site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x.aval.dtype).name, w_hwio_shape,
-                bias is not None, kwargs)
-    in_vars = (x, w) + ((bias,) if bias is not None else ())
-    return Match("conv2d", tuple(indices), out, in_vars, site, tuple(replaced), make_build=make_build,
-                 w_to_hwio=to_hwio)
+    site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x_dtype).name, w_hwio_shape,
+                bool(ep.steps), kwargs, residual=ep.residual is not None, folded=ep.folds)
+    return Match("conv2d", tuple(indices), out, in_vars, site, ("conv_general_dilated", *ep.replaced),
+                 make_build=make_build, w_to_hwio=to_hwio, operands=operands,
+                 plain=_plain(ep, x_dtype))
+
+
+def _plain(ep: Epilogue, x_dtype) -> bool:
+    """The epilogue is at most a bias vector of x's dtype added, then ReLU (Match.plain)."""
+    bias_only = all(isinstance(s.operand, Var) and s.operand.aval.dtype == x_dtype for s in ep.steps)
+    return (bias_only and not ep.folds and ep.residual is None and ep.activation in (None, "relu")
+            and "convert_element_type" not in ep.replaced)
 
 
 def _pool_layout(window, strides, padding) -> str | None:
