@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcnn.ops.operand_checks import INT32_LIMIT, check_int32_shape
+
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Per-stage activation; index = the handlers' act1/act2 code (cuda_ops' ChainActivation).
 ACTIVATIONS = (None, "relu", "relu6")
@@ -22,12 +24,11 @@ CONV1X1_DEPTHWISE_OPERANDS = ("x", "w1", "b1", "wd", "bd")
 
 # The fused kernels' limits (cuda_ops/chain/chain.h): bf16/fp16, channel counts multiples of 8,
 # the resident intermediate (3x3 -> 1x1) or input halo tile (1x1 -> depthwise) bounded, int32
-# indexing. Anything else runs XLA's unfused convs.
+# indexing of whole tensors (INT32_LIMIT). Anything else runs XLA's unfused convs.
 FUSED_DTYPES = (np.dtype("bfloat16"), np.dtype("float16"))
 CHANNEL_MULTIPLE = 8
 CONV3X3_CONV1X1_MAX_MID = 384
 CONV1X1_DEPTHWISE_MAX_IN = 256
-MAX_ELEMENTS = 2**31
 
 # conv3x3_conv1x1's kernel choice (a static param of its primitive): "fused" runs the fused
 # kernel where it applies (else XLA's unfused convs), "xla" always runs XLA's unfused convs,
@@ -96,6 +97,17 @@ def _check_bias(name: str, shape: tuple, k: int) -> None:
                          f"got {shape}")
 
 
+def _check_int32(names: Sequence[str], shapes: Sequence[tuple], out: tuple, out_channels: str) -> None:
+    """Per-image int32 limits of x, the weights (names[0], names[1], names[3]) and the result,
+    whose size grows with `out_channels`' output channels. Larger batches (N * H * W * C past
+    int32) are valid: the fused kernels leave those to XLA's convs."""
+    check_int32_shape(names[0], shapes[0])
+    check_int32_shape(names[1], shapes[1], batch_axis=None)
+    check_int32_shape(names[3], shapes[2], batch_axis=None)
+    check_int32_shape(out_channels, out,
+                      what=f"{out_channels}'s {out[3]} output channels make the result")
+
+
 def _check_count(names: Sequence[str], shapes: Sequence, want: int, op: str) -> list[tuple]:
     if len(shapes) != want:
         raise ValueError(f"{op} takes {want} operands {tuple(names)}, got {len(shapes)}")
@@ -112,7 +124,9 @@ def conv3x3_conv1x1_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequen
     k = _check_weight("w1", w1_shape, 1, m, f"output channels of w3 = {m}")
     _check_bias("b3", b3_shape, m)
     _check_bias("b1", b1_shape, k)
-    return (n, h, w, k)
+    out = (n, h, w, k)
+    _check_int32(names, (x_shape, w3_shape, w1_shape), out, "w1")
+    return out
 
 
 def conv1x1_depthwise_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
@@ -128,11 +142,13 @@ def conv1x1_depthwise_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequ
                          f"channels of w1), got {wd_shape}")
     _check_bias("b1", b1_shape, m)
     _check_bias("bd", bd_shape, m)
-    return (n, (h - 1) // stride + 1, (w - 1) // stride + 1, m)
+    out = (n, (h - 1) // stride + 1, (w - 1) // stride + 1, m)
+    _check_int32(names, (x_shape, w1_shape, wd_shape), out, "w1")
+    return out
 
 
 def _fits(*shapes: Sequence[int]) -> bool:
-    return all(int(np.prod(s, dtype=np.int64)) < MAX_ELEMENTS for s in shapes)
+    return all(int(np.prod(s, dtype=np.int64)) < INT32_LIMIT for s in shapes)
 
 
 def conv3x3_conv1x1_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any) -> bool:

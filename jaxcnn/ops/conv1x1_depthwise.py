@@ -30,6 +30,7 @@ from jaxcnn.ops.chain_args import (
     make_chain_config,
 )
 from jaxcnn.ops.chain_reference import conv1x1_depthwise_reference
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv1x1_depthwise_fwd"
@@ -98,14 +99,16 @@ def conv1x1_depthwise(x, w1, wd, b1=None, bd=None, *, stride=1, activations=("re
     Returns:
       [N, (H - 1) // stride + 1, (W - 1) // stride + 1, M] in x's dtype. Each conv accumulates
       in float32 and rounds once to x's dtype (the intermediate too, as the unfused layers
-      would).
+      would). An empty batch (N = 0) gives the empty result.
     """
     cfg = make_chain_config(activations, stride)
-    x, w1, wd = (jnp.asarray(a) for a in (x, w1, wd))
-    b1, bd = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b)
-              for b, w in ((b1, w1), (bd, wd)))
+    x, w1, wd = as_array(x, "x"), as_array(w1, "w1"), as_array(wd, "wd")
+    b1, bd = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else as_array(b, name)
+              for b, w, name in ((b1, w1, "b1"), (bd, wd, "bd")))
     operands = (x, w1, b1, wd, bd)
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    conv1x1_depthwise_output_shape([o.shape for o in operands], [o.dtype for o in operands],
-                                   cfg.stride)
+    out_shape = conv1x1_depthwise_output_shape([o.shape for o in operands],
+                                               [o.dtype for o in operands], cfg.stride)
+    if is_empty_batch(x.shape):
+        return jnp.zeros(out_shape, x.dtype)  # an empty batch: no kernel launch
     return _chain(cfg, *operands)

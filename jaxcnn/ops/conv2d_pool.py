@@ -32,6 +32,8 @@ from jaxcnn.ops.conv_pool_args import (
     nhwc_shape,
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
+from jaxcnn.ops.layouts import convert_shape
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch, with_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
 
@@ -148,8 +150,9 @@ def conv2d_pool(
       [N, PH, PW, K] (in `layout` order) in x's dtype: each conv output accumulated in fp32,
       bias and ReLU in fp32, rounded once, then max-pooled (NaN propagates). Equal to
       `max_pool2d(conv2d(x, w, bias, activation="relu"), pool_window, pool_stride, pool_padding)`.
+      An empty batch (N = 0) gives the empty result.
     """
-    x, w = jnp.asarray(x), jnp.asarray(w)
+    x, w = as_array(x, "x"), as_array(w, "w")
     if not isinstance(layout, str) or layout not in ("NHWC", "NCHW", "CHWN"):
         raise ValueError(f"layout must be one of ('NHWC', 'NCHW', 'CHWN'), got {layout!r}")
     if not isinstance(sparse, (bool, np.bool_)):
@@ -157,18 +160,24 @@ def conv2d_pool(
     if x.ndim != 4:
         raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x.shape)}")
     x_nhwc_shape = nhwc_shape(x.shape, layout)
+    # An empty batch is validated as one image, then gives the empty result (no kernel).
+    empty = is_empty_batch(x_nhwc_shape)
+    checked_shape = with_batch(x_nhwc_shape, 1) if empty else x_nhwc_shape
     cfg = make_conv_pool_config(
-        x_nhwc_shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+        checked_shape, w.shape, stride=stride, padding=padding, dilation=dilation,
         pool_window=pool_window, pool_stride=pool_stride, pool_padding=pool_padding,
         layout=layout, precision=precision, algorithm=algorithm,
     )
-    bias = jnp.zeros(w.shape[-1:], w.dtype) if bias is None else jnp.asarray(bias)
+    bias = jnp.zeros(w.shape[-1:], w.dtype) if bias is None else as_array(bias, "bias")
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    conv_pool_output_shape(x_nhwc_shape, x.dtype, w.shape, w.dtype, bias.shape, bias.dtype, cfg)
+    out_shape = conv_pool_output_shape(checked_shape, x.dtype, w.shape, w.dtype, bias.shape,
+                                       bias.dtype, cfg)
     if sparse and cfg.conv.dilation != (1, 1):
         raise ValueError(f"sparse=True takes no dilation (must be 1), got {dilation!r}")
     if sparse and cfg.algorithm != "auto":
         raise ValueError(f"sparse=True picks its own kernel: algorithm must be 'auto', got {algorithm!r}")
+    if empty:
+        return jnp.zeros(convert_shape(with_batch(out_shape, 0), "NHWC", layout), x.dtype)
 
     if layout != "NHWC":
         from jaxcnn.ops.layout_transform import to_layout

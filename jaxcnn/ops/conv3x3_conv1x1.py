@@ -31,6 +31,7 @@ from jaxcnn.ops.chain_args import (
     make_chain_config,
 )
 from jaxcnn.ops.chain_reference import conv3x3_conv1x1_reference
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv3x3_conv1x1_fwd"
@@ -102,13 +103,17 @@ def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")
 
     Returns:
       [N, H, W, K] in x's dtype. Each conv accumulates in float32 and rounds once to x's dtype
-      (the intermediate too, as the unfused layers would).
+      (the intermediate too, as the unfused layers would). An empty batch (N = 0) gives the
+      empty result.
     """
     cfg = make_chain_config(activations, algorithm=algorithm)
-    x, w3, w1 = (jnp.asarray(a) for a in (x, w3, w1))
-    b3, b1 = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b)
-              for b, w in ((b3, w3), (b1, w1)))
+    x, w3, w1 = as_array(x, "x"), as_array(w3, "w3"), as_array(w1, "w1")
+    b3, b1 = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else as_array(b, name)
+              for b, w, name in ((b3, w3, "b3"), (b1, w1, "b1")))
     operands = (x, w3, b3, w1, b1)
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    conv3x3_conv1x1_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    out_shape = conv3x3_conv1x1_output_shape([o.shape for o in operands],
+                                             [o.dtype for o in operands])
+    if is_empty_batch(x.shape):
+        return jnp.zeros(out_shape, x.dtype)  # an empty batch: no kernel launch
     return _chain(cfg, *operands)

@@ -3,7 +3,8 @@
 
 Runs at trace time on static shapes: bad input fails before any kernel runs, with an error that
 names the argument. The conv half reuses conv_args (same forms, same messages); the pool half
-reuses pool_args' padding forms, applied to the conv's output extent.
+is pool_args' pool (same forms and rules, names prefixed "pool_"), applied to the conv's output
+extent.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from jaxcnn.ops.conv_args import Conv2dConfig, _int_pair, conv2d_output_shape, make_config, padding_pairs
+from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape, make_config
 from jaxcnn.ops.layouts import LAYOUTS, convert_shape
+from jaxcnn.ops.operand_checks import check_int32, check_int32_extent, check_int32_shape
+from jaxcnn.ops.pool_args import normalize_pool_args, pool_output_hw
 
 Pair = tuple[int, int]
 
@@ -67,14 +70,10 @@ def make_conv_pool_config(
         x_shape, w_shape, stride=stride, padding=padding, dilation=dilation,
         activation="relu", layout="NHWC", precision=precision,
     )
-    window = _int_pair(pool_window, "pool_window", 1)
-    pstride = window if pool_stride is None else _int_pair(pool_stride, "pool_stride", 1)
     # The pool's SAME/VALID are resolved on the conv's output extent (P, Q).
     p, q = conv_output_hw(x_shape, w_shape, conv)
-    try:
-        pool_pads = padding_pairs(pool_padding, (max(p, 1), max(q, 1)), window, pstride)
-    except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("padding", "pool_padding", 1)) from None
+    window, pstride, pool_pads = normalize_pool_args(
+        (max(p, 1), max(q, 1)), pool_window, pool_stride, pool_padding, prefix="pool_")
     return ConvPoolConfig(conv, window, pstride, pool_pads, algorithm)
 
 
@@ -90,29 +89,35 @@ def conv_pool_output_shape(
     """Validates NHWC operands against `cfg`; returns the pooled NHWC shape [N, PH, PW, K]."""
     n, p, q, k = conv2d_output_shape(x_shape, x_dtype, w_shape, w_dtype, bias_shape, bias_dtype,
                                      cfg.conv)
-    (pt, pb), (pl, pr) = cfg.pool_padding
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError(f"pool_padding must be non-negative, got {cfg.pool_padding}")
-    if min(cfg.pool_window) < 1:
-        raise ValueError(f"pool_window must be >= 1, got {cfg.pool_window}")
-    if min(cfg.pool_stride) < 1:
-        raise ValueError(f"pool_stride must be >= 1, got {cfg.pool_stride}")
-    wh, ww = cfg.pool_window
-    if max(pt, pb) >= wh or max(pl, pr) >= ww:
-        # A window lying wholly in the padding would have no input to take the max of.
-        raise ValueError(
-            f"pool_padding {cfg.pool_padding} must be smaller than pool_window {cfg.pool_window} "
-            "on each side"
-        )
-    padded = (p + pt + pb, q + pl + pr)
-    if padded[0] < wh or padded[1] < ww:
-        raise ValueError(
-            f"pool_window {cfg.pool_window} does not fit the padded conv output {padded} "
-            f"(conv output {(p, q)}, pool_padding {cfg.pool_padding})"
-        )
-    ph = (padded[0] - wh) // cfg.pool_stride[0] + 1
-    pw = (padded[1] - ww) // cfg.pool_stride[1] + 1
-    return (n, ph, pw, k)
+    check_conv_int32(x_shape, w_shape, cfg.conv)
+    ph, pw = pool_output_hw((p, q), cfg.pool_window, cfg.pool_stride, cfg.pool_padding,
+                            prefix="pool_", input_name="the padded conv output")
+    out = (n, ph, pw, k)
+    check_conv_result_int32(out, cfg.conv)
+    return out
+
+
+def check_conv_int32(x_shape: Sequence[int], w_shape: Sequence[int], conv: Conv2dConfig) -> None:
+    """The conv's int32 limits (NHWC x, HWIO w, both already of rank 4): operands, static
+    ints, the padded input."""
+    check_int32_shape("x", x_shape)
+    check_int32_shape("w", w_shape, batch_axis=None)
+    check_int32("stride", conv.stride)
+    check_int32("padding", conv.padding)
+    check_int32("dilation", conv.dilation)
+    (pt, pb), (pl, pr) = conv.padding
+    check_int32_extent("padding", max(x_shape[1] + pt + pb, x_shape[2] + pl + pr),
+                       "the padded input extent")
+
+
+def check_conv_result_int32(out_shape: Sequence[int], conv: Conv2dConfig) -> None:
+    """The (NHWC) result's int32 limits, naming what made it big: the conv padding if any
+    (e.g. 10**7), else w's output channels (unpadded, each image's pixels are at most x's)."""
+    if any(conv.padding[0] + conv.padding[1]):
+        what = f"padding {conv.padding} makes the result"
+    else:
+        what = f"w's {out_shape[3]} output channels make the result"
+    check_int32_shape("padding", out_shape, what=what)
 
 
 def conv_output_hw(x_shape: Sequence[int], w_shape: Sequence[int], conv: Conv2dConfig) -> Pair:

@@ -33,6 +33,7 @@ from jax.core import ShapedArray
 from jaxcnn import _ffi
 from jaxcnn.ops.fire_args import ALGORITHMS, OPERAND_NAMES, FireConfig, fire_output_shape, make_fire_config
 from jaxcnn.ops.fire_reference import fire_reference
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_fire_fwd"
@@ -117,18 +118,22 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
     Returns:
       [N, H, W, E1 + E3] in x's dtype: channels [0, E1) from the 1x1 expand, [E1, E1 + E3)
       from the 3x3. Each conv accumulates in float32 and rounds once to x's dtype (the
-      squeeze output too, as the unfused layers would).
+      squeeze output too, as the unfused layers would). An empty batch (N = 0) gives the
+      empty result.
     """
     cfg = make_fire_config(algorithm)
     x, squeeze_w, expand1_w, expand3_w = (
-        jnp.asarray(a) for a in (x, squeeze_w, expand1_w, expand3_w)
+        as_array(a, name) for a, name in zip((x, squeeze_w, expand1_w, expand3_w), OPERAND_NAMES)
     )
     biases = []
-    for b, w in ((squeeze_b, squeeze_w), (expand1_b, expand1_w), (expand3_b, expand3_w)):
-        biases.append(jnp.zeros(w.shape[-1:], w.dtype) if b is None else jnp.asarray(b))
+    for b, w, name in zip((squeeze_b, expand1_b, expand3_b), (squeeze_w, expand1_w, expand3_w),
+                          OPERAND_NAMES[4:]):
+        biases.append(jnp.zeros(w.shape[-1:], w.dtype) if b is None else as_array(b, name))
     operands = (x, squeeze_w, expand1_w, expand3_w, *biases)
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    out_shape = fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    if is_empty_batch(x.shape):
+        return jnp.zeros(out_shape, x.dtype)  # an empty batch: no kernel launch
     return _fire(cfg, *operands)
 
 
@@ -148,7 +153,7 @@ def conv1x1_conv3x3(x, w1, w3, b1=None, b3=None, *, algorithm="auto"):
     Returns:
       [N, H, W, K] in x's dtype.
     """
-    w1 = jnp.asarray(w1)
+    w1 = as_array(w1, "w1")
     none = jnp.zeros(w1.shape[:2] + w1.shape[3:] + (0,), w1.dtype)  # [1, 1, M, 0]
     return fire(x, w1, none, w3, b1, None, b3, algorithm=algorithm)
 

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcnn.ops.operand_checks import check_int32_shape
+
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Kernel choice; codes match cuda_ops' FireAlgorithm. "auto": the two-phase kernel for small
 # problems (<= 1024 output pixels); on Hopper, the wgmma path (one launch for S = 32, else
@@ -48,7 +50,8 @@ def _check_shape(name: str, shape: Sequence[int], want: tuple, what: str) -> Non
 
 
 def fire_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) -> tuple[int, ...]:
-    """[N, H, W, E1 + E3] for the operands in OPERAND_NAMES order; raises on bad input."""
+    """[N, H, W, E1 + E3] for the operands in OPERAND_NAMES order; raises on bad input.
+    N = 0 (an empty batch) is valid."""
     if len(shapes) != len(OPERAND_NAMES) or len(dtypes) != len(OPERAND_NAMES):
         raise ValueError(f"fire takes {len(OPERAND_NAMES)} operands {OPERAND_NAMES}, got {len(shapes)}")
     x_shape, sq_shape, e1_shape, e3_shape = (tuple(s) for s in shapes[:4])
@@ -76,4 +79,10 @@ def fire_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) ->
     _check_shape("expand3_w", e3_shape, (3, 3, s, e3_shape[3]), f"squeeze channels = {s}")
     for name, shape, k in zip(OPERAND_NAMES[4:], shapes[4:], (s, e1_shape[3], e3_shape[3])):
         _check_shape(name, shape, (k,), "one per output channel of its conv")
-    return (n, h, w, e1_shape[3] + e3_shape[3])
+    check_int32_shape("x", x_shape)
+    for name, shape in zip(OPERAND_NAMES[1:4], (sq_shape, e1_shape, e3_shape)):
+        check_int32_shape(name, shape, batch_axis=None)
+    out = (n, h, w, e1_shape[3] + e3_shape[3])
+    check_int32_shape("expand1_w", out, what=f"expand1_w and expand3_w's {out[3]} output "
+                      "channels make the result")
+    return out

@@ -35,6 +35,7 @@ from jax.interpreters import mlir
 
 from jaxcnn.ops.conv2d import Conv2dPrimitive
 from jaxcnn.ops.inception_args import (
+    BIAS_NAMES,
     BRANCH_LAYERS,
     OPERAND_NAMES,
     InceptionConfig,
@@ -42,6 +43,7 @@ from jaxcnn.ops.inception_args import (
     make_inception_config,
 )
 from jaxcnn.ops.inception_reference import conv_config, inception_reference, pool_config
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.pool2d import Pool2dPrimitive
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
@@ -131,20 +133,24 @@ def inception(x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool_proj,
     Returns:
       [N, H, W, K1 + K3 + K5 + Kpool] in x's dtype, channels in that branch order. The pool
       branch is a 3x3 max pool with stride 1 and -inf padding 1, then the 1x1 projection.
+      An empty batch (N = 0) gives the empty result.
     """
     cfg = make_inception_config(algorithm, precision)
-    weights = [jnp.asarray(a) for a in (x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool_proj)]
+    weights = [as_array(a, name) for a, name in zip(
+        (x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool_proj), OPERAND_NAMES)]
     biases = []
     for b, w, name in zip((b_1x1, b_3x3_reduce, b_3x3, b_5x5_reduce, b_5x5, b_pool_proj),
-                          weights[1:], BRANCH_LAYERS):
+                          weights[1:], BIAS_NAMES):
         if b is None:
             shape = w.shape[-1:] if w.ndim == 4 else (0,)
             biases.append(jnp.zeros(shape, w.dtype))
         else:
-            biases.append(jnp.asarray(b))
+            biases.append(as_array(b, name))
     operands = (*weights, *biases)
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    inception_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    out_shape = inception_output_shape([o.shape for o in operands], [o.dtype for o in operands])
+    if is_empty_batch(operands[0].shape):
+        return jnp.zeros(out_shape, operands[0].dtype)  # an empty batch: no kernel launch
     return _inception(cfg, *operands)
 
 

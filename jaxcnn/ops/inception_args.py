@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcnn.ops.conv_args import normalize_precision
+from jaxcnn.ops.operand_checks import check_int32_shape
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Kernel family of every conv of the block (conv2d's choices; "xla" is not one: the block's
@@ -67,7 +68,8 @@ def _check_weight(name: str, shape: tuple, cin: int, what: str, one_by_one: bool
 
 
 def inception_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) -> tuple[int, ...]:
-    """[N, H, W, K1 + K3 + K5 + Kpool] for the operands in OPERAND_NAMES order; raises on bad input."""
+    """[N, H, W, K1 + K3 + K5 + Kpool] for the operands in OPERAND_NAMES order; raises on bad
+    input. N = 0 (an empty batch) is valid."""
     if len(shapes) != len(OPERAND_NAMES) or len(dtypes) != len(OPERAND_NAMES):
         raise ValueError(f"inception takes {len(OPERAND_NAMES)} operands {OPERAND_NAMES}, got {len(shapes)}")
     shapes = [tuple(s) for s in shapes]
@@ -92,4 +94,13 @@ def inception_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any
         if shape != (w_shape[3],):
             raise ValueError(f"{name} must have shape {(w_shape[3],)} (one per output channel of "
                              f"its conv), got {shape}")
-    return (n, h, w, w1[3] + w3[3] + w5[3] + wp[3])
+    check_int32_shape("x", x_shape)
+    for name, shape in zip(WEIGHT_NAMES, shapes[1:7]):
+        check_int32_shape(name, shape, batch_axis=None)
+    # The split conv's result holds the three 1x1 branches that read x.
+    check_int32_shape("w_1x1", (n, h, w, w1[3] + w3r[3] + w5r[3]),
+                      what="w_1x1, w_3x3_reduce and w_5x5_reduce's output channels make the split")
+    out = (n, h, w, w1[3] + w3[3] + w5[3] + wp[3])
+    check_int32_shape("w_1x1", out, what=f"the branches' {out[3]} output channels (w_1x1, w_3x3, "
+                      "w_5x5, w_pool_proj) make the result")
+    return out

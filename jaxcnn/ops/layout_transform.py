@@ -21,16 +21,19 @@ from jaxcnn.ops.layouts import (
     convert_shape,
     permutation,
 )
+from jaxcnn.ops.operand_checks import as_array, check_int64_bytes
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
 __all__ = ["LAYOUTS", "to_layout"]
 
 
 def check_operand(shape, dtype, src: str) -> None:
-    """Rank and dtype of `x` (the kernel moves bits: any 1, 2, 4 or 8-byte real/bool type)."""
+    """Rank, dtype and size of `x` (the kernel moves bits: any 1, 2, 4 or 8-byte real/bool
+    type; it indexes bytes in int64)."""
     if len(shape) != 4:
         raise ValueError(f"x must be rank 4 ({src}), got shape {tuple(shape)}")
     dtype = np.dtype(dtype)
+    check_int64_bytes("x", shape, dtype.itemsize)
     if dtype == np.bool_:
         return
     if jnp.issubdtype(dtype, jnp.floating):
@@ -106,12 +109,14 @@ def to_layout(x, src: str = "NHWC", dst: str = "NCHW"):
 
     Returns:
       The same values as `jnp.transpose(x, permutation(src, dst))`; `x` itself when
-      src == dst.
+      src == dst. An empty x (e.g. N = 0) gives the empty result.
     """
     src = check_layout(src, "src")
     dst = check_layout(dst, "dst")
-    x = jnp.asarray(x)
+    x = as_array(x, "x")
     check_operand(x.shape, x.dtype, src)
     if src == dst:
         return x
+    if x.size == 0:
+        return jnp.zeros(convert_shape(x.shape, src, dst), x.dtype)  # nothing to move: no kernel
     return LayoutTransformPrimitive.outer.bind(x, src=src, dst=dst, operand_names=("x",))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
+from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.pool_args import LAYOUT_CODES, Pool2dConfig, make_pool_config, pool2d_output_shape
 from jaxcnn.ops.pool_reference import pool2d_reference
 from jaxcnn.ops.primitive import BatchShardedPrimitive
@@ -97,6 +98,13 @@ def _pool2d_bwd(cfg, x, g):
 _pool2d.defvjp(_pool2d_fwd, _pool2d_bwd)
 
 
+def _pool_or_empty(cfg: Pool2dConfig, x):
+    """The pooled x; an empty batch gives the empty result without a kernel launch."""
+    if is_empty_batch(x.shape, cfg.batch_axis):
+        return jnp.zeros(pool2d_output_shape(x.shape, x.dtype, cfg), x.dtype)
+    return _pool2d(cfg, x)
+
+
 def max_pool2d(x, window, stride=None, padding="VALID", layout="NHWC"):
     """2-D max pooling; same result as lax.reduce_window(x, -inf, lax.max, ...).
 
@@ -105,17 +113,19 @@ def max_pool2d(x, window, stride=None, padding="VALID", layout="NHWC"):
       window: int or (h, w) pair, >= 1.
       stride: int or (h, w) pair, >= 1; None means stride = window.
       padding: "SAME", "VALID", an int, an (h, w) pair, or ((top, bottom), (left, right));
-        padded positions are -inf (a window entirely in padding gives -inf).
+        padded positions are -inf; each side must be smaller than the window (so every window
+        holds input).
       layout: "NHWC", "NCHW" or "CHWN" (batch last).
 
     Returns:
-      The pooled array in `layout` and x's dtype. NaN in a window gives NaN.
+      The pooled array in `layout` and x's dtype. NaN in a window gives NaN. An empty batch
+      (N = 0) gives the empty result.
     """
-    x = jnp.asarray(x)
+    x = as_array(x, "x")
     cfg = make_pool_config(
         x.shape, x.dtype, mode="max", window=window, stride=stride, padding=padding, layout=layout
     )
-    return _pool2d(cfg, x)
+    return _pool_or_empty(cfg, x)
 
 
 def avg_pool2d(x, window, stride=None, padding="VALID", layout="NHWC", count_include_pad=True):
@@ -126,9 +136,9 @@ def avg_pool2d(x, window, stride=None, padding="VALID", layout="NHWC", count_inc
         zeros: flax.linen.avg_pool and lax-based pools); False divides by the window's taps
         inside x (PyTorch's count_include_pad=False).
     """
-    x = jnp.asarray(x)
+    x = as_array(x, "x")
     cfg = make_pool_config(
         x.shape, x.dtype, mode="avg", window=window, stride=stride, padding=padding,
         layout=layout, count_include_pad=count_include_pad,
     )
-    return _pool2d(cfg, x)
+    return _pool_or_empty(cfg, x)

@@ -12,6 +12,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcnn.ops.conv_args import SUPPORTED_DTYPES, _int_pair, padding_pairs
+from jaxcnn.ops.operand_checks import (
+    INT32_LIMIT,
+    check_int32,
+    check_int32_dims,
+    check_int32_extent,
+    check_int32_shape,
+)
 
 Pair = tuple[int, int]
 
@@ -90,47 +97,86 @@ def make_pool_config(
     layout_ = check_layout(layout)
     if len(x_shape) != 4:
         raise ValueError(f"x must be rank 4 ({layout_}), got shape {tuple(x_shape)}")
-    check_dtype("x", x_dtype)
-    if 0 in tuple(x_shape):
-        raise ValueError(f"x must not have zero-size dimensions, got shape {tuple(x_shape)}")
-    window_ = _int_pair(window, "window", 1)
-    stride_ = window_ if stride is None else _int_pair(stride, "stride", 1)
     if not isinstance(count_include_pad, (bool, np.bool_)):
         raise TypeError(f"count_include_pad must be a bool, got {count_include_pad!r}")
     h_axis, w_axis = spatial_axes(layout_)
     spatial = (int(x_shape[h_axis]), int(x_shape[w_axis]))
-    pads = padding_pairs(padding, spatial, window_, stride_)
+    window_, stride_, pads = normalize_pool_args(spatial, window, stride, padding)
     cfg = Pool2dConfig(mode, window_, stride_, pads, layout_, bool(count_include_pad))
     pool2d_output_shape(x_shape, x_dtype, cfg)  # fails here, naming the argument
     return cfg
 
 
+def normalize_pool_args(extent: Pair, window: Any, stride: Any, padding: Any,
+                        prefix: str = "") -> tuple[Pair, Pair, tuple[Pair, Pair]]:
+    """(window, stride, ((top, bottom), (left, right))) of a pool over an input of spatial
+    `extent` (H, W), from any of max_pool2d's forms; stride None means the window. Errors name
+    the arguments with `prefix` ("pool_" for the pool of conv2d_pool / sparse_conv2d_pool)."""
+    window_ = _int_pair(window, prefix + "window", 1)
+    stride_ = window_ if stride is None else _int_pair(stride, prefix + "stride", 1)
+    check_int32(prefix + "window", window_)
+    check_int32(prefix + "stride", stride_)
+    try:
+        pads = padding_pairs(padding, extent, window_, stride_)
+    except (TypeError, ValueError) as err:
+        if not prefix:
+            raise
+        raise type(err)(str(err).replace("padding", prefix + "padding", 1)) from None
+    return window_, stride_, pads
+
+
+def pool_output_hw(extent: Pair, window: Pair, stride: Pair, padding: tuple[Pair, Pair],
+                   prefix: str = "", input_name: str = "the padded input") -> Pair:
+    """The one validation of a pool's geometry (max_pool2d, avg_pool2d and the fused pools of
+    conv2d_pool / sparse_conv2d_pool) over an input of spatial `extent`; returns (P, Q).
+    Errors name the arguments with `prefix`; `input_name` says what is pooled."""
+    (pt, pb), (pl, pr) = padding
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError(f"{prefix}padding must be non-negative, got {padding}")
+    if min(window) < 1:
+        raise ValueError(f"{prefix}window must be >= 1, got {window}")
+    if min(stride) < 1:
+        raise ValueError(f"{prefix}stride must be >= 1, got {stride}")
+    check_int32(prefix + "window", window)
+    check_int32(prefix + "stride", stride)
+    check_int32(prefix + "padding", padding)
+    if window[0] * window[1] >= INT32_LIMIT:
+        raise ValueError(f"{prefix}window {window} has {window[0] * window[1]} taps, past the "
+                         "kernels' int32 indexing (< 2**31)")
+    if max(pt, pb) >= window[0] or max(pl, pr) >= window[1]:
+        # A window lying wholly in the padding has no input to pool: max would give -inf,
+        # avg 0 or NaN (0 / 0). SAME padding is always smaller than the window.
+        raise ValueError(
+            f"{prefix}padding {padding} must be smaller than {prefix}window {window} on each side"
+        )
+    padded = (extent[0] + pt + pb, extent[1] + pl + pr)
+    check_int32_extent(prefix + "padding", max(padded), input_name)
+    if padded[0] < window[0] or padded[1] < window[1]:
+        raise ValueError(
+            f"{prefix}window {window} does not fit {input_name} {padded} "
+            f"(unpadded {tuple(extent)}, {prefix}padding {padding})"
+        )
+    return ((padded[0] - window[0]) // stride[0] + 1, (padded[1] - window[1]) // stride[1] + 1)
+
+
 def pool2d_output_shape(x_shape: Sequence[int], x_dtype: Any, cfg: Pool2dConfig) -> tuple:
-    """Validates x against cfg and returns the pooled shape (in cfg.layout)."""
+    """Validates x against cfg and returns the pooled shape (in cfg.layout). N = 0 (an empty
+    batch) is valid: its result is empty too."""
     if len(x_shape) != 4:
         raise ValueError(f"x must be rank 4 ({cfg.layout}), got shape {tuple(x_shape)}")
     check_dtype("x", x_dtype)
-    if 0 in tuple(x_shape):
-        raise ValueError(f"x must not have zero-size dimensions, got shape {tuple(x_shape)}")
-    (pt, pb), (pl, pr) = cfg.padding
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError(f"padding must be non-negative, got {cfg.padding}")
-    if min(cfg.window) < 1:
-        raise ValueError(f"window must be >= 1, got {cfg.window}")
-    if min(cfg.stride) < 1:
-        raise ValueError(f"stride must be >= 1, got {cfg.stride}")
     h_axis, w_axis = cfg.spatial_axes
+    n_axis = cfg.batch_axis
+    if any(int(d) == 0 for i, d in enumerate(x_shape) if i != n_axis):
+        raise ValueError(f"x must not have zero-size H, W or C (N = 0 is fine), got shape "
+                         f"{tuple(x_shape)}")
+    check_int32_shape("x", x_shape, n_axis)
     h, w = int(x_shape[h_axis]), int(x_shape[w_axis])
-    padded = (h + pt + pb, w + pl + pr)
-    if padded[0] < cfg.window[0] or padded[1] < cfg.window[1]:
-        raise ValueError(
-            f"window {cfg.window} does not fit the padded input {padded} "
-            f"(x shape {tuple(x_shape)}, layout {cfg.layout}, padding {cfg.padding})"
-        )
-    p = (padded[0] - cfg.window[0]) // cfg.stride[0] + 1
-    q = (padded[1] - cfg.window[1]) // cfg.stride[1] + 1
+    p, q = pool_output_hw((h, w), cfg.window, cfg.stride, cfg.padding)
     out = list(int(d) for d in x_shape)
     out[h_axis], out[w_axis] = p, q
+    # Without padding the result is no bigger than x: only the padding can make it too big.
+    check_int32_shape("padding", out, n_axis, what=f"padding {cfg.padding} makes the result")
     return tuple(out)
 
 
@@ -158,4 +204,5 @@ def softmax_axis(shape: Sequence[int], dtype: Any, axis: Any) -> int:
         raise TypeError(f"axis must be an int, got {axis!r}")
     if not -len(shape) <= axis < len(shape):
         raise ValueError(f"axis {axis} is out of range for x of rank {len(shape)}")
+    check_int32_dims("x", shape)  # the kernel's rows may be many, each row's length int32
     return int(axis) % len(shape)

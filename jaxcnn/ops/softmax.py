@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
+from jaxcnn.ops.operand_checks import as_array
 from jaxcnn.ops.pool_args import check_dtype, softmax_axis
 from jaxcnn.ops.pool_reference import softmax_reference
 from jaxcnn.ops.primitive import BatchShardedPrimitive
@@ -97,8 +98,10 @@ _softmax_last.defvjp(_softmax_last_fwd, _softmax_last_bwd)
 
 
 def _apply(x, axis, log: bool):
-    x = jnp.asarray(x)
+    x = as_array(x, "x")
     axis = softmax_axis(x.shape, x.dtype, axis)
+    if x.size == 0:
+        return x  # empty in, empty out (as jax.nn.softmax), no kernel launch
     last = x.ndim - 1
     if axis == last:
         return _softmax_last(log, x)

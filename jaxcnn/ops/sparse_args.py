@@ -14,7 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxcnn.ops.conv_args import Conv2dConfig, _int_pair, conv2d_output_shape, padding_pairs
+from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
+from jaxcnn.ops.conv_pool_args import check_conv_int32, check_conv_result_int32
+from jaxcnn.ops.pool_args import normalize_pool_args, pool_output_hw
 
 Pair = tuple[int, int]
 OPERAND_NAMES = ("x", "w", "bias")  # bias is always present (zeros when the caller has none)
@@ -43,46 +45,33 @@ def check_conv_config(cfg: Conv2dConfig) -> None:
 
 
 def make_pool_spec(conv_out_hw: Pair, pool_window: Any, pool_stride: Any, pool_padding: Any) -> MaxPoolSpec:
-    """Normalizes the pool arguments against the conv output size (H, W)."""
-    window = _int_pair(pool_window, "pool_window", 1)
-    stride = window if pool_stride is None else _int_pair(pool_stride, "pool_stride", 1)
-    try:
-        pads = padding_pairs(pool_padding, conv_out_hw, window, stride)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"pool_padding: {e}") from None
-    (pt, pb), (pl, pr) = pads
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError(f"pool_padding must be non-negative, got {pads}")
-    if pt >= window[0] or pb >= window[0] or pl >= window[1] or pr >= window[1]:
-        # A window of padding alone would output -inf: no real pooling layer does that.
-        raise ValueError(f"pool_padding {pads} must be smaller than pool_window {window} on each side")
-    padded = (conv_out_hw[0] + pt + pb, conv_out_hw[1] + pl + pr)
-    if padded[0] < window[0] or padded[1] < window[1]:
-        raise ValueError(
-            f"pool_window {window} does not fit the padded conv output {padded} "
-            f"(conv output {tuple(conv_out_hw)}, pool_padding {pads})"
-        )
-    return MaxPoolSpec(window, stride, pads)
+    """Normalizes and validates the pool arguments against the conv output size (H, W): the
+    rules of max_pool2d (pool_args), arguments named pool_*."""
+    window, stride, pads = normalize_pool_args(conv_out_hw, pool_window, pool_stride, pool_padding,
+                                               prefix="pool_")
+    pool = MaxPoolSpec(window, stride, pads)
+    pooled_size(conv_out_hw, pool)
+    return pool
 
 
 def pooled_size(conv_out_hw: Pair, pool: MaxPoolSpec) -> Pair:
-    (pt, pb), (pl, pr) = pool.padding
-    return ((conv_out_hw[0] + pt + pb - pool.window[0]) // pool.stride[0] + 1,
-            (conv_out_hw[1] + pl + pr - pool.window[1]) // pool.stride[1] + 1)
+    """(PP, PQ) of the pool over the conv output; raises on a bad pool."""
+    return pool_output_hw(conv_out_hw, pool.window, pool.stride, pool.padding, prefix="pool_",
+                          input_name="the padded conv output")
 
 
 def sparse_output_shape(x_shape: Sequence[int], x_dtype: Any, w_shape: Sequence[int], w_dtype: Any,
                         bias_shape: Sequence[int] | None, bias_dtype: Any,
                         cfg: SparseConfig) -> tuple[int, int, int, int]:
-    """Validates the operands; returns the (pooled) output shape in cfg.conv.layout."""
+    """Validates the (NHWC) operands; returns the (pooled) NHWC output shape."""
     check_conv_config(cfg.conv)
     out = conv2d_output_shape(x_shape, x_dtype, w_shape, w_dtype, bias_shape, bias_dtype, cfg.conv)
-    if cfg.pool is None:
-        return out
-    # The pooled op is NHWC only (its layout is fixed by sparse_conv2d_pool).
-    n, p, q, k = out
-    pp, pq = pooled_size((p, q), cfg.pool)
-    return (n, pp, pq, k)
+    check_conv_int32(x_shape, w_shape, cfg.conv)
+    if cfg.pool is not None:
+        n, p, q, k = out
+        out = (n, *pooled_size((p, q), cfg.pool), k)
+    check_conv_result_int32(out, cfg.conv)
+    return out
 
 
 def mask_bytes(x_nhwc: Sequence[int]) -> int:

@@ -26,11 +26,12 @@ from jaxcnn import _ffi
 from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
 from jaxcnn.ops.conv_reference import linear_conv2d
 from jaxcnn.ops.layout_transform import to_layout
+from jaxcnn.ops.layouts import convert_shape
+from jaxcnn.ops.operand_checks import as_array, as_optional_array, is_empty_batch, with_batch
 from jaxcnn.ops.primitive import STRICT_ENV, LeadingBatchPrimitive, _warn_fallback_once
 from jaxcnn.ops.sparse_args import (
     OPERAND_NAMES,
     SparseConfig,
-    check_conv_config,
     make_pool_spec,
     kernel_params,
     mask_bytes,
@@ -148,17 +149,25 @@ def sparse_conv2d(x, w, bias=None, *, stride=1, padding="SAME", dilation=1, acti
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32, rounded once.
       Equal to the dense conv up to fp32 summation order (a zero times an inf/NaN weight,
-      which the dense conv would turn into NaN, is skipped).
+      which the dense conv would turn into NaN, is skipped). An empty batch (N = 0) gives the
+      empty result.
     """
-    x, w = jnp.asarray(x), jnp.asarray(w)
+    x, w = as_array(x, "x"), as_array(w, "w")
+    bias = as_optional_array(bias, "bias")
     cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
                       groups=1, activation=activation, layout=layout, precision=precision)
-    conv2d_output_shape(x.shape, x.dtype, w.shape, w.dtype,
-                        None if bias is None else jnp.shape(bias),
-                        None if bias is None else jnp.asarray(bias).dtype, cfg)
-    bias = _bias_or_zeros(bias, w)
+    # An empty batch is validated as one image, then gives the empty result (no kernel).
+    n_axis = cfg.layout.index("N")
+    empty = is_empty_batch(x.shape, n_axis)
+    x_shape = with_batch(x.shape, 1, n_axis) if empty else x.shape
+    bias_shape, bias_dtype = (None, None) if bias is None else (bias.shape, bias.dtype)
+    out_shape = conv2d_output_shape(x_shape, x.dtype, w.shape, w.dtype, bias_shape, bias_dtype, cfg)
     sparse_cfg = SparseConfig(cfg.replace(layout="NHWC"))
-    check_conv_config(sparse_cfg.conv)
+    sparse_output_shape(convert_shape(x_shape, cfg.layout, "NHWC"), x.dtype, w.shape, w.dtype,
+                        bias_shape, bias_dtype, sparse_cfg)
+    if empty:
+        return jnp.zeros(with_batch(out_shape, 0, n_axis), x.dtype)
+    bias = _bias_or_zeros(bias, w)
     if cfg.layout == "NHWC":
         return _sparse(sparse_cfg, x, w, bias)
     y = _sparse(sparse_cfg, to_layout(x, cfg.layout, "NHWC"), w, bias)
@@ -180,11 +189,17 @@ def sparse_conv2d_pool(x, w, bias=None, *, stride=1, padding="SAME", pool_window
       [N, PP, PQ, K] in x's dtype, equal to reduce_window(max) of
       sparse_conv2d(x, w, bias, activation="relu").
     """
-    x, w = jnp.asarray(x), jnp.asarray(w)
+    x, w = as_array(x, "x"), as_array(w, "w")
+    bias = as_optional_array(bias, "bias")
     cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, groups=1,
                       activation="relu", layout="NHWC", precision="highest")
-    _, p, q, _ = conv2d_output_shape(x.shape, x.dtype, w.shape, w.dtype,
-                                     None if bias is None else jnp.shape(bias),
-                                     None if bias is None else jnp.asarray(bias).dtype, cfg)
+    empty = is_empty_batch(x.shape)
+    x_shape = with_batch(x.shape, 1) if empty else x.shape
+    bias_shape, bias_dtype = (None, None) if bias is None else (bias.shape, bias.dtype)
+    _, p, q, _ = conv2d_output_shape(x_shape, x.dtype, w.shape, w.dtype, bias_shape, bias_dtype, cfg)
     sparse_cfg = SparseConfig(cfg, make_pool_spec((p, q), pool_window, pool_stride, pool_padding))
+    out_shape = sparse_output_shape(x_shape, x.dtype, w.shape, w.dtype, bias_shape, bias_dtype,
+                                    sparse_cfg)
+    if empty:
+        return jnp.zeros(with_batch(out_shape, 0), x.dtype)
     return _sparse(sparse_cfg, x, w, _bias_or_zeros(bias, w))

@@ -13,6 +13,7 @@ transposes (no partitioning rule to get wrong); one device gets the batched kern
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jaxcnn import _ffi
+from jaxcnn.ops.operand_checks import as_array, check_int32_shape
 from jaxcnn.ops.primitive import _single_device, allow_reference_fallback
 
 __all__ = ["relayout_weights"]
@@ -37,12 +39,30 @@ def _check(shapes, dtypes, perms) -> None:
     for i, (shape, dtype, perm) in enumerate(zip(shapes, dtypes, perms)):
         if len(shape) != 4:
             raise ValueError(f"weights[{i}] must be rank 4, got shape {tuple(shape)}")
-        if int(np.prod(shape)) >= 2**31:
-            raise ValueError(f"weights[{i}] must hold < 2^31 elements, got shape {tuple(shape)}")
+        check_int32_shape(f"weights[{i}]", shape, batch_axis=None)
         if sorted(perm) != [0, 1, 2, 3]:
             raise ValueError(f"perms[{i}] must be a permutation of (0, 1, 2, 3), got {tuple(perm)}")
         if np.dtype(dtype).itemsize not in (1, 2, 4, 8):
             raise TypeError(f"weights[{i}] dtype must be 1, 2, 4 or 8 bytes wide, got {dtype}")
+
+
+def _items(value, name: str, what: str) -> list:
+    """The items of a list-like argument; None, strings and non-iterables are a TypeError."""
+    if value is None or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}") from None
+
+
+def _ints(perm, name: str) -> list[int]:
+    """One permutation's entries as ints; anything else is a TypeError naming it."""
+    entries = _items(perm, name, "a permutation of (0, 1, 2, 3)")
+    try:
+        return [operator.index(p) for p in entries]
+    except TypeError:
+        raise TypeError(f"{name} must be a permutation of (0, 1, 2, 3), got {perm!r}") from None
 
 
 def _abstract(*ws, perms):
@@ -107,8 +127,10 @@ def relayout_weights(weights, perms) -> list:
       weights: rank-4 arrays (any dtypes of 1, 2, 4 or 8 bytes; one launch per element width).
       perms: one permutation of (0, 1, 2, 3) per weight.
     """
-    weights = [jnp.asarray(w) for w in weights]
-    perms = tuple(tuple(int(p) for p in perm) for perm in perms)
+    weights = [as_array(w, f"weights[{i}]")
+               for i, w in enumerate(_items(weights, "weights", "a list of arrays"))]
+    perms = tuple(tuple(_ints(perm, f"perms[{i}]"))
+                  for i, perm in enumerate(_items(perms, "perms", "a list of permutations")))
     _check([w.shape for w in weights], [w.dtype for w in weights], perms)
     if not weights:
         return []
