@@ -27,17 +27,13 @@ file atomically; an unreadable file is ignored with a warning.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
-import functools
 import json
 import math
 import os
-import tempfile
 import threading
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -53,6 +49,11 @@ from jaxcnn.ops.conv_args import (
 )
 from jaxcnn.ops.layouts import LAYOUTS, check_layout, convert_shape, permutation
 from jaxcnn.profile.gpu_specs import GpuSpec, lookup_gpu_spec, spec_by_name
+from jaxcnn.tuning import cache_file
+from jaxcnn.tuning.measure import device_kind as _device_kind
+from jaxcnn.tuning.measure import outside_traces
+from jaxcnn.tuning.measure import should_measure as _should_measure
+from jaxcnn.tuning.measure import try_run as _try_run
 
 __all__ = [
     "LAYOUTS", "AutotuneCache", "Block", "CandidateResult", "ChainPlan", "ChainStep",
@@ -149,12 +150,6 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _device_kind() -> str:
-    import jax
-
-    return jax.devices()[0].device_kind
-
-
 def _resolve_spec(gpu: str | GpuSpec | None, measured: bool) -> tuple[GpuSpec, str]:
     """The GPU spec to model with, and a note on how it was picked."""
     if isinstance(gpu, GpuSpec):
@@ -178,34 +173,6 @@ def _resolve_spec(gpu: str | GpuSpec | None, measured: bool) -> tuple[GpuSpec, s
         if spec is not None:
             return spec, ""
     return spec_by_name("H200"), "no GPU here: H200 ceilings assumed"
-
-
-def outside_traces(fn: Callable) -> Callable:
-    """fn, run in a fresh thread. JAX keeps its trace state per thread: a measurement made
-    while an enclosing jit traces (jaxcnn.optimize without example_args plans on its first,
-    traced call) would otherwise stage its random inputs and candidate calls into that program
-    and time whatever else ran. In the fresh thread they run for real."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(fn, *args, **kwargs).result()
-
-    return run
-
-
-def _should_measure(measure: bool | None) -> bool:
-    """Measure only where jaxcnn's CUDA kernels run: elsewhere conv2d would time the XLA
-    reference it falls back to, which says nothing about the kernels."""
-    from jaxcnn import _ffi
-
-    if measure is None:
-        return _ffi.cuda_available()
-    if not isinstance(measure, bool):
-        raise TypeError(f"measure must be True, False or None, got {measure!r}")
-    if measure and not _ffi.cuda_available():
-        raise RuntimeError(f"measure=True needs the CUDA kernels: {_ffi.cuda_unavailable_reason()}")
-    return measure
 
 
 # --------------------------------------------------------------------------- layers
@@ -611,14 +578,18 @@ class AutotuneCache:
 
     `put` re-reads the file under an exclusive lock, merges and replaces it atomically
     (temporary file + os.replace), so concurrent writers never lose each other's entries and
-    readers never see a half-written file. A file that is not valid cache JSON is ignored with
-    a warning (and replaced by the next write).
+    readers never see a half-written file. A file that is not cache JSON (any bytes), and every
+    entry that `entry_problem(key, record)` finds malformed, is ignored with one warning
+    (jaxcnn.tuning.cache_file) and left out of the next write.
     """
 
     _thread_lock = threading.Lock()
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, what: str = "autotune cache",
+                 entry_problem: Callable[[str, Any], str | None] | None = None):
         self.path = Path(path).expanduser() if path is not None else default_cache_path()
+        self.what = what  # how warnings name the file
+        self.entry_problem = entry_problem or _autotune_entry_problem
 
     @staticmethod
     def key(**fields: Any) -> str:
@@ -626,24 +597,17 @@ class AutotuneCache:
         return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=list)
 
     def load(self) -> dict[str, Any]:
-        """The entries; {} when the file is missing or unreadable (with a warning)."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
+        """The well-formed entries; {} when the file is missing or unusable (warned once)."""
+        data = cache_file.read_json(self.path, self.what, _cache_file_problem)
+        if data is None:
             return {}
-        except OSError as err:
-            warnings.warn(f"autotune cache {self.path} unreadable ({err}); ignoring it", stacklevel=2)
-            return {}
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("no 'entries' object")
-            if data.get("version") != CACHE_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
-        except ValueError as err:
-            warnings.warn(f"autotune cache {self.path} is corrupt ({err}); ignoring it", stacklevel=2)
-            return {}
-        return data["entries"]
+        entries, problems = cache_file.valid_entries(data["entries"], self.entry_problem)
+        if problems:
+            cache_file.report_once(
+                self.path, self.what, f"{len(problems)} malformed entr{'y' if len(problems) == 1 else 'ies'}"
+                f" ignored, first {problems[0]}", json.dumps(data, sort_keys=True).encode(),
+                action="the next store rewrites it without them")
+        return entries
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.load().get(key)
@@ -656,22 +620,10 @@ class AutotuneCache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a corrupt file was already reported by load
-                entries = self.load()
+            entries = self.load()  # an unusable file or entry is reported (once) and dropped here
             entries.update(records)
             payload = json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(payload)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            cache_file.write_text_atomic(self.path, payload)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -691,7 +643,42 @@ class AutotuneCache:
                     fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _as_cache(cache: Any) -> AutotuneCache | None:
+# What the cache's readers rely on: the file and each kind of record (the "op" of its key).
+_cache_file_problem = cache_file.fields({"version": cache_file.equal_to(CACHE_VERSION),
+                                         "entries": cache_file.dict_of(cache_file.anything)})
+_OPTIONAL_MS = cache_file.optional(cache_file.number)
+_TIMING = dict(time_ms=_OPTIONAL_MS, source=cache_file.text, note=cache_file.text, error=cache_file.text,
+               kernels=cache_file.list_of(cache_file.text), measured=cache_file.flag)
+_CANDIDATES = cache_file.list_of(cache_file.fields(dict(layout=cache_file.text, algorithm=cache_file.text),
+                                                   _TIMING))
+_RECORD_CHECKS = {
+    "to_layout": cache_file.fields({}, _TIMING),
+    "conv2d": cache_file.fields(dict(candidates=_CANDIDATES), dict(
+        xla=cache_file.optional(cache_file.fields({}, _TIMING)),
+        transforms=cache_file.dict_of(cache_file.fields({}, dict(in_ms=_OPTIONAL_MS, out_ms=_OPTIONAL_MS))),
+        created=cache_file.text)),
+    "maxpool": cache_file.fields(dict(candidates=_CANDIDATES), dict(created=cache_file.text)),
+    "avgpool": cache_file.fields(dict(candidates=_CANDIDATES), dict(created=cache_file.text)),
+    "fusion_group": cache_file.fields(dict(candidates=cache_file.dict_of(cache_file.fields({}, _TIMING))),
+                                      dict(created=cache_file.text)),
+}
+
+
+def _autotune_entry_problem(key: str, record: Any) -> str | None:
+    """What is wrong with one autotune cache entry (None: usable). Records are JSON objects;
+    those of a known op (from the key, see AutotuneCache.key) have the fields their readers use."""
+    if not isinstance(record, dict):
+        return f"expected an object, got {type(record).__name__}"
+    try:
+        fields = json.loads(key)
+    except (ValueError, RecursionError):
+        return None  # not a key AutotuneCache.key makes: no reader here looks it up
+    op = fields.get("op") if isinstance(fields, dict) else None
+    check = _RECORD_CHECKS.get(op) if isinstance(op, str) else None
+    return check(record) if check else None
+
+
+def as_cache(cache: Any) -> AutotuneCache | None:
     """cache=None: the default file; False: no cache; a path or an AutotuneCache."""
     if cache is False:
         return None
@@ -851,28 +838,6 @@ def _random(key_index: int, shape: Shape, dtype: str):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
-def _runtime_errors() -> tuple[type[BaseException], ...]:
-    """What a candidate that cannot run raises: ValueError at lowering ("cannot run"), or the
-    runtime error of a handler that refuses."""
-    errors: list[type[BaseException]] = [ValueError]
-    with contextlib.suppress(Exception):
-        import jax
-
-        errors.append(jax.errors.JaxRuntimeError)
-    return tuple(errors)
-
-
-def _try_run(fn: Callable, args: tuple) -> str:
-    """'' if jit(fn)(*args) compiles and runs, else the error message."""
-    import jax
-
-    try:
-        jax.block_until_ready(jax.jit(fn)(*args))
-    except _runtime_errors() as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    return ""
-
-
 def _timing_entry(timing: Any) -> dict[str, Any]:
     note = timing.method + (f"; {timing.note}" if timing.note else "")
     return dict(time_ms=float(timing.median_ms), measured=bool(timing.is_device_time), note=note,
@@ -1001,7 +966,7 @@ def cached_conv_choice(x_shape, w_shape, dtype="bfloat16", *, stride=1, padding=
     layer = conv_layer(x_shape, w_shape, dtype, stride=stride, padding=padding, dilation=dilation,
                        groups=groups, activation=activation, precision=precision, bias=bias)
     cands = _check_candidates(candidates) if candidates is not None else default_conv_candidates(layer)
-    store = _as_cache(cache)
+    store = as_cache(cache)
     if store is None:
         return None
     device = _device_kind()
@@ -1014,7 +979,7 @@ def cached_conv_choice(x_shape, w_shape, dtype="bfloat16", *, stride=1, padding=
 
 def _check_cache_and_gpu(cache: Any, gpu: Any) -> "AutotuneCache | None":
     """Validate both up front, so a bad argument fails the same way with or without a GPU."""
-    store = _as_cache(cache)
+    store = as_cache(cache)
     if gpu is not None:
         _resolve_spec(gpu, measured=False)
     return store

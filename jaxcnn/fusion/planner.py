@@ -29,6 +29,7 @@ from jaxcnn import layouts
 from jaxcnn.fusion import cost as cost_model
 from jaxcnn.fusion.groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
 from jaxcnn.models.layers import Net, bind_layer
+from jaxcnn.tuning import measure as measuring
 
 CANDIDATES = ("fused", "xla", "jaxcnn")
 RESTS = ("xla", "jaxcnn")
@@ -424,11 +425,11 @@ def _group_key(device: str, group: FusionGroup) -> str:
     return AutotuneCache.key(device=device, op="fusion_group", **group.cache_fields())
 
 
-@layouts.outside_traces
+@measuring.outside_traces
 def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: int, refresh: bool):
     """{group name: (record, cached)}: every candidate of every uncached group in one trace
     (run outside any enclosing jit trace)."""
-    device = layouts._device_kind()
+    device = measuring.device_kind()
     out, cases, errors, todo = {}, [], {}, []
     for group in groups:
         hit = None if (store is None or refresh) else store.get(_group_key(device, group))
@@ -439,7 +440,7 @@ def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: in
         params, x = group_params(group)
         for version in CANDIDATES:
             fn = group_fn(group, version)
-            error = layouts._try_run(fn, (params, x))
+            error = measuring.try_run(fn, (params, x))
             if error:
                 errors[(group.name, version)] = error
             else:
@@ -472,7 +473,7 @@ def decide_groups(groups: Sequence[FusionGroup], *, costs: str = "auto", cache: 
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
     layouts._check_iters(iters, warmup)
     store = layouts._check_cache_and_gpu(cache, gpu)
-    measure = layouts._should_measure({"auto": None, "measured": True, "model": False}[costs])
+    measure = measuring.should_measure({"auto": None, "measured": True, "model": False}[costs])
     spec, spec_note = layouts._resolve_spec(gpu, measured=measure)
     decisions = [_model_decision(g, spec, spec_note) for g in groups]
     device = spec.name

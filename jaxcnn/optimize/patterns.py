@@ -76,6 +76,8 @@ class Match:
     # conv matches: the epilogue is at most a [K] bias and ReLU (in_vars are x, w[, bias]), the
     # form the fused groups of jaxcnn.fusion build from
     plain: bool = True
+    decision: Any = None  # the decision owner's Decision (conv sites under policy="auto")
+    path: str = ""  # where the match is: the call path of its jaxpr
 
     def weight_hwio(self, w):
         """A conv match's weight operand (in the user's axis order) as HWIO."""

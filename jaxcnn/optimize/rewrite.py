@@ -9,6 +9,7 @@ bound as they were traced.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,9 +18,10 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import AxisType
 
-from jaxcnn import _ffi
-from jaxcnn.ops.conv_args import ALGORITHMS
-from jaxcnn.optimize.patterns import CALL_PRIMITIVES, MATCHERS, Match, Site, Uses, _inner_jaxpr
+from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
+from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
+from jaxcnn.tuning.decision import BASELINE, decide_all
+from jaxcnn.optimize.policy import auto_policy, choose_algorithm
 
 POLICIES = ("auto", "all", "xla", "autotune")
 SPARSE = ("none", "auto")
@@ -40,6 +42,7 @@ class Rewrite:
     kwargs: dict
     algorithm: str | None
     path: str
+    why: str = ""  # the decision owner's explanation (conv sites under policy="auto")
 
     def describe(self) -> str:
         shapes = f"x{list(self.x_shape)}"
@@ -48,8 +51,9 @@ class Rewrite:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if v is not None)
         algo = f", algorithm={self.algorithm!r}" if self.algorithm else ""
         where = f" in {self.path}" if self.path else ""
+        why = f"\n       chosen: {self.why}" if self.why else ""
         return (f"{' + '.join(self.replaced)} -> jaxcnn.{self.op}({shapes} {self.dtype}, {args}{algo})"
-                f" -> {list(self.out_shape)}{where}")
+                f" -> {list(self.out_shape)}{where}{why}")
 
 
 @dataclass
@@ -63,6 +67,13 @@ class Plan:
     # Run once the inputs are bound, before any equation: each puts values the matches read
     # into the environment (e.g. all weights relaid out in one op rather than one per match).
     prologue: list[Callable[[dict], None]] = field(default_factory=list)
+    found: Any = None  # the Found this plan was assembled from (every site, kept or not)
+
+    def declined(self) -> list[Match]:
+        """The sites found but kept as traced (their policy or decision chose XLA's own)."""
+        if self.found is None:
+            return []
+        return [m for _, _, m in self.found.all_matches() if m.algorithm is None]
 
     def rewrites(self, path: str = "") -> list[Rewrite]:
         out = []
@@ -72,7 +83,7 @@ class Plan:
                 s = m.site
                 out.append(Rewrite(m.op, m.replaced, s.x_shape, tuple(m.out_var.aval.shape), s.dtype,
                                    s.layout, s.w_shape, s.bias, dict(s.kwargs), m.algorithm if m.op == "conv2d" else None,
-                                   path))
+                                   path, m.decision.explain() if m.decision is not None else ""))
             elif i in self.calls:
                 name = eqn.params.get("name", "")
                 label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
@@ -80,193 +91,95 @@ class Plan:
         return out
 
 
-# Pools and softmax stay XLA's under policy="auto": on the H200 (pool_softmax bench) XLA's
-# reduce_window / softmax ran at 0.43-1.01x of jaxcnn's time on CNN shapes, and XLA fuses them
-# into their neighbours, which a custom call prevents.
-AUTO_KEEPS_XLA = ("max_pool2d", "avg_pool2d", "softmax", "log_softmax")
+@dataclass
+class Found:
+    """Every pattern of one jaxpr (claimed greedily in program order) and of its call bodies."""
+
+    jaxpr: Any
+    uses: Uses
+    matches: list[Match] = field(default_factory=list)
+    calls: dict[int, "Found"] = field(default_factory=dict)
+
+    def all_matches(self, path: str = ""):
+        """(path, Found, match) for every match here and in the call bodies."""
+        for m in self.matches:
+            yield path, self, m
+        for i, child in self.calls.items():
+            yield from child.all_matches(f"{path}/{_call_label(self.jaxpr.eqns[i])}" if path else _call_label(self.jaxpr.eqns[i]))
 
 
-def auto_policy(site: Site) -> str | None:
-    """policy="auto": the rewrites that pay. A conv the autotuner has measured on this GPU (its
-    cache holds the layer) takes that measured winner, XLA's conv included. Otherwise:
-      * depthwise convs (groups == C > 1) run jaxcnn's depthwise kernel;
-      * fp32 convs at precision "highest" (HIGH/HIGHEST) run the tensor-core kernel (NHWC,
-        groups 1, C >= 8, K a multiple of 4): its 3xTF32 path ran 1.4-3.2x faster than XLA's
-        HIGHEST on the H200;
-      * on Hopper, bf16/fp16 3x3/1 SAME convs the wgmma kernel takes run it where its tiles
-        cover the image exactly, else the tensor-core kernel from 256 input channels on
-        (hopper_3x3_choice: VGG-19 1.15-1.21x the original with it, 1.13-1.17x with XLA's);
-      * ReLU convs of an image (C < 8) into >= 64 channels run the stem kernel (stem_pays:
-        VGG-19's c1_1 2.0-2.5x XLA);
-      * every other dense conv (bf16/fp16, fp32 at default/TF32 precision) stays XLA's: on the
-        H200 our tensor-core conv ran at 0.84-0.91x of cuDNN on VGG layers and whole models
-        with it at 0.98-1.04x of the original, so only a measured win (the cache) rewrites it.
-    Convs that would fall back to the CUDA-core direct kernel (NCHW/CHWN, grouped, odd K) stay
-    XLA's, as do pools and softmax (AUTO_KEEPS_XLA). fuse= still offers the convs left here
-    to XLA to its groups (fire, conv -> max pool), where the fusion planner decides.
-    policy="all" rewrites every recognised pattern instead."""
-    if site.op != "conv2d":
-        return None if site.op in AUTO_KEEPS_XLA else "auto"
-    measured = _cached_choice(site)
-    if measured is not None:
-        return measured
-    n, h, w, c = site.logical_x_shape()
-    k, groups = site.w_shape[3], site.kwargs["groups"]
-    if groups == c > 1 and k % c == 0:
-        return "auto"  # the depthwise kernel
-    hopper = hopper_3x3_choice(site)
-    if hopper is not None:
-        return hopper
-    if stem_pays(site):
-        return "stem"
-    if not (jax.numpy.dtype(site.dtype) == jax.numpy.float32 and site.kwargs["precision"] == "highest"):
-        return None  # a dense conv at cuDNN's own speed: XLA's unless measured (above)
-    # C < 8 (an image's 1-3 channels) pads GEMM-K with zeros: cuDNN's own first-layer kernels
-    # won there (H200: a C=1 MNIST conv ran at 0.92x of XLA). fp32 rows: 16 bytes = 4 channels.
-    if (site.layout == "NHWC" and groups == 1 and c >= 8 and k % 4 == 0
-            and max(site.kwargs["stride"]) <= 8):
-        return "auto"  # the tensor-core kernel (3xTF32)
-    return None
+def _call_label(eqn) -> str:
+    name = eqn.params.get("name", "")
+    return f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
 
 
-def unpooled_plan(site: Site, algorithm: str) -> str:
-    """The library's plan line for running NHWC groups-1 conv `site` as a conv_pool kernel with
-    a 1x1/1 pool (what conv2d's "wgmma" and "stem" algorithms launch), e.g. "kernel=wgmma
-    block=28x8 ... recompute=1.00"; "" where the kernel does not take it or no GPU library is
-    loaded."""
-    if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
-            or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
-        return ""
-    from jaxcnn.ops.conv_pool_args import make_conv_pool_config
-
-    k = site.kwargs
-    try:
-        cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
-                                    dilation=k["dilation"], pool_window=1, pool_stride=1,
-                                    precision=k["precision"], algorithm=algorithm)
-    except ValueError:
-        return ""
-    plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
-    return plan if plan.startswith(f"kernel={algorithm}") else ""
-
-
-def hopper_3x3_choice(site: Site) -> str | None:
-    """auto_policy's kernel for a conv jaxcnn.conv2d's Hopper wgmma kernel takes on this
-    process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64,
-    sm_90), else None: "wgmma" where its tiles cover the image exactly (the plan's recompute
-    1.00); else "tensor_core" for C >= 256 and XLA's conv (None) below. Measured on an H100
-    (benchmarks/results/h100-2026-11-26-optimize_conv_policy_s15.md), VGG-19 bf16 under
-    optimize(fuse="auto") in one process: XLA's convs 1.13-1.17x the original, wgmma
-    everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone (XLA's time / the kernel's), the wgmma
-    kernel ran 0.97-1.59x on the 224-, 112- and 56-pixel layers and 0.76-0.91x at 28 and 14
-    pixels, where its 28x8 and 16x16 tiles pad the image by 14% and 31%. Inside VGG the
-    tensor-core kernel on those 256-512-channel convs beat XLA's (alone: 0.79-1.01x), but on
-    nnx_cnn's 32-channel 14x14 conv it ran 0.97x."""
-    plan = unpooled_plan(site, "wgmma")
-    if "recompute=" not in plan:
-        return None
-    if float(plan.split("recompute=")[1].split()[0]) <= 1.0:
-        return "wgmma"
-    return "tensor_core" if site.logical_x_shape()[3] >= 256 else None
-
-
-def stem_pays(site: Site) -> bool:
-    """Whether auto_policy runs this conv on jaxcnn.conv2d's stem kernel: an NHWC ReLU conv of
-    fewer than 8 input channels (an image) and at least 64 output channels that the kernel takes
-    on this process's GPU (the library's own plan). Measured on an H100 (VGG-19's c1_1, 224x224
-    RGB -> 64, bf16): 285 us vs XLA's 579 us at N=64, 8.0 vs 20.1 us at N=1; the small CNNs'
-    1-channel, 6-32-filter convs stay XLA's (not measured)."""
-    if site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["activation"] != "relu":
-        return False
-    if site.logical_x_shape()[3] >= 8 or site.w_shape[3] < 64:
-        return False
-    return bool(unpooled_plan(site, "stem"))
-
-
-def _conv_candidates(site: Site) -> list[tuple[str, str]]:
-    """The kernels a conv site can run in its own layout, and XLA's conv."""
-    channels = site.logical_x_shape()[3]
-    candidates = [(site.layout, "direct"), (site.layout, "xla")]
-    if site.layout == "NHWC":
-        candidates.append(("NHWC", "tensor_core"))
-    if site.kwargs["groups"] == channels and channels > 1:
-        candidates.append((site.layout, "depthwise"))
-    return candidates
-
-
-def _conv_layer_kwargs(site: Site) -> dict:
-    k = site.kwargs
-    return dict(stride=k["stride"], padding=k["padding"], dilation=k["dilation"], groups=k["groups"],
-                activation=k["activation"], precision=k["precision"], bias=site.bias,
-                candidates=_conv_candidates(site))
-
-
-def _cached_choice(site: Site):
-    """The autotuner's measured choice for this conv when its cache already holds one for
-    this GPU (e.g. from `jaxcnn layouts --autotune` or policy="autotune"), else None."""
-    import jaxcnn.layouts as L  # imported only when a conv site is decided
-
-    return L.cached_conv_choice(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
-
-
-def autotune_policy(site: Site):
-    """policy="autotune": jaxcnn.layouts.autotune_conv's choice among the kernels that run in
-    the site's own layout and XLA's conv (measured device times on a GPU, cached per GPU kind;
-    model estimates elsewhere). XLA winning keeps the conv as lax: never slower than XLA on a
-    layer the autotuner measured. Pools and softmax follow auto_policy (XLA's)."""
-    if site.op != "conv2d":
-        return auto_policy(site)
-    import jaxcnn.layouts as L  # not imported by jaxcnn.optimize until this policy is used
-
-    return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
-
-
-def choose_algorithm(policy, site: Site) -> str | None:
-    """The conv algorithm for `site` (None: leave the pattern as lax)."""
-    if policy == "all":
-        return "auto"
-    if policy == "auto":
-        policy = auto_policy
-    if policy == "autotune":
-        policy = autotune_policy
-    choice = policy(site)
-    if choice is None or choice == "xla":
-        return None
-    if site.op != "conv2d":
-        return "auto"
-    algorithm = getattr(choice, "algorithm", choice)  # a layouts.ConvChoice works too
-    if algorithm == "xla":
-        return None
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"policy returned algorithm {algorithm!r} for {site}; expected one of {ALGORITHMS} or None")
-    return algorithm
-
-
-def build_plan(jaxpr, policy) -> Plan:
-    plan = Plan(jaxpr)
-    uses = Uses(jaxpr)
+def find_matches(jaxpr) -> Found:
+    found = Found(jaxpr, Uses(jaxpr))
     claimed: set[int] = set()
     for i, eqn in enumerate(jaxpr.eqns):
         if i in claimed:
             continue
         matcher = MATCHERS.get(eqn.primitive.name)
-        match = matcher(uses, i) if matcher else None
+        match = matcher(found.uses, i) if matcher else None
         if match is not None and not claimed.intersection(match.eqn_indices):
-            algorithm = choose_algorithm(policy, match.site)
-            if algorithm is not None:
-                match.algorithm = algorithm
-                match.build = match.make_build(algorithm)
-                last = max(match.eqn_indices)
-                plan.matches[last] = match
-                claimed.update(match.eqn_indices)
-                plan.skipped.update(j for j in match.eqn_indices if j != last)
-                continue
+            found.matches.append(match)
+            claimed.update(match.eqn_indices)
+            continue
         body = _inner_jaxpr(eqn)
         if body is not None:
-            child = build_plan(body, policy)
+            child = find_matches(body)
             if child.matches or child.calls:
-                plan.calls[i] = child
+                found.calls[i] = child
+    return found
+
+
+def decide_matches(found: Found, policy) -> None:
+    """Sets each match's algorithm (None: it stays as traced) and, for conv sites under
+    policy="auto", its Decision: measured against XLA's own subgraph on this GPU (all pending
+    sites in one trace, cached on disk), by auto_policy's rules elsewhere."""
+    entries = list(found.all_matches())
+    conv_sites = []
+    for path, where, m in entries:
+        m.path = path
+        if policy == "auto" and m.op == "conv2d":
+            conv_sites.append((m, conv_site(where.uses, m, functools.partial(_rule, m.site))))
+        else:
+            m.algorithm = choose_algorithm(policy, m.site)
+    for (m, _), d in zip(conv_sites, decide_all([site for _, site in conv_sites])):
+        m.decision = d
+        m.algorithm = algorithm_for(d.choice)
+
+
+def _rule(site: Site) -> tuple[str, str]:
+    """auto_policy as a decision: (choice, reason) where nothing can be measured."""
+    algorithm = auto_policy(site)
+    if algorithm is None:
+        return BASELINE, "a dense conv at cuDNN's own speed stays XLA's unless measured"
+    return OURS + algorithm, f"auto_policy picks {algorithm!r}"
+
+
+def assemble(found: Found) -> Plan:
+    """The Plan of the matches whose algorithm is set."""
+    plan = Plan(found.jaxpr)
+    plan.found = found
+    for m in found.matches:
+        if m.algorithm is None:
+            continue
+        m.build = m.make_build(m.algorithm)
+        last = max(m.eqn_indices)
+        plan.matches[last] = m
+        plan.skipped.update(j for j in m.eqn_indices if j != last)
+    for i, child in found.calls.items():
+        sub = assemble(child)
+        if sub.matches or sub.calls:
+            plan.calls[i] = sub
     return plan
+
+
+def build_plan(jaxpr, policy) -> Plan:
+    found = find_matches(jaxpr)
+    decide_matches(found, policy)
+    return assemble(found)
 
 
 def declined_convs(plan: Plan, uses: Uses | None = None) -> list[Match]:
@@ -483,10 +396,20 @@ class Optimized:
         counts = {}
         for r in found:
             counts[r.op] = counts.get(r.op, 0) + 1
-        summary = ", ".join(f"{n} {op}" for op, n in counts.items()) or "no pattern found"
+        traced = self._traced(*self._args(args, kwargs))
+        declined = traced.plan.declined()
+        summary = ", ".join(f"{n} {op}" for op, n in counts.items()) or (
+            "none kept" if declined else "no pattern found")
         lines = [f"{len(found)} rewrite(s): {summary}"]
         lines += [f"  {i}. {r.describe()}" for i, r in enumerate(found, 1)]
-        picks = self._traced(*self._args(args, kwargs)).sparse
+        if declined:
+            lines.append(f"{len(declined)} site(s) found and kept as traced (XLA's own):")
+            for m in declined:
+                why = m.decision.explain() if m.decision is not None else f"policy {self.policy!r} keeps it"
+                shapes = f" x{list(m.site.x_shape)}" + (f" w(HWIO){list(m.site.w_shape)}" if m.site.w_shape else "")
+                where = f" in {m.path}" if m.path else ""
+                lines.append(f"  - {' + '.join(m.replaced)}{shapes} {m.site.dtype}{where}: {why}")
+        picks = traced.sparse
         if picks:
             lines.append(f"dense or sparse ({len(picks)} conv(s), sparse='auto'):")
             for m, decision in picks:

@@ -1,0 +1,78 @@
+"""A conv match (a conv with its epilogue) as a site for the decision owner (jaxcnn.tuning):
+its candidates, cache key and rule.
+
+Candidates:
+  "xla"          the matched equations exactly as traced (the baseline: no rewrite);
+  "xla_folded"   XLA's conv with the epilogue's affine steps folded into weights and bias, then
+                 bias, residual and activation as XLA fuses them (only where there is
+                 something to fold);
+  "jaxcnn:<alg>" jaxcnn.conv2d with the whole epilogue in the kernel, `alg` as conv2d takes it
+                 ("auto" lets the library pick the family; the Hopper wgmma and stem kernels
+                 are tried by name where their plan takes the shape).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+from jax.extend.core import Literal
+
+from jaxcnn.optimize.patterns import Match, Uses
+from jaxcnn.optimize.policy import unpooled_plan
+from jaxcnn.tuning.decision import BASELINE, Candidate, Site, fingerprint
+
+FOLDED = "xla_folded"
+OURS = "jaxcnn:"
+
+
+def subgraph_fn(uses: Uses, match: Match) -> Callable:
+    """The match's equations as traced, as a function of match.in_vars."""
+    eqns = [uses.jaxpr.eqns[i] for i in sorted(match.eqn_indices)]
+
+    def run(*vals):
+        env = dict(zip(match.in_vars, vals))
+        for eqn in eqns:
+            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            env.update(zip(eqn.outvars, outs))
+        return env[match.out_var]
+
+    return run
+
+
+def kernel_algorithms(match: Match) -> list[str]:
+    """conv2d algorithms worth measuring for this site besides "auto"."""
+    extra = []
+    for algorithm in ("wgmma", "stem"):
+        if unpooled_plan(match.site, algorithm):
+            extra.append(algorithm)
+    return ["auto", *extra]
+
+
+def conv_site(uses: Uses, match: Match, rule: Callable[[], tuple[str, str]]) -> Site:
+    """The decision-owner Site for a conv match."""
+    s = match.site
+    candidates = [Candidate(BASELINE, subgraph_fn(uses, match))]
+    if not match.plain:
+        candidates.append(Candidate(FOLDED, match.make_build("xla")))
+    candidates += [Candidate(OURS + a, match.make_build(a)) for a in kernel_algorithms(match)]
+    formulation = " ".join(match.replaced) + " | " + " ".join(
+        f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
+    fields = dict(kind="conv_epilogue", x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,
+                  kwargs={k: v for k, v in s.kwargs.items()}, residual=s.residual, folded=s.folded,
+                  formulation=fingerprint(formulation), candidates=[c.name for c in candidates])
+    return Site(fields, candidates, [v.aval for v in match.in_vars], rule)
+
+
+def algorithm_for(choice: str) -> str | None:
+    """conv2d's algorithm for a decision's choice; None keeps the traced equations."""
+    if choice == BASELINE:
+        return None
+    if choice == FOLDED:
+        return "xla"
+    if choice.startswith(OURS):
+        return choice[len(OURS):]
+    raise ValueError(f"unknown conv site choice {choice!r}")

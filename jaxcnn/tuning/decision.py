@@ -1,0 +1,184 @@
+"""One decision: which candidate runs a site (a conv with its epilogue, a fused group, ...).
+
+Candidates are XLA's own version of the site's subgraph (the baseline: what the user's program
+runs without jaxcnn) and jaxcnn's replacements. On a GPU where jaxcnn's kernels run, every
+candidate is measured once (device time from profiler kernel events, all candidates of all
+pending sites in one trace), the fastest wins only if it beats the baseline by MIN_GAIN, and
+the record is cached on disk per GPU, shapes, dtypes and formulation; later processes read the
+cache. Elsewhere (CPU, no library) a rule given by the caller decides and the decision says so.
+A kernel of jaxcnn's that loses to XLA is therefore never chosen by a measurement.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from jaxcnn.layouts import AutotuneCache, as_cache
+from jaxcnn.profile.device_time import device_times
+from jaxcnn.tuning.measure import device_kind, outside_traces, should_measure, try_run
+
+BASELINE = "xla"  # the site's subgraph exactly as traced
+# A replacement must be this much faster than the baseline to be chosen: smaller gains are
+# within run-to-run spread of one measurement and would make the choice flip between runs.
+MIN_GAIN = 0.03
+# Bump when the candidates' kernels change enough that cached measurements no longer hold.
+DECISION_VERSION = 1
+MEASURE_ITERS = 10
+MEASURE_WARMUP = 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a site: `fn(*inputs)` computes the site's output."""
+
+    name: str
+    fn: Callable[..., Any]
+
+
+@dataclass
+class Decision:
+    """What runs a site and why: source "measured" (this process), "cached" (an earlier
+    measurement on this GPU) or "rule" (no measurement possible here)."""
+
+    choice: str
+    source: str
+    reason: str
+    times_ms: dict[str, float | None] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def explain(self) -> str:
+        parts = []
+        for name, t in sorted(self.times_ms.items(), key=lambda kv: (kv[1] is None, kv[1] or 0.0)):
+            mark = "*" if name == self.choice else ""
+            parts.append(f"{mark}{name} {t:.4f} ms" if t is not None else f"{name} failed")
+        times = f" [{', '.join(parts)}]" if parts else ""
+        return f"{self.choice} ({self.source}: {self.reason}){times}"
+
+
+@dataclass
+class Site:
+    """A site waiting for its decision: its cache key fields, candidates (the baseline among
+    them), the avals of its inputs and the rule used where nothing can be measured."""
+
+    key_fields: dict
+    candidates: Sequence[Candidate]
+    input_avals: Sequence[Any]
+    rule: Callable[[], tuple[str, str]]  # () -> (choice, reason)
+
+
+def site_key(device: str, fields: dict) -> str:
+    """The cache key: the device, the decision version and the site's own fields."""
+    return AutotuneCache.key(device=device, op="site", version=DECISION_VERSION, **fields)
+
+
+def fingerprint(text: str) -> str:
+    """A short stable hash (of a site's formulation, e.g. its traced equations)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def can_measure() -> bool:
+    """Measurements run only where jaxcnn's CUDA kernels run (elsewhere they would time the
+    lax reference)."""
+    return should_measure(None)
+
+
+def decide_all(sites: Sequence[Site], *, cache: Any = None, measure: bool | None = None) -> list[Decision]:
+    """The decision for each site, measuring the uncached ones together where possible."""
+    measure = can_measure() if measure is None else measure
+    if not measure:
+        return [_rule_decision(s) for s in sites]
+    store = as_cache(cache)
+    device = device_kind()
+    keys = [site_key(device, s.key_fields) for s in sites]
+    entries = store.load() if store else {}
+    pending = {}
+    for key, s in zip(keys, sites):
+        if _usable(entries.get(key), s) is None and key not in pending:
+            pending[key] = s
+    if pending:
+        records = outside_traces(_measure_sites)(pending)
+        if store:
+            store.put_many(records)
+        entries = {**entries, **records}
+    return [_usable(entries.get(key), s, cached=key not in pending) for key, s in zip(keys, sites)]
+
+
+def _rule_decision(s: Site) -> Decision:
+    choice, reason = s.rule()
+    return Decision(choice, "rule", reason)
+
+
+def _usable(record: Any, s: Site, cached: bool = True) -> Decision | None:
+    """The Decision a cache record gives for `s`, None when it lacks one of s's candidates."""
+    if not isinstance(record, dict) or not isinstance(record.get("times_ms"), dict):
+        return None
+    times = record["times_ms"]
+    names = [c.name for c in s.candidates]
+    if not all(n in times for n in names):
+        return None
+    errors = record.get("errors") if isinstance(record.get("errors"), dict) else {}
+    clean = {n: (float(times[n]) if isinstance(times[n], (int, float)) else None) for n in names}
+    choice, reason = choose(clean)
+    return Decision(choice, "cached" if cached else "measured", reason, clean, {n: errors[n] for n in names if n in errors})
+
+
+def choose(times_ms: dict[str, float | None]) -> tuple[str, str]:
+    """(winner, why) from measured times: the fastest candidate, if it beats the baseline by
+    MIN_GAIN; else the baseline."""
+    base = times_ms.get(BASELINE)
+    ran = {n: t for n, t in times_ms.items() if t is not None}
+    if base is None:
+        return BASELINE, "the baseline could not be measured; kept as traced"
+    best = min(ran, key=ran.get)
+    if best != BASELINE and ran[best] < base * (1 - MIN_GAIN):
+        return best, f"{base / ran[best]:.2f}x the traced subgraph"
+    if best == BASELINE:
+        return BASELINE, "XLA's own subgraph measured fastest"
+    return BASELINE, f"{best} only {base / ran[best]:.2f}x the traced subgraph (< {1 + MIN_GAIN:.2f}x)"
+
+
+def _random_inputs(avals, seed: int):
+    import jax
+    import jax.numpy as jnp
+
+    out = []
+    for i, a in enumerate(avals):
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            # Positive, O(1) values: BatchNorm variances stay valid, nothing overflows.
+            out.append(jax.random.uniform(key, a.shape, jnp.float32, 0.5, 1.5).astype(a.dtype))
+        else:
+            out.append(jnp.zeros(a.shape, a.dtype))
+    return out
+
+
+def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
+    """Times every runnable candidate of every pending site in one profiler trace."""
+    cases, errors = [], {}
+    for key, s in pending.items():
+        args = tuple(_random_inputs(s.input_avals, seed=int(fingerprint(key)[:6], 16)))
+        for c in s.candidates:
+            error = try_run(c.fn, args)
+            if error:
+                errors[(key, c.name)] = error
+            else:
+                cases.append(((key, c.name), c.fn, args))
+    timings = device_times(cases, iters=MEASURE_ITERS, warmup=MEASURE_WARMUP) if cases else {}
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    records = {}
+    for key, s in pending.items():
+        times, errs, notes = {}, {}, {}
+        for c in s.candidates:
+            t = timings.get((key, c.name))
+            times[c.name] = float(t.median_ms) if t is not None else None
+            if (key, c.name) in errors:
+                errs[c.name] = errors[(key, c.name)]
+            elif t is not None and not t.is_device_time:
+                notes[c.name] = t.note
+        records[key] = dict(op="site", created=created, iters=MEASURE_ITERS, times_ms=times, errors=errs,
+                            notes=notes, fields=json.loads(json.dumps(s.key_fields, default=list)))
+    return records

@@ -1,0 +1,65 @@
+"""How jaxcnn measures candidates on this machine: where measuring makes sense, running a
+measurement outside any enclosing trace, and trying a candidate before timing it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+from typing import Callable
+
+
+def device_kind() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def outside_traces(fn: Callable) -> Callable:
+    """fn, run in a fresh thread. JAX keeps its trace state per thread: a measurement made
+    while an enclosing jit traces (jaxcnn.optimize without example_args plans on its first,
+    traced call) would otherwise stage its random inputs and candidate calls into that program
+    and time whatever else ran. In the fresh thread they run for real."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(fn, *args, **kwargs).result()
+
+    return run
+
+
+def should_measure(measure: bool | None) -> bool:
+    """Measure only where jaxcnn's CUDA kernels run: elsewhere conv2d would time the XLA
+    reference it falls back to, which says nothing about the kernels."""
+    from jaxcnn import _ffi
+
+    if measure is None:
+        return _ffi.cuda_available()
+    if not isinstance(measure, bool):
+        raise TypeError(f"measure must be True, False or None, got {measure!r}")
+    if measure and not _ffi.cuda_available():
+        raise RuntimeError(f"measure=True needs the CUDA kernels: {_ffi.cuda_unavailable_reason()}")
+    return measure
+
+
+def runtime_errors() -> tuple[type[BaseException], ...]:
+    """What a candidate that cannot run raises: ValueError/TypeError at lowering ("cannot
+    run"), or the runtime error of a handler that refuses."""
+    errors: list[type[BaseException]] = [ValueError, TypeError]
+    with contextlib.suppress(Exception):
+        import jax
+
+        errors.append(jax.errors.JaxRuntimeError)
+    return tuple(errors)
+
+
+def try_run(fn: Callable, args: tuple) -> str:
+    """'' if jit(fn)(*args) compiles and runs, else the error message."""
+    import jax
+
+    try:
+        jax.block_until_ready(jax.jit(fn)(*args))
+    except runtime_errors() as err:
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return ""
