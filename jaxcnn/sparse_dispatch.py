@@ -28,6 +28,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxcnn.tuning import cache_file
+
 CACHE_ENV = "JAXCNN_SPARSE_CACHE"
 MARGIN = 0.05
 # Sparsity grid of a crossover measurement: dense enough near the usual crossovers (50-90%).
@@ -196,15 +198,48 @@ def default_cache_path() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "jaxcnn" / "sparse_crossover.json"
 
 
+# The fields of a Crossover record that choose/record_crossover read, and of its layer key.
+_RECORD_CHECK = cache_file.fields(
+    dict(device=cache_file.text, key=cache_file.text,
+         sparsities=cache_file.list_of(cache_file.number, nonempty=True),
+         sparse_ms=cache_file.list_of(cache_file.number, nonempty=True),
+         dense_ms=cache_file.number, dense_path=cache_file.text),
+    dict(dense_candidates_ms=cache_file.dict_of(cache_file.number),
+         crossover=cache_file.optional(cache_file.number)))
+_INTS = cache_file.list_of(cache_file.number, nonempty=True)
+_LAYER_KEY_CHECK = cache_file.fields(dict(x=_INTS, w=_INTS, stride=_INTS, padding=cache_file.list_of(_INTS),
+                                          dtype=cache_file.text, precision=cache_file.text))
+
+
+def _crossover_entry_problem(entry_key: str, record: Any) -> str | None:
+    """What is wrong with one entry of the crossover cache (None: usable). Entries of other keys
+    (the file may be shared with the autotune cache) only need to be JSON objects."""
+    if not entry_key.startswith("sparse|"):
+        return None if isinstance(record, dict) else f"expected an object, got {type(record).__name__}"
+    if problem := _RECORD_CHECK(record):
+        return problem
+    if len(record["sparsities"]) != len(record["sparse_ms"]):
+        return f"{len(record['sparsities'])} sparsities but {len(record['sparse_ms'])} sparse_ms"
+    if record["sparsities"] != sorted(record["sparsities"]):
+        return "sparsities are not in increasing order"
+    if entry_key != CrossoverTable._entry_key(record["device"], record["key"]):
+        return "its device and key differ from the entry's"
+    _, problem = cache_file.parse_json(record["key"], _LAYER_KEY_CHECK)
+    return f"key: {problem}" if problem else None
+
+
 class CrossoverTable:
     """Crossover records per GPU kind and layer, in the autotune cache's JSON format (atomic,
-    locked writes; see jaxcnn.layouts.AutotuneCache). `path=False` keeps them in memory."""
+    locked writes; see jaxcnn.layouts.AutotuneCache). `path=False` keeps them in memory.
+    A malformed file or record is reported once and read as no record (dense)."""
 
     def __init__(self, path: Any = None):
         from jaxcnn.layouts import AutotuneCache
 
         self._memory: dict[str, dict] = {}
-        self._file = None if path is False else AutotuneCache(path if path is not None else default_cache_path())
+        self._file = None if path is False else AutotuneCache(
+            path if path is not None else default_cache_path(), what="sparse crossover cache",
+            entry_problem=_crossover_entry_problem)
 
     @staticmethod
     def _entry_key(device: str, key: str) -> str:

@@ -11,13 +11,13 @@ H200) imported once into a cached SQLite file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import sqlite3
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from jaxcnn.store import DEFAULT_FILENAME, PATH_ENV_VAR, Store, StoreError
+from jaxcnn.tuning import cache_file
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "dashboard" / "shipped"
 CACHE_ENV_VAR = "JAXCNN_DASHBOARD_CACHE"
@@ -103,7 +104,9 @@ def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) ->
     """A SQLite store holding every shipped export, built on first use and kept in the cache.
 
     The file name carries a hash of the exports' contents, so new shipped data gets a new store;
-    it is built under a temporary name and renamed, so a half-built store is never read.
+    it is built under a temporary name and renamed, so a half-built store is never read. A cached
+    copy that is not a sound store of runs (any bytes written over it) is reported and rebuilt
+    from the exports.
     """
     files = shipped_files(shipped_dir)
     if not files:
@@ -116,11 +119,16 @@ def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) ->
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"shipped-{digest.hexdigest()[:16]}.sqlite"
     if target.exists():
-        return target
-    fd, tmp = tempfile.mkstemp(prefix="shipped-", suffix=".sqlite.tmp", dir=cache)
-    os.close(fd)
-    os.unlink(tmp)  # Store wants a new file, not an empty one it would have to check
-    try:
+        problem = _shipped_copy_problem(target)
+        if problem is None:
+            return target
+        cache_file.report(target, "cached copy of the shipped data", problem,
+                          action=f"rebuilding it from {shipped_dir}")
+        for sidecar in (f"{target}-wal", f"{target}-shm"):  # SQLite would apply them to the new file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sidecar)
+    with cache_file.replacing(target, sidecars=("-wal", "-shm")) as tmp:
+        tmp.unlink()  # Store wants a new file, not an empty one it would have to check
         with Store(tmp) as store:
             # In recording order, so run ids follow time and a newer export never renumbers the
             # runs of an older one.
@@ -129,12 +137,23 @@ def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) ->
         # Fold the WAL into the main file so the renamed file is complete on its own.
         with sqlite3.connect(tmp) as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        os.replace(tmp, target)
-    finally:
-        for leftover in (tmp, f"{tmp}-wal", f"{tmp}-shm"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
     return target
+
+
+def _shipped_copy_problem(path: Path) -> str | None:
+    """What makes the cached shipped store at `path` unusable (None: it is a sound store with runs)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()
+            if check != ("ok",):
+                return f"SQLite quick_check: {check[0] if check else 'no answer'}"
+            runs = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as err:
+        return f"{type(err).__name__}: {err}"
+    return None if runs > 0 else "it holds no runs"
 
 
 def _first_recorded(export: Path) -> tuple[str, str]:
