@@ -5,7 +5,11 @@
 #   --quick skips the default (non-GPU-marked) test suite; benchmarks take their own *_ARGS
 #   (BENCH_LAYERS_ARGS="--quick" for the smoke-test conv bench).
 #   SECTIONS (comma list, default tests,sanitizer,bench):
-#     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too)
+#     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too, slow tests
+#                included), each on GPU_TEST_WORKERS (default 4; 1 = serial) pytest-xdist workers
+#                sharing the GPU, with a persistent XLA compilation cache (JAX_COMPILATION_CACHE_DIR,
+#                default build/jax_compilation_cache); pytest-xdist from the image, else from
+#                .whl/ (pytest_xdist + execnet wheels), else serial
 #     sanitizer  compute-sanitizer memcheck/racecheck/synccheck/initcheck on cuda_ops/selftest
 #                (SELFTESTS: conv2d_selftest conv2d_tc_selftest depthwise_selftest layout_selftest)
 #     bench      scripts/bench_layers.py: jaxcnn.conv2d vs XLA per layer, device time
@@ -78,9 +82,27 @@ JAXCNN_CUDA=ON step build $PY -m pip install --no-build-isolation --no-deps -e .
 step import $PY -c "import jaxcnn; jaxcnn.require_cuda(); from jaxcnn import _ffi; print(_ffi.library_state())"
 
 if has tests; then
-  step pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_gpu.xml" tests
+  # pytest-xdist workers share the GPU (tests/conftest.py caps each one's share of its memory);
+  # compiled programs persist in JAX_COMPILATION_CACHE_DIR (build/ survives between runs on one
+  # machine). Without an importable xdist, the wheels in .whl/ are installed aside; failing that,
+  # the tests run serially.
+  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/build/jax_compilation_cache}
+  if ! $PY -c "import xdist" 2>/dev/null && ls .whl/pytest_xdist-*.whl .whl/execnet-*.whl >/dev/null 2>&1; then
+    XDIST_SITE=$(mktemp -d)
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$XDIST_SITE" .whl/pytest_xdist-*.whl \
+      .whl/execnet-*.whl >>"$LOG" 2>&1 && export PYTHONPATH="$XDIST_SITE${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  WORKERS=()
+  if [ "${GPU_TEST_WORKERS:-4}" -gt 1 ] && $PY -c "import xdist" 2>/dev/null; then
+    WORKERS=(-n "${GPU_TEST_WORKERS:-4}" --dist worksteal)
+  else
+    echo "note: pytest runs serially (pytest-xdist not importable or GPU_TEST_WORKERS=${GPU_TEST_WORKERS:-4})" | tee -a "$LOG"
+  fi
+  step pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider "${WORKERS[@]}" --durations=30 \
+    --junitxml="$RAW/pytest_gpu.xml" tests
   [ "$QUICK" = "--quick" ] || \
-    step pytest_default $PY -m pytest -q -p no:cacheprovider --junitxml="$RAW/pytest_default.xml" tests
+    step pytest_default $PY -m pytest -q -p no:cacheprovider "${WORKERS[@]}" --durations=30 \
+      --junitxml="$RAW/pytest_default.xml" tests
 fi
 
 if has sanitizer; then

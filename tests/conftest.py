@@ -2,7 +2,15 @@ import os
 
 import pytest
 
-import jaxcnn
+# pytest-xdist workers (-n N) share one GPU: each takes device memory as it needs it, capped at its
+# share, instead of preallocating 75% of the card. Set before jax starts a GPU client; values
+# already in the environment win.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if os.environ.get("PYTEST_XDIST_WORKER") and _XDIST_WORKERS > 1:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / _XDIST_WORKERS:.2f}")
+
+import jaxcnn  # noqa: E402  (after the environment above: jax reads it)
 
 
 def pytest_collection_modifyitems(config, items):

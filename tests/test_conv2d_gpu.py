@@ -37,7 +37,7 @@ def run_poisoned(x, w, b, **kw):
         return compiled(poison, *args)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(conv_cases())
 def test_kernel_matches_float64_random_shapes(case):
     if not fits(case):

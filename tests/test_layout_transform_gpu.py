@@ -17,6 +17,9 @@ pytestmark = pytest.mark.gpu
 
 PAIRS = list(itertools.permutations(layouts.LAYOUTS, 2))
 DTYPES = ["float32", "bfloat16", "float16", "int8", "int32"]
+# The kernel moves bytes: it sees only the element width, so the full shape x pair grid runs one
+# dtype per width (the random test below samples every dtype).
+ONE_DTYPE_PER_WIDTH = ["float32", "bfloat16", "int8"]
 # Odd extents (no 16-byte vectors on one or both sides), size-1 axes (copies and 2-D
 # transposes), skinny C=3 inputs, and real activation shapes (logical N, C, H, W).
 SHAPES = [
@@ -72,14 +75,14 @@ def check_exact(logical, src, dst):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ONE_DTYPE_PER_WIDTH)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("src,dst", PAIRS)
 def test_all_pairs_dtypes_shapes(src, dst, shape, dtype):
     check_exact(random_logical(shape, jnp.dtype(dtype)), src, dst)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     st.tuples(st.integers(1, 70), st.integers(1, 70), st.integers(1, 20), st.integers(1, 20)),
     st.sampled_from(PAIRS),

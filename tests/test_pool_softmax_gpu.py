@@ -60,7 +60,7 @@ def check_pool(x, case, dtype):
         np.testing.assert_allclose(as_f64(out), want, equal_nan=True, **TOL[dtype])
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(pool_cases())
 def test_pool_kernels_random_shapes(case):
     if not fits(case):

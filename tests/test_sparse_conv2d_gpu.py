@@ -69,7 +69,7 @@ def gpu_cases(draw):
         dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**16)))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(gpu_cases())
 def test_random_shapes_x_sparsity(case):
     c = case
