@@ -33,7 +33,7 @@ from jaxcnn.ops.conv_pool_args import (
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
 from jaxcnn.ops.layouts import convert_shape
-from jaxcnn.ops.operand_checks import as_array, is_empty_batch, with_batch
+from jaxcnn.ops.operand_checks import as_array, check_int32_args, is_empty_batch, with_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
 
@@ -159,6 +159,7 @@ def conv2d_pool(
         raise TypeError(f"sparse must be a bool, got {sparse!r}")
     if x.ndim != 4:
         raise ValueError(f"x must be rank 4 ({layout}), got shape {tuple(x.shape)}")
+    check_int32_args(stride=stride, padding=padding, dilation=dilation)
     x_nhwc_shape = nhwc_shape(x.shape, layout)
     # An empty batch is validated as one image, then gives the empty result (no kernel).
     empty = is_empty_batch(x_nhwc_shape)

@@ -87,9 +87,10 @@ def conv_pool_output_shape(
     cfg: ConvPoolConfig,
 ) -> tuple[int, int, int, int]:
     """Validates NHWC operands against `cfg`; returns the pooled NHWC shape [N, PH, PW, K]."""
+    check_conv_ints(cfg.conv)
     n, p, q, k = conv2d_output_shape(x_shape, x_dtype, w_shape, w_dtype, bias_shape, bias_dtype,
                                      cfg.conv)
-    check_conv_int32(x_shape, w_shape, cfg.conv)
+    check_conv_shapes(x_shape, w_shape, cfg.conv)
     ph, pw = pool_output_hw((p, q), cfg.pool_window, cfg.pool_stride, cfg.pool_padding,
                             prefix="pool_", input_name="the padded conv output")
     out = (n, ph, pw, k)
@@ -97,14 +98,19 @@ def conv_pool_output_shape(
     return out
 
 
-def check_conv_int32(x_shape: Sequence[int], w_shape: Sequence[int], conv: Conv2dConfig) -> None:
-    """The conv's int32 limits (NHWC x, HWIO w, both already of rank 4): operands, static
-    ints, the padded input."""
-    check_int32_shape("x", x_shape)
-    check_int32_shape("w", w_shape, batch_axis=None)
+def check_conv_ints(conv: Conv2dConfig) -> None:
+    """The conv's static ints fit int32 (checked before the shape rule, whose arithmetic on
+    e.g. a 2**62 dilation would blame the window instead)."""
     check_int32("stride", conv.stride)
     check_int32("padding", conv.padding)
     check_int32("dilation", conv.dilation)
+
+
+def check_conv_shapes(x_shape: Sequence[int], w_shape: Sequence[int], conv: Conv2dConfig) -> None:
+    """The conv's int32 limits on NHWC x and HWIO w (both already of rank 4) and on the padded
+    input."""
+    check_int32_shape("x", x_shape)
+    check_int32_shape("w", w_shape, batch_axis=None)
     (pt, pb), (pl, pr) = conv.padding
     check_int32_extent("padding", max(x_shape[1] + pt + pb, x_shape[2] + pl + pr),
                        "the padded input extent")

@@ -51,6 +51,19 @@ def check_int32(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be < 2**31 (the kernels take it as int32), got {value!r}")
 
 
+def check_int32_args(**args: Any) -> None:
+    """check_int32 on raw arguments before they are normalized (conv_args' SAME arithmetic on
+    a 2**62 dilated window overflows into floats and fails with an unrelated TypeError).
+    Values that are not ints or nested ints are left to the normalizer, whose error names them."""
+    for name, value in args.items():
+        try:
+            top = max(_ints(value), default=0)
+        except (TypeError, ValueError):
+            continue
+        if top >= INT32_LIMIT:
+            check_int32(name, value)
+
+
 def check_int32_extent(name: str, extent: int, what: str) -> None:
     """One derived extent (e.g. the padded input height) fits int32; `name` is the argument
     that made it too big, `what` says which extent it is."""

@@ -15,11 +15,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
-from jaxcnn.ops.conv_pool_args import check_conv_int32, check_conv_result_int32
+from jaxcnn.ops.conv_pool_args import check_conv_ints, check_conv_result_int32, check_conv_shapes
 from jaxcnn.ops.pool_args import normalize_pool_args, pool_output_hw
 
 Pair = tuple[int, int]
 OPERAND_NAMES = ("x", "w", "bias")  # bias is always present (zeros when the caller has none)
+# The kernels' epilogues; index = the FFI `activation` attribute.
+ACTIVATIONS = (None, "relu")
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,13 @@ class SparseConfig:
 
 
 def check_conv_config(cfg: Conv2dConfig) -> None:
+    """What the sparse kernels take of conv2d's arguments; static ints within int32."""
     if cfg.groups != 1:
         raise ValueError(f"groups must be 1 for the sparse conv, got {cfg.groups}")
+    if cfg.activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS} for the sparse conv, "
+                         f"got {cfg.activation!r}")
+    check_conv_ints(cfg)
 
 
 def make_pool_spec(conv_out_hw: Pair, pool_window: Any, pool_stride: Any, pool_padding: Any) -> MaxPoolSpec:
@@ -66,7 +73,7 @@ def sparse_output_shape(x_shape: Sequence[int], x_dtype: Any, w_shape: Sequence[
     """Validates the (NHWC) operands; returns the (pooled) NHWC output shape."""
     check_conv_config(cfg.conv)
     out = conv2d_output_shape(x_shape, x_dtype, w_shape, w_dtype, bias_shape, bias_dtype, cfg.conv)
-    check_conv_int32(x_shape, w_shape, cfg.conv)
+    check_conv_shapes(x_shape, w_shape, cfg.conv)
     if cfg.pool is not None:
         n, p, q, k = out
         out = (n, *pooled_size((p, q), cfg.pool), k)

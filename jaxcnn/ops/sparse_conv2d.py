@@ -27,11 +27,19 @@ from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
 from jaxcnn.ops.conv_reference import linear_conv2d
 from jaxcnn.ops.layout_transform import to_layout
 from jaxcnn.ops.layouts import convert_shape
-from jaxcnn.ops.operand_checks import as_array, as_optional_array, is_empty_batch, with_batch
+from jaxcnn.ops.operand_checks import (
+    as_array,
+    as_optional_array,
+    check_int32_args,
+    is_empty_batch,
+    with_batch,
+)
 from jaxcnn.ops.primitive import STRICT_ENV, LeadingBatchPrimitive, _warn_fallback_once
 from jaxcnn.ops.sparse_args import (
+    ACTIVATIONS,
     OPERAND_NAMES,
     SparseConfig,
+    check_conv_config,
     make_pool_spec,
     kernel_params,
     mask_bytes,
@@ -40,7 +48,6 @@ from jaxcnn.ops.sparse_args import (
 from jaxcnn.ops.sparse_reference import sparse_reference
 
 FFI_TARGET = "jaxcnn_sparse_conv2d_fwd"
-ACTIVATION_CODES = {None: 0, "relu": 1}
 
 
 class SparseConv2dPrimitive(LeadingBatchPrimitive):
@@ -92,7 +99,7 @@ class SparseConv2dPrimitive(LeadingBatchPrimitive):
             stride_h=np.int64(conv.stride[0]), stride_w=np.int64(conv.stride[1]),
             pad_h=np.int64(conv.padding[0][0]), pad_w=np.int64(conv.padding[1][0]),
             dilation_h=np.int64(conv.dilation[0]), dilation_w=np.int64(conv.dilation[1]),
-            activation=np.int64(ACTIVATION_CODES[conv.activation]),
+            activation=np.int64(ACTIVATIONS.index(conv.activation)),
             pool_window_h=np.int64(window[0]), pool_window_w=np.int64(window[1]),
             pool_stride_h=np.int64(stride[0]), pool_stride_w=np.int64(stride[1]),
             pool_pad_h=np.int64(pads[0][0]), pool_pad_w=np.int64(pads[1][0]),
@@ -154,15 +161,17 @@ def sparse_conv2d(x, w, bias=None, *, stride=1, padding="SAME", dilation=1, acti
     """
     x, w = as_array(x, "x"), as_array(w, "w")
     bias = as_optional_array(bias, "bias")
+    check_int32_args(stride=stride, padding=padding, dilation=dilation)
     cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
                       groups=1, activation=activation, layout=layout, precision=precision)
     # An empty batch is validated as one image, then gives the empty result (no kernel).
     n_axis = cfg.layout.index("N")
     empty = is_empty_batch(x.shape, n_axis)
     x_shape = with_batch(x.shape, 1, n_axis) if empty else x.shape
+    sparse_cfg = SparseConfig(cfg.replace(layout="NHWC"))
+    check_conv_config(sparse_cfg.conv)
     bias_shape, bias_dtype = (None, None) if bias is None else (bias.shape, bias.dtype)
     out_shape = conv2d_output_shape(x_shape, x.dtype, w.shape, w.dtype, bias_shape, bias_dtype, cfg)
-    sparse_cfg = SparseConfig(cfg.replace(layout="NHWC"))
     sparse_output_shape(convert_shape(x_shape, cfg.layout, "NHWC"), x.dtype, w.shape, w.dtype,
                         bias_shape, bias_dtype, sparse_cfg)
     if empty:
@@ -191,10 +200,12 @@ def sparse_conv2d_pool(x, w, bias=None, *, stride=1, padding="SAME", pool_window
     """
     x, w = as_array(x, "x"), as_array(w, "w")
     bias = as_optional_array(bias, "bias")
+    check_int32_args(stride=stride, padding=padding)
     cfg = make_config(x.shape, w.shape, stride=stride, padding=padding, groups=1,
                       activation="relu", layout="NHWC", precision="highest")
     empty = is_empty_batch(x.shape)
     x_shape = with_batch(x.shape, 1) if empty else x.shape
+    check_conv_config(cfg)
     bias_shape, bias_dtype = (None, None) if bias is None else (bias.shape, bias.dtype)
     _, p, q, _ = conv2d_output_shape(x_shape, x.dtype, w.shape, w.dtype, bias_shape, bias_dtype, cfg)
     sparse_cfg = SparseConfig(cfg, make_pool_spec((p, q), pool_window, pool_stride, pool_padding))
