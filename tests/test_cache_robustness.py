@@ -8,7 +8,6 @@ a GPU named "Fake GPU" (its measuring is never reached: every test reads or stor
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import random
@@ -141,9 +140,9 @@ def _with_candidate(field, value):
     return change
 
 
-def _with(field, value):
+def _with(**changes):
     def change(record):
-        record[field] = value
+        record.update(changes)
         return record
     return change
 
@@ -166,9 +165,9 @@ CONV_ENTRIES = [
     ("a list", lambda r: [r], "expected an object, got list"),
     ("a string", lambda r: "conv2d", "expected an object, got str"),
     ("no candidates", _without("candidates"), "missing 'candidates'"),
-    ("candidates an object", _with("candidates", {}), "candidates: expected a list, got dict"),
-    ("candidates null", _with("candidates", None), "candidates: expected a list, got NoneType"),
-    ("candidate a number", _with("candidates", [1]), "candidates: [0]: expected an object"),
+    ("candidates an object", _with(candidates={}), "candidates: expected a list, got dict"),
+    ("candidates null", _with(candidates=None), "candidates: expected a list, got NoneType"),
+    ("candidate a number", _with(candidates=[1]), "candidates: [0]: expected an object"),
     ("candidate without layout", _candidate_without("layout"), "candidates: [0]: missing 'layout'"),
     ("candidate without algorithm", _candidate_without("algorithm"), "missing 'algorithm'"),
     ("layout a number", _with_candidate("layout", 3), "layout: expected a string"),
@@ -180,13 +179,13 @@ CONV_ENTRIES = [
     ("source a number", _with_candidate("source", 1), "source: expected a string"),
     ("kernels a string", _with_candidate("kernels", "k"), "kernels: expected a list"),
     ("kernels numbers", _with_candidate("kernels", [1]), "kernels: [0]: expected a string"),
-    ("xla a string", _with("xla", "fast"), "xla: expected an object"),
-    ("xla time text", _with("xla", {"time_ms": "2"}), "xla: time_ms: expected a number"),
-    ("xla measured text", _with("xla", {"time_ms": 2.0, "measured": "yes"}), "measured: expected true"),
-    ("transforms a list", _with("transforms", []), "transforms: expected an object"),
-    ("transform a number", _with("transforms", {"NCHW": 1}), "transforms: ['NCHW']: expected an object"),
-    ("transform time text", _with("transforms", {"NCHW": {"in_ms": "x"}}), "in_ms: expected a number"),
-    ("created a number", _with("created", 5), "created: expected a string"),
+    ("xla a string", _with(xla="fast"), "xla: expected an object"),
+    ("xla time text", _with(xla={"time_ms": "2"}), "xla: time_ms: expected a number"),
+    ("xla measured text", _with(xla={"time_ms": 2.0, "measured": "yes"}), "measured: expected true"),
+    ("transforms a list", _with(transforms=[]), "transforms: expected an object"),
+    ("transform a number", _with(transforms={"NCHW": 1}), "transforms: ['NCHW']: expected an object"),
+    ("transform time text", _with(transforms={"NCHW": {"in_ms": "x"}}), "in_ms: expected a number"),
+    ("created a number", _with(created=5), "created: expected a string"),
 ]
 
 
@@ -314,44 +313,30 @@ def test_crossover_cache_survives_a_corrupt_file(tmp_path, content, message):
     _assert_rewritten_by_a_store(path)
 
 
-def _record_with(**changes):
-    def change(record):
-        record.update(changes)
-        return record
-    return change
-
-
-def _record_without(field):
-    def change(record):
-        del record[field]
-        return record
-    return change
-
-
 CROSSOVER_ENTRIES = [
     ("a list", lambda r: list(r.values()), "expected an object, got list"),
     ("null", lambda r: None, "expected an object, got NoneType"),
-    ("no sparse_ms", _record_without("sparse_ms"), "missing 'sparse_ms'"),
-    ("no sparsities", _record_without("sparsities"), "missing 'sparsities'"),
-    ("no dense_ms", _record_without("dense_ms"), "missing 'dense_ms'"),
-    ("no device", _record_without("device"), "missing 'device'"),
-    ("no key", _record_without("key"), "missing 'key'"),
-    ("no dense_path", _record_without("dense_path"), "missing 'dense_path'"),
-    ("sparse_ms text", _record_with(sparse_ms="fast"), "sparse_ms: expected a list"),
-    ("sparse_ms of text", _record_with(sparse_ms=["1", "2", "3", "4"]), "sparse_ms: [0]: expected a number"),
-    ("sparse_ms NaN", _record_with(sparse_ms=[2.0, math.nan, 0.4, 0.2]), "sparse_ms: [1]: expected a finite"),
-    ("sparsities empty", _record_with(sparsities=[], sparse_ms=[]), "sparsities: expected a non-empty list"),
-    ("lengths differ", _record_with(sparse_ms=[2.0, 1.1]), "4 sparsities but 2 sparse_ms"),
-    ("sparsities unsorted", _record_with(sparsities=[0.0, 0.9, 0.5, 1.0]), "not in increasing order"),
-    ("dense_ms null", _record_with(dense_ms=None), "dense_ms: expected a number, got NoneType"),
-    ("dense_ms true", _record_with(dense_ms=True), "dense_ms: expected a number, got bool"),
-    ("dense_ms text", _record_with(dense_ms="1.0"), "dense_ms: expected a number, got str"),
-    ("dense_path a number", _record_with(dense_path=1), "dense_path: expected a string"),
-    ("candidates a list", _record_with(dense_candidates_ms=[1.0]), "dense_candidates_ms: expected an object"),
-    ("candidate text", _record_with(dense_candidates_ms={"xla": "1"}), "dense_candidates_ms: ['xla']"),
-    ("crossover text", _record_with(crossover="55%"), "crossover: expected a number"),
-    ("another device", _record_with(device="Other GPU"), "differ from the entry's"),
-    ("another layer", _record_with(key=sd.layer_key((1, 8, 8, 64), SPARSE_W, DTYPE)), "differ from the entry's"),
+    ("no sparse_ms", _without("sparse_ms"), "missing 'sparse_ms'"),
+    ("no sparsities", _without("sparsities"), "missing 'sparsities'"),
+    ("no dense_ms", _without("dense_ms"), "missing 'dense_ms'"),
+    ("no device", _without("device"), "missing 'device'"),
+    ("no key", _without("key"), "missing 'key'"),
+    ("no dense_path", _without("dense_path"), "missing 'dense_path'"),
+    ("sparse_ms text", _with(sparse_ms="fast"), "sparse_ms: expected a list"),
+    ("sparse_ms of text", _with(sparse_ms=["1", "2", "3", "4"]), "sparse_ms: [0]: expected a number"),
+    ("sparse_ms NaN", _with(sparse_ms=[2.0, math.nan, 0.4, 0.2]), "sparse_ms: [1]: expected a finite"),
+    ("sparsities empty", _with(sparsities=[], sparse_ms=[]), "sparsities: expected a non-empty list"),
+    ("lengths differ", _with(sparse_ms=[2.0, 1.1]), "4 sparsities but 2 sparse_ms"),
+    ("sparsities unsorted", _with(sparsities=[0.0, 0.9, 0.5, 1.0]), "not in increasing order"),
+    ("dense_ms null", _with(dense_ms=None), "dense_ms: expected a number, got NoneType"),
+    ("dense_ms true", _with(dense_ms=True), "dense_ms: expected a number, got bool"),
+    ("dense_ms text", _with(dense_ms="1.0"), "dense_ms: expected a number, got str"),
+    ("dense_path a number", _with(dense_path=1), "dense_path: expected a string"),
+    ("candidates a list", _with(dense_candidates_ms=[1.0]), "dense_candidates_ms: expected an object"),
+    ("candidate text", _with(dense_candidates_ms={"xla": "1"}), "dense_candidates_ms: ['xla']"),
+    ("crossover text", _with(crossover="55%"), "crossover: expected a number"),
+    ("another device", _with(device="Other GPU"), "differ from the entry's"),
+    ("another layer", _with(key=sd.layer_key((1, 8, 8, 64), SPARSE_W, DTYPE)), "differ from the entry's"),
 ]
 
 
@@ -359,7 +344,7 @@ CROSSOVER_ENTRIES = [
                          ids=[c[0] for c in CROSSOVER_ENTRIES])
 def test_crossover_cache_ignores_a_malformed_entry(tmp_path, change, message):
     path = tmp_path / "cross.json"
-    path.write_bytes(_crossover_file(change(copy.deepcopy(_crossover().to_record()))))
+    path.write_bytes(_crossover_file(change(_crossover().to_record())))
     with cache_warnings() as got:
         decision = _choose(path)
         assert _choose(path) == decision and sd.CrossoverTable(path).entries() == []
