@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal, Var
@@ -193,6 +194,12 @@ def find_epilogue(uses, out, conv_shape, channel_axis: int, k: int, is_unit_resh
             break
         eqn = eqns[reader]
         name = eqn.primitive.name
+        if name == "neg":
+            ep.steps.append(AffineStep("mul", -1.0))
+            commit([reader], "neg", eqn.outvars[0])
+            var, more = look_ahead(eqn.outvars[0])
+            pending += more
+            continue
         if (name not in ("add", "sub", "mul", "div") or len(eqn.invars) != 2 or eqn.invars[0] is eqn.invars[1]
                 or tuple(eqn.outvars[0].aval.shape) != tuple(conv_shape)):
             break
@@ -355,6 +362,12 @@ def _names(eqns, region):
 
 
 def _identify(region_eqns, var, out):
+    """_identify_now, evaluated eagerly even while an enclosing jit traces the program."""
+    with jax.ensure_compile_time_eval():
+        return _identify_now(region_eqns, var, out)
+
+
+def _identify_now(region_eqns, var, out):
     """Which activation the region computes from `var` to `out`, checked on the probe points in
     fp32 (the region's own dtype casts are followed; the tolerance is that dtype's precision)."""
     dtype = jnp.dtype(var.aval.dtype)

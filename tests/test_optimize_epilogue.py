@@ -1,0 +1,239 @@
+"""optimize() reads what follows a conv as its epilogue: inference BatchNorm (as Flax linen,
+nnx, Equinox, Keras and hand-written code trace it) folded into the weights, residual adds and
+activations in any form; training-mode BatchNorm stays as traced."""
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxcnn
+from jaxcnn import _ffi
+from reference64 import rel_err
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(RNG.normal(size=(2, 8, 8, 6)), jnp.float32)
+W = jnp.asarray(RNG.normal(size=(3, 3, 6, 8)) / 4, jnp.float32)
+R = jnp.asarray(RNG.normal(size=(2, 8, 8, 8)), jnp.float32)
+VECS = [jnp.asarray(RNG.uniform(0.5, 1.5, 8), jnp.float32) for _ in range(4)]
+
+
+def conv(x, w, layout="NHWC"):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=(layout, "HWIO", layout))
+
+
+def conv_rewrites(fn, *args):
+    return [r for r in jaxcnn.optimize(fn, policy="all").rewrites(*args) if r.op == "conv2d"]
+
+
+def assert_same(fn, *args, tol=1e-5):
+    opt = jaxcnn.optimize(fn, policy="all")
+    want = np.asarray(jax.jit(fn)(*args), np.float64)
+    got = jax.jit(opt)(*args)
+    assert rel_err(got, want) < tol
+    return opt
+
+
+# -- hand-written BatchNorm forms --------------------------------------------------------------
+
+BN_FORMS = {
+    "textbook": lambda y, m, v, g, b: (y - m) / jnp.sqrt(v + 1e-5) * g + b,
+    "rsqrt_first": lambda y, m, v, g, b: (y - m) * (lax.rsqrt(v + 1e-3) * g) + b,
+    "keras": lambda y, m, v, g, b: y * (lax.rsqrt(v + 1e-3) * g) + (b - m * lax.rsqrt(v + 1e-3) * g),
+    "reversed_operands": lambda y, m, v, g, b: b + g * ((y - m) * lax.rsqrt(v + 1e-5)),
+    "negated": lambda y, m, v, g, b: -(m - y) * g / jnp.sqrt(v) + b,
+}
+
+
+@pytest.mark.parametrize("form", list(BN_FORMS))
+@pytest.mark.parametrize("act", ["relu", "relu6", "silu"])
+def test_batchnorm_forms_fold_into_one_conv(form, act):
+    def fn(x, w, m, v, g, b):
+        return getattr(jax.nn, act)(BN_FORMS[form](conv(x, w), m, v, g, b))
+
+    args = (X, W, *VECS)
+    rewrites = conv_rewrites(fn, *args)
+    assert len(rewrites) == 1 and rewrites[0].kwargs["activation"] == act
+    assert any("per-channel" in step for step in rewrites[0].replaced)
+    assert_same(fn, *args)
+
+
+def test_residual_then_activation_and_gradients():
+    def fn(x, w, m, v, g, b, r):
+        return jax.nn.silu(BN_FORMS["textbook"](conv(x, w), m, v, g, b) + r)
+
+    args = (X, W, *VECS, R)
+    (rw,) = conv_rewrites(fn, *args)
+    assert "add(residual)" in rw.replaced
+    opt = assert_same(fn, *args)
+    loss = lambda f: lambda *a: jnp.sum(jnp.cos(f(*a)))  # noqa: E731
+    g1 = jax.grad(loss(fn), argnums=tuple(range(7)))(*args)
+    g2 = jax.grad(loss(opt), argnums=tuple(range(7)))(*args)
+    for a, e in zip(g2, g1):
+        assert rel_err(a, np.asarray(e, np.float64)) < 1e-4
+
+
+def test_training_batchnorm_is_not_folded():
+    """Batch statistics are computed from the conv's own output: nothing to fold."""
+    def fn(x, w, g, b):
+        y = conv(x, w)
+        m = jnp.mean(y, axis=(0, 1, 2))
+        v = jnp.var(y, axis=(0, 1, 2))
+        return jax.nn.relu((y - m) * lax.rsqrt(v + 1e-5) * g + b)
+
+    args = (X, W, VECS[0], VECS[1])
+    for r in conv_rewrites(fn, *args):
+        assert not any("per-channel" in step for step in r.replaced)
+    assert_same(fn, *args)
+
+
+# -- activations in any form --------------------------------------------------------------------
+
+ACTS = {
+    "relu": [jax.nn.relu, lambda y: jnp.maximum(y, 0.0), lambda y: jnp.where(y > 0, y, 0.0)],
+    "relu6": [jax.nn.relu6, lambda y: jnp.clip(y, 0.0, 6.0), lambda y: jnp.minimum(jax.nn.relu(y), 6.0)],
+    "silu": [jax.nn.silu, lambda y: y * jax.nn.sigmoid(y), lambda y: y / (1 + jnp.exp(-y))],
+    "hard_swish": [jax.nn.hard_swish, lambda y: y * jnp.clip(y + 3, 0, 6) / 6],
+    "gelu_tanh": [lambda y: jax.nn.gelu(y, approximate=True)],
+    "gelu_erf": [lambda y: jax.nn.gelu(y, approximate=False)],
+    "sigmoid": [jax.nn.sigmoid, lambda y: 1 / (1 + jnp.exp(-y))],
+    "leaky_relu": [lambda y: jax.nn.leaky_relu(y, 0.1), lambda y: jnp.where(y >= 0, y, 0.1 * y)],
+}
+
+
+@pytest.mark.parametrize("name, i", [(n, i) for n, fs in ACTS.items() for i in range(len(fs))])
+def test_activation_recognised_by_what_it_computes(name, i):
+    act = ACTS[name][i]
+
+    def fn(x, w, b):
+        return act(conv(x, w) + b)
+
+    (rw,) = conv_rewrites(fn, X, W, VECS[0])
+    assert rw.kwargs["activation"] == name
+    if name == "leaky_relu":
+        assert rw.kwargs["alpha"] == pytest.approx(0.1)
+    assert_same(fn, X, W, VECS[0])
+
+
+@pytest.mark.parametrize("not_an_activation", [jnp.tanh, lambda y: y * y, lambda y: jnp.maximum(y, 1.0),
+                                                lambda y: 2.0 * jax.nn.relu(y)])
+def test_other_unary_functions_stay_as_traced(not_an_activation):
+    def fn(x, w):
+        return not_an_activation(conv(x, w))
+
+    (rw,) = conv_rewrites(fn, X, W)
+    assert rw.kwargs["activation"] is None or rw.kwargs["activation"] == "relu" and len(rw.replaced) > 1
+    assert_same(fn, X, W)
+
+
+# -- the frameworks' own BatchNorm layers -------------------------------------------------------
+
+def test_flax_linen_conv_bn_relu_block():
+    nn = pytest.importorskip("flax.linen")
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            y = nn.Conv(8, (3, 3), use_bias=False)(x)
+            y = nn.BatchNorm(use_running_average=True)(y)
+            y = nn.relu(y)
+            z = nn.BatchNorm(use_running_average=True)(nn.Conv(8, (1, 1), use_bias=False)(y))
+            return nn.relu(z + y)
+
+    model = Block()
+    variables = model.init(jax.random.PRNGKey(0), X)
+    variables = jax.tree.map(lambda a: a + jnp.asarray(RNG.uniform(0.1, 0.5, a.shape), a.dtype), variables)
+    fn = lambda v, x: model.apply(v, x)  # noqa: E731
+    rewrites = conv_rewrites(fn, variables, X)
+    assert len(rewrites) == 2
+    assert "add(residual)" in rewrites[1].replaced
+    assert_same(fn, variables, X)
+
+
+def test_flax_nnx_batchnorm_eval():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(6, 8, (3, 3), use_bias=False, rngs=rngs)
+            self.bn = nnx.BatchNorm(8, use_running_average=True, rngs=rngs)
+
+        def __call__(self, x):
+            return nnx.relu6(self.bn(self.conv(x)))
+
+    block = Block(nnx.Rngs(0))
+    graphdef, state = nnx.split(block)
+    state = jax.tree.map(lambda a: a + 0.25, state)
+    fn = lambda s, x: nnx.merge(graphdef, s)(x)  # noqa: E731
+    (rw,) = conv_rewrites(fn, state, X)
+    assert rw.kwargs["activation"] == "relu6"
+    assert_same(fn, state, X)
+
+
+def test_equinox_batchnorm_inference_nchw():
+    eqx = pytest.importorskip("equinox")
+    key = jax.random.PRNGKey(1)
+    conv_layer = eqx.nn.Conv2d(6, 8, 3, padding=1, use_bias=False, key=key)
+    bn = eqx.nn.BatchNorm(8, axis_name="batch", inference=True)
+    state = eqx.nn.State(bn)
+
+    def fn(x):
+        def one(xi):
+            y, _ = bn(conv_layer(xi), state)
+            return jax.nn.relu(y)
+        return jax.vmap(one, axis_name="batch")(x)
+
+    x = jnp.transpose(X, (0, 3, 1, 2))
+    (rw,) = conv_rewrites(fn, x)
+    assert rw.kwargs["activation"] == "relu" and rw.layout == "NCHW"
+    assert_same(fn, x)
+
+
+def test_keras_batchnorm_relu6_residual():
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "jax":
+        pytest.skip("keras was imported with another backend")
+    inp = keras.Input((8, 8, 6))
+    y = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
+    y = keras.layers.ReLU(6.0)(keras.layers.BatchNormalization()(y))
+    z = keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 1, use_bias=False)(y))
+    out = keras.layers.Activation("swish")(keras.layers.Add()([z, y]))
+    model = keras.Model(inp, out)
+    for v in model.variables:
+        v.assign(np.asarray(RNG.uniform(0.5, 1.5, v.shape), v.dtype))
+    tv = [v.value for v in model.trainable_variables]
+    ntv = [v.value for v in model.non_trainable_variables]
+    fn = lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]  # noqa: E731
+    rewrites = conv_rewrites(fn, tv, ntv, X)
+    assert [r.kwargs["activation"] for r in rewrites] == ["relu6", "silu"]
+    assert_same(fn, tv, ntv, X)
+
+
+# -- decisions and lowering ---------------------------------------------------------------------
+
+def test_default_policy_explains_kept_sites():
+    def fn(x, w, m, v, g, b):
+        return jax.nn.relu(BN_FORMS["textbook"](conv(x, w), m, v, g, b))
+
+    text = jaxcnn.optimize(fn).explain(X, W, *VECS)
+    assert "no pattern found" not in text
+    assert "kept as traced" in text and "per-channel" in text
+
+
+@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+def test_cuda_lowering_has_one_custom_call_per_site():
+    def fn(x, w, w2, m, v, g, b, r):
+        y = jax.nn.relu(BN_FORMS["keras"](conv(x, w), m, v, g, b))
+        return jax.nn.silu(BN_FORMS["textbook"](conv(y, w2), m, v, g, b) + r)
+
+    w2 = jnp.asarray(RNG.normal(size=(3, 3, 8, 8)), jnp.float32)
+    args = (X, W, w2, *VECS, R)
+    text = jax.jit(jaxcnn.optimize(fn, policy="all")).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"custom_call @(jaxcnn_conv2d_fwd\w*)", text)
+    assert sorted(calls) == ["jaxcnn_conv2d_fwd", "jaxcnn_conv2d_fwd_residual"]
+    assert "stablehlo.convolution" not in text
