@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, NoReturn, Sequence
+from typing import NoReturn
 
 from jaxcnn.store import StoreError
 
@@ -267,12 +268,12 @@ def cmd_compare(args) -> int:
         kinds = {run_id: runs.loc[run_id, "kind"] for run_id in run_ids}
         metric = args.metric
         if metric == "device_time_ms" and not all(_has_layer_metric(store, r, metric) for r in run_ids):
-            if all(_has_layer_metric(store, r, "wall_time_ms") for r in run_ids):
-                metric = "wall_time_ms"  # CPU runs record host wall time
+            metric = "wall_time_ms"  # CPU runs record host wall time
         for run_id, other in (run_ids, run_ids[::-1]):
             if not _has_layer_metric(store, run_id, metric):
+                what = f"{metric} measurements" if _has_layer_metric(store, run_id, None) else "measurements"
                 raise CliError(
-                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer {metric} measurements, so it "
+                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer {what}, so it "
                     f"cannot be compared with run {other} ({kinds[other]!r})"
                 )
         table = store.compare(*run_ids, metric=metric)
@@ -280,13 +281,14 @@ def cmd_compare(args) -> int:
         raise CliError(f"{args.db}: runs {args.run_a} and {args.run_b} share no layer measured on one backend "
                        f"with {metric}")
     if metric != args.metric:
-        print(f"(no per-layer {args.metric} in both runs: comparing {metric})")
+        print(f"(not both runs have per-layer {args.metric}: comparing {metric})")
     with pd.option_context("display.max_rows", None, "display.width", 200):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return 0
 
 
-def _has_layer_metric(store, run_id: int, metric: str) -> bool:
+def _has_layer_metric(store, run_id: int, metric: str | None) -> bool:
+    """Whether the run measured any layer alone in `metric` (None: in any metric)."""
     return bool(store.measurements(run_id, metric=metric)["layer_id"].notna().any())
 
 

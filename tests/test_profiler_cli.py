@@ -1,14 +1,23 @@
 """Profiler end to end on the CPU (reference path) into a temp store, and the CLI."""
 
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxcnn import cli
-from jaxcnn.models import get_model
+from jaxcnn.models import get_model, list_models
 from jaxcnn.planner import Buffer, jaxpr_buffers, live_bytes_lower_bound
-from jaxcnn.profile.profiler import activation_sparsity, profile_model, summarize
+from jaxcnn.profile.device_time import TimingStats, stats_fields
+from jaxcnn.profile.profiler import (
+    LayerProfile,
+    ModelProfile,
+    activation_sparsity,
+    profile_model,
+    summarize,
+)
 from jaxcnn.store import Store
 
 
@@ -81,10 +90,62 @@ def test_jaxpr_buffers_inline_calls():
     assert live_bytes_lower_bound(bufs) == 2048  # an op's input and output are live together
 
 
+def test_profile_arguments_are_checked_before_any_work():
+    for kwargs, message in [(dict(iters=0), "iters must be >= 1, got 0"), (dict(warmup=-1), "warmup must be >= 0"),
+                            (dict(batch=0), "batch must be >= 1")]:
+        with pytest.raises(ValueError, match=message):
+            profile_model("lenet5", **kwargs)
+    with pytest.raises(TypeError, match="iters must be an integer, got float"):
+        profile_model("lenet5", iters=2.0)
+    with pytest.raises(TypeError, match="store must be a jaxcnn.store.Store, a path or None, got int"):
+        profile_model("lenet5", store=3)
+
+
+def made_up_profile(layer_times: dict[str, dict[str, float]]) -> ModelProfile:
+    """A profile of conv layers with the given {layer: {backend: median ms}}; nothing is run."""
+    from jaxcnn.models.layers import LayerInfo
+
+    def timing(ms):
+        return TimingStats(**stats_fields([ms]))
+
+    layers = [LayerProfile(LayerInfo(name, "conv2d", "float32", ((1, 4, 4, 1),), (1, 4, 4, 1)),
+                           {b: timing(ms) for b, ms in times.items()})
+              for name, times in layer_times.items()]
+    whole = {"xla": timing(3.0), "jaxcnn": timing(2.0)}
+    return ModelProfile("made_up", 1, "float32", ("xla", "jaxcnn"), True, layers, whole, dict(whole), {}, {})
+
+
+def test_summary_says_which_backend_is_faster_per_layer():
+    lines = summarize(made_up_profile({"big_fast": {"xla": 2.0, "jaxcnn": 1.0},
+                                       "small_slow": {"xla": 0.5, "jaxcnn": 1.0},
+                                       "tiny_tie": {"xla": 0.1, "jaxcnn": 0.1}}))
+    by_layer = {line.split()[0]: line for line in lines if line.startswith("    ")}
+    assert "XLA/jaxcnn = 2.00 (jaxcnn faster)" in by_layer["big_fast"]
+    assert "XLA/jaxcnn = 0.50 (jaxcnn slower)" in by_layer["small_slow"]
+    assert "(jaxcnn as fast)" in by_layer["tiny_tie"]
+    assert not any("slow:" in line for line in lines)  # no blanket "slow" label
+    assert lines[-1] == "  jaxcnn slower than XLA on 1 of 3 layers: small_slow"
+    assert "XLA/jaxcnn = 1.50" in next(line for line in lines if "jaxcnn   end-to-end" in line)
+
+
+def test_cli_options_all_have_help_and_the_model_help_lists_the_zoo():
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) == {"profile", "layers", "plan", "maxbatch", "layouts", "fuse", "compare", "dashboard"}
+    for name, command in commands.items():
+        for action in command._actions:
+            assert action.help, f"jaxcnn {name} {action.option_strings or action.dest} has no help text"
+        model = [a for a in command._actions if a.dest == "model"]
+        if model:
+            assert model[0].help == "zoo model: " + ", ".join(list_models())
+
+
 def test_cli_layers_and_errors(capsys):
     assert cli.main(["layers", "vgg16", "--batch", "1", "--dtype", "fp32"]) == 0
     out = capsys.readouterr().out
     assert "conv1_1" in out and "total:" in out
+    pool = next(line for line in out.splitlines() if " pool1 " in line).split()
+    assert pool[4] == "-" and "nan" not in out.lower()  # a pool has no weight shape (index, name, op, input, weight)
     assert cli.main(["layers", "vgg99"]) == 2
     assert "unknown model 'vgg99'" in capsys.readouterr().err
     assert cli.main(["layers", "lenet5", "--dtype", "int8"]) == 2

@@ -198,6 +198,34 @@ def test_multi_row_insert_is_atomic(store, tmp_path):
     assert store.plans(run).empty
 
 
+def test_transaction_is_all_or_nothing(store, tmp_path):
+    with pytest.raises(RuntimeError, match="midway"):
+        with store.transaction():
+            run = store.add_run("profile")
+            store.add_layers(run, LAYERS)
+            assert len(store.layers(run)) == 3  # the transaction sees its own rows
+            raise RuntimeError("midway")
+    assert store.runs().empty and table_counts(tmp_path / "profiles.sqlite")["layers"] == 0
+
+    with store.transaction():
+        run = store.add_run("profile")
+        with store.transaction():  # nested: joins the outer one
+            (conv1, *_) = store.add_layers(run, LAYERS)
+        with pytest.raises(ValueError, match="missing required keys"):  # one failed call undoes only itself
+            store.add_measurements(run, [timing(conv1, "xla", 1.0), {"backend": "xla"}])
+        store.add_measurements(run, [timing(conv1, "jaxcnn", 0.5)])
+    assert list(store.measurements(run).backend) == ["jaxcnn"] and len(store.layers(run)) == 3
+
+
+def test_a_transaction_is_invisible_to_other_readers_until_it_ends(store, tmp_path):
+    with Store(tmp_path / "profiles.sqlite", read_only=True) as reader:
+        with store.transaction():
+            run = store.add_run("profile")
+            store.add_layers(run, LAYERS)
+            assert reader.runs().empty and reader.layers().empty
+        assert len(reader.runs()) == 1 and len(reader.layers()) == 3
+
+
 def test_references_are_checked(store):
     run_a, (conv1, _, _) = populate(store)
     run_b = store.add_run("bench")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jaxcnn.models import get_model
 from jaxcnn.models.backends import get_ops
 from jaxcnn.models.layers import LayerInfo, Net
-from jaxcnn.profile.device_time import TimingStats, device_time, device_times, wall_time
+from jaxcnn.profile.device_time import TimingStats, device_times, wall_time
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from jaxcnn.profile.profiler import ModelProfile, timing_row
 from jaxcnn.store import Store, StoreError

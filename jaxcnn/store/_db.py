@@ -108,12 +108,17 @@ def _explain(exc: sqlite3.DatabaseError) -> str:
 
 def check_file_header(path: Path) -> None:
     """Reject a non-SQLite or truncated file before SQLite gets to touch it."""
+    # Header, then sidecars, then size: another process may be writing the file meanwhile, and
+    # in this order a header announcing pages not yet written is seen with its journal beside
+    # it, or with the size read after the write.
     try:
-        size = path.stat().st_size
-        if size == 0:
-            return  # SQLite treats an empty file as a new database
         with open(path, "rb") as f:
             header = f.read(_HEADER_BYTES)
+        if not header:
+            return  # SQLite treats an empty file as a new database
+        # With a -wal or -journal file beside it the file may legitimately lag its header.
+        has_sidecar = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+        size = path.stat().st_size
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -123,8 +128,6 @@ def check_file_header(path: Path) -> None:
             f"{path} is not a jaxcnn profile store: not a SQLite database (corrupt or another kind of file)"
         )
     expected = _size_from_header(header)
-    # With a -wal or -journal file beside it the file may legitimately lag its header.
-    has_sidecar = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
     if expected is not None and size < expected and not has_sidecar:
         raise StoreError(f"profile store {path} is truncated: {size} bytes, its header says {expected} (corrupt file)")
 
@@ -143,8 +146,11 @@ def _size_from_header(header: bytes) -> int | None:
 def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
     """Create the schema in a new file, or run the pending migrations of an older one."""
     latest = len(_schema.MIGRATIONS)
-    if read_schema_version(conn, path) == latest:
-        return
+    # One snapshot: read piecemeal, another process's schema setup committing in between would
+    # look like a foreign database (its application_id before, its tables after).
+    with read_transaction(conn):
+        if read_schema_version(conn, path) == latest:
+            return
     with write_transaction(conn):
         # Read again under the write lock: another process may have done the work meanwhile.
         version = read_schema_version(conn, path)
@@ -157,7 +163,8 @@ def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
 
 def check_readable_schema(conn: sqlite3.Connection, path: Path) -> None:
     """What ensure_schema checks, for a store that may not be written: nothing to create or migrate."""
-    version = read_schema_version(conn, path)
+    with read_transaction(conn):
+        version = read_schema_version(conn, path)
     latest = len(_schema.MIGRATIONS)
     if version is None:
         raise StoreError(f"profile store {path} is empty (no jaxcnn tables): nothing to read")
