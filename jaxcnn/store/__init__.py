@@ -9,6 +9,13 @@
                                       "metric": "device_time_ms", "median": 0.41}])
         store.runs(); store.measurements(run)  # pandas DataFrames
 
+    with store.transaction():                   # several writes, all or nothing
+        ...
+    with Store(path, read_only=True) as store:  # readers: never create, migrate or write the file
+        ...
+
+Every error about the file itself (missing, read-only, corrupt, foreign, damaged schema) is a
+StoreError naming the path, raised when the Store is opened.
 Writers need only the standard library; readers and exports need pandas.
 """
 
