@@ -182,7 +182,7 @@ def measurements_from_store(path: str | Path) -> list[Measurement]:
 
     from jaxcnn.store import Store
 
-    with Store(path) as store:
+    with Store(path, read_only=True) as store:  # a reader: never creates or migrates the file
         layers = store.layers()
         times = store.measurements(metric="device_time_ms")
     convs = {int(row.id): row for row in layers.itertuples() if row.op == "conv2d"}
