@@ -291,6 +291,18 @@ def test_store_without_write_permission_opens_read_only(filled_store, monkeypatc
         Store(filled_store, read_only=False)
 
 
+def test_read_only_store_in_a_read_only_directory_is_read_as_immutable(filled_store, monkeypatch):
+    """Where a reader may not create the -shm index beside a closed WAL store, it reads the file
+    as immutable and leaves the directory as it was."""
+    from jaxcnn.store import _db
+
+    monkeypatch.setattr(_db, "_wal_index_uncreatable", lambda path: True)
+    before = sorted(filled_store.parent.iterdir())
+    with Store(filled_store, read_only=True) as store:
+        assert list(store.runs().kind) == ["profile", "plan"]
+    assert sorted(filled_store.parent.iterdir()) == before
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes files whatever their mode")
 def test_chmod_read_only_file_is_readable(filled_store):
     filled_store.chmod(0o444)

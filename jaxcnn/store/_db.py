@@ -46,6 +46,8 @@ def open_connection(path: Path, read_only: bool | None = None) -> tuple[sqlite3.
     # mode=ro makes SQLite refuse any write and never create the file; the URI keeps any
     # character of the path literal (as_uri percent-encodes '?' and '#').
     uri = f"{path.resolve().as_uri()}?mode={'ro' if read_only else 'rwc'}"
+    if read_only and _wal_index_uncreatable(path):
+        uri += "&immutable=1"
     try:
         # isolation_level=None: no implicit transactions; writers use write_transaction().
         # check_same_thread=False: a Store may be shared across threads (its methods hold a lock).
@@ -89,6 +91,15 @@ def _access_mode(path: Path, read_only: bool | None) -> bool:
     if not read_only and not is_writable(path):
         raise StoreError(f"profile store {path} is read-only (no write permission): cannot write to it")
     return read_only
+
+
+def _wal_index_uncreatable(path: Path) -> bool:
+    """Whether a reader of this WAL store could not create its -shm index (a directory this
+    process may not write) while no writer has the file open (no -wal or -shm beside it).
+    SQLite then reads the file only when told it is immutable, which holds for as long as no
+    writer opens it."""
+    no_sidecars = not any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+    return no_sidecars and not os.access(path.parent, os.W_OK | os.X_OK)
 
 
 def is_writable(path: Path) -> bool:
