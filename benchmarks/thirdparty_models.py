@@ -1,24 +1,29 @@
 """CNNs written the way Flax and Equinox users write them, with those libraries' own layers
 (not jaxcnn's zoo): the inputs of `jaxcnn.optimize`'s third-party tests and benchmarks.
 
-Flax linen and nnx models take NHWC images (Flax's layout), the Equinox model NCHW images of
-one example, applied over a batch with `jax.vmap` as Equinox code does. Every model ends in a
-softmax over the classes (an inference head), so each pattern `optimize` knows appears.
+Flax linen and nnx models take NHWC images (Flax's layout), the Equinox models NCHW images of
+one example, applied over a batch with `jax.vmap` as Equinox code does. The zoo-style models end
+in a softmax over the classes (an inference head), so each pattern `optimize` knows appears; the
+ResNets with BatchNorm end in logits, as the Flax ImageNet example's ResNet does, and run their
+BatchNorm in inference mode (running statistics). The "keras_*" models are Keras 3
+applications on the JAX backend (benchmarks/keras_models.py).
 
     from benchmarks import thirdparty_models as tm
     m = tm.build("linen_squeezenet1_1", batch=2, hw=64, dtype=jnp.float32)
     y = m.apply(m.params, m.x)            # a pure function of (params, x) for every model kind
 
-flax and equinox are imported lazily: listing the models needs neither.
+flax, equinox and keras are imported lazily: listing the models needs none of them.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # (name, squeeze, expand1x1, expand3x3) of torchvision's SqueezeNet 1.1 after each stage.
 SQUEEZENET1_1_FIRES = (
@@ -33,6 +38,28 @@ VGG19_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512,
 # 3x3/2 max pool: the part of the network GoogLeNetHead runs.
 GOOGLENET_HEAD_BLOCKS = ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), "M",
                          (192, 96, 208, 16, 48, 64))
+# Blocks per stage of the ResNets (He et al. table 1); stage i has 64 * 2**i channels (x4 out
+# of a bottleneck block).
+RESNET18_STAGES = (2, 2, 2, 2)
+RESNET50_STAGES = (3, 4, 6, 3)
+
+
+def like_trained_batchnorm(role: str, shape, dtype, rng: np.random.Generator) -> jax.Array:
+    """A stand-in for one trained BatchNorm array: role "mean" / "offset" ~ N(0, 0.2^2), "var" /
+    "scale" ~ U(0.5, 1.5).
+
+    A freshly initialised BatchNorm is the identity (mean 0, var 1, scale 1, offset 0; the Flax
+    example even zero-initialises each block's last scale, which zeroes the residual branch), so
+    a wrong fold of the statistics into a conv would go unseen on it. Every builder below puts
+    these values into its BatchNorm layers instead.
+    """
+    if role in ("mean", "offset"):
+        value = rng.normal(0.0, 0.2, shape)
+    elif role in ("var", "scale"):
+        value = rng.uniform(0.5, 1.5, shape)
+    else:
+        raise ValueError(f"role must be mean, var, scale or offset, got {role!r}")
+    return jnp.asarray(value, dtype)  # drawn by numpy: no jax compile per BatchNorm shape
 
 
 # -- Flax linen ---------------------------------------------------------------------------------
@@ -172,8 +199,98 @@ def _linen_models():
             x = jnp.mean(x, axis=(1, 2))
             return nn.softmax(nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.dtype)(x))
 
+    # The ResNet of Flax's ImageNet example (examples/imagenet/models.py), as written there:
+    # convs without bias, BatchNorm between each conv and its activation, the residual added
+    # before the last ReLU. Params float32, compute in `dtype` (the example's mixed precision).
+    class ResNetBlock(nn.Module):
+        filters: int
+        conv: Any
+        norm: Any
+        act: Callable
+        strides: tuple = (1, 1)
+
+        @nn.compact
+        def __call__(self, x):
+            residual = x
+            y = self.conv(self.filters, (3, 3), self.strides)(x)
+            y = self.norm()(y)
+            y = self.act(y)
+            y = self.conv(self.filters, (3, 3))(y)
+            y = self.norm(scale_init=nn.initializers.zeros_init())(y)
+            if residual.shape != y.shape:
+                residual = self.conv(self.filters, (1, 1), self.strides, name="conv_proj")(residual)
+                residual = self.norm(name="norm_proj")(residual)
+            return self.act(residual + y)
+
+    class BottleneckResNetBlock(nn.Module):
+        filters: int
+        conv: Any
+        norm: Any
+        act: Callable
+        strides: tuple = (1, 1)
+
+        @nn.compact
+        def __call__(self, x):
+            residual = x
+            y = self.conv(self.filters, (1, 1))(x)
+            y = self.norm()(y)
+            y = self.act(y)
+            y = self.conv(self.filters, (3, 3), self.strides)(y)
+            y = self.norm()(y)
+            y = self.act(y)
+            y = self.conv(self.filters * 4, (1, 1))(y)
+            y = self.norm(scale_init=nn.initializers.zeros_init())(y)
+            if residual.shape != y.shape:
+                residual = self.conv(self.filters * 4, (1, 1), self.strides, name="conv_proj")(residual)
+                residual = self.norm(name="norm_proj")(residual)
+            return self.act(residual + y)
+
+    class ResNet(nn.Module):
+        stage_sizes: tuple
+        block_cls: Any
+        num_classes: int = 1000
+        num_filters: int = 64
+        dtype: Any = jnp.float32
+        act: Callable = nn.relu
+
+        @nn.compact
+        def __call__(self, x, train: bool = True):
+            conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
+            norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5,
+                                     dtype=self.dtype)
+            x = conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="conv_init")(x)
+            x = norm(name="bn_init")(x)
+            x = nn.relu(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for i, block_size in enumerate(self.stage_sizes):
+                for j in range(block_size):
+                    strides = (2, 2) if i > 0 and j == 0 else (1, 1)
+                    x = self.block_cls(self.num_filters * 2 ** i, strides=strides, conv=conv, norm=norm,
+                                       act=self.act)(x)
+            x = jnp.mean(x, axis=(1, 2))
+            x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
+            return jnp.asarray(x, self.dtype)
+
     return {"squeezenet1_1": SqueezeNet11, "vgg19": VGG19, "lenet": LeNet, "resnet_small": ResNetSmall,
-            "googlenet_head": GoogLeNetHead}
+            "googlenet_head": GoogLeNetHead,
+            "resnet18": functools.partial(ResNet, stage_sizes=RESNET18_STAGES, block_cls=ResNetBlock),
+            "resnet50": functools.partial(ResNet, stage_sizes=RESNET50_STAGES, block_cls=BottleneckResNetBlock)}
+
+
+def _randomize_linen_batchnorm(variables, rng: np.random.Generator):
+    """variables with like_trained_batchnorm values in every BatchNorm's statistics (the
+    "batch_stats" collection) and scale / bias (params of modules named *norm* / bn*)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
+    out = []
+    for path, leaf in leaves:
+        names = [str(getattr(k, "key", k)) for k in path]
+        role = None
+        if names[0] == "batch_stats":
+            role = names[-1]  # "mean" or "var", the roles' own names
+        elif any("norm" in n.lower() or n.startswith("bn") for n in names[1:-1]):
+            role = {"scale": "scale", "bias": "offset"}[names[-1]]
+        out.append(leaf if role is None else like_trained_batchnorm(role, leaf.shape, leaf.dtype, rng))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 # -- Flax nnx -----------------------------------------------------------------------------------
@@ -251,7 +368,60 @@ def _nnx_models():
             x = x.reshape(x.shape[0], -1)
             return nnx.log_softmax(self.linear2(nnx.relu(self.linear1(x))))
 
-    return {"squeezenet1_1": SqueezeNet11, "vgg19": VGG19, "cnn": CNN}
+    # A ResNet-18 in nnx's style (layers made in __init__, params in `dtype` like the models
+    # above), BatchNorm in inference mode between each conv and its activation.
+    def norm(features, rngs, dtype):
+        return nnx.BatchNorm(features, use_running_average=True, momentum=0.9, epsilon=1e-5, dtype=dtype,
+                             param_dtype=dtype, rngs=rngs)
+
+    class BasicBlock(nnx.Module):
+        def __init__(self, cin, cout, strides, *, rngs, dtype):
+            self.conv1 = conv(cin, cout, 3, rngs, dtype, strides=strides, use_bias=False)
+            self.bn1 = norm(cout, rngs, dtype)
+            self.conv2 = conv(cout, cout, 3, rngs, dtype, use_bias=False)
+            self.bn2 = norm(cout, rngs, dtype)
+            if strides != 1 or cin != cout:
+                self.proj = conv(cin, cout, 1, rngs, dtype, strides=strides, use_bias=False)
+                self.proj_bn = norm(cout, rngs, dtype)
+            else:
+                self.proj = self.proj_bn = None
+
+        def __call__(self, x):
+            y = nnx.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            residual = x if self.proj is None else self.proj_bn(self.proj(x))
+            return nnx.relu(residual + y)
+
+    class ResNet18(nnx.Module):
+        def __init__(self, num_classes=1000, *, rngs, dtype=jnp.float32):
+            self.conv_init = conv(3, 64, 7, rngs, dtype, strides=2, padding=[(3, 3), (3, 3)], use_bias=False)
+            self.bn_init = norm(64, rngs, dtype)
+            blocks, cin = [], 64
+            for i, size in enumerate(RESNET18_STAGES):
+                for j in range(size):
+                    blocks.append(BasicBlock(cin, 64 * 2 ** i, 2 if i > 0 and j == 0 else 1, rngs=rngs, dtype=dtype))
+                    cin = 64 * 2 ** i
+            self.blocks = nnx.List(blocks)
+            self.head = nnx.Linear(cin, num_classes, rngs=rngs, dtype=dtype, param_dtype=dtype)
+
+        def __call__(self, x):
+            x = nnx.relu(self.bn_init(self.conv_init(x)))
+            x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for block in self.blocks:
+                x = block(x)
+            return self.head(jnp.mean(x, axis=(1, 2)))
+
+    return {"squeezenet1_1": SqueezeNet11, "vgg19": VGG19, "cnn": CNN, "resnet18": ResNet18}
+
+
+def _randomize_nnx_batchnorm(module, rng: np.random.Generator) -> None:
+    """Puts like_trained_batchnorm values into every nnx.BatchNorm of module, in place."""
+    from flax import nnx
+
+    bns = [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.BatchNorm)]
+    for bn in bns:
+        for role, var in (("mean", bn.mean), ("var", bn.var), ("scale", bn.scale), ("offset", bn.bias)):
+            var.value = like_trained_batchnorm(role, var.value.shape, var.value.dtype, rng)
 
 
 # -- Equinox ------------------------------------------------------------------------------------
@@ -329,7 +499,84 @@ def _equinox_models():
                 x = layer(x)
             return x
 
-    return {"squeezenet1_1": SqueezeNet11, "cnn": CNN}
+    # A ResNet-18 written as Equinox code writes stateful layers: eqx.nn.BatchNorm threads an
+    # eqx.nn.State through __call__(x, state), the model is made with eqx.nn.make_with_state,
+    # switched to running statistics with eqx.nn.inference_mode, and vmapped over the batch
+    # with the BatchNorm's axis_name.
+    class BasicBlock(eqx.Module):
+        conv1: eqx.nn.Conv2d
+        bn1: eqx.nn.BatchNorm
+        conv2: eqx.nn.Conv2d
+        bn2: eqx.nn.BatchNorm
+        proj: eqx.nn.Conv2d | None
+        proj_bn: eqx.nn.BatchNorm | None
+
+        def __init__(self, cin, cout, stride, key, dtype):
+            k1, k2, k3 = jax.random.split(key, 3)
+            bn = functools.partial(eqx.nn.BatchNorm, axis_name="batch", mode="ema", dtype=dtype)
+            self.conv1 = eqx.nn.Conv2d(cin, cout, 3, stride=stride, padding=1, use_bias=False, key=k1, dtype=dtype)
+            self.bn1 = bn(cout)
+            self.conv2 = eqx.nn.Conv2d(cout, cout, 3, padding=1, use_bias=False, key=k2, dtype=dtype)
+            self.bn2 = bn(cout)
+            if stride != 1 or cin != cout:
+                self.proj = eqx.nn.Conv2d(cin, cout, 1, stride=stride, use_bias=False, key=k3, dtype=dtype)
+                self.proj_bn = bn(cout)
+            else:
+                self.proj = self.proj_bn = None
+
+        def __call__(self, x, state):  # x: [C, H, W], one example
+            y, state = self.bn1(self.conv1(x), state)
+            y, state = self.bn2(self.conv2(jax.nn.relu(y)), state)
+            if self.proj is not None:
+                x, state = self.proj_bn(self.proj(x), state)
+            return jax.nn.relu(x + y), state
+
+    class ResNet18(eqx.Module):
+        stem: eqx.nn.Conv2d
+        bn: eqx.nn.BatchNorm
+        pool: eqx.nn.MaxPool2d
+        blocks: list
+        fc: eqx.nn.Linear
+
+        def __init__(self, key, num_classes=1000, dtype=jnp.float32):
+            keys = iter(jax.random.split(key, 2 + sum(RESNET18_STAGES)))
+            self.stem = eqx.nn.Conv2d(3, 64, 7, stride=2, padding=3, use_bias=False, key=next(keys), dtype=dtype)
+            self.bn = eqx.nn.BatchNorm(64, axis_name="batch", mode="ema", dtype=dtype)
+            self.pool = eqx.nn.MaxPool2d(3, stride=2, padding=1)
+            self.blocks, cin = [], 64
+            for i, size in enumerate(RESNET18_STAGES):
+                for j in range(size):
+                    self.blocks.append(BasicBlock(cin, 64 * 2 ** i, 2 if i > 0 and j == 0 else 1, next(keys), dtype))
+                    cin = 64 * 2 ** i
+            self.fc = eqx.nn.Linear(cin, num_classes, key=next(keys), dtype=dtype)
+
+        def __call__(self, x, state):
+            x, state = self.bn(self.stem(x), state)
+            x = self.pool(jax.nn.relu(x))
+            for block in self.blocks:
+                x, state = block(x, state)
+            return self.fc(jnp.mean(x, axis=(1, 2))), state
+
+    return {"squeezenet1_1": SqueezeNet11, "cnn": CNN, "resnet18": ResNet18}
+
+
+def _randomize_equinox_batchnorm(module, state, rng: np.random.Generator):
+    """(module, state) with like_trained_batchnorm values in every eqx.nn.BatchNorm's weight and
+    bias (the module) and running statistics (the state)."""
+    import equinox as eqx
+
+    def batchnorms(m):
+        is_bn = lambda node: isinstance(node, eqx.nn.BatchNorm)  # noqa: E731
+        return [node for node in jax.tree.leaves(m, is_leaf=is_bn) if is_bn(node)]
+
+    fresh = lambda role, a: like_trained_batchnorm(role, a.shape, a.dtype, rng)  # noqa: E731
+    for bn in batchnorms(module):
+        mean, var = state.get(bn.ema_state_index)
+        state = state.set(bn.ema_state_index, (fresh("mean", mean), fresh("var", var)))
+    module = eqx.tree_at(lambda m: [a for bn in batchnorms(m) for a in (bn.weight, bn.bias)], module,
+                         replace=[fresh(role, a) for bn in batchnorms(module)
+                                  for role, a in (("scale", bn.weight), ("offset", bn.bias))])
+    return module, state
 
 
 # -- one interface over all of them -------------------------------------------------------------
@@ -363,7 +610,19 @@ MODELS = {
     "nnx_cnn": ("nnx", "cnn", 28, 1),
     "equinox_squeezenet1_1": ("equinox", "squeezenet1_1", 224, 3),
     "equinox_cnn": ("equinox", "cnn", 28, 1),
+    # ResNets with inference BatchNorm (conv -> BN -> ReLU, residual added before the ReLU)
+    "linen_resnet18": ("linen", "resnet18", 224, 3),
+    "linen_resnet50": ("linen", "resnet50", 224, 3),
+    "nnx_resnet18": ("nnx", "resnet18", 224, 3),
+    "equinox_resnet18": ("equinox", "resnet18", 224, 3),
+    # Keras 3 applications on the JAX backend (benchmarks/keras_models.py; model key = the
+    # keras.applications name)
+    "keras_resnet50": ("keras", "ResNet50", 224, 3),
+    "keras_mobilenetv2": ("keras", "MobileNetV2", 224, 3),
+    "keras_vgg16": ("keras", "VGG16", 224, 3),
+    "keras_inceptionv3": ("keras", "InceptionV3", 299, 3),
 }
+
 
 
 def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, seed: int = 0,
@@ -371,13 +630,19 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
     """Builds model `name` (a key of MODELS) with random weights and a random input batch.
 
     hw: image height = width (default: the model's usual size; SqueezeNet needs >= 35, VGG-19 a
-    multiple of 32). num_classes / hidden shrink the heads for fast CPU tests.
+    multiple of 32, the Keras models >= 32, InceptionV3 >= 75). num_classes / hidden shrink the
+    heads for fast CPU tests. The BatchNorm models' BatchNorms get like_trained_batchnorm values.
     """
     if name not in MODELS:
         raise ValueError(f"name must be one of {sorted(MODELS)}, got {name!r}")
     library, key, default_hw, channels = MODELS[name]
+    if library == "keras":
+        from benchmarks import keras_models  # imports keras: only when a Keras model is built
+
+        return keras_models.build(name, batch=batch, hw=hw, dtype=dtype, seed=seed, num_classes=num_classes)
     hw = default_hw if hw is None else hw
     kp, kx = jax.random.split(jax.random.PRNGKey(seed))
+    rng = np.random.default_rng(seed)  # the BatchNorm models' like_trained_batchnorm values
     heads = {}
     if num_classes is not None:
         heads["num_classes"] = num_classes
@@ -387,6 +652,10 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
     if library == "linen":
         module = _linen_models()[key](dtype=dtype, **heads)
         x = jax.random.normal(kx, (batch, hw, hw, channels), jnp.float32).astype(dtype)
+        if key.startswith("resnet") and key != "resnet_small":  # the Flax example's ResNet(x, train)
+            apply = functools.partial(module.apply, train=False)
+            params = jax.jit(functools.partial(module.init, train=False))(kp, x)
+            return Model(name, apply, _randomize_linen_batchnorm(params, rng), x, "NHWC", module)
         params = jax.jit(module.init)(kp, x)  # one compile instead of one per layer
         return Model(name, module.apply, params, x, "NHWC", module)
 
@@ -395,6 +664,8 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
         if key in ("vgg19", "cnn"):
             heads["hw"] = hw
         module = _nnx_models()[key](rngs=nnx.Rngs(int(seed)), dtype=dtype, **heads)
+        if key == "resnet18":
+            _randomize_nnx_batchnorm(module, rng)
         graphdef, state = nnx.split(module)
 
         def apply(state, x):
@@ -406,6 +677,18 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
     import equinox as eqx
     if key == "cnn":
         heads["hw"] = hw
+    if key == "resnet18":
+        module, state = eqx.nn.make_with_state(_equinox_models()[key])(kp, dtype=dtype, **heads)
+        module, state = _randomize_equinox_batchnorm(eqx.nn.inference_mode(module), state, rng)
+        arrays, static = eqx.partition(module, eqx.is_array)
+
+        def apply(params, x):
+            arrays, state = params
+            batched = jax.vmap(eqx.combine(arrays, static), axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+            return batched(x, state)[0]
+
+        x = jax.random.normal(kx, (batch, channels, hw, hw), jnp.float32).astype(dtype)
+        return Model(name, apply, (arrays, state), x, "NCHW", module)
     module = _equinox_models()[key](kp, dtype=dtype, **heads)
     params, static = eqx.partition(module, eqx.is_array)
 

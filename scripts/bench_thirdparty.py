@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""jaxcnn.optimize on CNNs nobody here wrote (issue 32): Keras 3 applications on the JAX backend
+(ResNet50, MobileNetV2, VGG16, InceptionV3) and Flax linen / nnx / Equinox ResNets with inference
+BatchNorm, from benchmarks/thirdparty_models.py, each as a new user runs it: XLA's program
+(jax.jit(apply)) against jax.jit(jaxcnn.optimize(apply)), optimize called with no arguments.
+
+Per model x batch x dtype (default 1 and 64, bf16 and fp32):
+  - device time (sum of GPU kernel durations, jaxcnn.profile.device_times, both programs in one
+    trace): median and p10-p90 over --iters calls; ratio = XLA / optimized (> 1: optimize wins);
+  - host wall time per call (median, a sync after each call);
+  - first call (trace + rewrite + tuning + compile + run) of the optimized function and of XLA's;
+    jaxcnn's tuning caches on disk per GPU, so a repeated run measures a warm cache;
+  - max |optimized - XLA| / max |XLA| of the outputs, and the rewrites (counts per jaxcnn op and
+    per replaced lax pattern; the full optimized.explain() text in the JSON);
+  - the roofline floor: compute = FLOPs of XLA's program (jax cost analysis) / the dtype's peak
+    (jaxcnn.profile.gpu_specs; fp32 at the TF32 tensor-core peak, what XLA's default precision
+    runs float32 convs at), memory = the "bytes accessed" of XLA's compiled program / the GPU's
+    bandwidth (and the bytes of weights + input + output, the least any program moves);
+  - the top 5 kernels of the optimized program by device time (and of XLA's, in the JSON).
+Goals (issue 32), geometric mean of the ratios over the four Keras models per batch and dtype:
+bf16 >= 1.5 at N=64, >= 1.3 at N=1, fp32 >= 1.2; no model slower than XLA (beyond the run-to-run
+spread: optimized p10 > XLA p90, as scripts/bench_optimize_flax.py judges it).
+
+Writes <gpu>-<date>-<name>.{json,md} into --out after every row (a time-out keeps the rows done)
+and prints the markdown. Exit status: 0 when every row ran and its outputs matched, 2 otherwise.
+
+  python scripts/bench_thirdparty.py --out benchmarks/results
+  python scripts/bench_thirdparty.py --out /tmp/tp --quick           (2 Keras models, bf16, N=1 and 64)
+  JAX_PLATFORMS=cpu python scripts/bench_thirdparty.py --smoke --out /tmp/tp   (tiny images, host wall time)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+# bench_optimize_flax puts the repository root on sys.path (benchmarks.*, jaxcnn from a checkout)
+from bench_optimize_flax import (  # noqa: E402
+    DTYPES,
+    TOLERANCE,
+    cell_ms,
+    gpu_slug,
+    slower_beyond_spread,
+    timing_dict,
+)
+from bench_layers import _json_safe, environment  # noqa: E402
+from bench_pool_softmax import _fmt  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxcnn  # noqa: E402
+from benchmarks import thirdparty_models as tm  # noqa: E402
+from jaxcnn.profile import device_times, wall_time  # noqa: E402
+from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
+
+KERAS_MODELS = ["keras_resnet50", "keras_mobilenetv2", "keras_vgg16", "keras_inceptionv3"]
+DEFAULT_MODELS = KERAS_MODELS + ["linen_resnet50", "nnx_resnet18", "equinox_resnet18"]
+QUICK_MODELS = ["keras_resnet50", "keras_mobilenetv2"]
+# Geometric-mean goals over KERAS_MODELS by (dtype, batch); None: any batch. Every row: >= 1.0.
+GEOMEAN_GOALS = {("bf16", 64): 1.5, ("bf16", 1): 1.3, ("fp32", None): 1.2}
+# The gpu_specs ceiling each dtype's convs run at under XLA's default precision.
+PRECISION_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
+SMOKE_HW = 64  # --smoke image side (InceptionV3: its minimum, below)
+SMOKE_CLASSES = 10
+TOP_KERNELS = 5
+
+
+def geomean_goal(dtype: str, batch: int) -> float | None:
+    return GEOMEAN_GOALS.get((dtype, batch), GEOMEAN_GOALS.get((dtype, None)))
+
+
+def library_versions() -> dict:
+    """Versions of the model libraries, read without importing them."""
+    versions = {}
+    for package in ("keras", "flax", "equinox"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def rewrite_summary(rewrites) -> dict:
+    """Counts of the rewrites per jaxcnn op and per replaced lax pattern ("a + b -> op")."""
+    ops: dict[str, int] = {}
+    patterns: dict[str, int] = {}
+    for r in rewrites:
+        ops[r.op] = ops.get(r.op, 0) + 1
+        pattern = f"{' + '.join(r.replaced)} -> {r.op}"
+        patterns[pattern] = patterns.get(pattern, 0) + 1
+    return dict(ops=ops, patterns=patterns)
+
+
+def first_call_s(fn, args) -> tuple[float, object]:
+    """Seconds of fn's first call (trace, compile, run, sync) and its output."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start, out
+
+
+def max_rel_diff(got, want) -> float:
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+
+
+def cost_of(jitted, args) -> dict:
+    """FLOPs (from the traced HLO: convolutions as written) and bytes accessed (after XLA's
+    fusion: what its kernels move) of a jitted function whose compile is already cached."""
+    lowered = jitted.lower(*args)
+    compiled = lowered.compile()
+    flops = (lowered.cost_analysis() or {}).get("flops")
+    compiled_cost = compiled.cost_analysis() or {}
+    if isinstance(compiled_cost, (list, tuple)):  # older jax: one dict per program
+        compiled_cost = compiled_cost[0] if compiled_cost else {}
+    return dict(flops=flops, bytes_accessed=compiled_cost.get("bytes accessed"))
+
+
+def io_bytes(m, out) -> int:
+    """Bytes of the weights, the input and the output: the least any program reads and writes."""
+    return sum(int(leaf.nbytes) for leaf in jax.tree.leaves((m.params, m.x, out)))
+
+
+def floors(cost: dict, least_bytes: int, spec, dtype: str) -> dict | None:
+    if spec is None or not cost.get("flops") or not cost.get("bytes_accessed"):
+        return None
+    floor = floor_ms(cost["flops"], cost["bytes_accessed"], spec, PRECISION_CLASS[dtype])
+    floor["least_memory_ms"] = least_bytes / spec.memory.per_s * 1e3
+    floor["precision"] = PRECISION_CLASS[dtype]
+    return floor
+
+
+def kernel_list(timing) -> list[dict]:
+    """A timing's top kernels: name, us per call, launches per call, share of the call's time."""
+    total_us = timing.median_ms * 1e3
+    return [dict(name=k.name, us_per_call=k.us_per_call, launches_per_call=k.launches_per_call,
+                 share=k.us_per_call / total_us if total_us else None) for k in timing.kernels]
+
+
+def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int | None = None,
+            num_classes: int | None = None, spec=None) -> dict:
+    """One model x batch x dtype. A failing jaxcnn.optimize is recorded (optimize_error) and
+    XLA's program is still timed; a failing build or XLA run ends the row (error)."""
+    row = dict(model=name, library=tm.MODELS[name][0], n=batch, dtype=dtype, ok=False, timings={},
+               first_call_s={}, wall_ms={})
+    started = time.perf_counter()
+    try:
+        size = hw if hw is None else max(hw, min_image_size(name))
+        m = tm.build(name, batch=batch, hw=size, dtype=DTYPES[dtype], num_classes=num_classes)
+        row["input_shape"] = list(m.x.shape)
+        args = (m.params, m.x)
+        row["first_call_s"]["xla"], want = first_call_s(jax.jit(m.apply), args)
+        row["cost"] = cost_of(jax.jit(m.apply), args)
+        row["io_bytes"] = io_bytes(m, want)
+        row["floor"] = floors(row["cost"], row["io_bytes"], spec, dtype)
+        cases = [("xla", m.apply, args)]
+        try:
+            opt = jaxcnn.optimize(m.apply)
+            row["first_call_s"]["optimized"], got = first_call_s(jax.jit(opt), args)
+            row["max_rel_diff"] = max_rel_diff(got, want)
+            row["accurate"] = bool(math.isfinite(row["max_rel_diff"]) and row["max_rel_diff"] <= TOLERANCE[dtype])
+            row["rewrites"] = rewrite_summary(opt.rewrites(*args))
+            row["explain"] = opt.explain(*args)
+            cases.append(("optimized", opt, args))
+        except Exception as e:  # optimize's failure is the finding: keep XLA's numbers beside it
+            row["optimize_error"] = f"{type(e).__name__}: {e}"[:1000]
+            row["traceback"] = traceback.format_exc()[-3000:]
+        times = device_times(cases, iters=iters, warmup=warmup, top_k=TOP_KERNELS)
+        row["timings"] = {k: timing_dict(t) for k, t in times.items()}
+        row["top_kernels"] = {k: kernel_list(t) for k, t in times.items()}
+        row["device_time"] = all(t.is_device_time for t in times.values())
+        for key, fn, _ in cases:
+            row["wall_ms"][key] = wall_time(fn, *args, iters=iters, warmup=warmup).median_ms
+        if "optimized" in times:
+            row["ratio"] = times["xla"].median_ms / times["optimized"].median_ms
+            row["slower_beyond_spread"] = slower_beyond_spread(
+                {"optimized": row["timings"]["optimized"], "original": row["timings"]["xla"]})
+        row["ok"] = bool(row.get("accurate"))
+    except Exception as e:  # one broken row must not hide the others
+        row["error"] = f"{type(e).__name__}: {e}"[:1000]
+        row["traceback"] = traceback.format_exc()[-3000:]
+    row["seconds"] = time.perf_counter() - started
+    return row
+
+
+def min_image_size(name: str) -> int:
+    """The smallest image side model `name` builds at (--hw is raised to it): Keras's
+    InceptionV3 75, every other model here 32 (five stride-2 stages)."""
+    return 75 if tm.MODELS[name][1] == "InceptionV3" else 32
+
+
+def geomeans(rows: list[dict]) -> list[dict]:
+    """Geometric mean of the ratios over KERAS_MODELS per (batch, dtype), against its goal."""
+    out = []
+    for n, dtype in sorted({(r["n"], r["dtype"]) for r in rows}):
+        ratios = [r["ratio"] for r in rows if r["n"] == n and r["dtype"] == dtype and r["model"] in KERAS_MODELS
+                  and "ratio" in r]
+        if not ratios:
+            continue
+        goal = geomean_goal(dtype, n)
+        value = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+        device = all(r["device_time"] for r in rows if r["n"] == n and r["dtype"] == dtype and "ratio" in r)
+        complete = len(ratios) == len(KERAS_MODELS)
+        met = None if goal is None or not device or not complete else value >= goal
+        out.append(dict(n=n, dtype=dtype, geomean=value, models=len(ratios), goal=goal, met=met))
+    return out
+
+
+def _verdict(met) -> str:
+    return "-" if met is None else ("met" if met else "MISSED")
+
+
+def _kernel_text(kernels: list[dict]) -> str:
+    return "; ".join(f"{k['name'][:70]} {k['us_per_call']:.1f} us ({k['share']:.0%}, x{k['launches_per_call']:g})"
+                     for k in kernels if k.get("share") is not None) or "-"
+
+
+def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
+    device_time = bool(rows) and all(r.get("device_time") for r in rows)
+    versions = env.get("libraries", {})
+    lines = [
+        "# jaxcnn.optimize on third-party CNNs (Keras 3, Flax, Equinox)",
+        "",
+        f"- device: {env['device_kind']} ({env.get('nvidia_smi') or 'no nvidia-smi'}); jax {env['jax']}, "
+        f"jaxlib {env['jaxlib']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {env['date_utc']}",
+        f"- times: median [p10-p90] per call over {iters} synced calls, ms, "
+        + ("device time (sum of GPU kernel durations)." if device_time else
+           "HOST WALL TIME (no GPU trace: not a device-time measurement)."),
+        "- ratio = XLA / optimized: jax.jit(apply) vs jax.jit(jaxcnn.optimize(apply)), optimize with no arguments.",
+        "- wall = host wall time per call (median); first call = trace + rewrite + tuning + compile + run, s.",
+        "- rel diff = max |optimized - XLA| / max |XLA| of the model outputs.",
+        "",
+        "| model | N | dtype | XLA ms | optimized ms | ratio | wall XLA / opt ms | first call XLA / opt s | rel diff "
+        "| rewrites | status |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ops = r.get("rewrites", {}).get("ops", {})
+        rw = ", ".join(f"{n} {op}" for op, n in ops.items()) or ("-" if "rewrites" not in r else "none")
+        wall = f"{_fmt(r['wall_ms'].get('xla'), '.3f')} / {_fmt(r['wall_ms'].get('optimized'), '.3f')}"
+        first = f"{_fmt(r['first_call_s'].get('xla'), '.1f')} / {_fmt(r['first_call_s'].get('optimized'), '.1f')}"
+        if "error" in r:
+            status = "FAIL: " + r["error"][:120]
+        elif "optimize_error" in r:
+            status = "OPTIMIZE FAILED: " + r["optimize_error"][:120]
+        else:
+            status = "ok" if r["ok"] else "INACCURATE"
+        lines.append(f"| {r['model']} | {r['n']} | {r['dtype']} | {cell_ms(r['timings'].get('xla'))} | "
+                     f"{cell_ms(r['timings'].get('optimized'))} | {_fmt(r.get('ratio'), '.3f')} | {wall} | {first} | "
+                     f"{_fmt(r.get('max_rel_diff'), '.1e')} | {rw} | {status} |")
+
+    floored = [r for r in rows if r.get("floor")]
+    lines += ["", "## Floors", ""]
+    if not floored:
+        lines.append("- no floor: the device has no entry in jaxcnn.profile.gpu_specs (or no cost analysis).")
+    else:
+        lines += [
+            "Compute floor = XLA program's FLOPs / the dtype's peak (fp32: TF32); memory floor = its compiled "
+            "bytes accessed / DRAM bandwidth (least = weights + input + output bytes); % = floor / time.",
+            "",
+            "| model | N | dtype | GFLOP | compute floor ms | MB accessed | memory floor ms | least memory ms "
+            "| XLA % of floor | optimized % of floor |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in floored:
+            f, c = r["floor"], r["cost"]
+            pct = {k: (f"{f['floor_ms'] / r['timings'][k]['median_ms']:.0%}" if k in r["timings"] else "-")
+                   for k in ("xla", "optimized")}
+            lines.append(f"| {r['model']} | {r['n']} | {r['dtype']} | {c['flops'] / 1e9:.1f} | {f['compute_ms']:.3f} | "
+                         f"{c['bytes_accessed'] / 1e6:.1f} | {f['memory_ms']:.3f} | {f['least_memory_ms']:.3f} | "
+                         f"{pct['xla']} | {pct['optimized']} |")
+
+    lines += ["", "## Rewrites (replaced lax pattern -> jaxcnn op: count)", ""]
+    for r in rows:
+        if "rewrites" in r:
+            patterns = r["rewrites"]["patterns"]
+            lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: "
+                         + ("; ".join(f"{p}: {n}" for p, n in patterns.items()) or "none"))
+
+    lines += ["", "## Top kernels of the optimized program (us per call, share of its time, launches)", ""]
+    with_kernels = [r for r in rows if r.get("top_kernels", {}).get("optimized")]
+    for r in with_kernels:
+        lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'])}")
+    if not with_kernels:
+        lines.append("- none: no GPU kernel trace.")
+
+    lines += ["", "## Goals", ""]
+    for g in geomeans(rows):
+        goal = "-" if g["goal"] is None else f">= {g['goal']}x"
+        partial = "" if g["models"] == len(KERAS_MODELS) else f" ({g['models']} of {len(KERAS_MODELS)} models)"
+        lines.append(f"- Keras geomean N={g['n']} {g['dtype']}: {g['geomean']:.3f}x{partial} (goal {goal}): "
+                     f"{_verdict(g['met']) if device_time else 'n/a (wall time)'}")
+    timed = [r for r in rows if "ratio" in r]
+    if timed and device_time:
+        beyond = [r for r in timed if r["slower_beyond_spread"]]
+        below = [r for r in timed if r["ratio"] < 1.0 and not r["slower_beyond_spread"]]
+        lines.append("- never slower (slower = optimized p10 > XLA p90): "
+                     + ("yes" if not beyond else "NO: " + ", ".join(_where(r) for r in beyond)))
+        lines.append("- median ratio < 1.0 inside the spread: " + (", ".join(_where(r) for r in below) or "none"))
+    elif timed:
+        lines.append("- never slower: n/a (host wall time)")
+    failed = [r for r in rows if "optimize_error" in r or "error" in r]
+    if failed:
+        lines += ["", "## Failures", ""]
+        lines += [f"- {r['model']} N={r['n']} {r['dtype']}: {r.get('optimize_error') or r.get('error')}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _where(row: dict) -> str:
+    return f"{row['model']} N={row['n']} {row['dtype']} ({row['ratio']:.3f}x)"
+
+
+def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    report = dict(environment=env, rows=rows, geomeans=geomeans(rows), goals={
+        f"{dtype} N={'any' if n is None else n}": goal for (dtype, n), goal in GEOMEAN_GOALS.items()})
+    (out / f"{stem}.json").write_text(json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")
+    markdown = render_markdown(env, rows, iters)
+    (out / f"{stem}.md").write_text(markdown)
+    return markdown
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory for the reports")
+    p.add_argument("--name", default="thirdparty", help="report name: <gpu>-<date>-NAME.{md,json}")
+    p.add_argument("--models", type=lambda s: s.split(","), help=f"among {sorted(tm.MODELS)} (default {DEFAULT_MODELS})")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), help="among bf16, fp16, fp32 (default bf16,fp32)")
+    p.add_argument("--hw", type=int, help="image side (default each model's own: 224, InceptionV3 299)")
+    p.add_argument("--num-classes", type=int, help="classifier width (default each model's own: 1000)")
+    p.add_argument("--iters", type=int, help="timed calls (default 20; --smoke 2)")
+    p.add_argument("--warmup", type=int, help="untimed calls (default 3; --smoke 1)")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_MODELS}, bf16, N=1 and 64")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"a cheap run that anything can do (CPU too): {SMOKE_HW}x{SMOKE_HW} images (InceptionV3 its "
+                        f"minimum 75), N=1, {SMOKE_CLASSES} classes, 2 timed calls")
+    args = p.parse_args(argv)
+    args.models = args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS)
+    args.dtypes = args.dtypes or (["bf16"] if args.quick else ["bf16", "fp32"])
+    bad = [m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]
+    if bad:
+        p.error(f"unknown models/dtypes {bad}: models {sorted(tm.MODELS)}, dtypes {list(DTYPES)}")
+    args.batches = args.batches or ([1] if args.smoke else [1, 64])
+    if args.smoke:
+        args.hw = args.hw or SMOKE_HW
+        args.num_classes = args.num_classes or SMOKE_CLASSES
+    args.iters = args.iters or (2 if args.smoke else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    spec = lookup_gpu_spec()
+    env = environment(spec)
+    env["libraries"] = library_versions()
+    stem = f"{gpu_slug()}-{time.strftime('%Y-%m-%d', time.gmtime())}-{args.name}"
+    rows: list[dict] = []
+    markdown = write_reports(args.out, env, rows, args.iters, stem)
+    for name in args.models:
+        for dtype in args.dtypes:
+            for n in args.batches:
+                row = run_row(name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec)
+                rows.append(row)
+                problem = row.get("error") or row.get("optimize_error") or ("" if row["ok"] else "inaccurate")
+                print(f"{name:<20} N={n:<3} {dtype} ratio {_fmt(row.get('ratio'), '.3f'):>6} rel diff "
+                      f"{_fmt(row.get('max_rel_diff'), '.1e')} first call {_fmt(row['first_call_s'].get('optimized'), '.1f')} s "
+                      f"{'ok' if row['ok'] else 'FAIL ' + problem[:200]} ({row['seconds']:.0f} s)", flush=True)
+                markdown = write_reports(args.out, env, rows, args.iters, stem)
+    print()
+    print(markdown)
+    return 0 if rows and all(r["ok"] for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
