@@ -40,6 +40,8 @@
 #                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
 #                adds a --policy autotune run; a --fuse auto run of SqueezeNet/VGG-19 follows);
 #                needs flax + equinox
+#     thirdparty scripts/bench_thirdparty.py (THIRDPARTY_ARGS, e.g. "--quick"; THIRDPARTY_TIMEOUT): Keras 3
+#                applications and Flax/Equinox ResNets, XLA vs jaxcnn.optimize(fn); needs keras + flax + equinox
 #     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
 #                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
@@ -269,6 +271,13 @@ if has flax; then
   # shellcheck disable=SC2086
   step bench_optimize_flax_fuse timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py \
     --out "$OUT" --fuse auto --name optimize_flax_fuse --models linen_squeezenet1_1,linen_vgg19,equinox_squeezenet1_1,linen_googlenet_head ${FLAX_BENCH_ARGS:-}
+fi
+
+if has thirdparty; then
+  step thirdparty_import $PY -c "import os; os.environ['KERAS_BACKEND'] = 'jax'; import keras, flax, equinox; print('keras', keras.__version__, 'flax', flax.__version__, 'equinox', equinox.__version__)"
+  # shellcheck disable=SC2086
+  step bench_thirdparty timeout "${THIRDPARTY_TIMEOUT:-3000}" $PY scripts/bench_thirdparty.py --out "$OUT" \
+    ${THIRDPARTY_ARGS:-}
 fi
 
 if has multigpu; then
