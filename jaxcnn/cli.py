@@ -1,8 +1,9 @@
 """`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds,
 layout and fusion plans, compare runs, start the dashboard.
 
-Errors are one line on stderr: exit status 2 for a usage error (bad option or argument), 1 for
-anything else (a bad store, a missing run, a failed step); --debug adds the traceback."""
+Errors are one line on stderr: exit status 2 for a usage error (a bad option or argument, or an
+option this installation cannot serve), 1 for anything else (a bad store, a missing run, a failed
+step); --debug adds the traceback."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ class CliError(Exception):
 
 
 class UsageError(CliError):
-    """A bad option or argument value found after parsing: exit status 2, as argparse's own."""
+    """A bad option or argument value found after parsing, or an option this installation cannot
+    serve (--autotune without the CUDA kernels, the dashboard without streamlit): exit status 2,
+    as argparse's own."""
 
     status = 2
 
@@ -224,7 +227,7 @@ def cmd_layouts(args) -> int:
             split_blocks=args.split_blocks,
         )
     except RuntimeError as err:  # --autotune without the CUDA kernels
-        raise CliError(str(err)) from None
+        raise UsageError(str(err)) from None
     if args.json:
         with open(args.json, "w") as f:
             json.dump(plan.to_dict(), f, indent=1)
@@ -244,7 +247,7 @@ def cmd_fuse(args) -> int:
                                   costs=costs, cache=args.cache if args.cache else None,
                                   iters=args.iters)
     except RuntimeError as err:  # --autotune without the CUDA kernels
-        raise CliError(str(err)) from None
+        raise UsageError(str(err)) from None
     if args.json:
         with open(args.json, "w") as f:
             json.dump(plan.to_dict(), f, indent=1)
@@ -294,12 +297,12 @@ def _has_layer_metric(store, run_id: int, metric: str | None) -> bool:
 
 def cmd_dashboard(args) -> int:
     if not DASHBOARD_APP.exists():
-        raise CliError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
+        raise UsageError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
     import importlib.util
 
     missing = [m for m in ("streamlit", "altair") if importlib.util.find_spec(m) is None]
     if missing:
-        raise CliError(f"the dashboard needs {' and '.join(missing)}: pip install 'jaxcnn[dashboard]'")
+        raise UsageError(f"the dashboard needs {' and '.join(missing)}: pip install 'jaxcnn[dashboard]'")
     env = dict(os.environ, JAXCNN_DB=str(Path(args.db).resolve()))
     command = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
                "--server.address", args.address, "--server.port", str(args.port)]
