@@ -182,7 +182,7 @@ def pool2d_output_shape(x_shape: Sequence[int], x_dtype: Any, cfg: Pool2dConfig)
 
 def avg_divisors(x_shape: Sequence[int], cfg: Pool2dConfig) -> np.ndarray:
     """Per-output-pixel [P, Q] divisor of avg pooling with count_include_pad=False: the
-    window's in-bounds taps (0 for a window entirely in padding)."""
+    window's in-bounds taps (at least 1: pool_output_hw refuses a window wholly in padding)."""
     h_axis, w_axis = cfg.spatial_axes
     out = pool2d_output_shape(x_shape, np.float32, cfg)
 
