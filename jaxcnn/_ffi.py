@@ -26,6 +26,7 @@ COMMAND_BUFFERS_ENV = "JAXCNN_COMMAND_BUFFERS"
 FFI_TARGETS: dict[str, str] = {
     "jaxcnn_conv2d_fwd": "JaxcnnConv2dFwd",
     "jaxcnn_conv2d_fwd_nobias": "JaxcnnConv2dFwdNoBias",
+    "jaxcnn_conv2d_fwd_residual": "JaxcnnConv2dFwdResidual",
     "jaxcnn_layout_transform": "JaxcnnLayoutTransform",
     "jaxcnn_max_pool2d_fwd": "JaxcnnMaxPool2dFwd",
     "jaxcnn_avg_pool2d_fwd": "JaxcnnAvgPool2dFwd",
@@ -198,23 +199,25 @@ def require_cuda() -> None:
         raise RuntimeError(f"jaxcnn CUDA kernels unavailable: {reason}")
 
 
-def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
+def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) -> int:
     """Device scratch bytes the conv2d handler needs for these shapes and `cfg`
-    (the kernel family it will pick, its filter re-layout and fp32 splits). Asks the library,
-    so the size always matches the handler's own choice."""
+    (the kernel family it will pick, its filter re-layout and fp32 splits), with or without a
+    residual operand. Asks the library, so the size always matches the handler's own choice."""
     if not handlers_registered():
         return 0
     from jaxcnn.ops.conv_args import ALGORITHMS, LAYOUTS, PRECISIONS
+    from jaxcnn.ops.epilogue import ACTIVATION_CODES
 
     fn = _LOADED["lib"].jaxcnn_conv2d_workspace_bytes
     fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_int64] * 21 + [ctypes.POINTER(ctypes.c_char_p)]
+    fn.argtypes = [ctypes.c_int64] * 22 + [ctypes.POINTER(ctypes.c_char_p)]
     reason = ctypes.c_char_p()
     (pt, _), (pl, _) = cfg.padding
     size = fn(
         *x_nhwc, w_shape[0], w_shape[1], w_shape[3], y_nhwc[1], y_nhwc[2],
         cfg.stride[0], cfg.stride[1], pt, pl, cfg.dilation[0], cfg.dilation[1], cfg.groups,
-        int(cfg.activation == "relu"), LAYOUTS.index(cfg.layout), PRECISIONS.index(cfg.precision),
+        ACTIVATION_CODES[cfg.activation], int(bool(residual)), LAYOUTS.index(cfg.layout),
+        PRECISIONS.index(cfg.precision),
         ALGORITHMS.index(cfg.algorithm), DTYPE_CODES[jax.numpy.dtype(dtype).name],
         ctypes.byref(reason),
     )
@@ -222,7 +225,8 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg) -> int:
         why = reason.value.decode() if reason.value else "unknown reason"
         raise ValueError(
             f"jaxcnn.conv2d: algorithm={cfg.algorithm!r} cannot run x {tuple(x_nhwc)} (NHWC "
-            f"order), w {tuple(w_shape)}, {jax.numpy.dtype(dtype).name}: {why}"
+            f"order), w {tuple(w_shape)}, {jax.numpy.dtype(dtype).name}, "
+            f"activation={cfg.activation!r}{', with a residual' if residual else ''}: {why}"
         )
     return int(size)
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
+
 namespace jaxcnn {
 
 // Memory order of the activation tensors x [N,H,W,C] and y [N,P,Q,K].
@@ -24,11 +26,12 @@ enum class Conv2dAlgorithm : int {
   kDepthwise = 3,   // depthwise/: groups == C
   // 4 is Python's "xla" (lax's own conv; never reaches a handler).
   kWgmma = 5,  // conv_pool/: the Hopper wgmma kernel, 3x3/1 SAME, 16-bit (no pool)
-  kStem = 6,   // conv_pool/: the small-GEMM-K stem kernel (R*S*C <= 512, e.g. C=3), ReLU only
+  kStem = 6,   // conv_pool/: the small-GEMM-K stem kernel (R*S*C <= 512, e.g. C=3), no residual
 };
 
 // Matches lax.conv_general_dilated(x, w, ..., feature_group_count=groups) with
-// dimension numbers (layout, "HWIO", layout) + bias, then optional ReLU.
+// dimension numbers (layout, "HWIO", layout), then the epilogue of common/epilogue.cuh:
+// activation(acc + bias + residual).
 // Dimensions are logical (N,H,W,C) whatever the layout. Bottom/right padding is
 // implied by P and Q, so only top/left pads are given.
 struct Conv2dParams {
@@ -39,7 +42,10 @@ struct Conv2dParams {
   int pad_h, pad_w;  // top and left padding
   int dil_h, dil_w;  // rhs (kernel) dilation
   int groups;
-  bool relu;
+  EpilogueActivation epilogue;
+  // y's shape, layout and type, added before the activation; null for none. Planning only looks
+  // at whether it is null (the workspace query passes any non-null pointer).
+  const void* residual = nullptr;
   TensorLayout layout = TensorLayout::kNHWC;
   MathPrecision precision = MathPrecision::kHighest;
   // Elements between consecutive output pixels of y; 0 = K (packed). Larger values write a

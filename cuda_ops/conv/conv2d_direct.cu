@@ -126,22 +126,23 @@ cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
   p.gemm_m = gemm_m;
   p.num_tiles_m = CeilDiv(gemm_m, cd::kTileM);
   p.num_tiles_gn = static_cast<int64_t>(params.groups) * p.tiles_n_per_group;
-  p.relu = params.relu;
+  p.epilogue = params.epilogue;
+  const T* residual = static_cast<const T*>(params.residual);
 
   const dim3 grid(static_cast<unsigned>(std::min(p.num_tiles_m, kInt32Max)),
                   static_cast<unsigned>(std::min(p.num_tiles_gn, kMaxGridY)));
   switch (params.layout) {
     case TensorLayout::kNHWC:
       cd::conv2d_direct_kernel<T, TensorLayout::kNHWC>
-          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, residual, y, p);
       break;
     case TensorLayout::kNCHW:
       cd::conv2d_direct_kernel<T, TensorLayout::kNCHW>
-          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, residual, y, p);
       break;
     case TensorLayout::kCHWN:
       cd::conv2d_direct_kernel<T, TensorLayout::kCHWN>
-          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, y, p);
+          <<<grid, cd::kThreads, 0, stream>>>(x, w, bias, residual, y, p);
       break;
   }
   return cudaGetLastError();

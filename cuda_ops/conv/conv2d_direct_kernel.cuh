@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "common/conv2d_params.h"
+#include "common/epilogue.cuh"
 #include "common/float_convert.cuh"
 
 namespace jaxcnn {
@@ -73,7 +74,7 @@ struct KernelParams {
   int64_t gemm_m;  // N*P*Q
   int64_t num_tiles_m;
   int64_t num_tiles_gn;  // groups * tiles_n_per_group
-  bool relu;
+  EpilogueActivation epilogue;
 };
 
 struct SharedStorage {
@@ -377,8 +378,8 @@ __device__ __forceinline__ void mma_tile(
 template <typename T, TensorLayout L>
 __device__ __forceinline__ void epilogue(
     const float (&acc)[kThreadTileM][kThreadTileN], const T* __restrict__ bias,
-    T* __restrict__ y, const KernelParams& p, int64_t m_first, int group,
-    int col_first) {
+    const T* __restrict__ residual, T* __restrict__ y, const KernelParams& p,
+    int64_t m_first, int group, int col_first) {
   float bias_f[kThreadTileN];
 #pragma unroll
   for (int j = 0; j < kThreadTileN; ++j) {
@@ -391,28 +392,27 @@ __device__ __forceinline__ void epilogue(
   for (int i = 0; i < kThreadTileM; ++i) {
     const int64_t m = m_first + i;
     if (m >= p.gemm_m) continue;
-    T* y_row;
+    int64_t row;  // offset of (m, group's first channel) in y, and in the residual
     int64_t col_stride;
     if constexpr (L == TensorLayout::kNHWC) {
-      y_row = y + m * p.K + group * p.Kg;
+      row = m * p.K + group * p.Kg;
       col_stride = 1;
     } else {
       int64_t n;
       int out_h, out_w;
       decode_row<L>(p, m, &n, &out_h, &out_w);
-      y_row = y + n * p.y_stride_n + out_h * p.y_stride_p +
-              out_w * p.y_stride_q +
-              static_cast<int64_t>(group) * p.Kg * p.y_stride_k;
+      row = n * p.y_stride_n + out_h * p.y_stride_p + out_w * p.y_stride_q +
+            static_cast<int64_t>(group) * p.Kg * p.y_stride_k;
       col_stride = p.y_stride_k;
     }
 #pragma unroll
     for (int j = 0; j < kThreadTileN; ++j) {
       const int col = col_first + j;
       if (col >= p.Kg) continue;
+      const int64_t at = row + col * col_stride;
       float v = acc[i][j] + bias_f[j];
-      // `v < 0` (not fmaxf) lets NaN through, like jnp.maximum(v, 0).
-      if (p.relu && v < 0.0f) v = 0.0f;
-      y_row[col * col_stride] = from_float<T>(v);
+      if (residual != nullptr) v += to_float(residual[at]);
+      y[at] = from_float<T>(ApplyActivation(p.epilogue, v));
     }
   }
 }
@@ -420,7 +420,8 @@ __device__ __forceinline__ void epilogue(
 template <typename T, TensorLayout L>
 __global__ void __launch_bounds__(kThreads, 2)
     conv2d_direct_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                         const T* __restrict__ bias, T* __restrict__ y,
+                         const T* __restrict__ bias,
+                         const T* __restrict__ residual, T* __restrict__ y,
                          const KernelParams p) {
   __shared__ __align__(16) SharedStorage smem;
 
@@ -464,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       // The loop's last barrier also orders this tile's reads of shared
       // memory before the next tile's first store.
-      epilogue<T, L>(acc, bias, y, p, tile_m0 + thread_m, group,
+      epilogue<T, L>(acc, bias, residual, y, p, tile_m0 + thread_m, group,
                      tile_n0 + thread_n);
     }
   }

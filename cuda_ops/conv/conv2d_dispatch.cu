@@ -23,6 +23,7 @@ ConvPoolParams AsUnpooled(const Conv2dParams& c) {
   p.P = c.P, p.Q = c.Q;
   p.pool_h = p.pool_w = p.pool_stride_h = p.pool_stride_w = 1;
   p.PH = c.P, p.PW = c.Q;
+  p.act = c.epilogue;
   return p;
 }
 
@@ -32,18 +33,19 @@ const char* WgmmaUnsupportedReason(const Conv2dParams& params, const void* x, co
                                    const void* y) {
   if (params.layout != TensorLayout::kNHWC) return "wgmma kernel: NHWC only";
   if (params.groups != 1) return "wgmma kernel: groups must be 1";
+  if (params.residual != nullptr) return "wgmma kernel: no residual";
   if (params.y_pixel_stride != 0 && params.y_pixel_stride != params.K)
     return "wgmma kernel: a packed y only";
   return conv_pool_wgmma::UnsupportedReason(AsUnpooled(params), sizeof(T),
                                             std::is_same_v<T, float>, x, w, y);
 }
 
-// Why the conv_pool stem kernel cannot run this conv as an unpooled layer (ReLU always on).
+// Why the conv_pool stem kernel cannot run this conv as an unpooled layer.
 template <typename T>
 const char* StemUnsupportedReason(const Conv2dParams& params, const T* x, const T* w, T* y) {
   if (params.layout != TensorLayout::kNHWC) return "stem kernel: NHWC only";
   if (params.groups != 1) return "stem kernel: groups must be 1";
-  if (!params.relu) return "stem kernel: activation='relu' only";
+  if (params.residual != nullptr) return "stem kernel: no residual";
   if (params.y_pixel_stride != 0 && params.y_pixel_stride != params.K)
     return "stem kernel: a packed y only";
   ConvPoolParams p = AsUnpooled(params);
@@ -104,7 +106,7 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
   // exactly (H100, VGG-19 N=64, XLA's time / its time: 0.97-1.59x there; 0.76-0.91x where
   // its tiles pad a 28- or 14-pixel image), tensor cores wherever that family takes the shape; the
   // direct kernel runs the rest (grouped, NCHW/CHWN, K not a multiple of the TMA row).
-  // The stem kernel (ReLU convs with C off the tensor-core family's multiple of 8, e.g. an RGB
+  // The stem kernel (convs with C off the tensor-core family's multiple of 8, e.g. an RGB
   // input: VGG-19's c1_1 ran 2.0x XLA at N=64, 2.5x at N=1 on an H100) before the direct one.
   for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kWgmma,
                                  Conv2dAlgorithm::kTensorCore, Conv2dAlgorithm::kStem}) {
@@ -133,7 +135,7 @@ cudaError_t run_conv2d(const Conv2dPlan& plan, const T* x, const T* w,
       if constexpr (sizeof(T) == 2) {
         if (WgmmaUnsupportedReason<T>(params, x, w, y) != nullptr) return cudaErrorInvalidValue;
         return conv_pool_wgmma::Launch<T>(AsUnpooled(params), ConvPoolBuffers<T>{x, w, bias, y},
-                                          stream, params.relu);
+                                          stream, params.epilogue);
       }
       return cudaErrorInvalidValue;
     case Conv2dAlgorithm::kStem: {

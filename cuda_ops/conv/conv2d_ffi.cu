@@ -1,4 +1,5 @@
 // XLA FFI handlers for conv2d forward: decode, validate, launch, report.
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -44,14 +45,23 @@ LogicalDims ToLogical(ffi::AnyBuffer::Dimensions d, TensorLayout layout) {
   }
 }
 
-// `bias` is null for the no-bias handler.
+// The conv's attributes, as every handler decodes them.
+struct ConvAttrs {
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+  int64_t activation;  // common/epilogue.cuh Activation code
+  int64_t layout, precision, algorithm;
+  float alpha;  // leaky_relu's negative slope
+};
+
+// `bias` is null for the no-bias handler, `residual` for all but the residual one.
 ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
                          const ffi::AnyBuffer& w, const ffi::AnyBuffer* bias,
-                         ffi::AnyBuffer& y, ffi::AnyBuffer& workspace,
-                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                         int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                         int64_t groups, int64_t activation, int64_t layout,
-                         int64_t precision, int64_t algorithm) {
+                         const ffi::AnyBuffer* residual, ffi::AnyBuffer& y,
+                         ffi::AnyBuffer& workspace, const ConvAttrs& a) {
+  const int64_t stride_h = a.stride_h, stride_w = a.stride_w, pad_h = a.pad_h, pad_w = a.pad_w;
+  const int64_t dilation_h = a.dilation_h, dilation_w = a.dilation_w, groups = a.groups;
+  const int64_t activation = a.activation, layout = a.layout, precision = a.precision;
+  const int64_t algorithm = a.algorithm;
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const auto y_dims = y.dimensions();
@@ -84,6 +94,16 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
     return Invalid("bias dtype must equal x dtype");
   if (y.element_type() != dtype)
     return Invalid("output y dtype must equal x dtype");
+  if (residual != nullptr) {
+    if (residual->element_type() != dtype)
+      return Invalid("residual dtype must equal x dtype");
+    const auto r_dims = residual->dimensions();
+    bool same = r_dims.size() == y_dims.size();
+    for (size_t i = 0; same && i < r_dims.size(); ++i) same = r_dims[i] == y_dims[i];
+    if (!same)
+      return Invalid("residual shape " + DimsToString(r_dims) + " must equal output y shape " +
+                     DimsToString(y_dims));
+  }
 
   if (stride_h < 1 || stride_w < 1 || !FitsInt(stride_h) || !FitsInt(stride_w))
     return Invalid("stride_h/stride_w must be >= 1, got (" +
@@ -99,9 +119,11 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
                    ", " + std::to_string(pad_w) + ")");
   if (groups < 1 || !FitsInt(groups))
     return Invalid("groups must be >= 1, got " + std::to_string(groups));
-  if (activation != 0 && activation != 1)
-    return Invalid("activation must be 0 (none) or 1 (relu), got " +
-                   std::to_string(activation));
+  if (!ValidActivationCode(activation))
+    return Invalid("activation must be a code 0.." + std::to_string(kNumActivations - 1) +
+                   " (common/epilogue.cuh), got " + std::to_string(activation));
+  if (!std::isfinite(a.alpha))
+    return Invalid("alpha must be finite, got " + std::to_string(a.alpha));
 
   const auto tensor_layout = static_cast<TensorLayout>(layout);
   const LogicalDims xd = ToLogical(x_dims, tensor_layout);
@@ -130,7 +152,7 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
                    " must equal w output channels K=" + std::to_string(K));
 
   // Nothing to write. A non-empty y with an empty x or window still launches:
-  // the result is then bias (+ReLU), as in lax.
+  // the result is then the epilogue of a zero accumulator, as in lax.
   if (IsEmpty(y)) return ffi::Error::Success();
   if (P < 1 || Q < 1)
     return Invalid("output spatial dims P, Q must be >= 1, got shape " +
@@ -153,7 +175,8 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   params.dil_h = static_cast<int>(dilation_h);
   params.dil_w = static_cast<int>(dilation_w);
   params.groups = static_cast<int>(groups);
-  params.relu = activation == 1;
+  params.epilogue = {static_cast<Activation>(activation), a.alpha};
+  params.residual = residual != nullptr ? residual->untyped_data() : nullptr;
   params.layout = tensor_layout;
   params.precision = static_cast<MathPrecision>(precision);
 
@@ -183,6 +206,14 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   });
 }
 
+ConvAttrs MakeAttrs(int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                    int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                    int64_t activation, int64_t layout, int64_t precision,
+                    int64_t algorithm, float alpha) {
+  return ConvAttrs{stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                   activation, layout, precision, algorithm, alpha};
+}
+
 ffi::Error Conv2dFwdWithBias(cudaStream_t stream, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::AnyBuffer bias,
                              ffi::Result<ffi::AnyBuffer> y,
@@ -191,10 +222,10 @@ ffi::Error Conv2dFwdWithBias(cudaStream_t stream, ffi::AnyBuffer x,
                              int64_t pad_w, int64_t dilation_h,
                              int64_t dilation_w, int64_t groups,
                              int64_t activation, int64_t layout,
-                             int64_t precision, int64_t algorithm) {
-  return Conv2dFwdImpl(stream, x, w, &bias, *y, *workspace, stride_h, stride_w,
-                       pad_h, pad_w, dilation_h, dilation_w, groups, activation,
-                       layout, precision, algorithm);
+                             int64_t precision, int64_t algorithm, float alpha) {
+  return Conv2dFwdImpl(stream, x, w, &bias, nullptr, *y, *workspace,
+                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                                 groups, activation, layout, precision, algorithm, alpha));
 }
 
 ffi::Error Conv2dFwdNoBias(cudaStream_t stream, ffi::AnyBuffer x,
@@ -204,10 +235,25 @@ ffi::Error Conv2dFwdNoBias(cudaStream_t stream, ffi::AnyBuffer x,
                            int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, int64_t groups,
                            int64_t activation, int64_t layout,
-                           int64_t precision, int64_t algorithm) {
-  return Conv2dFwdImpl(stream, x, w, nullptr, *y, *workspace, stride_h,
-                       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-                       activation, layout, precision, algorithm);
+                           int64_t precision, int64_t algorithm, float alpha) {
+  return Conv2dFwdImpl(stream, x, w, nullptr, nullptr, *y, *workspace,
+                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                                 groups, activation, layout, precision, algorithm, alpha));
+}
+
+ffi::Error Conv2dFwdResidual(cudaStream_t stream, ffi::AnyBuffer x,
+                             ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                             ffi::AnyBuffer residual,
+                             ffi::Result<ffi::AnyBuffer> y,
+                             ffi::Result<ffi::AnyBuffer> workspace,
+                             int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                             int64_t pad_w, int64_t dilation_h,
+                             int64_t dilation_w, int64_t groups,
+                             int64_t activation, int64_t layout,
+                             int64_t precision, int64_t algorithm, float alpha) {
+  return Conv2dFwdImpl(stream, x, w, &bias, &residual, *y, *workspace,
+                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                                 groups, activation, layout, precision, algorithm, alpha));
 }
 
 }  // namespace
@@ -217,11 +263,12 @@ ffi::Error Conv2dFwdNoBias(cudaStream_t stream, ffi::AnyBuffer x,
 extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwd(XLA_FFI_CallFrame*);
 extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwdNoBias(
     XLA_FFI_CallFrame*);
+extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwdResidual(XLA_FFI_CallFrame*);
 
 // Command-buffer (CUDA graph) compatible: the handler only launches a kernel
 // on the given stream; no sync, no allocation, no device queries.
 namespace jaxcnn {
-// The conv attributes both handlers decode, in the order the implementations take them.
+// The conv attributes every handler decodes, in the order the implementations take them.
 template <typename Binding>
 auto WithConvAttrs(Binding binding) {
   return std::move(binding).template Attr<int64_t>("stride_h")
@@ -234,7 +281,8 @@ auto WithConvAttrs(Binding binding) {
       .template Attr<int64_t>("activation")
       .template Attr<int64_t>("layout")
       .template Attr<int64_t>("precision")
-      .template Attr<int64_t>("algorithm");
+      .template Attr<int64_t>("algorithm")
+      .template Attr<float>("alpha");
 }
 }  // namespace jaxcnn
 
@@ -257,6 +305,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
                                                         .Ret<ffi::AnyBuffer>()),  // workspace u8
                               {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdResidual, jaxcnn::Conv2dFwdResidual,
+                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                                        .Arg<ffi::AnyBuffer>()  // bias [K]
+                                                        .Arg<ffi::AnyBuffer>()  // residual, as y
+                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
+                              {ffi::Traits::kCmdBufferCompatible});
+
 // Scratch bytes the handler will need, for the Python lowering (which makes the
 // workspace a second result of the custom call). -1: the requested kernel
 // family cannot run these params; *reason then says why (the lowering raises).
@@ -264,15 +323,24 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv2d_workspace_bytes(
     int64_t n, int64_t h, int64_t w, int64_t c, int64_t r, int64_t s,
     int64_t k, int64_t p, int64_t q, int64_t stride_h, int64_t stride_w,
     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
-    int64_t relu, int64_t layout, int64_t precision, int64_t algorithm,
-    int64_t dtype, const char** reason) {
+    int64_t activation, int64_t has_residual, int64_t layout, int64_t precision,
+    int64_t algorithm, int64_t dtype, const char** reason) {
   *reason = nullptr;
+  if (!jaxcnn::ValidActivationCode(activation)) {
+    *reason = "unknown activation code";
+    return -1;
+  }
   jaxcnn::Conv2dParams params{n, h, w, c, r, s, k, p, q,
                               static_cast<int>(stride_h),
                               static_cast<int>(stride_w),
                               static_cast<int>(pad_h), static_cast<int>(pad_w),
                               static_cast<int>(dil_h), static_cast<int>(dil_w),
-                              static_cast<int>(groups), relu != 0};
+                              static_cast<int>(groups)};
+  // The plan depends on the activation's code, not on alpha.
+  params.epilogue.act = static_cast<jaxcnn::Activation>(activation);
+  // Planning looks only at whether a residual is given: any non-null pointer says so.
+  alignas(16) static const int16_t kAnyResidual[8] = {};
+  params.residual = has_residual != 0 ? kAnyResidual : nullptr;
   params.layout = static_cast<jaxcnn::TensorLayout>(layout);
   params.precision = static_cast<jaxcnn::MathPrecision>(precision);
   const auto requested = static_cast<jaxcnn::Conv2dAlgorithm>(algorithm);

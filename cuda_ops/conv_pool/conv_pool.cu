@@ -188,6 +188,7 @@ conv_pool::StemArgs MakeStemArgs(const ConvPoolParams& p, const ConvPoolPlan& pl
   a.rsc = static_cast<int>(p.R * p.S * p.C);
   a.kf_pad = static_cast<int>(StemKfPad(p));
   a.use_tma = plan.tma ? 1 : 0;
+  a.act = p.act;
   return a;
 }
 
@@ -306,6 +307,18 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
   if (const char* reason = conv_pool_unsupported_reason(p)) {
     plan.unsupported = reason;
     return plan;
+  }
+  if (p.act.act != Activation::kRelu) {
+    const bool pooled = p.pool_h * p.pool_w > 1;
+    const Activation act = p.act.act;
+    const bool monotone = act == Activation::kNone || act == Activation::kRelu ||
+                          act == Activation::kRelu6 || act == Activation::kSigmoid ||
+                          (act == Activation::kLeakyRelu && p.act.alpha >= 0.f);
+    if (algorithm != ConvPoolAlgorithm::kStem)
+      plan.unsupported = "an activation other than relu runs on the stem kernel only";
+    else if (pooled && !monotone)
+      plan.unsupported = "max-pool after a non-monotone activation (it does not commute)";
+    if (plan.unsupported != nullptr) return plan;
   }
   // The wgmma kernel, where its shape family, dtype and device fit.
   const char* wgmma_reason =

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
+
 namespace jaxcnn {
 
 // Which kernel runs the layer; codes match jaxcnn/ops/conv_pool_args.py ALGORITHMS.
@@ -50,6 +52,10 @@ struct ConvPoolParams {
   // float only: TF32 tensor cores may run it (precision "default", as XLA's DEFAULT); else
   // fp32-accurate CUDA-core FMA (precision "highest").
   bool allow_tf32 = false;
+  // The activation after the bias (common/epilogue.cuh). Only the stem kernel takes one other
+  // than ReLU (conv2d's unpooled stem algorithm), and pooled only a monotone one, which
+  // commutes with the max; plan_conv_pool refuses the rest.
+  EpilogueActivation act{Activation::kRelu, 0.f};
 };
 
 // What the launcher will run for these params, dtype and pointers (no launch).

@@ -19,8 +19,10 @@
 //             offset per GEMM-K index (a table built once per CTA). m16n8k16 bf16/fp16 (B by
 //             ldmatrix), or m16n8k8 TF32 for float at precision "default" (inputs rounded to
 //             TF32, as XLA's DEFAULT does).
-//   epilogue  the accumulators start from the bias (kept in shared memory as fp32); ReLU and
-//             one rounding to T (one cvt.relu per pair) into the conv tile in shared memory,
+//   epilogue  the accumulators start from the bias (kept in shared memory as fp32); the
+//             activation (ReLU for pooled layers: one cvt.relu per pair; any code of
+//             common/epilogue.cuh for conv2d's unpooled use) and one rounding to T into the
+//             conv tile in shared memory,
 //             then each thread max-reduces a (pooled pixel, 16 bytes of channels) window from
 //             it (positions outside the conv output are the pool's -inf padding; NaN
 //             propagates) and stores 16 bytes of y. The conv tile never reaches DRAM.
@@ -37,6 +39,7 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "conv_pool/conv_pool_kernels.cuh"
 
 namespace jaxcnn {
@@ -97,6 +100,7 @@ struct StemArgs {
   int rsc;                 // GEMM-K = R * S * C
   int kf_pad;              // rsc rounded up to kStemChunk
   int use_tma;             // 1: input tiles by TMA (x_map); 0: element-wise loads
+  EpilogueActivation act;  // after the bias (ReLU for every pooled layer)
 };
 
 // ---- mbarrier + TMA (sm_90; the launcher sets use_tma only there): the input tile's
@@ -154,11 +158,20 @@ __device__ __forceinline__ uint32_t PackRelu(float lo, float hi) {
   return r;
 }
 
-// Epilogue 1: the warp's 2 x 8 m16n8 accumulator tiles (bias already in them) ReLU'd and
-// rounded to T into the conv tile (rows row0 + 16 mt + g | + 8, columns col0 + 8 nt + 2q | + 1).
+// Two fp32 values through the activation, rounded to T and packed (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t PackAct(float lo, float hi, const EpilogueActivation& act) {
+  if (act.act == Activation::kRelu) return PackRelu<T>(lo, hi);
+  return PackPair<T>(ApplyActivation(act, lo), ApplyActivation(act, hi));
+}
+
+// Epilogue 1: the warp's 2 x 8 m16n8 accumulator tiles (bias already in them) through the
+// activation and rounded to T into the conv tile (rows row0 + 16 mt + g | + 8, columns
+// col0 + 8 nt + 2q | + 1).
 template <typename T, int kOutStride>
-__device__ __forceinline__ void StemStoreRelu(T* tile, int row0, int col0,
-                                              const float (&acc)[2][8][4]) {
+__device__ __forceinline__ void StemStoreAct(T* tile, int row0, int col0,
+                                             const float (&acc)[2][8][4],
+                                             const EpilogueActivation& act) {
   const int g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
@@ -168,11 +181,13 @@ __device__ __forceinline__ void StemStoreRelu(T* tile, int row0, int col0,
     for (int nt = 0; nt < 8; ++nt) {
       const float(&d)[4] = acc[mt][nt];
       if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float2*>(lo + nt * 8) = make_float2(Relu(d[0]), Relu(d[1]));
-        *reinterpret_cast<float2*>(hi + nt * 8) = make_float2(Relu(d[2]), Relu(d[3]));
+        *reinterpret_cast<float2*>(lo + nt * 8) =
+            make_float2(ApplyActivation(act, d[0]), ApplyActivation(act, d[1]));
+        *reinterpret_cast<float2*>(hi + nt * 8) =
+            make_float2(ApplyActivation(act, d[2]), ApplyActivation(act, d[3]));
       } else {
-        *reinterpret_cast<uint32_t*>(lo + nt * 8) = PackRelu<T>(d[0], d[1]);
-        *reinterpret_cast<uint32_t*>(hi + nt * 8) = PackRelu<T>(d[2], d[3]);
+        *reinterpret_cast<uint32_t*>(lo + nt * 8) = PackAct<T>(d[0], d[1], act);
+        *reinterpret_cast<uint32_t*>(hi + nt * 8) = PackAct<T>(d[2], d[3], act);
       }
     }
   }
@@ -437,8 +452,8 @@ __global__ void __launch_bounds__(kStemThreads, kStemMinBlocks)
     __syncthreads();
     if (tma && tid == 0 && tile + 2 * grid < tiles) issue(tile + 2 * grid, buf);
 
-    // Epilogue 1: ReLU, rounded to T, into the [m][kBlockK] conv tile.
-    if (warp_rows) StemStoreRelu<T, kOutStride>(ct, warp_m * 32, warp_n * 64, acc);
+    // Epilogue 1: the activation, rounded to T, into the [m][kBlockK] conv tile.
+    if (warp_rows) StemStoreAct<T, kOutStride>(ct, warp_m * 32, warp_n * 64, acc, a.act);
     __syncthreads();
 
     // Epilogue 2: max over each pool window from the conv tile; 16-byte stores of y.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "conv_pool/conv_pool.h"
 
 namespace jaxcnn {
@@ -44,10 +45,11 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 // block).
 int64_t Grid(const ConvPoolParams& p);
 
-// relu false (no pool only): the conv output plus bias, unclamped (conv2d's activation=None).
+// act: the activation after the bias, applied without the pool only (conv2d's epilogue, any
+// common/epilogue.cuh code); the pooled layers always ReLU. No residual.
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
-                   bool relu = true);
+                   const EpilogueActivation& act = {Activation::kRelu, 0.f});
 
 // The configurations by number, for tests and tuning: their names, whether one can run a
 // layer (the resident filter needs K == 64 and C <= 64, 128-channel blocks K % 128 == 0), the
@@ -59,7 +61,8 @@ bool ConfigTakes(int config, const ConvPoolParams& p);
 int ChosenConfig(const ConvPoolParams& p);
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
-                         cudaStream_t stream, bool relu = true);
+                         cudaStream_t stream,
+                         const EpilogueActivation& act = {Activation::kRelu, 0.f});
 
 // Fire expand (split + merge fusion; jaxcnn.fire's wgmma path): one launch computes
 //   y[..., :E1] = relu(conv1x1(s, w1) + b1),  y[..., E1:] = relu(conv3x3_same(s, w3) + b3)

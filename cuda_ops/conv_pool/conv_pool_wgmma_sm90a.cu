@@ -41,6 +41,7 @@
 #include <utility>
 
 #include "common/device_attribute.h"
+#include "common/epilogue.cuh"
 #include "common/tensor_map.h"
 #include "common/wgmma_sm90.cuh"
 #include "conv_pool/conv_pool_wgmma.h"
@@ -170,7 +171,8 @@ struct Args {
   int tiles_h, tiles_w, n_blocks, chunks;
   int work;  // N * tiles_h * tiles_w * n_blocks
   bool pool;  // 2x2/2 max pool, else none: y is the conv output itself (PH x PW = P x Q)
-  bool relu;  // only without the pool (conv2d's activation=None); the pooled layers ReLU
+  // Any activation only without the pool (conv2d's epilogue); the pooled layers ReLU.
+  EpilogueActivation act;
 };
 
 
@@ -200,12 +202,14 @@ __device__ __forceinline__ float2 BiasPair(const T* bias, int n, int count) {
                          : make_float2(static_cast<float>(bias[n]), static_cast<float>(bias[n + 1]));
 }
 
-// bias, then ReLU that keeps NaN. max(acc) + bias then ReLU equals the pool of
-// ReLU(acc + bias), and rounding once after the max equals the max of rounded values (all
-// monotone).
-__device__ __forceinline__ float Act(float v, float bias, bool relu) {
-  v += bias;
-  return relu && v < 0.f ? 0.f : v;
+// bias, then the activation (common/epilogue.cuh). Pooled: always ReLU, which keeps NaN;
+// max(acc) + bias then ReLU equals the pool of ReLU(acc + bias), and rounding once after the
+// max equals the max of rounded values (all monotone).
+__device__ __forceinline__ float Act(float v, float bias, const EpilogueActivation& act) {
+  return ApplyActivation(act, v + bias);
+}
+__device__ __forceinline__ float BiasRelu(float v, float bias) {
+  return ApplyActivation(Activation::kRelu, v + bias, 0.f);
 }
 
 struct Item {
@@ -263,8 +267,8 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it,
 #pragma unroll
         for (int j = 0; j < S::kN / 8; ++j) {
           const float2 b = BiasPair(bias, n_lane + 8 * j - ib.first, ib.count);
-          y[4 * j] = PackPair<T>(Act(acc[blk][4 * j + 2 * half], b.x, a.relu),
-                                 Act(acc[blk][4 * j + 2 * half + 1], b.y, a.relu));
+          y[4 * j] = PackPair<T>(Act(acc[blk][4 * j + 2 * half], b.x, a.act),
+                                 Act(acc[blk][4 * j + 2 * half + 1], b.y, a.act));
         }
       }
     }
@@ -286,7 +290,7 @@ __device__ __forceinline__ void EpiloguePixelsM(const Args& a, const Item& it,
       v1 = NanMax(v1, __shfl_xor_sync(0xffffffffu, v1, 4));
       if (writer) {
         const float2 b = BiasPair(bias, n_lane + 8 * j - ib.first, ib.count);
-        y[4 * j] = PackPair<T>(Act(v0, b.x, true), Act(v1, b.y, true));  // 8 channels = 4 words
+        y[4 * j] = PackPair<T>(BiasRelu(v0, b.x), BiasRelu(v1, b.y));  // 8 channels = 4 words
       }
     }
   }
@@ -323,10 +327,10 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
       const float* d = &acc[0][4 * j];
       const float r0 = __shfl_xor_sync(0xffffffffu, even ? d[1] : d[0], 4);
       const float r1 = __shfl_xor_sync(0xffffffffu, even ? d[3] : d[2], 4);
-      const uint32_t lo = PackPair<T>(Act(even ? d[0] : r0, b_lo.x, a.relu),
-                                      Act(even ? r0 : d[1], b_lo.y, a.relu));
-      const uint32_t hi = PackPair<T>(Act(even ? d[2] : r1, b_hi.x, a.relu),
-                                      Act(even ? r1 : d[3], b_hi.y, a.relu));
+      const uint32_t lo = PackPair<T>(Act(even ? d[0] : r0, b_lo.x, a.act),
+                                      Act(even ? r0 : d[1], b_lo.y, a.act));
+      const uint32_t hi = PackPair<T>(Act(even ? d[2] : r1, b_hi.x, a.act),
+                                      Act(even ? r1 : d[3], b_hi.y, a.act));
       if constexpr (S::kStoreTile) {
         // [row][column][64 channels], 128-byte pixels, TMA's 128B swizzle: the 16-byte chunk
         // index XORed with the pixel's index mod 8 (here the column), so the 8 pixels of one
@@ -360,7 +364,7 @@ __device__ __forceinline__ void EpilogueChannelsM(const Args& a, const Item& it,
     if (ph < a.PH && pw < a.PW) {
       const float v0 = even ? lo : other, v1 = even ? other : hi;
       *reinterpret_cast<uint32_t*>(y_img + (static_cast<int64_t>(ph) * a.PW + pw) * a.K +
-                                   c_store) = PackPair<T>(Act(v0, b.x, true), Act(v1, b.y, true));
+                                   c_store) = PackPair<T>(BiasRelu(v0, b.x), BiasRelu(v1, b.y));
     }
   }
 }
@@ -700,11 +704,12 @@ cudaError_t EncodeMaps(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
 }
 
 template <typename T, class S, bool kFire = false>
-cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, bool relu,
+cudaError_t LaunchShape(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
+                        const EpilogueActivation& act,
                         cudaStream_t stream, const CenterBlock<T>& center = {}) {
   Args a{};
   a.pool = p.pool_h == 2;
-  a.relu = relu || a.pool;
+  a.act = a.pool ? EpilogueActivation{Activation::kRelu, 0.f} : act;
   a.bias = b.bias, a.y = b.y;
   a.bias_center = center.bias;
   a.k_center = static_cast<int>(center.k_center);
@@ -782,9 +787,9 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
 
 template <typename T>
 cudaError_t Launch(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, cudaStream_t stream,
-                   bool relu) {
+                   const EpilogueActivation& act) {
   return WithShape(
-      ConfigFor(p), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); },
+      ConfigFor(p), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, act, stream); },
       Unpooled(p));
 }
 
@@ -807,10 +812,10 @@ int ChosenConfig(const ConvPoolParams& p) { return static_cast<int>(ConfigFor(p)
 
 template <typename T>
 cudaError_t LaunchConfig(const ConvPoolParams& p, const ConvPoolBuffers<T>& b, int config,
-                         cudaStream_t stream, bool relu) {
+                         cudaStream_t stream, const EpilogueActivation& act) {
   if (!ConfigTakes(config, p)) return cudaErrorInvalidValue;
   return WithShape(
-      static_cast<Config>(config), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, relu, stream); }, Unpooled(p));
+      static_cast<Config>(config), [&](auto s) { return LaunchShape<T, decltype(s)>(p, b, act, stream); }, Unpooled(p));
 }
 
 // The fire expand as the kernel's layer: a 3x3 SAME conv of s, unpooled, with every output
@@ -841,6 +846,9 @@ const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_byt
   return UnsupportedReason(p, dtype_bytes, is_float, s, only_1x1 ? w1 : w3, y);
 }
 
+// The fire module ReLUs both expands and its squeeze.
+constexpr EpilogueActivation kFireRelu{Activation::kRelu, 0.f};
+
 template <typename T>
 cudaError_t LaunchFireExpand(const FireExpandParams& f, const FireExpandBuffers<T>& b,
                              cudaStream_t stream) {
@@ -858,8 +866,8 @@ cudaError_t LaunchFireExpand(const FireExpandParams& f, const FireExpandBuffers<
     using R = decltype(resident);
     const bool fits = f.E3 == 0 ? chunks * R::kWTapBytes <= R::kWRegion
                                 : chunks <= R::kResidentChunks;
-    return fits ? LaunchShape<T, R, true>(p, conv, true, stream, center)
-                : LaunchShape<T, decltype(streamed), true>(p, conv, true, stream, center);
+    return fits ? LaunchShape<T, R, true>(p, conv, kFireRelu, stream, center)
+                : LaunchShape<T, decltype(streamed), true>(p, conv, kFireRelu, stream, center);
   };
   if (ConfigFor(p, /*fire_expand=*/true) == Config::kChannels14)
     return launch(Shape<true, 14, true, true, true>{}, Shape<true, 14, true, false, true>{});
@@ -873,14 +881,14 @@ template cudaError_t LaunchFireExpand<__half>(const FireExpandParams&,
                                               const FireExpandBuffers<__half>&, cudaStream_t);
 template cudaError_t LaunchConfig<__nv_bfloat16>(const ConvPoolParams&,
                                                  const ConvPoolBuffers<__nv_bfloat16>&, int,
-                                                 cudaStream_t, bool);
+                                                 cudaStream_t, const EpilogueActivation&);
 template cudaError_t LaunchConfig<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,
-                                          int, cudaStream_t, bool);
+                                          int, cudaStream_t, const EpilogueActivation&);
 template cudaError_t Launch<__nv_bfloat16>(const ConvPoolParams&,
                                            const ConvPoolBuffers<__nv_bfloat16>&, cudaStream_t,
-                                           bool);
+                                           const EpilogueActivation&);
 template cudaError_t Launch<__half>(const ConvPoolParams&, const ConvPoolBuffers<__half>&,
-                                    cudaStream_t, bool);
+                                    cudaStream_t, const EpilogueActivation&);
 
 }  // namespace conv_pool_wgmma
 }  // namespace jaxcnn

@@ -20,6 +20,8 @@ struct TcProblem {
   const void* x = nullptr;  // [N, H, W, C] with the strides below
   const void* w = nullptr;  // KRSC [K, R, S, C], packed
   const void* bias = nullptr;  // [K] or null
+  // [N, P, Q, K] packed, or null; only the residual kernel variants take one.
+  const void* residual = nullptr;
   void* y = nullptr;           // [N, P, Q, K], pixels y_stride_pixel elements apart
   int64_t y_stride_pixel = 0;
   int N = 0, H_eff = 0, W_eff = 0, C = 0;
@@ -28,7 +30,8 @@ struct TcProblem {
   int stride_h = 1, stride_w = 1;
   int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
   int dil_h = 1, dil_w = 1;
-  bool relu = false;
+  int act = 0;  // common/epilogue.cuh Activation code
+  float alpha = 0.0f;
   int device = 0;    // for per-device kernel attributes
   int sm_count = 0;  // persistent grid size
 };
@@ -121,6 +124,18 @@ extern const TcKernelOps kTf32KernelsB[4];
 // fp32 kHighest (3xTF32, two-level accumulation): conv2d_tc_tf32x3_{a,b}_sm90a.cu.
 extern const TcKernelOps kTf32x3KernelsA[3];
 extern const TcKernelOps kTf32x3KernelsB[4];
+
+// The residual variants (the epilogue reads the residual as its source tensor), each a whole
+// extra instantiation, so only for a few configs: kResidualConfigs[i] is the config of entry
+// i, and bf16/fp16 have the first kNumResidualConfigsHalf of them (pp_128x128, pp_128x64),
+// fp32 (TF32 and 3xTF32) the last one only (pp_128x64, whose tile is the same in both
+// tables). conv2d_tc_residual_{half,tf32}_sm90a.cu.
+constexpr int kResidualConfigs[2] = {kPingpong128x128, kPingpong128x64};
+constexpr int kNumResidualConfigsHalf = 2;
+extern const TcKernelOps kBf16KernelsResidual[2];
+extern const TcKernelOps kF16KernelsResidual[2];
+extern const TcKernelOps kTf32KernelsResidual[1];    // config kPingpong128x64
+extern const TcKernelOps kTf32x3KernelsResidual[1];  // config kPingpong128x64
 
 }  // namespace conv_tc
 }  // namespace jaxcnn

@@ -6,8 +6,9 @@
 //             collective with its non-persistent kernel, so PersistentConvMainloop
 //             below re-exposes it with the linearized GEMM problem
 //             (M = N*P*Q, N = K, K = (C,S,R), L = 1) those kernels expect;
-//   epilogue  ours: an EVT node y = act(acc + bias) (fp32), one rounding to the
-//             output type, TMA store.
+//   epilogue  ours: an EVT node y = act(acc + bias [+ residual]) (fp32), one
+//             rounding to the output type, TMA store; the residual variant reads
+//             the residual as the epilogue's source tensor C.
 // Included only by the per-dtype instantiation files.
 #pragma once
 
@@ -29,56 +30,78 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/numeric_types.h"
 
+#include "common/epilogue.cuh"
 #include "conv_tc/conv2d_tc_configs.h"
 
 namespace jaxcnn {
 namespace conv_tc {
 
 // ---------------------------------------------------------------------------
-// Epilogue: bias add + optional ReLU, in fp32.
+// Epilogue (common/epilogue.cuh): y = act(acc + bias + residual) in fp32, the activation a
+// run-time code of the EVT node's arguments, so one instantiation serves every activation.
 
-struct BiasReluArgs {
-  int relu = 0;
+struct EpilogueArgs {
+  int act = 0;  // Activation code
+  float alpha = 0.0f;
 };
 
 // Sm90Compute instantiates the functor on ElementCompute (for its Arguments)
-// and on Array<ElementCompute, N> (to compute). `v < 0 ? 0 : v` keeps NaN,
-// like jnp.maximum(v, 0); fmaxf would turn it into 0.
+// and on Array<ElementCompute, N> (to compute); its inputs are the EVT node's
+// children: (acc, bias) or (acc, bias, residual).
 template <class T>
-struct BiasAddRelu {
-  using Arguments = BiasReluArgs;
-  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias,
+struct BiasResidualActivation {
+  using Arguments = EpilogueArgs;
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, Arguments const& args) const {
+    return ApplyActivation(static_cast<Activation>(args.act), acc + bias, args.alpha);
+  }
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& residual,
                                    Arguments const& args) const {
-    const T v = acc + bias;
-    return (args.relu && v < T(0)) ? T(0) : v;
+    return ApplyActivation(static_cast<Activation>(args.act), acc + bias + residual, args.alpha);
   }
 };
 
 template <class T, int N>
-struct BiasAddRelu<cutlass::Array<T, N>> {
-  using Arguments = BiasReluArgs;
+struct BiasResidualActivation<cutlass::Array<T, N>> {
+  using Arguments = EpilogueArgs;
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(
       cutlass::Array<T, N> const& acc, cutlass::Array<T, N> const& bias,
       Arguments const& args) const {
     cutlass::Array<T, N> out;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) {
-      const T v = acc[i] + bias[i];
-      out[i] = (args.relu && v < T(0)) ? T(0) : v;
-    }
+    for (int i = 0; i < N; ++i)
+      out[i] = ApplyActivation(static_cast<Activation>(args.act), acc[i] + bias[i], args.alpha);
+    return out;
+  }
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(
+      cutlass::Array<T, N> const& acc, cutlass::Array<T, N> const& bias,
+      cutlass::Array<T, N> const& residual, Arguments const& args) const {
+    cutlass::Array<T, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i)
+      out[i] = ApplyActivation(static_cast<Activation>(args.act), acc[i] + bias[i] + residual[i],
+                               args.alpha);
     return out;
   }
 };
 
-// y = BiasAddRelu(acc, bias[n]) -> ElementD. A null bias pointer reads as 0.
+template <class ElementBias, class TileShape>
+using BiasBroadcast = cutlass::epilogue::fusion::Sm90RowBroadcast<
+    0, TileShape, ElementBias, float, cute::Stride<cute::_0, cute::_1, cute::_0>>;
+
+// y = act(acc + bias[n]) -> ElementD. A null bias pointer reads as 0.
 template <class ElementD, class ElementBias, class TileShape>
-using BiasReluEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
+using BiasActEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
     cutlass::epilogue::fusion::Sm90Compute<
-        BiasAddRelu, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
-    cutlass::epilogue::fusion::Sm90AccFetch,
-    cutlass::epilogue::fusion::Sm90RowBroadcast<
-        0, TileShape, ElementBias, float,
-        cute::Stride<cute::_0, cute::_1, cute::_0>>>;
+        BiasResidualActivation, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch, BiasBroadcast<ElementBias, TileShape>>;
+
+// y = act(acc + bias[n] + C[m, n]) -> ElementD, C (the residual) the epilogue's source tensor.
+template <class ElementD, class ElementBias, class TileShape>
+using BiasResidualActEpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<
+        BiasResidualActivation, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch, BiasBroadcast<ElementBias, TileShape>,
+    cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>>;
 
 // ---------------------------------------------------------------------------
 // Mainloop adapter: CUTLASS's conv collective under a persistent GEMM kernel.
@@ -468,9 +491,12 @@ struct PersistentConvMainloop : ConvCollective {
 // max(1, PromoteK / TileK) k-tiles (see PersistentConvMainloop).
 // BMnMajor: B read from HWIO directly (16-bit types only, see
 // PersistentConvMainloop).
+// Residual: the epilogue reads the residual as its source tensor C (a separate instantiation:
+// the source's shared-memory buffers and loads would cost every conv without one).
 template <class Element, int TileM, int TileN, int TileKBytes, int ClusterM,
-          bool Cooperative, int PromoteK = 0, bool BMnMajor = false>
+          bool Cooperative, int PromoteK = 0, bool BMnMajor = false, bool Residual = false>
 struct TcConvKernel {
+  static constexpr bool kResidual = Residual;
   using ElementMma =
       std::conditional_t<std::is_same_v<Element, float>, cutlass::tfloat32_t,
                          Element>;
@@ -493,14 +519,17 @@ struct TcConvKernel {
                          cutlass::epilogue::TmaWarpSpecializedCooperative,
                          cutlass::epilogue::TmaWarpSpecialized>;
 
-  // y is [N*P*Q, K] row-major; no source tensor C.
+  // y is [N*P*Q, K] row-major; the source tensor C is the residual (same shape), or none.
+  using ElementC = std::conditional_t<Residual, Element, void>;
+  using EpilogueOp =
+      std::conditional_t<Residual, BiasResidualActEpilogueOp<Element, Element, TileShape>,
+                         BiasActEpilogueOp<Element, Element, TileShape>>;
   using CollectiveEpilogue =
       typename cutlass::epilogue::collective::CollectiveBuilder<
           cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape,
           ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float,
-          float, void, cutlass::layout::RowMajor, kAlign, Element,
-          cutlass::layout::RowMajor, kAlign, EpilogueSchedule,
-          BiasReluEpilogueOp<Element, Element, TileShape>>::CollectiveOp;
+          float, ElementC, cutlass::layout::RowMajor, kAlign, Element,
+          cutlass::layout::RowMajor, kAlign, EpilogueSchedule, EpilogueOp>::CollectiveOp;
 
   // As many stages as fit beside the epilogue's shared memory (the
   // persistent kernels keep both alive), capped: past ~8 more stages only
@@ -622,11 +651,18 @@ struct TcConvRunner {
     args->mainloop.ptr_B = static_cast<Element const*>(p.w);
     args->mainloop.problem = conv;
     auto& epi = args->epilogue;
-    // EVT arguments: children (acc, bias) first, then the node's own.
-    epi.thread = {{},
-                  {static_cast<Element const*>(p.bias), Element(0), {}},
-                  BiasReluArgs{p.relu ? 1 : 0}};
-    epi.ptr_C = nullptr;
+    // EVT arguments: children (acc, bias[, residual]) first, then the node's own.
+    const EpilogueArgs act{p.act, p.alpha};
+    if constexpr (Config::kResidual) {
+      if (p.residual == nullptr) return false;
+      epi.thread = {{}, {static_cast<Element const*>(p.bias), Element(0), {}}, {}, act};
+      epi.ptr_C = static_cast<Element const*>(p.residual);
+      epi.dC = typename Kernel::StrideC{int64_t(p.K), cute::_1{}, gemm_m * p.K};
+    } else {
+      if (p.residual != nullptr) return false;
+      epi.thread = {{}, {static_cast<Element const*>(p.bias), Element(0), {}}, act};
+      epi.ptr_C = nullptr;
+    }
     epi.ptr_D = static_cast<Element*>(p.y);
     epi.dD = typename Kernel::StrideD{p.y_stride_pixel, cute::_1{}, gemm_m * p.y_stride_pixel};
     args->hw_info.device_id = p.device;

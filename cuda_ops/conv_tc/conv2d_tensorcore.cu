@@ -94,8 +94,23 @@ const DeviceInfo* GetDeviceInfo(int device) {
   return &infos[device];
 }
 
-// split3: fp32 kHighest, the 3xTF32 family (two-level accumulation).
-const TcKernelOps& KernelOps(TcDType dtype, bool split3, int config) {
+// Index of `config` among the residual variants of `dtype`'s family, or -1 where it has none.
+int ResidualIndex(TcDType dtype, int config) {
+  const int first = dtype == TcDType::kF32 ? conv_tc::kNumResidualConfigsHalf - 1 : 0;
+  for (int i = first; i < conv_tc::kNumResidualConfigsHalf; ++i)
+    if (conv_tc::kResidualConfigs[i] == config) return i - first;
+  return -1;
+}
+
+// split3: fp32 kHighest, the 3xTF32 family (two-level accumulation). residual: the variant
+// that reads one (`config` must have one: ResidualIndex >= 0).
+const TcKernelOps& KernelOps(TcDType dtype, bool split3, int config, bool residual) {
+  if (residual) {
+    const int i = ResidualIndex(dtype, config);
+    if (dtype == TcDType::kBF16) return conv_tc::kBf16KernelsResidual[i];
+    if (dtype == TcDType::kF16) return conv_tc::kF16KernelsResidual[i];
+    return split3 ? conv_tc::kTf32x3KernelsResidual[i] : conv_tc::kTf32KernelsResidual[i];
+  }
   const TcKernelOps* a = conv_tc::kBf16KernelsA;
   const TcKernelOps* b = conv_tc::kBf16KernelsB;
   if (dtype == TcDType::kF16) {
@@ -111,7 +126,7 @@ const TcKernelOps& KernelOps(TcDType dtype, bool split3, int config) {
   return config < 3 ? a[config] : b[config - 3];
 }
 
-// Everything except pointers and the device.
+// Everything except the device and the pointers other than the residual's.
 TcProblem MakeProblem(const Conv2dParams& p, TcDType dtype) {
   const int64_t c_gemm = GemmC(p, dtype);
   const AxisMap h = MapAxis(p.H, p.R, p.P, p.stride_h, p.pad_h, p.dil_h);
@@ -137,7 +152,9 @@ TcProblem MakeProblem(const Conv2dParams& p, TcDType dtype) {
   t.pad_right = static_cast<int>(w.pad_hi);
   t.dil_h = p.dil_h;
   t.dil_w = p.dil_w;
-  t.relu = p.relu;
+  t.residual = p.residual;  // which kernel variant runs (and sizes its workspace)
+  t.act = static_cast<int>(p.epilogue.act);
+  t.alpha = p.epilogue.alpha;
   t.y_stride_pixel = p.y_pixel_stride > 0 ? p.y_pixel_stride : p.K;
   return t;
 }
@@ -177,9 +194,11 @@ WorkspaceLayout GetWorkspaceLayout(const Conv2dParams& p, TcDType dtype) {
         static_cast<size_t>(p.N * p.H * p.W) * c_gemm * elem, kWorkspaceAlign);
   l.cutlass_offset = l.weights + l.activations;
   const TcProblem problem = MakeProblem(p, dtype);
+  const bool residual = p.residual != nullptr;
   for (int c = 0; c < conv_tc::kNumConfigs; ++c)
-    l.cutlass = std::max(l.cutlass,
-                         KernelOps(dtype, split3, c).workspace_bytes(problem));
+    if (!residual || ResidualIndex(dtype, c) >= 0)
+      l.cutlass = std::max(l.cutlass,
+                           KernelOps(dtype, split3, c, residual).workspace_bytes(problem));
   l.cutlass = AlignUp(l.cutlass, kWorkspaceAlign);
   l.total = l.cutlass_offset + l.cutlass;
   return l;
@@ -240,6 +259,8 @@ const char* conv2d_tensorcore_unsupported_reason(const Conv2dParams& q,
                                   : "K must be a multiple of 8 (16-byte TMA rows)";
   if (q.y_pixel_stride != 0 && (q.y_pixel_stride < q.K || q.y_pixel_stride % align != 0))
     return "y_pixel_stride must be 0 (packed) or >= K and a multiple of 16 bytes (TMA store)";
+  if (q.residual != nullptr && q.y_pixel_stride != 0 && q.y_pixel_stride != q.K)
+    return "a residual needs a packed y";
   if (q.stride_h > kMaxTraversalStride || q.stride_w > kMaxTraversalStride)
     return "strides above 8 (TMA im2col traversal stride limit)";
 
@@ -326,6 +347,14 @@ int conv2d_tensorcore_pick_config(const Conv2dParams& p, TcDType dtype) {
     (void)cudaGetLastError();
   }
 
+  // With a residual only the configs that have a residual variant: the wider tile where its
+  // tiles still fill the GPU.
+  if (p.residual != nullptr) {
+    if (dtype != TcDType::kF32 && n > 64 && NumTiles(m, n, kPingpong128x128, false) >= sm_count)
+      return kPingpong128x128;
+    return kPingpong128x64;
+  }
+
   const int64_t small_c_bytes = dtype == TcDType::kF32 ? 64 : 32;
   if (c_gemm * ElementBytes(dtype) <= small_c_bytes) return kPingpong128x64SmallC;
   if (dtype != TcDType::kF32 && c_gemm * ElementBytes(dtype) <= 64 && n > 64 &&
@@ -368,7 +397,8 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
   if (config < -1 || config >= conv_tc::kNumConfigs) return cudaErrorInvalidValue;
   if (OutputEmpty(params)) return cudaSuccess;
   if (x == nullptr || w == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y)) return cudaErrorInvalidValue;
+  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y) || !Aligned16(params.residual))
+    return cudaErrorInvalidValue;
   // bf16/fp16 usually need no workspace at all (then `workspace` may be null).
   const WorkspaceLayout layout = GetWorkspaceLayout(params, dtype);
   if (layout.total > 0 &&
@@ -386,6 +416,8 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
     return cudaErrorNoKernelImageForDevice;
 
   if (config < 0) config = conv2d_tensorcore_pick_config(params, dtype);
+  const bool residual = params.residual != nullptr;
+  if (residual && ResidualIndex(dtype, config) < 0) return cudaErrorInvalidValue;
 
   const bool split3 = IsSplit3(params, dtype);
   const bool pad = NeedsChannelPad(params, dtype);
@@ -454,7 +486,7 @@ cudaError_t launch_conv2d_tensorcore(const T* x, const T* w, const T* bias,
   problem.y = y;
   problem.device = device;
   problem.sm_count = info->sm_count;
-  return KernelOps(dtype, split3, config)
+  return KernelOps(dtype, split3, config, residual)
       .run(problem, layout.cutlass > 0 ? ws + layout.cutlass_offset : nullptr,
             layout.cutlass, stream);
 }

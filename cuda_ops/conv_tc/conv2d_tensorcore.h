@@ -11,7 +11,10 @@
 //     partial sums are promoted into an fp32 register accumulator every 128
 //     GEMM-K elements (the wgmma accumulator alone truncates, and its error
 //     grows linearly with K).
-//   Epilogue: y = act(acc + float(bias)), act = ReLU that keeps NaN, or identity.
+//   Epilogue (common/epilogue.cuh): y = act(acc + bias + residual) in fp32, any activation
+//   code; params.residual (y's shape, packed, 16-byte aligned) runs a residual variant of
+//   the kernel, which exists for a few configs only (conv_tc/conv2d_tc_configs.h:
+//   kResidualConfigs); the heuristic then picks among those.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -71,7 +74,8 @@ const char* conv2d_tensorcore_config_name(int config, const Conv2dParams& params
 // The config the heuristic picks (what config = -1 runs).
 int conv2d_tensorcore_pick_config(const Conv2dParams& params, TcDType dtype);
 
-// Runs y = act(conv(x, w) + bias). `bias` may be null. `config` = -1 picks by
+// Runs y = act(conv(x, w) + bias + residual). `bias` may be null. With a residual, a
+// `config` without a residual variant returns cudaErrorInvalidValue. `config` = -1 picks by
 // heuristic, otherwise 0 <= config < conv2d_tensorcore_num_configs().
 // `workspace` must hold conv2d_tensorcore_workspace_bytes(params, dtype)
 // bytes, 256-byte aligned (may be null when that is 0); x, w, y, bias must be

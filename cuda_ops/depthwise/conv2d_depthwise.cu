@@ -252,7 +252,7 @@ bool Aligned(const void* p, int64_t bytes) {
 
 template <typename T, bool kChanInner, int V>
 void LaunchVec(Shape shape, const VecPlan& v, const T* x, const T* w,
-               const T* bias, T* y, const dw::VecParams& kp,
+               const T* bias, const T* residual, T* y, const dw::VecParams& kp,
                cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(v.grid));
   const dim3 block(static_cast<unsigned>(v.threads));
@@ -260,17 +260,17 @@ void LaunchVec(Shape shape, const VecPlan& v, const T* x, const T* w,
   if constexpr (V > 1) {
     if (shape == Shape::k3x3s1) {
       dw::dw_vec_kernel<T, kChanInner, V, 8, 3, 3, 1>
-          <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+          <<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
       return;
     }
     if (shape == Shape::k3x3s2) {
       dw::dw_vec_kernel<T, kChanInner, V, 4, 3, 3, 2>
-          <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+          <<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
       return;
     }
   }
   dw::dw_vec_kernel<T, kChanInner, V, 4, 0, 0, 0>
-      <<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      <<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
 }
 
 template <typename T>
@@ -278,7 +278,10 @@ cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
                    const Conv2dParams& q, cudaStream_t stream) {
   const bool chan_inner = q.layout == TensorLayout::kNHWC;
   int V = VecWidth(q);
-  if (V > 1 && !(Aligned(x, V * sizeof(T)) && Aligned(y, V * sizeof(T)))) V = 1;
+  const T* residual = static_cast<const T*>(q.residual);
+  if (V > 1 && !(Aligned(x, V * sizeof(T)) && Aligned(y, V * sizeof(T)) &&
+                 Aligned(residual, V * sizeof(T))))
+    V = 1;
   VecPlan v{};
   if (!PlanVec(q, sizeof(T), V, &v)) {
     if (V == 1 || !PlanVec(q, sizeof(T), 1, &v)) return cudaErrorInvalidValue;
@@ -321,18 +324,18 @@ cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
   kp.div_tq = dw::FastDivmod(v.TQ);
   kp.div_stride_w = dw::FastDivmod(q.stride_w);
   kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
-  kp.relu = q.relu;
+  kp.epilogue = q.epilogue;
 
   if (chan_inner) {
     if (v.V == kVec)
-      LaunchVec<T, true, kVec>(shape, v, x, w, bias, y, kp, stream);
+      LaunchVec<T, true, kVec>(shape, v, x, w, bias, residual, y, kp, stream);
     else
-      LaunchVec<T, true, 1>(shape, v, x, w, bias, y, kp, stream);
+      LaunchVec<T, true, 1>(shape, v, x, w, bias, residual, y, kp, stream);
   } else {
     if (v.V == kVec)
-      LaunchVec<T, false, kVec>(shape, v, x, w, bias, y, kp, stream);
+      LaunchVec<T, false, kVec>(shape, v, x, w, bias, residual, y, kp, stream);
     else
-      LaunchVec<T, false, 1>(shape, v, x, w, bias, y, kp, stream);
+      LaunchVec<T, false, 1>(shape, v, x, w, bias, residual, y, kp, stream);
   }
   return cudaGetLastError();
 }
@@ -379,20 +382,21 @@ cudaError_t RunPlane(const T* x, const T* w, const T* bias, T* y,
   kp.div_K = dw::FastDivmod(static_cast<uint32_t>(q.K));
   kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
   kp.div_stride_w = dw::FastDivmod(q.stride_w);
-  kp.relu = q.relu;
+  kp.epilogue = q.epilogue;
+  const T* residual = static_cast<const T*>(q.residual);
 
   const dim3 grid(static_cast<unsigned>(v.num_tiles));
   const dim3 block(static_cast<unsigned>(v.threads));
   const size_t smem = static_cast<size_t>(v.smem);
   switch (shape) {
     case Shape::k3x3s1:
-      dw::dw_plane_kernel<T, 8, 3, 3, 1><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      dw::dw_plane_kernel<T, 8, 3, 3, 1><<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
       break;
     case Shape::k3x3s2:
-      dw::dw_plane_kernel<T, 4, 3, 3, 2><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      dw::dw_plane_kernel<T, 4, 3, 3, 2><<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
       break;
     case Shape::kGeneric:
-      dw::dw_plane_kernel<T, 4, 0, 0, 0><<<grid, block, smem, stream>>>(x, w, bias, y, kp);
+      dw::dw_plane_kernel<T, 4, 0, 0, 0><<<grid, block, smem, stream>>>(x, w, bias, residual, y, kp);
       break;
   }
   return cudaGetLastError();
@@ -454,7 +458,7 @@ cudaError_t launch_conv2d_depthwise(const T* x, const T* w, const T* bias,
     return cudaErrorInvalidValue;
   if (params.N * params.P * params.Q * params.K == 0) return cudaSuccess;
   if (y == nullptr || w == nullptr) return cudaErrorInvalidValue;
-  // An empty input is legal (the output is then bias, +ReLU), but a
+  // An empty input is legal (the output is then the epilogue of zero), but a
   // non-empty one needs a pointer.
   if (x == nullptr && params.H * params.W > 0) return cudaErrorInvalidValue;
   return UsesPlaneKernel(params) ? RunPlane(x, w, bias, y, params, stream)

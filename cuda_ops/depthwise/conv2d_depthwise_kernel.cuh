@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "common/float_convert.cuh"
 
 namespace jaxcnn {
@@ -175,11 +176,10 @@ struct VecIO<__half, 4> {
   }
 };
 
-// Bias, then ReLU as `v < 0` (not fmaxf) so NaN passes like jnp.maximum.
-__device__ __forceinline__ float finish(float acc, float bias, bool relu) {
-  float v = acc + bias;
-  if (relu && v < 0.0f) v = 0.0f;
-  return v;
+// The conv epilogue (common/epilogue.cuh): bias and residual added, then the activation.
+__device__ __forceinline__ float finish(float acc, float bias, float residual,
+                                        const EpilogueActivation& e) {
+  return ApplyActivation(e, acc + bias + residual);
 }
 
 // Sliding window over one strip for the fast path. Tap column s outermost so
@@ -245,7 +245,7 @@ struct VecParams {
   int num_tiles;
   FastDivmod div_tcv, div_iw, div_slices, div_tiles_q, div_tiles_p, div_tq,
       div_stride_w, div_mult;
-  bool relu;
+  EpilogueActivation epilogue;
 };
 
 struct VecTile {
@@ -312,8 +312,8 @@ __device__ __forceinline__ void load_vec_tile(const T* __restrict__ x,
 template <typename T, bool kChanInner, int V, int TH, int kR, int kS, int kStr>
 __global__ void __launch_bounds__(kMaxThreads, kVecMinBlocks)
     dw_vec_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                  const T* __restrict__ bias, T* __restrict__ y,
-                  const VecParams p) {
+                  const T* __restrict__ bias, const T* __restrict__ residual,
+                  T* __restrict__ y, const VecParams p) {
   constexpr bool kFast = kR > 0;
   constexpr int WV = kChanInner ? V : 1;  // bias values per thread
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -438,15 +438,23 @@ __global__ void __launch_bounds__(kMaxThreads, kVecMinBlocks)
     const int q = tile.tq * p.TQ + ql;
     if (lane_valid && q < p.Q) {
       const int p0 = tile.tp * p.TP + pl0;
-      T* y_out = y + ((static_cast<int64_t>(tile.o) * p.P + p0) * p.Q + q) * p.inner + idx;
+      const int64_t out0 = ((static_cast<int64_t>(tile.o) * p.P + p0) * p.Q + q) * p.inner + idx;
 #pragma unroll
       for (int i = 0; i < TH; ++i) {
         if (p0 + i >= p.P) break;
+        const int64_t at = out0 + static_cast<int64_t>(i) * p.Q * p.inner;
+        float res[V];
+        if (residual != nullptr) {
+          VecIO<T, V>::load(residual + at, res);
+        } else {
+#pragma unroll
+          for (int v = 0; v < V; ++v) res[v] = 0.0f;
+        }
         float out[V];
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          out[v] = finish(acc[i][v], breg[kChanInner ? v : 0], p.relu);
-        VecIO<T, V>::store(y_out + static_cast<int64_t>(i) * p.Q * p.inner, out);
+          out[v] = finish(acc[i][v], breg[kChanInner ? v : 0], res[v], p.epilogue);
+        VecIO<T, V>::store(y + at, out);
       }
     }
     // Everyone is done reading this stage (and w_smem) before it is refilled.
@@ -474,14 +482,14 @@ struct PlaneParams {
   int num_tiles;
   FastDivmod div_iw, div_ih, div_tq, div_strips, div_tiles_q, div_tiles_p,
       div_K, div_mult, div_stride_w;
-  bool relu;
+  EpilogueActivation epilogue;
 };
 
 template <typename T, int TH, int kR, int kS, int kStr>
 __global__ void __launch_bounds__(kMaxThreads)
     dw_plane_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                    const T* __restrict__ bias, T* __restrict__ y,
-                    const PlaneParams p) {
+                    const T* __restrict__ bias, const T* __restrict__ residual,
+                    T* __restrict__ y, const PlaneParams p) {
   constexpr bool kFast = kR > 0;
   constexpr int kTaps = kFast ? kR * kS : 1;
   constexpr int kBatch = 4;  // loads in flight per thread while filling smem
@@ -598,11 +606,13 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int q = static_cast<int>(tq) * p.TQ + ql;
   if (plane_valid && q < p.Q) {
     const int p0 = static_cast<int>(tp) * p.TP + pl0;
-    T* y_out = y + (static_cast<int64_t>(plane) * p.P + p0) * p.Q + q;
+    const int64_t out0 = (static_cast<int64_t>(plane) * p.P + p0) * p.Q + q;
 #pragma unroll
     for (int i = 0; i < TH; ++i) {
       if (p0 + i >= p.P) break;
-      y_out[static_cast<int64_t>(i) * p.Q] = from_float<T>(finish(acc[i][0], b, p.relu));
+      const int64_t at = out0 + static_cast<int64_t>(i) * p.Q;
+      const float res = residual != nullptr ? to_float(residual[at]) : 0.0f;
+      y[at] = from_float<T>(finish(acc[i][0], b, res, p.epilogue));
     }
   }
 }

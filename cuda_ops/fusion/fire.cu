@@ -221,7 +221,7 @@ WgmmaConvs MakeWgmmaConvs(const FireParams& p) {
     c.pad_h = c.pad_w = window / 2;
     c.dil_h = c.dil_w = 1;
     c.groups = 1;
-    c.relu = true;
+    c.epilogue.act = Activation::kRelu;
     c.layout = TensorLayout::kNHWC;
     c.precision = MathPrecision::kDefault;  // unused: 16-bit types only
     c.y_pixel_stride = y_pixel_stride;

@@ -81,7 +81,7 @@ void Reference(const std::vector<float>& x, const std::vector<float>& w,
                        w[((r * p.S + s) * Cg + c) * p.K + k];
             }
           }
-          if (p.relu && acc < 0.0) acc = 0.0;
+          if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;
           (*y)[((n * p.P + oh) * p.Q + ow) * p.K + k] = acc;
         }
 }
@@ -97,7 +97,7 @@ bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
   p.groups = tc.groups;
-  p.relu = tc.relu;
+  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
   p.layout = layout;
 
   const size_t x_count = p.N * p.H * p.W * p.C;

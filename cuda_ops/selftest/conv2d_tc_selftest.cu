@@ -90,7 +90,7 @@ Conv2dParams MakeParams(const Case& tc, Mode mode) {
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
   p.groups = 1;
-  p.relu = tc.relu;
+  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
   p.layout = jaxcnn::TensorLayout::kNHWC;
   p.precision = mode == Mode::kF32Default ? MathPrecision::kDefault
                                           : MathPrecision::kHighest;
@@ -114,7 +114,7 @@ double RefPoint(const std::vector<float>& x, const std::vector<float>& w,
         acc += static_cast<double>(xr[c]) * static_cast<double>(wr[c * p.K]);
     }
   }
-  if (p.relu && acc < 0.0) acc = 0.0;  // keeps NaN, like jnp.maximum
+  if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;  // keeps NaN, like jnp.maximum
   return acc;
 }
 

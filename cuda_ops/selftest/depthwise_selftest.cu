@@ -74,7 +74,7 @@ void Reference(const std::vector<float>& x, const std::vector<float>& w,
                      w[(r * p.S + s) * p.K + k];
             }
           }
-          if (p.relu && acc < 0.0) acc = 0.0;
+          if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;
           (*y)[LayoutOffset(p.layout, p.N, p.K, p.P, p.Q, n, k, oh, ow)] = acc;
         }
 }
@@ -90,7 +90,7 @@ bool RunCase(const Case& tc, uint64_t seed) {
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
   p.groups = static_cast<int>(tc.C);
-  p.relu = tc.relu;
+  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
   p.layout = tc.layout;
 
   const char* reason = jaxcnn::conv2d_depthwise_unsupported_reason(p);
