@@ -164,8 +164,9 @@ def test_stem_kernel_unpooled(x_shape, w_shape, kw, dtype):
 
 def test_stem_kernel_refusals_name_the_reason():
     x, w, b = random_operands(29, (1, 16, 16, 3), (3, 3, 3, 64), "bfloat16")
-    with pytest.raises(ValueError, match="stem kernel: activation='relu' only"):
-        jaxcnn.conv2d(x, w, b, algorithm="stem")
+    residual = jnp.zeros((1, 16, 16, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="stem kernel: no residual"):
+        jaxcnn.conv2d(x, w, b, residual=residual, activation="relu", algorithm="stem")
     x, w, b = random_operands(29, (1, 16, 16, 64), (3, 3, 64, 64), "bfloat16")
     with pytest.raises(ValueError, match="GEMM-K = R\\*S\\*C above 512"):
         jaxcnn.conv2d(x, w, b, activation="relu", algorithm="stem")

@@ -124,7 +124,8 @@ def test_handler_errors_become_python_exceptions():
     )
     attrs = dict(stride_h=np.int64(1), stride_w=np.int64(1), pad_h=np.int64(1), pad_w=np.int64(1),
                  dilation_h=np.int64(1), dilation_w=np.int64(1), activation=np.int64(0),
-                 layout=np.int64(0), precision=np.int64(1), algorithm=np.int64(0))
+                 layout=np.int64(0), precision=np.int64(1), algorithm=np.int64(0),
+                 alpha=np.float32(0.0))
     with pytest.raises(Exception, match="groups"):
         jax.block_until_ready(jax.jit(lambda x, w: call(x, w, groups=np.int64(3), **attrs))(x, w))
     # The process is still healthy afterwards.
