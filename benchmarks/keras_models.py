@@ -10,7 +10,9 @@ through `tm.build`, which imports this module (and keras) only when a Keras mode
 
 The dtype is Keras's global dtype policy while the model is built ("bfloat16": weights and
 compute in bf16; "float32", Keras's default), restored right after, so one build's policy never
-leaks into the next. Images are NHWC (Keras's channels_last default).
+leaks into the next. Images are NHWC (Keras's channels_last default). Each BatchNormalization
+gets random gamma / beta (like_trained_batchnorm) and moving statistics calibrated on random
+images (calibrate_batchnorm), so that BatchNorm is no identity and the output depends on the image.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from benchmarks.thirdparty_models import MODELS, Model, like_trained_batchnorm
 # obtain_input_shape): a smaller image raises there.
 MIN_SIZE = {"InceptionV3": 75}
 DEFAULT_MIN_SIZE = 32
-# like_trained_batchnorm's role -> the keras.layers.BatchNormalization attribute holding it.
-BATCHNORM_ROLES = {"mean": "moving_mean", "var": "moving_variance", "scale": "gamma", "offset": "beta"}
+# Images whose BatchNorm input statistics become the moving ones (calibrate_batchnorm). At the
+# tests' tiny images the last stages are 1x1: the statistics of a batch of 2 would give a
+# near-zero variance there, and BatchNorm would amplify rounding differences (a folded BatchNorm
+# rounds differently) by 1/sqrt(eps).
+CALIBRATION_BATCH = 16
+# like_trained_batchnorm's role -> the keras.layers.BatchNormalization attribute holding it
+# (the moving statistics are calibrated instead: calibrate_batchnorm).
+BATCHNORM_AFFINE = {"scale": "gamma", "offset": "beta"}
 
 
 def import_keras():
@@ -51,15 +59,43 @@ def dtype_policy_name(dtype) -> str:
     return name
 
 
+def batchnorm_layers(keras, model) -> list:
+    return [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+
+
 def randomize_batchnorm(keras, model, rng: np.random.Generator) -> None:
-    """Assigns trained-like values to the variables of every BatchNormalization layer of `model`
-    (Keras initialises them to the identity transform, which would hide a wrong BatchNorm fold)."""
-    layers = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
-    for layer in layers:
-        for role, attr in BATCHNORM_ROLES.items():
+    """Assigns like_trained_batchnorm values to every BatchNormalization's gamma and beta (Keras
+    initialises them to the identity transform, which would hide a wrong BatchNorm fold)."""
+    for layer in batchnorm_layers(keras, model):
+        for role, attr in BATCHNORM_AFFINE.items():
             v = getattr(layer, attr)
-            if v is not None:  # gamma / beta are None where scale / center is False (InceptionV3)
+            if v is not None:  # None where scale / center is False (InceptionV3)
                 v.assign(like_trained_batchnorm(role, v.shape, v.dtype, rng))
+
+
+def calibrate_batchnorm(keras, model, x) -> None:
+    """Sets every BatchNormalization's moving mean and variance to the statistics of its input on
+    the batch x (what training drives them to, for x's distribution). With Keras's initial
+    statistics (mean 0, var 1) each glorot-initialised conv shrinks the activations, and a deep
+    model (MobileNetV2) ends with outputs that hardly depend on the image: a wrong rewrite of an
+    early layer would go unseen."""
+    layers = batchnorm_layers(keras, model)
+    if not layers:
+        return
+    momenta = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.momentum = 0.0  # moving statistic := this batch's
+    try:
+        def train_step(trainable, non_trainable, x):
+            return model.stateless_call(trainable, non_trainable, x, training=True)[1]
+
+        updated = jax.jit(train_step)([v.value for v in model.trainable_variables],
+                                      [v.value for v in model.non_trainable_variables], x)
+    finally:
+        for layer, momentum in zip(layers, momenta):
+            layer.momentum = momentum
+    for v, value in zip(model.non_trainable_variables, updated):
+        v.assign(value)
 
 
 def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, seed: int = 0,
@@ -87,7 +123,10 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
             weights=None, input_shape=(hw, hw, channels), classes=1000 if num_classes is None else num_classes)
     finally:
         keras.config.set_dtype_policy(previous)
+    kx, kc = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (batch, hw, hw, channels), jnp.float32).astype(policy)
     randomize_batchnorm(keras, model, np.random.default_rng(seed))
+    calibrate_batchnorm(keras, model, jax.random.normal(kc, (CALIBRATION_BATCH, hw, hw, channels)).astype(policy))
     params = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
 
     def apply(params, x):
@@ -95,5 +134,4 @@ def build(name: str, batch: int = 1, hw: int | None = None, dtype=jnp.float32, s
         y, _ = model.stateless_call(trainable, non_trainable, x, training=False)
         return y
 
-    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, hw, hw, channels), jnp.float32).astype(policy)
     return Model(name, apply, params, x, "NHWC", model)

@@ -421,7 +421,7 @@ def _randomize_nnx_batchnorm(module, rng: np.random.Generator) -> None:
     bns = [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.BatchNorm)]
     for bn in bns:
         for role, var in (("mean", bn.mean), ("var", bn.var), ("scale", bn.scale), ("offset", bn.bias)):
-            var.value = like_trained_batchnorm(role, var.value.shape, var.value.dtype, rng)
+            var[...] = like_trained_batchnorm(role, var.shape, var.dtype, rng)
 
 
 # -- Equinox ------------------------------------------------------------------------------------
