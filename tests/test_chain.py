@@ -149,6 +149,7 @@ def test_conv3x3_conv1x1_matches_float64_oracle(shape, acts, dtype):
     assert_close(got, c3c1_oracle(*ops, activations=acts), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("acts", ACT_PAIRS)
 @pytest.mark.parametrize("shape", C1DW_SHAPES)
@@ -181,6 +182,7 @@ def chain_cases(draw):
                 dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**16)))
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(chain_cases())
 def test_random_shapes_match_float64_oracle(case):

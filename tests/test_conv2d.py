@@ -55,6 +55,7 @@ def fits(case):
         return False
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(conv_cases())
 def test_matches_float64_reference(case):

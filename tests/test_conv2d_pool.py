@@ -110,6 +110,7 @@ def run(case, x, w, b, **extra):
     return jaxcnn.conv2d_pool(x, w, b, **_kwargs(case), **extra)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(cases())
 def test_random_shapes_match_float64_oracle_and_unfused_composition(case):
@@ -316,6 +317,7 @@ SHARDING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_sharded_conv2d_pool_has_no_all_gather():
     assert "SHARDING OK" in run_on_8_host_devices(SHARDING_SCRIPT, timeout=600)
 

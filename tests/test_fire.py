@@ -121,6 +121,7 @@ def fire_shapes(draw):
                 e3=draw(st.integers(1, 12)), seed=draw(st.integers(0, 2**16)))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(fire_shapes())
 def test_random_shapes_match_float64_oracle(case):
@@ -289,6 +290,7 @@ SHARDING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_sharded_fire_has_no_all_gather():
     assert "SHARDING OK" in run_on_8_host_devices(SHARDING_SCRIPT, timeout=600)
 
@@ -338,6 +340,7 @@ def chain_lax(x, w1, w3, b1, b3):
     return jax.nn.relu(conv(s, w3, "SAME") + b3)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(fire_shapes())
 def test_conv1x1_conv3x3_matches_float64_oracle_and_lax(case):

@@ -521,6 +521,7 @@ def test_measured_expand_depthwise_groups(fake_gpu):
     assert set(plan.choices().values()) == {"xla"} and "overrules the model (fused)" in plan.decisions[0].reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
 def test_apply_mobilenetv2_expand_depthwise_equals_the_unfused_model(dtype, tol):
     """Fused groups: one jaxcnn.conv1x1_depthwise, the block's project conv and add on the

@@ -113,6 +113,7 @@ def block_shapes(draw):
                 seed=draw(st.integers(0, 2**16)))
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(block_shapes())
 def test_random_shapes_match_float64_oracle(case):
@@ -317,6 +318,7 @@ SHARDING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_sharded_inception_has_no_all_gather():
     assert "SHARDING OK" in run_on_8_host_devices(SHARDING_SCRIPT, timeout=600)
 

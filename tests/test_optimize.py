@@ -466,6 +466,7 @@ def test_zoo_models(name, size):
 
 # -- random conv shapes --------------------------------------------------------------------------
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 2), hw=st.integers(5, 11), c=st.sampled_from([1, 3, 4]), k=st.integers(1, 6),
        r=st.integers(1, 3), stride=st.integers(1, 3), dilation=st.integers(1, 2),

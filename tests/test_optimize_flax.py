@@ -23,6 +23,10 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import thirdparty_models as tm  # noqa: E402
 
+# Whole Flax/Equinox models traced, rewritten and compiled: `make test` leaves them to CI
+# (tests/test_flax_modules.py keeps jaxcnn.flax in the fast set).
+pytestmark = pytest.mark.slow
+
 TOL = {jnp.float32: dict(rtol=2e-4, atol=2e-5), jnp.bfloat16: dict(rtol=5e-2, atol=2e-2)}
 # Small heads and images keep the CPU compile short; the layer structure is the real one.
 SMALL = {

@@ -77,6 +77,7 @@ def test_lenet_inference_max_batch_is_verified():
     assert "largest batch" in result.explain()
 
 
+@pytest.mark.slow
 def test_lenet_training_max_batch_donates_and_is_verified():
     program = model_program("lenet5", train=True)
     result = max_batch("lenet5", "3MiB", train=True, probe_batches=(2, 8))

@@ -64,6 +64,7 @@ def test_recompute_flops_order():
     assert flops["layers"] == sum(l.flops for l in layers)
 
 
+@pytest.mark.slow
 def test_advice_picks_the_cheapest_fitting_policy():
     plain = remat_advice("lenet5", "1GiB", batch=64)
     assert plain.chosen == "none"

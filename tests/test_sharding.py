@@ -141,6 +141,7 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_every_primitive_shards_over_the_batch():
     out = run_on_8_host_devices(PRIMITIVES_SCRIPT)
     assert "PRIMITIVES OK" in out
@@ -184,6 +185,7 @@ MODELS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_optimized_flax_models_data_parallel():
     pytest.importorskip("flax")
     pytest.importorskip("equinox")

@@ -19,6 +19,7 @@ def random_x(seed, shape, dtype=jnp.float32, scale=3.0):
     return (scale * jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)).astype(dtype)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     shape=st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple),

@@ -78,6 +78,7 @@ def conv_cases(draw):
         bias=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(conv_cases())
 def test_random_shapes_and_sparsity_match_float64(case):
@@ -315,6 +316,7 @@ SHARDING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_sharded_sparse_conv_has_no_all_gather():
     assert "SHARDING OK" in run_on_8_host_devices(SHARDING_SCRIPT, timeout=600)
 
