@@ -237,3 +237,15 @@ def test_cuda_lowering_has_one_custom_call_per_site():
     calls = re.findall(r"custom_call @(jaxcnn_conv2d_fwd\w*)", text)
     assert sorted(calls) == ["jaxcnn_conv2d_fwd", "jaxcnn_conv2d_fwd_residual"]
     assert "stablehlo.convolution" not in text
+
+
+def test_conv_batchnorm_relu_maxpool_fuses_into_conv2d_pool():
+    def fn(x, w, m, v, g, b):
+        y = jax.nn.relu(BN_FORMS["textbook"](conv(x, w), m, v, g, b))
+        return lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    args = (X, W, *VECS)
+    fused = jaxcnn.optimize(fn, fuse="all")
+    ops = [r.op for r in fused.rewrites(*args)]
+    assert ops == ["conv2d_pool"]
+    assert rel_err(jax.jit(fused)(*args), np.asarray(fn(*args), np.float64)) < 1e-5

@@ -43,7 +43,7 @@ def sds(shape, dtype=jnp.float32):
         (dict(padding=((0, -1), (0, 0))), ValueError, r"padding\[0\] must be >= 0"),
         (dict(padding="FULL"), ValueError, "padding must be"),
         (dict(activation="gelu"), ValueError, "activation must be one of"),
-        (dict(x=sds((0, 8, 8, 4))), ValueError, "x must not have zero-size"),
+        (dict(x=sds((2, 0, 8, 4))), ValueError, "x must not have zero-size"),
         (dict(w=sds((3, 0, 4, 6))), ValueError, "w must not have zero-size"),
         (dict(x=sds((2, 2, 2, 4)), padding="VALID"), ValueError, "does not fit"),
     ],

@@ -208,6 +208,8 @@ def _open_calls(plan: Plan) -> None:
         body = _inner_jaxpr(eqn)
         if body is not None:
             child = plan.calls.setdefault(i, Plan(body))
+            if child.found is None and plan.found is not None:
+                child.found = plan.found.calls.get(i)  # its sites, as decided
             _open_calls(child)
 
 
@@ -425,10 +427,14 @@ class _ConvPoolSite:
 def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
     conv_kw = conv.site.kwargs
 
-    def build(x, w, *b):
+    def build(x, w, *rest):
         from jaxcnn.ops.conv2d_pool import conv2d_pool
 
-        return conv2d_pool(x, w if w_is_hwio else conv.weight_hwio(w), b[0].reshape(-1) if b else None, stride=conv_kw["stride"],
+        if conv.plain:
+            w_hwio, b = (w if w_is_hwio else conv.weight_hwio(w)), (rest[0].reshape(-1) if rest else None)
+        else:  # e.g. BatchNorm folded into the weights and bias (the conv's match builds them)
+            _, w_hwio, b, _ = conv.operands(x, w, *rest)
+        return conv2d_pool(x, w_hwio, b, stride=conv_kw["stride"],
                            padding=conv_kw["padding"], dilation=conv_kw["dilation"],
                            pool_window=pool_kw["window"], pool_stride=pool_kw["stride"],
                            pool_padding=pool_kw["padding"], precision=conv_kw["precision"])
@@ -441,7 +447,7 @@ def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
     found = []
     for m in [*plan.matches.values(), *declined_convs(plan, uses)]:
         s = m.site
-        if (m.op != "conv2d" or not m.plain or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
+        if (m.op != "conv2d" or s.residual or s.layout not in FUSED_LAYOUTS or s.kwargs["activation"] != "relu"
                 or s.kwargs["groups"] != 1 or m.out_var in uses.outputs):
             continue
         pool = pools.get(m.out_var)  # read by the pool alone (straight or through its layout steps)
@@ -480,7 +486,8 @@ def _replace_conv_pool(site: _ConvPoolSite, weights: "_WeightRelayouts") -> None
     kwargs = {k: v for k, v in conv.site.kwargs.items() if k not in ("activation", "groups", "layout")}
     kwargs.update(pool_window=pool.site.kwargs["window"], pool_stride=pool.site.kwargs["stride"],
                   pool_padding=pool.site.kwargs["padding"])
-    w, w_is_hwio = weights.operand(plan, conv)
+    # A folded epilogue's build transposes the user's weights itself: no hoisted relayout.
+    w, w_is_hwio = weights.operand(plan, conv) if conv.plain else (conv.in_vars[1], False)
     build = _conv_pool_build(conv, pool.site.kwargs, w_is_hwio)
     match = Match("conv2d_pool", g.eqn_indices, pool.out_var, (site.x, w, *conv.in_vars[2:]),
                   Site("conv2d_pool", conv.site.layout, conv.site.x_shape, g.dtype, g.weight_shapes[0],

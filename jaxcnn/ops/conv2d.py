@@ -28,6 +28,13 @@ from jaxcnn.ops.conv_args import (
 from jaxcnn.ops.layouts import convert_shape
 from jaxcnn.ops.conv_reference import check_residual, conv2d_reference, linear_conv2d, xla_conv2d
 from jaxcnn.ops.epilogue import ACTIVATION_CODES, activation_grad
+from jaxcnn.ops.operand_checks import (
+    as_array,
+    as_optional_array,
+    check_int32_args,
+    check_int32_shape,
+    is_empty_batch,
+)
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
 # Activations whose gradient the output alone determines (the backward pass needs no recompute).
@@ -260,10 +267,11 @@ def conv2d(
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32. N = 0 gives the
       empty result.
     """
-    x = _as_array(x, "x")
-    w = _as_array(w, "w")
-    bias = None if bias is None else _as_array(bias, "bias")
-    residual = None if residual is None else _as_array(residual, "residual")
+    x = as_array(x, "x")
+    w = as_array(w, "w")
+    bias = as_optional_array(bias, "bias")
+    residual = as_optional_array(residual, "residual")
+    check_int32_args(stride=stride, padding=padding, dilation=dilation)
     cfg = make_config(
         x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
         groups=groups, activation=activation, layout=layout, precision=precision,
@@ -276,19 +284,11 @@ def conv2d(
     )
     if residual is not None:
         check_residual(residual.shape, residual.dtype, out_shape, x.dtype)
-    if x.shape[cfg.layout.index("N")] == 0:
+    n_axis = cfg.layout.index("N")
+    check_int32_shape("x", x.shape, n_axis)
+    check_int32_shape("result", out_shape, n_axis, what=f"padding {cfg.padding} makes the result")
+    if is_empty_batch(x.shape, n_axis):
         return jnp.zeros(out_shape, x.dtype)
     if cfg.algorithm == "xla":
         return xla_conv2d(x, w, bias, cfg, residual=residual)
     return _conv2d(cfg, x, w, bias, residual)
-
-
-def _as_array(value, name: str):
-    """`value` as a jax array; None, strings and other non-numeric objects are a TypeError
-    naming the argument."""
-    if value is None or isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be an array, got {type(value).__name__}")
-    try:
-        return jnp.asarray(value)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be an array, got {type(value).__name__}: {e}") from None

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal, Var
 
 from jaxcnn.ops.epilogue import ACTIVATIONS, apply_activation
+from jaxcnn.tuning.measure import outside_traces
 
 # Elementwise primitives an activation subgraph may hold (besides call primitives whose bodies
 # hold only these).
@@ -188,6 +188,9 @@ def find_epilogue(uses, out, conv_shape, channel_axis: int, k: int, is_unit_resh
 
     var, more = look_ahead(out)
     pending += more
+    # The state after each affine step (and before the first): an activation written with
+    # scalar steps of its own (1 / (1 + exp(-y))) is found by undoing trailing scalar steps.
+    checkpoints = [(0, 0, 0, ep.out, var, list(pending))]
     while True:
         reader = uses.sole_reader(var)
         if reader is None:
@@ -199,6 +202,7 @@ def find_epilogue(uses, out, conv_shape, channel_axis: int, k: int, is_unit_resh
             commit([reader], "neg", eqn.outvars[0])
             var, more = look_ahead(eqn.outvars[0])
             pending += more
+            checkpoints.append((len(ep.steps), len(ep.indices), len(ep.replaced), ep.out, var, list(pending)))
             continue
         if (name not in ("add", "sub", "mul", "div") or len(eqn.invars) != 2 or eqn.invars[0] is eqn.invars[1]
                 or tuple(eqn.outvars[0].aval.shape) != tuple(conv_shape)):
@@ -212,6 +216,7 @@ def find_epilogue(uses, out, conv_shape, channel_axis: int, k: int, is_unit_resh
         commit([reader], f"{name}(per-channel)", eqn.outvars[0])
         var, more = look_ahead(eqn.outvars[0])
         pending += more
+        checkpoints.append((len(ep.steps), len(ep.indices), len(ep.replaced), ep.out, var, list(pending)))
     # A residual: an add of a full tensor of the conv's shape.
     reader = uses.sole_reader(var)
     if reader is not None and eqns[reader].primitive.name == "add":
@@ -226,6 +231,15 @@ def find_epilogue(uses, out, conv_shape, channel_axis: int, k: int, is_unit_resh
             var, more = look_ahead(add.outvars[0])
             pending += more
     act = match_activation(uses, var)
+    if act is None and ep.residual is None:
+        for n_steps, n_indices, n_replaced, cp_out, cp_var, cp_pending in reversed(checkpoints[:-1]):
+            if not all(isinstance(st.operand, float) for st in ep.steps[n_steps:]):
+                break  # a per-channel step cannot be part of an activation
+            act = match_activation(uses, cp_var)
+            if act is not None:
+                del ep.steps[n_steps:], ep.indices[n_indices:], ep.replaced[n_replaced:]
+                ep.out, var, pending[:] = cp_out, cp_var, cp_pending
+                break
     if act is not None:
         ep.activation, ep.alpha, indices, act_out, label = act
         commit(indices, label, act_out)
@@ -362,9 +376,9 @@ def _names(eqns, region):
 
 
 def _identify(region_eqns, var, out):
-    """_identify_now, evaluated eagerly even while an enclosing jit traces the program."""
-    with jax.ensure_compile_time_eval():
-        return _identify_now(region_eqns, var, out)
+    """_identify_now, evaluated for real even while an enclosing jit / vmap / grad traces the
+    program (in a fresh thread: JAX's trace state is per thread)."""
+    return outside_traces(_identify_now)(region_eqns, var, out)
 
 
 def _identify_now(region_eqns, var, out):

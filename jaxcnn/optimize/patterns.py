@@ -99,11 +99,14 @@ class Uses:
             for v in eqn.outvars:
                 self.producer[v] = index
         self.outputs = {v for v in jaxpr.outvars if isinstance(v, Var)}
+        # Equations an earlier match took: no later match reaches into them.
+        self.blocked: set[int] = set()
 
     def sole_reader(self, var) -> int | None:
-        """The one equation reading `var`, when nothing else (no output either) does."""
+        """The one equation reading `var`, when nothing else (no output either) does and no
+        earlier match took it."""
         readers = self.readers.get(var, [])
-        if var in self.outputs or len(readers) != 1:
+        if var in self.outputs or len(readers) != 1 or readers[0] in self.blocked:
             return None
         return readers[0]
 

@@ -115,7 +115,7 @@ def _call_label(eqn) -> str:
 
 def find_matches(jaxpr) -> Found:
     found = Found(jaxpr, Uses(jaxpr))
-    claimed: set[int] = set()
+    claimed = found.uses.blocked  # a later match stops where an earlier one took equations
     for i, eqn in enumerate(jaxpr.eqns):
         if i in claimed:
             continue
@@ -186,9 +186,12 @@ def declined_convs(plan: Plan, uses: Uses | None = None) -> list[Match]:
     """The conv patterns of plan.jaxpr (not its call bodies) the policy left to XLA: fuse= and
     sparse="auto" still offer them to a fused group or the sparse kernel, decided by a
     measurement (or the fusion cost model) against XLA."""
+    taken = set(plan.matches) | plan.skipped
+    if plan.found is not None:  # the sites decide_matches kept as traced
+        return [m for m in plan.found.matches
+                if m.op == "conv2d" and m.algorithm is None and not taken.intersection(m.eqn_indices)]
     uses = Uses(plan.jaxpr) if uses is None else uses
     out = []
-    taken = set(plan.matches) | plan.skipped
     for i, eqn in enumerate(plan.jaxpr.eqns):
         if eqn.primitive.name != "conv_general_dilated" or i in taken:
             continue
