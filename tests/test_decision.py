@@ -1,0 +1,120 @@
+"""The decision owner (jaxcnn.tuning.decision): rule decisions off GPU, measured decisions that
+keep XLA's own subgraph unless a candidate beats it, the on-disk cache and its keys."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxcnn
+from jaxcnn.tuning import decision as D
+
+
+def site(name="a", rule=("xla", "rule says so")):
+    fields = dict(kind="test", name=name)
+    cands = [D.Candidate("xla", lambda x: x + 1), D.Candidate("jaxcnn:auto", lambda x: x + 1)]
+    return D.Site(fields, cands, [jax.ShapeDtypeStruct((4,), jnp.float32)], lambda: rule)
+
+
+@pytest.mark.parametrize("times, want", [
+    ({"xla": 1.0, "jaxcnn:auto": 0.5}, "jaxcnn:auto"),
+    ({"xla": 1.0, "jaxcnn:auto": 0.99}, "xla"),  # within MIN_GAIN: not worth a rewrite
+    ({"xla": 1.0, "jaxcnn:auto": 2.0}, "xla"),
+    ({"xla": 1.0, "jaxcnn:auto": None}, "xla"),  # a candidate that failed
+    ({"xla": None, "jaxcnn:auto": 0.1}, "xla"),  # no baseline: keep as traced
+])
+def test_choose_keeps_the_baseline_unless_beaten(times, want):
+    assert D.choose(times)[0] == want
+
+
+def test_rule_decides_where_nothing_is_measured():
+    (d,) = D.decide_all([site(rule=("jaxcnn:auto", "the rule"))], measure=False)
+    assert (d.choice, d.source, d.reason) == ("jaxcnn:auto", "rule", "the rule")
+
+
+def fake_measure(times_by_name, calls):
+    def measure(pending):
+        calls.append(sorted(pending))
+        return {key: dict(op="site", times_ms=dict(times_by_name), errors={}) for key in pending}
+    return measure
+
+
+def test_measured_then_cached_per_device(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(D, "_measure_sites", fake_measure({"xla": 1.0, "jaxcnn:auto": 0.4}, calls))
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-A")
+    cache = tmp_path / "tune.json"
+    (d,) = D.decide_all([site()], cache=cache, measure=True)
+    assert (d.choice, d.source) == ("jaxcnn:auto", "measured") and d.times_ms["xla"] == 1.0
+    (d,) = D.decide_all([site()], cache=cache, measure=True)
+    assert d.source == "cached" and len(calls) == 1
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-B")  # another GPU measures again
+    D.decide_all([site()], cache=cache, measure=True)
+    assert len(calls) == 2
+    keys = json.loads(cache.read_text())["entries"]
+    assert len(keys) == 2 and all('"device":"GPU-' in k for k in keys)
+
+
+def test_sites_measured_together_and_deduplicated(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(D, "_measure_sites", fake_measure({"xla": 1.0, "jaxcnn:auto": 2.0}, calls))
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-A")
+    ds = D.decide_all([site("a"), site("b"), site("a")], cache=tmp_path / "c.json", measure=True)
+    assert [d.choice for d in ds] == ["xla"] * 3
+    assert len(calls) == 1 and len(calls[0]) == 2
+
+
+def test_record_missing_a_candidate_is_measured_again(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(D, "_measure_sites", fake_measure({"xla": 1.0}, calls))  # lacks jaxcnn:auto
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-A")
+    cache = tmp_path / "c.json"
+    D.decide_all([site()], cache=cache, measure=True)
+    D.decide_all([site()], cache=cache, measure=True)
+    assert len(calls) == 2
+
+
+def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(D, "_measure_sites", fake_measure({"xla": 1.0, "jaxcnn:auto": 0.4}, calls))
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-A")
+    cache = tmp_path / "c.json"
+    cache.write_bytes(b"\xff\xfe not json")
+    with pytest.warns(Warning):
+        (d,) = D.decide_all([site()], cache=cache, measure=True)
+    assert d.choice == "jaxcnn:auto"
+    assert json.loads(cache.read_text())["entries"]
+
+
+def test_optimize_reports_measured_decisions(tmp_path, monkeypatch):
+    """optimize(policy="auto") sends each conv site (with its epilogue) to the decision owner."""
+    from jaxcnn.optimize import rewrite
+
+    seen = []
+
+    def decide_all(sites, **kw):
+        seen.extend(sites)
+        return [D.Decision("xla_folded" if s.key_fields["folded"] else "xla", "measured", "fake") for s in sites]
+
+    monkeypatch.setattr(rewrite, "decide_all", decide_all)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(1, 6, 6, 4)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 3, 4, 4)), jnp.float32)
+    s = jnp.asarray(rng.uniform(0.5, 1.5, 4), jnp.float32)
+
+    def fn(x, w, s):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        z = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.relu(y * s + 1.0), z
+
+    opt = jaxcnn.optimize(fn)
+    text = opt.explain(x, w, s)
+    assert len(seen) == 2
+    assert [c.name for c in seen[0].candidates][:2] == ["xla", "xla_folded"]
+    assert "algorithm='xla'" in text and "kept as traced" in text
+    got, want = jax.jit(opt)(x, w, s), fn(x, w, s)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
