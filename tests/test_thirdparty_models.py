@@ -74,6 +74,7 @@ def check_model(name, dtype=jnp.float32):
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BATCHNORM_MODELS)
 def test_batchnorm_model_runs_and_optimize_matches(name):
     check_model(name)
@@ -102,6 +103,7 @@ def test_keras_build_rejects_bad_arguments_before_importing_keras():
         keras_models.build("keras_inceptionv3", hw=64)
 
 
+@pytest.mark.slow
 @needs_keras
 @pytest.mark.parametrize("name", KERAS_MODELS)
 def test_keras_model_runs_and_optimize_matches(name):
@@ -123,6 +125,7 @@ def test_keras_bf16_policy_applies_to_one_build_only():
     assert {leaf.dtype for leaf in jax.tree.leaves(m32.params)} == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.slow
 @needs_keras
 @pytest.mark.xfail(reason="optimize's BatchNorm fold in bf16: Keras MobileNetV2's output is 0.38 (relative) from "
                           "XLA's, twice XLA's own distance from float32 (issue 32)", strict=False)
