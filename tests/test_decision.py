@@ -118,3 +118,42 @@ def test_optimize_reports_measured_decisions(tmp_path, monkeypatch):
     got, want = jax.jit(opt)(x, w, s), fn(x, w, s)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("program_choice", ["xla", "jaxcnn"])
+def test_whole_program_runs_rewritten_only_where_measured_faster(monkeypatch, program_choice):
+    """Sites measured alone do not always add up: the rewritten program as a whole is measured
+    against fn's own, and fn runs unchanged where it is not faster."""
+    from jaxcnn.optimize import rewrite
+
+    calls = []
+
+    def decide_all(sites, **kw):
+        out = []
+        for s in sites:
+            if s.key_fields["kind"] == "program":
+                out.append(D.Decision(program_choice, "measured", "fake"))
+            else:
+                out.append(D.Decision("jaxcnn:auto", "measured", "fake"))
+        return out
+
+    monkeypatch.setattr(rewrite, "decide_all", decide_all)
+    monkeypatch.setattr(rewrite, "can_measure", lambda: True)
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(1, 6, 6, 4)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 3, 4, 4)), jnp.float32)
+
+    def fn(x, w):
+        calls.append(1)
+        return jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+
+    opt = jaxcnn.optimize(fn)
+    got = opt(x, w)
+    np.testing.assert_allclose(got, fn(x, w), rtol=1e-5, atol=1e-5)
+    text = opt.explain(x, w)
+    if program_choice == "xla":
+        assert "fn runs unchanged" in text
+        assert len(calls) == 3  # traced once, run unchanged once, called above once
+    else:
+        assert "the rewrites run" in text
+        assert len(calls) == 2  # traced once, called above once

@@ -20,7 +20,10 @@ from jax.sharding import AxisType
 
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
 from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
-from jaxcnn.tuning.decision import BASELINE, decide_all
+from jaxcnn.tuning.decision import BASELINE, Candidate, can_measure, decide_all, fingerprint
+from jaxcnn.tuning.decision import Site as DecisionSite
+
+PROGRAM = "jaxcnn"  # the whole rewritten program, as a decision candidate
 from jaxcnn.optimize.policy import auto_policy, choose_algorithm
 
 POLICIES = ("auto", "all", "xla", "autotune")
@@ -264,6 +267,8 @@ class _Traced:
     out_tree: Any
     plan: Plan | None
     sparse: list = field(default_factory=list)  # (Match, sparse_dispatch.Decision) per conv site
+    program: Any = None  # the whole-program Decision (policy="auto" on a GPU), once made
+    program_checked: bool = False
 
 
 def _sparse_build(m: Match):
@@ -374,9 +379,32 @@ class Optimized:
             # Nothing rewritten: fn itself, not its re-emitted jaxpr (H200: re-emitting VGG-19
             # unchanged ran at 0.96x of the original at N=64).
             return self.fn(*args, **kwargs)
+        program = self._program_decision(traced)
+        if program is not None and program.choice == BASELINE:
+            return self.fn(*args, **kwargs)  # the rewritten program measured no faster as a whole
         flat = jax.tree.leaves((args, kwargs))
         outs = evaluate(traced.plan, traced.closed.consts, flat)
         return jax.tree.unflatten(traced.out_tree, outs)
+
+    def _program_decision(self, traced: _Traced):
+        """policy="auto" where the kernels run: the rewritten program as a whole against fn's
+        own, measured once per program and GPU (cached like the sites). Sites measured alone
+        do not always add up (XLA fuses across them), so the rewritten program runs only where
+        it beats fn's by the decision owner's margin. None where nothing is measured."""
+        if traced.program_checked:
+            return traced.program
+        traced.program_checked = True
+        if self.policy != "auto" or traced.sparse or not can_measure():
+            return None
+        closed, plan = traced.closed, traced.plan
+        rewrites = " ".join(f"{r.op}:{r.algorithm}:{r.path}" for r in plan.rewrites())
+        fields = dict(kind="program", jaxpr=fingerprint(str(closed.jaxpr)), rewrites=fingerprint(rewrites))
+        candidates = [Candidate(BASELINE, lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)),
+                      Candidate(PROGRAM, lambda *flat: evaluate(plan, closed.consts, list(flat)))]
+        site = DecisionSite(fields, candidates, [v.aval for v in closed.jaxpr.invars],
+                            lambda: (PROGRAM, "not measured"))
+        (traced.program,) = decide_all([site])
+        return traced.program
 
     def _args(self, args, kwargs):
         if args or kwargs:
@@ -412,6 +440,10 @@ class Optimized:
                 shapes = f" x{list(m.site.x_shape)}" + (f" w(HWIO){list(m.site.w_shape)}" if m.site.w_shape else "")
                 where = f" in {m.path}" if m.path else ""
                 lines.append(f"  - {' + '.join(m.replaced)}{shapes} {m.site.dtype}{where}: {why}")
+        program = self._program_decision(traced)
+        if program is not None:
+            verdict = "the rewrites run" if program.choice == PROGRAM else "fn runs unchanged"
+            lines.append(f"whole program: {verdict}: {program.explain()}")
         picks = traced.sparse
         if picks:
             lines.append(f"dense or sparse ({len(picks)} conv(s), sparse='auto'):")
