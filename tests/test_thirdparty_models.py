@@ -127,10 +127,19 @@ def test_keras_bf16_policy_applies_to_one_build_only():
 
 @pytest.mark.slow
 @needs_keras
-@pytest.mark.xfail(reason="optimize's BatchNorm fold in bf16: Keras MobileNetV2's output is 0.38 (relative) from "
-                          "XLA's, twice XLA's own distance from float32 (issue 32)", strict=False)
-def test_keras_bf16_optimize_matches():
-    check_model("keras_mobilenetv2", jnp.bfloat16)
+@pytest.mark.xfail(reason="BatchNorm folded into bf16 weights and a bf16 bias: on this small random MobileNetV2 "
+                          "the optimized error against float32 is ~2.5x XLA's own (issue 32)", strict=False)
+def test_keras_bf16_optimize_is_as_accurate_as_xla():
+    """Two bf16 programs that round differently drift apart in a deep model (MobileNetV2's output
+    moves by ~0.1 relative), so the optimized one is judged as the benchmark judges it: against
+    the same model in float32, its error at most bench_thirdparty.ERROR_GROWTH x XLA's own."""
+    name = "keras_mobilenetv2"
+    m = build(name, jnp.bfloat16)
+    want = jax.jit(m.apply)(m.params, m.x)
+    got = jax.jit(jaxcnn.optimize(m.apply, policy="all"))(m.params, m.x)
+    errors = bench_thirdparty.float32_errors(name, m.x.shape[0], m.x.shape[1], CLASSES, m, got, want)
+    assert errors["err_f32_optimized"] <= max(REL_TOL[jnp.bfloat16],
+                                              bench_thirdparty.ERROR_GROWTH * errors["err_f32_xla"]), errors
 
 
 # -- scripts/bench_thirdparty.py ----------------------------------------------------------------
