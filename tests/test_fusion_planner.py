@@ -278,10 +278,13 @@ def fake_gpu(monkeypatch):
             return f"ValueError: {err}"
         return ""
 
-    monkeypatch.setattr(L, "_should_measure", lambda measure: measure is not False)
-    monkeypatch.setattr(L, "_device_kind", lambda: "FakeGPU")
+    from jaxcnn.tuning import measure as M  # the planner measures through jaxcnn.tuning.measure
+
+    for module, prefix in ((L, "_"), (M, "")):
+        monkeypatch.setattr(module, prefix + "should_measure", lambda measure: measure is not False)
+        monkeypatch.setattr(module, prefix + "device_kind", lambda: "FakeGPU")
+        monkeypatch.setattr(module, prefix + "try_run", try_run)
     monkeypatch.setattr(L, "_measure", measure)
-    monkeypatch.setattr(L, "_try_run", try_run)
     return calls
 
 

@@ -67,8 +67,9 @@ def cache_dir() -> Path:
 
 
 def count_runs(path: Path) -> int:
-    """Runs in the store at `path` (StoreError for a corrupt or foreign file, or missing tables)."""
-    with Store(path) as store:
+    """Runs in the store at `path` (StoreError for a corrupt or foreign file, or no runs table).
+    Read-only: the dashboard never creates, migrates or writes a user's store."""
+    with Store(path, read_only=True, partial=True) as store:
         with _readonly(store) as conn:
             return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
 

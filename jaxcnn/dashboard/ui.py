@@ -45,7 +45,8 @@ def _source(db_path: str, use_shipped: bool, stamp: tuple) -> data.Source:
 
 @st.cache_data(show_spinner="reading the profile store...", max_entries=256)
 def _read(name: str, path: str, stamp: tuple, args: tuple) -> Any:
-    with Store(path) as store:
+    # Read-only, and a store with dropped tables still opens: each page reports what it lacks.
+    with Store(path, read_only=True, partial=True) as store:
         return getattr(data, name)(store, *args)
 
 

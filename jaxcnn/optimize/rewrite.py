@@ -155,10 +155,14 @@ def decide_matches(found: Found, policy) -> None:
 
 def _rule(site: Site) -> tuple[str, str]:
     """auto_policy as a decision: (choice, reason) where nothing can be measured."""
-    algorithm = auto_policy(site)
+    choice = auto_policy(site)
+    algorithm = getattr(choice, "algorithm", choice)  # a cached autotuner ConvChoice, or a name
     if algorithm is None:
         return BASELINE, "a dense conv at cuDNN's own speed stays XLA's unless measured"
-    return OURS + algorithm, f"auto_policy picks {algorithm!r}"
+    if algorithm == "xla":
+        return BASELINE, "the autotuner's cached measurement: XLA's conv won"
+    how = "the autotuner's cached measurement" if algorithm is not choice else "auto_policy's rules"
+    return OURS + algorithm, f"{how} pick {algorithm!r}"
 
 
 def assemble(found: Found) -> Plan:

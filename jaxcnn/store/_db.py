@@ -31,7 +31,8 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
     return Path(path).expanduser()
 
 
-def open_connection(path: Path, read_only: bool | None = None) -> tuple[sqlite3.Connection, bool]:
+def open_connection(path: Path, read_only: bool | None = None,
+                    partial: bool = False) -> tuple[sqlite3.Connection, bool]:
     """A connection to the store at `path` and whether it is read-only.
 
     read_only=None: read-write, creating the file (and the schema) if it is missing, unless the
@@ -39,7 +40,9 @@ def open_connection(path: Path, read_only: bool | None = None) -> tuple[sqlite3.
     read_only=True: read-only (SQLite mode=ro): never creates, migrates or writes anything.
     read_only=False: read-write; a file without write permission is a StoreError up front.
     A writable store has its schema created or migrated to the current version; every store has
-    its schema checked (identity, version, tables) before this returns.
+    its schema checked (identity, version, tables) before this returns. partial=True (read-only
+    only) lets a reader that reports missing tables per query, such as the dashboard's pages,
+    open a store some tables of which were dropped.
     """
     read_only = _access_mode(path, read_only)
     check_file_header(path)
@@ -62,7 +65,8 @@ def open_connection(path: Path, read_only: bool | None = None) -> tuple[sqlite3.
         else:
             ensure_schema(conn, path)
             enable_wal(conn)
-        check_tables(conn, path)
+        if not (partial and read_only):
+            check_tables(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise StoreError(f"cannot open profile store {path}: {_explain(exc)}") from exc

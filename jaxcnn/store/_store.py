@@ -51,11 +51,14 @@ class Store:
     return pandas DataFrames with JSON columns decoded and integer columns as nullable Int64.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, read_only: bool | None = None,
+                 partial: bool = False):
         self.path: Path = _db.resolve_path(path)
         self._lock = threading.RLock()
         self._in_transaction = False  # inside transaction(): writer calls become savepoints
-        conn, self.read_only = _db.open_connection(self.path, read_only)
+        if partial and read_only is not True:
+            raise ValueError("partial=True opens a store read-only: pass read_only=True with it")
+        conn, self.read_only = _db.open_connection(self.path, read_only, partial)
         self._conn: sqlite3.Connection | None = conn
         self._columns = {t: _rows.table_columns(self._conn, t) for t in TABLES}
         self._kinds = {**_rows.column_kinds(self._conn, TABLES), **_JOINED_KINDS}
