@@ -25,6 +25,7 @@ import numpy as np
 from jax.extend.core import Literal, Var
 
 from jaxcnn.ops.epilogue import ACTIVATIONS, apply_activation
+from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
 from jaxcnn.tuning.measure import outside_traces
 
 # Elementwise primitives an activation subgraph may hold (besides call primitives whose bodies
@@ -35,7 +36,6 @@ _ELEMENTWISE = frozenset((
     "integer_pow", "pow", "sqrt", "rsqrt", "abs", "sign", "clamp", "square", "copy", "copy_p",
     "stop_gradient", "and", "or", "not",
 ))
-_CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
 _MAX_ACTIVATION_EQNS = 32
 # Probe points: both sides of every kink (0, -3, 3, 6) and the tails.
 _PROBE = np.array([-12.0, -6.5, -4.0, -3.0, -2.9, -1.7, -1.0, -0.5, -0.125, -1e-3, 0.0, 1e-3, 0.125, 0.5,
@@ -108,14 +108,6 @@ def fold_affine(steps: list[AffineStep], vector_values: dict, k: int):
     if scale is not None:
         scale = jnp.broadcast_to(scale, (k,))
     return scale, jnp.broadcast_to(shift, (k,))
-
-
-def _scalar(v) -> float | None:
-    if isinstance(v, Literal):
-        arr = np.asarray(v.val)
-        if arr.size == 1:
-            return float(arr.reshape(()))
-    return None
 
 
 def _per_channel(var, shape: tuple[int, ...], channel_axis: int, k: int) -> bool:
@@ -256,7 +248,7 @@ def _affine_step(uses, name, other, value_first: bool, conv_shape, channel_axis,
     """The AffineStep for `value (name) other` (value_first) or `other (name) value`; None when
     `other` is neither a scalar literal nor per-channel. The vector is read as it is (its
     broadcasts stay in the program; jit drops them once nothing reads them)."""
-    scalar = _scalar(other)
+    scalar = literal_value(other)
     if scalar is not None:
         operand = scalar
     elif _per_channel(other, conv_shape, channel_axis, k):
@@ -277,22 +269,12 @@ def _affine_step(uses, name, other, value_first: bool, conv_shape, channel_axis,
 # -------------------------------------------------------------------------------- activation
 
 
-def _body(eqn):
-    if eqn.primitive.name not in _CALLS:
-        return None
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        body = eqn.params.get(key)
-        if body is not None:
-            return body
-    return None
-
-
 def _elementwise_eqn(eqn) -> bool:
     if eqn.primitive.name in _ELEMENTWISE:
         return True
     if eqn.primitive.name == "broadcast_in_dim":
         return all(isinstance(v, Literal) or v.aval.ndim == 0 for v in eqn.invars)
-    body = _body(eqn)
+    body = call_body(eqn)
     if body is None:
         return False
     jaxpr = getattr(body, "jaxpr", body)
@@ -311,8 +293,8 @@ def _eval_eqns(eqns, env: dict):
         name = eqn.primitive.name
         if name == "broadcast_in_dim":
             outs = [vals[0]]
-        elif _body(eqn) is not None:
-            body = _body(eqn)
+        elif call_body(eqn) is not None:
+            body = call_body(eqn)
             jaxpr = getattr(body, "jaxpr", body)
             inner = dict(zip(jaxpr.constvars, getattr(body, "consts", ())))
             inner.update(zip(jaxpr.invars, vals[len(vals) - len(jaxpr.invars):]))
@@ -370,7 +352,7 @@ def _names(eqns, region):
     out = []
     for j in region:
         e = eqns[j]
-        name = e.params.get("name") if _body(e) is not None else None
+        name = e.params.get("name") if call_body(e) is not None else None
         out.append(f"{e.primitive.name}[{name}]" if name else e.primitive.name)
     return out
 

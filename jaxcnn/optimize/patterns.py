@@ -21,13 +21,12 @@ from jax import lax
 from jax.extend.core import Literal, Var
 
 from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
 from jaxcnn.optimize.epilogue_patterns import Epilogue, epilogue_operands, find_epilogue, vector_dependencies_ok
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
 
 ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
-# Call-like primitives whose body is a jaxpr evaluated once on the call's operands.
-CALL_PRIMITIVES = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
 # lax.Precision -> conv2d's precision; HIGH (bf16x3 in XLA) gets the fp32-accurate path, never less.
 _PRECISION_NAMES = {"DEFAULT": "default", "HIGH": "highest", "HIGHEST": "highest"}
 
@@ -133,23 +132,10 @@ def _is_scalar_literal(v, value: float) -> bool:
     return arr.size == 1 and float(arr.reshape(())) == value
 
 
-def _literal_value(v) -> float | None:
-    if isinstance(v, Literal):
-        arr = np.asarray(v.val)
-        if arr.size == 1:
-            return float(arr.reshape(()))
-    return None
-
-
 def _inner_jaxpr(eqn):
     """The body of a call-like equation (a Jaxpr), or None."""
-    if eqn.primitive.name not in CALL_PRIMITIVES:
-        return None
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        body = eqn.params.get(key)
-        if body is not None:
-            return getattr(body, "jaxpr", body)
-    return None
+    body = call_body(eqn)
+    return None if body is None else getattr(body, "jaxpr", body)
 
 
 def _non_unit(shape) -> tuple[int, ...]:
@@ -367,7 +353,7 @@ def _pool_outputs(uses: Uses, out, divisor: int | None) -> list[_PoolEnd]:
         elif name == "convert_element_type" and not converted:
             converted = True
         elif (name == "div" and divisor is not None and not div and eqn.invars[0] is var
-              and _literal_value(eqn.invars[1]) == divisor):
+              and literal_value(eqn.invars[1]) == divisor):
             div = True
         else:
             return found
