@@ -51,7 +51,7 @@ DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 # TF32 tensor cores on both sides).
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-2}
 GOALS = {"squeezenet1_1": 1.5, "vgg19": 1.2}  # by architecture; every other model: >= 1.0
-DEFAULT_MODELS = list(tm.MODELS)
+DEFAULT_MODELS = [n for n, entry in tm.MODELS.items() if entry[0] != "keras"]  # Keras: bench_thirdparty.py
 QUICK_MODELS = ["linen_squeezenet1_1", "linen_vgg19", "equinox_cnn"]
 
 
