@@ -463,7 +463,10 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
     Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
       * conv_general_dilated with 2 spatial dims, activations NHWC/NCHW/CHWN, any weight order
         (transposed to HWIO), strides, padding, rhs_dilation, feature groups, DEFAULT/HIGH/HIGHEST
-        precision, [+ bias broadcast along the channel axis] [+ max(x, 0)] -> jaxcnn.conv2d;
+        precision, then its epilogue (optimize/epilogue_patterns.py): per-channel affine steps
+        (a bias; inference BatchNorm as Keras, Flax and Equinox trace it, folded into the
+        weights and bias on every call), a residual add, and an activation recognised by what it
+        computes (relu, relu6, silu, hard_swish, gelu, sigmoid, leaky_relu) -> jaxcnn.conv2d;
       * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
         f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
       * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
@@ -478,9 +481,11 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
     Args:
       fn: the function to optimize (array pytrees in, array pytrees out).
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
-      policy: "auto" (the rewrites that pay on a Hopper GPU: depthwise convs, fp32
-        precision="highest" convs on the tensor-core kernel, and any conv whose autotuner
-        measurement (cached) beat XLA; other dense convs stay XLA's; see auto_policy), "all"
+      policy: "auto" (each conv site decided by jaxcnn.tuning.decision: where the kernels run,
+        XLA's own subgraph, XLA's conv with the epilogue folded and jaxcnn's kernels are measured
+        on first use and cached per GPU, and a rewrite is kept only if it is faster; then the whole
+        rewritten program is measured once against fn and runs only if faster; elsewhere
+        auto_policy's rules decide; pools and softmax stay XLA's), "all"
         (every recognised pattern, conv2d picking its kernel), "xla" (nothing is rewritten),
         "autotune" (each conv takes jaxcnn.layouts.autotune_conv's winner among its layout's
         kernels and XLA's conv, see autotune_policy), or a
