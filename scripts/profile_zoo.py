@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Profiles zoo models at several batch sizes into one store and exports the runs as JSON
-(the portable file committed under benchmarks/results/ for the dashboard).
+(the portable file the dashboard ships, in dashboard/shipped/).
 
   python scripts/profile_zoo.py --db OUT/zoo.sqlite --export OUT/h200-zoo.json --batches 1,64
 """
