@@ -10,6 +10,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and _XDIST_WORKERS > 1:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / _XDIST_WORKERS:.2f}")
 
+# The suites test results, not choices: automatic decisions (conv2d "auto", optimize's policy)
+# use cached measurements and rules instead of timing candidates on every new shape. Measured
+# decisions are tested explicitly (measure=True, a temporary cache).
+os.environ.setdefault("JAXCNN_MEASURE", "0")
+
 import jaxcnn  # noqa: E402  (after the environment above: jax reads it)
 
 

@@ -20,7 +20,7 @@ def run_poisoned(x, w, b, **kw):
     """Runs the op with its output buffer pre-filled with NaN (a donated, aliased buffer), so
     any element the kernel fails to write stays NaN."""
     args = (x, w) if b is None else (x, w, b)
-    kw = {"precision": "highest", **kw}  # fp32 checks are against float64 at 1e-5
+    kw = {"precision": "highest", "algorithm": "jaxcnn", **kw}  # fp32 vs float64 at 1e-5; our kernels, never XLA
     out = jax.eval_shape(lambda *a: jaxcnn.conv2d(*a, **kw), *args)
     poison = jnp.full(out.shape, jnp.nan, out.dtype)
     # keep_unused: the poison is not read, and jit would otherwise drop it (and the aliasing).
@@ -71,14 +71,14 @@ def test_kernel_layers_all_dtypes(dtype, x_shape, w_shape, kw):
 
 def test_kernel_is_deterministic():
     x, w, b = random_operands(12, (2, 31, 29, 24), (3, 3, 24, 40), jnp.bfloat16)
-    f = jax.jit(lambda *a: jaxcnn.conv2d(*a, activation="relu"))
+    f = jax.jit(lambda *a: jaxcnn.conv2d(*a, activation="relu", algorithm="jaxcnn"))
     np.testing.assert_array_equal(f(x, w, b), f(x, w, b))
 
 
 def test_nan_and_inf_propagate_like_xla():
     x, w, b = random_operands(13, (1, 12, 12, 4), (3, 3, 4, 5))
     x = x.at[0, 2, 2, 1].set(jnp.nan).at[0, 8, 8, 3].set(jnp.inf)
-    ours = np.asarray(jaxcnn.conv2d(x, w, b))
+    ours = np.asarray(jaxcnn.conv2d(x, w, b, algorithm="jaxcnn"))
     xla = np.asarray(lax.conv_general_dilated(
         x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
         precision=lax.Precision.HIGHEST) + b)
@@ -86,7 +86,7 @@ def test_nan_and_inf_propagate_like_xla():
     np.testing.assert_array_equal(np.isposinf(ours), np.isposinf(xla))
     np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(xla))
     assert np.isnan(ours).sum() == 45 and np.isinf(ours).sum() == 45
-    relu = np.asarray(jaxcnn.conv2d(x, w, b, activation="relu"))
+    relu = np.asarray(jaxcnn.conv2d(x, w, b, activation="relu", algorithm="jaxcnn"))
     assert np.isnan(relu).sum() == 45  # ReLU keeps NaN, as jnp.maximum does
 
 
@@ -102,7 +102,7 @@ def test_grad_through_kernel_matches_xla(kw):
         return jax.nn.relu(y) if kw.get("activation") else y
 
     cot = jax.random.normal(jax.random.PRNGKey(5), jax.eval_shape(xla, x, w, b).shape)
-    ours = jax.jit(jax.grad(lambda *a: jnp.sum(jaxcnn.conv2d(*a, **kw) * cot), argnums=(0, 1, 2)))(x, w, b)
+    ours = jax.jit(jax.grad(lambda *a: jnp.sum(jaxcnn.conv2d(*a, **kw, algorithm="jaxcnn") * cot), argnums=(0, 1, 2)))(x, w, b)
     want = jax.jit(jax.grad(lambda *a: jnp.sum(xla(*a) * cot), argnums=(0, 1, 2)))(x, w, b)
     for got, ref in zip(ours, want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
@@ -110,7 +110,7 @@ def test_grad_through_kernel_matches_xla(kw):
 
 def test_vmap_on_gpu():
     x, w, b = random_operands(15, (3, 2, 9, 9, 4), (3, 3, 4, 6))
-    out = jax.jit(jax.vmap(lambda x: jaxcnn.conv2d(x, w, b, activation="relu")))(x)
+    out = jax.jit(jax.vmap(lambda x: jaxcnn.conv2d(x, w, b, activation="relu", algorithm="jaxcnn")))(x)
     for i in range(3):
         assert rel_err(out[i], conv2d_f64(x[i], w, b, activation="relu")) <= TOLERANCE["float32"]
 
@@ -129,4 +129,4 @@ def test_handler_errors_become_python_exceptions():
     with pytest.raises(Exception, match="groups"):
         jax.block_until_ready(jax.jit(lambda x, w: call(x, w, groups=np.int64(3), **attrs))(x, w))
     # The process is still healthy afterwards.
-    assert rel_err(jaxcnn.conv2d(x, w, padding=1), conv2d_f64(x, w, padding=1)) <= TOLERANCE["float32"]
+    assert rel_err(jaxcnn.conv2d(x, w, padding=1, algorithm="jaxcnn"), conv2d_f64(x, w, padding=1)) <= TOLERANCE["float32"]

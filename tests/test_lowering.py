@@ -24,7 +24,8 @@ def cuda_text(fn, *args) -> str:
 def test_cuda_lowering_is_ffi_custom_call(with_bias):
     args = (X, W, B) if with_bias else (X, W)
     text = cuda_text(
-        lambda *a: jaxcnn.conv2d(*a, stride=2, padding=((1, 2), (0, 1)), dilation=(1, 2), groups=2, activation="relu"),
+        lambda *a: jaxcnn.conv2d(*a, stride=2, padding=((1, 2), (0, 1)), dilation=(1, 2), groups=2, activation="relu",
+                                 algorithm="direct"),
         *args,
     )
     target = "jaxcnn_conv2d_fwd" if with_bias else "jaxcnn_conv2d_fwd_nobias"
@@ -33,7 +34,7 @@ def test_cuda_lowering_is_ffi_custom_call(with_bias):
     attrs = dict(re.findall(r"(\w+) = (-?\d+) : i64", call[0]))
     assert attrs == dict(activation="1", dilation_h="1", dilation_w="2", groups="2",
                          pad_h="1", pad_w="0", stride_h="2", stride_w="2",
-                         layout="0", precision="0", algorithm="0")
+                         layout="0", precision="0", algorithm="1")
     # The second result is the scratch XLA allocates for the handler (u8).
     assert re.search(r"-> \(tensor<2x5x4x8xbf16>, tensor<\d+xui8>\)", call[0]), call[0]
     assert "stablehlo.convolution" not in text
@@ -83,4 +84,4 @@ def test_strict_mode_refuses_fallback(monkeypatch):
     monkeypatch.setattr(_ffi, "handlers_registered", lambda: False)
     monkeypatch.setenv("JAXCNN_STRICT", "1")
     with pytest.raises(RuntimeError, match="CUDA lowering without the jaxcnn library"):
-        cuda_text(lambda x, w: jaxcnn.conv2d(x, w, groups=2, padding=1), X, W)
+        cuda_text(lambda x, w: jaxcnn.conv2d(x, w, groups=2, padding=1, algorithm="jaxcnn"), X, W)

@@ -25,6 +25,10 @@ PRECISIONS = ("default", "highest")
 # for layers where XLA's kernel measures faster than ours.
 # Index = the handler's algorithm code ("xla", 4, never reaches it).
 ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla", "wgmma", "stem")
+# jaxcnn.conv2d's algorithm="auto" is a decision between XLA's conv and jaxcnn's families
+# (jaxcnn/tuning/conv_choice.py); "jaxcnn" skips it and sends "auto" to the handler, which picks
+# among its families alone (what measurements of "our kernel" and fused rewrites want).
+HANDLER_ALGORITHM = "jaxcnn"
 
 Pair = tuple[int, int]
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.interpreters import mlir
 
-from jaxcnn.ops.conv2d import Conv2dPrimitive
+from jaxcnn.ops.conv2d_primitive import Conv2dPrimitive
 from jaxcnn.ops.inception_args import (
     BIAS_NAMES,
     BRANCH_LAYERS,

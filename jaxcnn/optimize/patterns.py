@@ -21,10 +21,16 @@ from jax import lax
 from jax.extend.core import Literal, Var
 
 from jaxcnn.ops.conv2d import conv2d
-from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
-from jaxcnn.optimize.epilogue_patterns import Epilogue, epilogue_operands, find_epilogue, vector_dependencies_ok
+from jaxcnn.ops.conv_args import HANDLER_ALGORITHM
 from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
 from jaxcnn.ops.softmax import log_softmax, softmax
+from jaxcnn.optimize.epilogue_patterns import (
+    Epilogue,
+    epilogue_operands,
+    find_epilogue,
+    vector_dependencies_ok,
+)
+from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
 
 ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
 # lax.Precision -> conv2d's precision; HIGH (bf16x3 in XLA) gets the fp32-accurate path, never less.
@@ -249,7 +255,9 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     def make_build(algorithm):
         def build(*vals):
             x_, w_, b_, r_ = operands(*vals)
-            return conv2d(x_, w_, b_, residual=r_, algorithm=algorithm, **kwargs).astype(out_dtype)
+            # optimize's own decision already weighed XLA: "auto" here is the handler's pick.
+            algo = HANDLER_ALGORITHM if algorithm == "auto" else algorithm
+            return conv2d(x_, w_, b_, residual=r_, algorithm=algo, **kwargs).astype(out_dtype)
         return build
 
     if not _accepts(make_build("auto"), out.aval, *(v.aval for v in in_vars)):

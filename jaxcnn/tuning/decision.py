@@ -5,7 +5,8 @@ runs without jaxcnn) and jaxcnn's replacements. On a GPU where jaxcnn's kernels 
 candidate is measured once (device time from profiler kernel events, all candidates of all
 pending sites in one trace), the fastest wins only if it beats the baseline by MIN_GAIN, and
 the record is cached on disk per GPU, shapes, dtypes and formulation; later processes read the
-cache. Elsewhere (CPU, no library) a rule given by the caller decides and the decision says so.
+cache. Elsewhere (CPU, no library) and where JAXCNN_MEASURE=0 finds no cached record, a rule
+given by the caller decides and the decision says so.
 A kernel of jaxcnn's that loses to XLA is therefore never chosen by a measurement.
 """
 
@@ -18,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from jaxcnn._ffi import cuda_available
 from jaxcnn.layouts import AutotuneCache, as_cache
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.measure import device_kind, outside_traces, should_measure, try_run
@@ -84,16 +86,23 @@ def fingerprint(text: str) -> str:
 
 def can_measure() -> bool:
     """Measurements run only where jaxcnn's CUDA kernels run (elsewhere they would time the
-    lax reference)."""
+    lax reference), unless JAXCNN_MEASURE=0 turns them off (cached ones are still read)."""
     return should_measure(None)
 
 
+def can_read_measurements() -> bool:
+    """Cached measurements apply where jaxcnn's CUDA kernels run (they were made with them)."""
+    return cuda_available()
+
+
 def decide_all(sites: Sequence[Site], *, cache: Any = None, measure: bool | None = None) -> list[Decision]:
-    """The decision for each site, measuring the uncached ones together where possible."""
+    """The decision for each site: a cached measurement of this GPU where one exists, else a
+    measurement (the uncached sites together) where measuring is allowed, else the rule."""
     measure = can_measure() if measure is None else measure
-    if not measure:
-        return [_rule_decision(s) for s in sites]
     store = as_cache(cache)
+    gpu = measure or can_read_measurements()
+    if not gpu:
+        return [_rule_decision(s) for s in sites]
     device = device_kind()
     keys = [site_key(device, s.key_fields) for s in sites]
     entries = store.load() if store else {}
@@ -101,12 +110,16 @@ def decide_all(sites: Sequence[Site], *, cache: Any = None, measure: bool | None
     for key, s in zip(keys, sites):
         if _usable(entries.get(key), s) is None and key not in pending:
             pending[key] = s
-    if pending:
+    if pending and measure:
         records = outside_traces(_measure_sites)(pending)
         if store:
             store.put_many(records)
         entries = {**entries, **records}
-    return [_usable(entries.get(key), s, cached=key not in pending) for key, s in zip(keys, sites)]
+    decisions = []
+    for key, s in zip(keys, sites):
+        d = _usable(entries.get(key), s, cached=key not in pending)
+        decisions.append(d if d is not None else _rule_decision(s))
+    return decisions
 
 
 def _rule_decision(s: Site) -> Decision:

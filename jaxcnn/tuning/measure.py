@@ -6,7 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import os
 from typing import Callable
+
+from jaxcnn import _ffi
+
+# JAXCNN_MEASURE=0: automatic decisions (conv2d "auto", optimize's policy, the layout and fusion
+# planners) read cached measurements and rules but time nothing new on the device.
+MEASURE_ENV = "JAXCNN_MEASURE"
 
 
 def device_kind() -> str:
@@ -31,11 +38,10 @@ def outside_traces(fn: Callable) -> Callable:
 
 def should_measure(measure: bool | None) -> bool:
     """Measure only where jaxcnn's CUDA kernels run: elsewhere conv2d would time the XLA
-    reference it falls back to, which says nothing about the kernels."""
-    from jaxcnn import _ffi
-
+    reference it falls back to, which says nothing about the kernels. measure=None (automatic)
+    is also off where the environment sets MEASURE_ENV=0."""
     if measure is None:
-        return _ffi.cuda_available()
+        return _ffi.cuda_available() and os.environ.get(MEASURE_ENV, "1").strip() != "0"
     if not isinstance(measure, bool):
         raise TypeError(f"measure must be True, False or None, got {measure!r}")
     if measure and not _ffi.cuda_available():
