@@ -42,6 +42,9 @@
 #                needs flax + equinox
 #     thirdparty scripts/bench_thirdparty.py (THIRDPARTY_ARGS, e.g. "--quick"; THIRDPARTY_TIMEOUT): Keras 3
 #                applications and Flax/Equinox ResNets, XLA vs jaxcnn.optimize(fn); needs keras + flax + equinox
+#     convsweep  scripts/bench_conv_sweep.py (CONVSWEEP_ARGS, e.g. "--quick"; CONVSWEEP_TIMEOUT):
+#                conv2d(algorithm="auto") vs XLA on >= 300 random conv shapes + every zoo conv layer, correctness
+#                vs float64, ratio distribution and issue 33's goals; report in OUTDIR, its decision caches in raw/
 #     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
 #                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
@@ -278,6 +281,14 @@ if has thirdparty; then
   # shellcheck disable=SC2086
   step bench_thirdparty timeout "${THIRDPARTY_TIMEOUT:-3000}" $PY scripts/bench_thirdparty.py --out "$OUT" \
     ${THIRDPARTY_ARGS:-}
+fi
+
+if has convsweep; then
+  # Its own --budget-s (default 270 s) stops starting chunks; CONVSWEEP_ARGS="--resume <earlier report JSON>"
+  # runs the cases that one lacks and writes a report of all.
+  # shellcheck disable=SC2086
+  step conv_sweep timeout "${CONVSWEEP_TIMEOUT:-1800}" $PY scripts/bench_conv_sweep.py --out "$OUT" \
+    --cache-dir "$RAW/conv_sweep_autotune" ${CONVSWEEP_ARGS:-}
 fi
 
 if has multigpu; then
