@@ -7,7 +7,9 @@
 Modules: layer (shapes, GEMM view), tiling (CTA tilings, presets, kernel-name parsing), traffic
 (bytes at L1/L2/DRAM), timing (bounds -> time), factors (fitted parameters per GPU and their
 JSON), calibration (fitting them), model (predict, predict_table), validation (predicted vs
-measured).
+measured), roofline (the kernel floor, DRAM and fp32 FMA time every estimate shares),
+layout_cost (the layout choice's estimates: sector traffic per layout, transforms, conv
+candidates).
 """
 
 from jaxcnn.perfmodel.calibration import Calibration, Sample, calibrate
