@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxcnn.tuning import cache_file
+from jaxcnn.tuning.autotune_cache import AutotuneCache
 
 CACHE_ENV = "JAXCNN_SPARSE_CACHE"
 MARGIN = 0.05
@@ -134,8 +135,6 @@ def layer_key(x_shape, w_shape, dtype, *, stride=(1, 1), padding=((0, 0), (0, 0)
               precision: str = "default") -> str:
     """The cache key of one layer (NHWC x, HWIO w): shapes, stride, padding, dtype and, for
     float32, the dense path's precision (TF32 "default" or fp32 "highest")."""
-    from jaxcnn.layouts import AutotuneCache
-
     dtype = np.dtype(dtype).name
     return AutotuneCache.key(
         x=list(map(int, x_shape)), w=list(map(int, w_shape)), stride=list(map(int, _pair(stride))),
@@ -230,12 +229,10 @@ def _crossover_entry_problem(entry_key: str, record: Any) -> str | None:
 
 class CrossoverTable:
     """Crossover records per GPU kind and layer, in the autotune cache's JSON format (atomic,
-    locked writes; see jaxcnn.layouts.AutotuneCache). `path=False` keeps them in memory.
+    locked writes; see jaxcnn.tuning.autotune_cache.AutotuneCache). `path=False` keeps them in memory.
     A malformed file or record is reported once and read as no record (dense)."""
 
     def __init__(self, path: Any = None):
-        from jaxcnn.layouts import AutotuneCache
-
         self._memory: dict[str, dict] = {}
         self._file = None if path is False else AutotuneCache(
             path if path is not None else default_cache_path(), what="sparse crossover cache",
@@ -296,7 +293,8 @@ def measure_crossover(x_shape, w_shape, dtype="float32", *, stride=1, padding="S
     kw = dict(stride=cfg.stride, padding=cfg.padding, activation="relu")
     x_dense = sparse_input(jax.random.fold_in(key, 2), x_shape, 0.5, dtype)
     dense = {
-        "jaxcnn": timer(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision=prec, **kw), x_dense, w, b),
+        "jaxcnn": timer(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision=prec, algorithm="jaxcnn", **kw),
+                        x_dense, w, b),
         "xla": timer(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision=prec, algorithm="xla", **kw),
                      x_dense, w, b),
     }

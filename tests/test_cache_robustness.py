@@ -1,4 +1,4 @@
-"""Caches survive any bytes in their files: the autotune cache (jaxcnn.layouts), the sparse
+"""Caches survive any bytes in their files: the autotune cache (jaxcnn.tuning), the sparse
 crossover cache (jaxcnn.sparse_dispatch) and the dashboard's cached copy of the shipped data.
 
 Unusable content is reported once (a CacheFileWarning naming the file and what is wrong), read
@@ -20,7 +20,8 @@ import jaxcnn.layouts as L
 from jaxcnn import sparse_dispatch as sd
 from jaxcnn.dashboard import data
 from jaxcnn.store import Store
-from jaxcnn.tuning import cache_file
+from jaxcnn.tuning import autotune_cache, cache_file, layer_autotune
+from jaxcnn.tuning import measure as measuring
 from jaxcnn.tuning.cache_file import CacheFileWarning
 
 DEVICE = "Fake GPU"
@@ -72,15 +73,15 @@ def _corrupt_files(valid: bytes) -> list[tuple[str, bytes, str]]:
 
 X_SHAPE, W_SHAPE, DTYPE = (1, 8, 8, 8), (3, 3, 8, 16), "float32"
 LAYER = L.conv_layer(X_SHAPE, W_SHAPE, DTYPE)
-CONV_KEY = L._conv_key(DEVICE, LAYER)
-TRANSFORM_KEY = L._transform_key(DEVICE, X_SHAPE, DTYPE, "NHWC", "NCHW")
+CONV_KEY = layer_autotune.conv_key(DEVICE, LAYER)
+TRANSFORM_KEY = layer_autotune.transform_key(DEVICE, X_SHAPE, DTYPE, "NHWC", "NCHW")
 TRANSFORM_RECORD = dict(time_ms=0.25, measured=True, note="device time", kernels=["k"],
                         created="2026-01-01T00:00:00+00:00", iters=2)
 
 
 def _conv_record() -> dict:
     """A well-formed record of LAYER in which (NCHW, direct) is fastest."""
-    cands = L.default_conv_candidates(LAYER)
+    cands = layer_autotune.default_conv_candidates(LAYER)
     return dict(op="conv2d", device=DEVICE, created="2026-01-01T00:00:00+00:00", iters=2,
                 candidates=[dict(layout=lay, algorithm=alg, time_ms=0.5 if (lay, alg) == ("NCHW", "direct")
                                  else 1.0 + i, source="measured", note="", kernels=["k"])
@@ -90,23 +91,23 @@ def _conv_record() -> dict:
 
 
 def _autotune_file(entries: dict) -> bytes:
-    return json.dumps({"version": L.CACHE_VERSION, "entries": entries}, indent=1).encode()
+    return json.dumps({"version": autotune_cache.CACHE_VERSION, "entries": entries}, indent=1).encode()
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The cached-choice reader as on a GPU (it returns None off the GPU, cache or not)."""
-    monkeypatch.setattr(L, "_should_measure", lambda measure: True)
-    monkeypatch.setattr(L, "_device_kind", lambda: DEVICE)
+    monkeypatch.setattr(measuring, "should_measure", lambda measure: True)
+    monkeypatch.setattr(measuring, "device_kind", lambda: DEVICE)
 
 
 def _cached_choice(path):
-    return L.cached_conv_choice(X_SHAPE, W_SHAPE, DTYPE, cache=path)
+    return layer_autotune.cached_conv_choice(X_SHAPE, W_SHAPE, DTYPE, cache=path)
 
 
 def _assert_valid_autotune_file(path, want_keys) -> None:
     stored = json.loads(path.read_bytes().decode("utf-8"))
-    assert stored["version"] == L.CACHE_VERSION and set(stored["entries"]) == set(want_keys)
+    assert stored["version"] == autotune_cache.CACHE_VERSION and set(stored["entries"]) == set(want_keys)
     assert not list(path.parent.glob("*.tmp"))
 
 
@@ -200,7 +201,7 @@ def test_autotune_cache_ignores_a_malformed_conv_entry(tmp_path, fake_gpu, chang
     assert_one_warning(got, path, "1 malformed entry ignored")
     assert message in got[0] and '"device":"Fake GPU"' in got[0]  # names the entry
 
-    other = L._transform_key(DEVICE, X_SHAPE, DTYPE, "NHWC", "CHWN")
+    other = layer_autotune.transform_key(DEVICE, X_SHAPE, DTYPE, "NHWC", "CHWN")
     with cache_warnings() as got:
         L.AutotuneCache(path).put(other, TRANSFORM_RECORD)  # rewrites the file without the bad entry
     assert got == []

@@ -4,6 +4,7 @@ plan.apply == the unfused model numerically, the straight conv->pool kind with a
 conv2d_pool module, MobileNetV2's expand->depthwise groups (and their CUDA lowering), fire
 groups in a user jaxpr, and the `jaxcnn fuse` CLI."""
 
+import dataclasses
 import json
 import sys
 import types
@@ -19,6 +20,9 @@ from jaxcnn.fusion import cost, planner as P
 from jaxcnn.models import get_model
 from jaxcnn.models.mobilenet import INVERTED_RESIDUAL_STAGES
 from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS
+from jaxcnn.tuning import case_timing
+from jaxcnn.tuning import measure as M
+from jaxcnn.tuning.tuner_args import resolve_spec
 
 # The block kinds these tests are about (conv_pool groups have their own tests).
 BLOCKS = ("fire", "inception")
@@ -84,7 +88,7 @@ def test_fire_cost_model_counts_saved_bytes_and_launches():
     path: with S = 32 the whole module as one launch (s on chip, as the fused kernel), else the
     squeeze, then both expands as one launch (saves the concatenate and one read of s) where
     S % 32 and E % 64, else one launch each (saves the concatenate only)."""
-    spec = L._resolve_spec("H200", False)[0]
+    spec = resolve_spec("H200", False)[0]
     item = 2
     # (batch, fire index in squeezenet1_1, spatial size, squeeze, expand, launches, wgmma)
     for batch, index, hw, s, e, launches, wgmma in (
@@ -112,7 +116,7 @@ def test_fire_cost_model_counts_saved_bytes_and_launches():
 def test_fire_cost_model_takes_two_phase_for_small_problems():
     """Up to 1024 output pixels (N = 1 SqueezeNet 1.1 fires 4-9) "auto" runs the two-phase
     kernel: one launch, s's three transfers as XLA's, the concatenate gone."""
-    spec = L._resolve_spec("H200", False)[0]
+    spec = resolve_spec("H200", False)[0]
     groups, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="bfloat16", kinds=BLOCKS)
     small = [g for g in groups if g.x_shape[1] * g.x_shape[2] <= cost.FIRE_TWO_PHASE_MAX_PIXELS]
     assert [g.x_shape[1] for g in small] == [27, 27, 13, 13, 13, 13]
@@ -138,7 +142,7 @@ def test_fire_two_cta_layout_mirrors_the_launcher():
     assert not cost.fire_fits_two_ctas_unsplit(64, 55, 55, 128, 16, 128, 128)
     # Not on other GPUs: wgmma is Hopper's.
     (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
-    assert not cost.fire_uses_wgmma(g, L._resolve_spec("A100 SXM 80GB", False)[0])
+    assert not cost.fire_uses_wgmma(g, resolve_spec("A100 SXM 80GB", False)[0])
 
 
 def test_fp32_fire_at_large_batch_is_left_to_xla_by_the_model():
@@ -154,7 +158,7 @@ def test_fp32_fire_at_large_batch_is_left_to_xla_by_the_model():
 
 def test_inception_model_is_honest_about_the_composition():
     (g, *_), _ = fusion.find_groups("googlenet", batch=64, dtype="bfloat16", kinds=BLOCKS)
-    spec = L._resolve_spec("H200", False)[0]
+    spec = resolve_spec("H200", False)[0]
     fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
     # Two convs fewer, two slice copies more; x read once instead of three times.
     assert fused.launches == xla.launches == 8
@@ -256,8 +260,8 @@ def test_apply_rest_jaxcnn_and_bad_rest():
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """The measured path on the CPU: device 'FakeGPU'; every case is traced once (the
-    planner's _try_run) and gets a time from a table: fused wins fire2, XLA wins the rest."""
+    """The measured path on the CPU: device 'FakeGPU'; every case is traced once (a
+    stand-in for measure.try_run) and gets a time from a table: fused wins fire2, XLA wins the rest."""
     calls = []
 
     def measure(cases, iters, warmup):
@@ -278,13 +282,11 @@ def fake_gpu(monkeypatch):
             return f"ValueError: {err}"
         return ""
 
-    from jaxcnn.tuning import measure as M  # the planner measures through jaxcnn.tuning.measure
-
-    for module, prefix in ((L, "_"), (M, "")):
-        monkeypatch.setattr(module, prefix + "should_measure", lambda measure: measure is not False)
-        monkeypatch.setattr(module, prefix + "device_kind", lambda: "FakeGPU")
-        monkeypatch.setattr(module, prefix + "try_run", try_run)
-    monkeypatch.setattr(L, "_measure", measure)
+    # The planner measures through jaxcnn.tuning.measure and times through case_timing.
+    monkeypatch.setattr(M, "should_measure", lambda measure: measure is not False)
+    monkeypatch.setattr(M, "device_kind", lambda: "FakeGPU")
+    monkeypatch.setattr(M, "try_run", try_run)
+    monkeypatch.setattr(case_timing, "time_cases", measure)
     return calls
 
 
@@ -309,7 +311,7 @@ def test_measured_decisions_and_cache(fake_gpu, tmp_path):
 
 
 def test_outside_traces_runs_for_real_under_jit():
-    """Inside a jit trace, jax ops (even on constants) are staged; layouts.outside_traces runs
+    """Inside a jit trace, jax ops (even on constants) are staged; tuning.measure.outside_traces runs
     its function in a fresh thread, where they execute."""
     def compute():
         return jax.jit(lambda v: v * 2)(jnp.arange(3.0))
@@ -317,7 +319,7 @@ def test_outside_traces_runs_for_real_under_jit():
     got = {}
 
     def traced(x):
-        got["staged"], got["eager"] = compute(), L.outside_traces(compute)()
+        got["staged"], got["eager"] = compute(), M.outside_traces(compute)()
         return x + 1
 
     jax.jit(traced)(1.0)
@@ -330,13 +332,13 @@ def test_group_measurements_run_outside_an_enclosing_jit_trace(fake_gpu, monkeyp
     """optimize(fn) without example_args plans on its first (traced) call: the candidates'
     inputs must still be concrete arrays, or the timings are of nothing."""
     seen = []
-    fake = L._measure
+    fake = case_timing.time_cases
 
     def measure(cases, iters, warmup):
         seen.extend(isinstance(leaf, jax.core.Tracer) for _, _, args in cases for leaf in jax.tree.leaves(args))
         return fake(cases, iters, warmup)
 
-    monkeypatch.setattr(L, "_measure", measure)
+    monkeypatch.setattr(case_timing, "time_cases", measure)
     groups, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="float32", kinds=BLOCKS)
     sources = []
 
@@ -413,7 +415,7 @@ def test_conv_pool_cost_model_knows_the_tensor_core_rule():
     """conv2d_pool's tensor-core kernel takes any input channel count (the C=3 stem conv runs its
     flat-K mode, bf16 and fp32 as TF32) but needs K in 16-byte vectors: K=20 in bf16 runs on CUDA
     cores (fp32 FMA peak)."""
-    spec = L._resolve_spec("H200", False)[0]
+    spec = resolve_spec("H200", False)[0]
     first = lambda model, dtype: fusion.find_groups(model, 64, dtype, kinds=("conv_pool",))[0][0]  # noqa: E731
     stem, stem32, vgg = first("squeezenet1_1", "bfloat16"), first("squeezenet1_1", "float32"), first("vgg16", "bfloat16")
     assert stem.name == "conv1+maxpool1" and stem.members[0].input_shape[3] == 3
@@ -482,7 +484,7 @@ def test_expand_depthwise_cost_model_keeps_t_on_chip_where_the_kernel_runs():
     the depthwise's output each written and read twice; fused: one kernel, t on chip. Where
     jaxcnn.conv1x1_depthwise runs XLA's convs (fp32, C > 256) the fused version is XLA's and
     the model keeps XLA."""
-    spec = L._resolve_spec("H200", False)[0]
+    spec = resolve_spec("H200", False)[0]
     (g, *_), _ = fusion.find_groups("mobilenetv2", batch=64, dtype="bfloat16", kinds=EXPAND_DW)
     fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
     assert (xla.launches, fused.launches) == (4, 1) and fused.time_ms < xla.time_ms
@@ -689,16 +691,16 @@ def test_apply_with_a_layout_plan_for_the_rest():
     """rest=ChainPlan: fused fires, every other layer in the layout plan's layout and kernel;
     the plan's NCHW/CHWN layers really run in those layouts and the logits stay XLA's."""
     lplan = L.plan_model_layouts("squeezenet1_1", 2, "float32", costs="model")
-    # Force a layout mix so transforms and the layer count of _LayoutOps are exercised.
-    steps = tuple(L.dataclasses.replace(s, layout="NCHW") if s.name in ("conv1", "maxpool1", "conv10")
+    # Force a layout mix so transforms and the layer count of LayoutOps are exercised.
+    steps = tuple(dataclasses.replace(s, layout="NCHW") if s.name in ("conv1", "maxpool1", "conv10")
                   else s for s in lplan.steps)
-    lplan = L.dataclasses.replace(lplan, steps=steps)
+    lplan = dataclasses.replace(lplan, steps=steps)
     plan = fusion.plan_fusion("squeezenet1_1", batch=2, dtype="float32", costs="model", kinds=BLOCKS)
     got, want, params, x = run_both("squeezenet1_1", plan, 2, jnp.float32, rest=lplan)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     jaxpr = str(jax.make_jaxpr(lambda p, x: plan.apply(p, x, rest=lplan))(params, x))
     assert jaxpr.count("jaxcnn_fire") == 8 and "jaxcnn_layout_transform" in jaxpr
     with pytest.raises(ValueError, match="layout plan of 'vgg16'"):
-        plan.apply(params, x, rest=L.dataclasses.replace(lplan, model="vgg16"))
+        plan.apply(params, x, rest=dataclasses.replace(lplan, model="vgg16"))
     with pytest.raises(TypeError, match="ChainPlan"):
         plan.apply(params, x, rest=3)

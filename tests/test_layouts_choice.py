@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 import jaxcnn.layouts as L
 from jaxcnn import cli
+from jaxcnn.perfmodel.roofline import KERNEL_FLOOR_MS
+from jaxcnn.tuning import autotune_cache, case_timing, layer_autotune
+from jaxcnn.tuning import measure as measuring
 from jaxcnn.models import get_model, list_models
 
 LAYOUTS = ("NHWC", "NCHW", "CHWN")
@@ -223,7 +226,7 @@ def test_transform_model():
     assert L.transform_ms((2, 8, 8, 8), "float32", "NHWC", "NHWC") == 0.0
     big = L.transform_ms((64, 56, 56, 64), "bfloat16", "NHWC", "CHWN", gpu="H200")
     assert big == pytest.approx(2 * 64 * 56 * 56 * 64 * 2 / 3.97e12 * 1e3)
-    assert L.transform_ms((1, 1, 1, 1), "float32", "NHWC", "NCHW") == L.KERNEL_FLOOR_MS
+    assert L.transform_ms((1, 1, 1, 1), "float32", "NHWC", "NCHW") == KERNEL_FLOOR_MS
 
 
 # --------------------------------------------------------------------------- measured path
@@ -236,7 +239,7 @@ TC_ERROR = "jaxcnn.conv2d: algorithm='tensor_core' cannot run x (2, 8, 8, 16): n
 def fake_gpu(monkeypatch):
     """The measured code path on the CPU: the device is 'FakeGPU', the tensor-core family
     raises the lowering's "cannot run" ValueError, timings come from a table (each case still
-    runs once, on the CPU reference), and every _measure call is recorded."""
+    runs once, on the CPU reference), and every time_cases call is recorded."""
     import jaxcnn.ops
 
     calls = []
@@ -263,9 +266,9 @@ def fake_gpu(monkeypatch):
         return real_conv2d(*args, algorithm=algorithm, **kwargs)
 
     monkeypatch.setattr(jaxcnn.ops, "conv2d", conv2d)
-    monkeypatch.setattr(L, "_should_measure", lambda measure: measure is not False)
-    monkeypatch.setattr(L, "_device_kind", lambda: "FakeGPU")
-    monkeypatch.setattr(L, "_measure", measure)
+    monkeypatch.setattr(measuring, "should_measure", lambda measure: measure is not False)
+    monkeypatch.setattr(measuring, "device_kind", lambda: "FakeGPU")
+    monkeypatch.setattr(case_timing, "time_cases", measure)
     return calls
 
 
@@ -328,7 +331,7 @@ def test_cache_round_trip_and_corrupt_file(tmp_path):
     cache.put(key, {"time_ms": 1.5})
     assert L.AutotuneCache(path).get(key) == {"time_ms": 1.5}
     data = json.loads(path.read_text())
-    assert data["version"] == L.CACHE_VERSION and key in data["entries"]
+    assert data["version"] == autotune_cache.CACHE_VERSION and key in data["entries"]
 
     path.write_text("{not json")
     with pytest.warns(UserWarning, match="corrupt"):
@@ -480,7 +483,7 @@ def test_cli_layouts(capsys, tmp_path):
 
 def test_autotune_transforms_batches_and_caches(fake_gpu, tmp_path, monkeypatch):
     # 3 inputs of the first shape fit a trace, 1 of the second (twice the size).
-    monkeypatch.setattr(L, "TRANSFORM_BATCH_BYTES", 3 * 2 * 4 * 4 * 8 * 4)
+    monkeypatch.setattr(layer_autotune, "TRANSFORM_BATCH_BYTES", 3 * 2 * 4 * 4 * 8 * 4)
     shapes = [(2, 4, 4, 8), (2, 4, 4, 16)]
     cache = tmp_path / "autotune.json"
     got = L.autotune_transforms(shapes, "float32", cache=cache, iters=2, warmup=1)

@@ -14,6 +14,9 @@ from jax import lax
 import jaxcnn
 from jaxcnn.models import get_model
 from jaxcnn.models import backends as B
+from jaxcnn.tuning import autotune_cache, layer_autotune
+from jaxcnn.tuning import measure as measuring
+from jaxcnn.tuning.layer import conv_layer
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 TOL = {jnp.float32: dict(rtol=1e-4, atol=1e-4), jnp.bfloat16: dict(rtol=5e-2, atol=5e-2)}
@@ -320,13 +323,10 @@ def _autotune_record(winner, times=None):
 
 
 def _fake_gpu(monkeypatch, tmp_path):
-    """jaxcnn.layouts reads its autotune cache (a fresh file) as on a GPU named "Fake GPU"."""
-    import jaxcnn.layouts as L
-
-    monkeypatch.setenv(L.CACHE_ENV, str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(L, "_should_measure", lambda measure: True)
-    monkeypatch.setattr(L, "_device_kind", lambda: "Fake GPU")
-    return L
+    """The layout autotuner reads its autotune cache (a fresh file) as on a GPU named "Fake GPU"."""
+    monkeypatch.setenv(autotune_cache.CACHE_ENV, str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(measuring, "should_measure", lambda measure: True)
+    monkeypatch.setattr(measuring, "device_kind", lambda: "Fake GPU")
 
 
 def test_auto_policy_leaves_dense_16bit_convs_to_xla_unless_measured(tmp_path, monkeypatch):
@@ -335,17 +335,17 @@ def test_auto_policy_leaves_dense_16bit_convs_to_xla_unless_measured(tmp_path, m
     holds a measurement of that layer on this GPU in which a jaxcnn kernel beat XLA. fp32
     precision="highest" convs (3xTF32: 1.4-3.2x XLA's HIGHEST) and depthwise convs are still
     rewritten without one."""
-    L = _fake_gpu(monkeypatch, tmp_path)
+    _fake_gpu(monkeypatch, tmp_path)
     x, w = rand(40, (2, 9, 9, 8), jnp.bfloat16), rand(41, (3, 3, 8, 16), jnp.bfloat16)
     fn = lambda x, w: jax.nn.relu(conv(x, w))
     assert jaxcnn.optimize(fn).rewrites(x, w) == []  # no cache entry: XLA's
     assert [r.op for r in jaxcnn.optimize(fn, policy="all").rewrites(x, w)] == ["conv2d"]
-    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "bfloat16", padding=((1, 1), (1, 1)), activation="relu",
+    layer = conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "bfloat16", padding=((1, 1), (1, 1)), activation="relu",
                          bias=False)
-    key = L._conv_key("Fake GPU", layer)
-    L.AutotuneCache().put(key, _autotune_record("xla"))
+    key = layer_autotune.conv_key("Fake GPU", layer)
+    autotune_cache.AutotuneCache().put(key, _autotune_record("xla"))
     assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
-    L.AutotuneCache().put(key, _autotune_record("tensor_core"))
+    autotune_cache.AutotuneCache().put(key, _autotune_record("tensor_core"))
     [r] = jaxcnn.optimize(fn).rewrites(x, w)  # measured: our tensor-core conv won
     assert (r.op, r.algorithm, r.dtype) == ("conv2d", "tensor_core", "bfloat16")
     assert_close(jaxcnn.optimize(fn)(x, w), fn(x, w), jnp.bfloat16)
@@ -369,21 +369,19 @@ def test_auto_policy_leaves_dense_16bit_convs_to_xla_unless_measured(tmp_path, m
 def test_auto_policy_takes_the_autotuners_cached_measurement(tmp_path, monkeypatch):
     """Where the autotune cache holds a conv measured on this GPU, policy="auto" takes that
     winner (XLA's conv included) instead of its rule; off the GPU the cache is not read."""
-    import jaxcnn.layouts as L
-
-    monkeypatch.setenv(L.CACHE_ENV, str(tmp_path / "autotune.json"))
+    monkeypatch.setenv(autotune_cache.CACHE_ENV, str(tmp_path / "autotune.json"))
     x, w = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16))
     fn = lambda x, w: conv(x, w, precision=lax.Precision.HIGHEST)
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # the rule: tensor cores
 
-    layer = L.conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), precision="highest",
+    layer = conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), precision="highest",
                          bias=False)
-    key = L._conv_key("Fake GPU", layer)
-    L.AutotuneCache().put(key, _autotune_record("xla"))
+    key = layer_autotune.conv_key("Fake GPU", layer)
+    autotune_cache.AutotuneCache().put(key, _autotune_record("xla"))
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # CPU: not read
     _fake_gpu(monkeypatch, tmp_path)
     assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
-    L.AutotuneCache().put(key, _autotune_record("direct"))
+    autotune_cache.AutotuneCache().put(key, _autotune_record("direct"))
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["direct"]
     other = rand(32, (3, 3, 8, 24))  # no record for this layer: the rule again
     assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, other)] == ["auto"]

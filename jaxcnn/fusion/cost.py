@@ -4,7 +4,8 @@
 What fusion saves is explicit: the DRAM bytes of intermediates that stay on chip (written
 once and read by each consumer) and of the concatenate copy (the branch outputs read again and
 the output written again), and the launches of the kernels that disappear. Peaks and bandwidth
-come from jaxcnn.profile.gpu_specs (H200 when no GPU is visible, as jaxcnn.layouts does).
+come from jaxcnn.profile.gpu_specs (H200 when no GPU is visible, as the layout choice does); the
+kernel floor and DRAM time are jaxcnn.perfmodel.roofline's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup, bytes_of
 from jaxcnn.ops.chain_args import conv1x1_depthwise_fused
+from jaxcnn.perfmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 
-# Device time of the shortest kernel (ramp-up and tail of a tiny grid; jaxcnn.layouts' floor).
-KERNEL_FLOOR_MS = 0.002
 # Cost of one more kernel in a program beyond its own run time: launch and the gap between
 # kernels (~2-5 us per op on H100/H200 timelines of small batches). An assumption, labelled
 # as such in explain(); measurements replace it on a GPU.
@@ -65,7 +65,7 @@ class Kernel:
     math: str  # "tensor" (bf16/fp16/tf32 tensor cores), "fp32" (3xTF32 or FMA), "fma", "memory"
 
     def ms(self, spec: GpuSpec, dtype: str) -> float:
-        return max(KERNEL_FLOOR_MS, self.bytes / spec.memory.per_s * 1e3,
+        return max(memory_ms(self.bytes, spec),
                    self.flops / _peak(spec, dtype, self.math) * 1e3 if self.flops else 0.0)
 
 

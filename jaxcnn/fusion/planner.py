@@ -11,7 +11,7 @@ jaxcnn.conv1x1_depthwise), "xla"
 (the zoo's layers on XLA's ops: what a plain JAX model runs) and, when measuring, "jaxcnn"
 (the same layers one jaxcnn kernel each). Where the CUDA kernels run, every candidate's device
 time is measured (one profiler trace for all groups) and cached per GPU kind, shapes and dtype
-in jaxcnn.layouts' autotune cache; the decision is the fastest measured candidate. Elsewhere
+in the autotune cache (jaxcnn.tuning.autotune_cache); the decision is the fastest measured candidate. Elsewhere
 the decision is jaxcnn.fusion.cost's estimate, fused vs XLA.
 """
 
@@ -23,13 +23,27 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
-from jaxcnn import layouts
 from jaxcnn.fusion import cost as cost_model
 from jaxcnn.fusion.groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
+from jaxcnn.models import get_model
+from jaxcnn.models.backends import JAXCNN_OPS, XLA_OPS, get_ops
+from jaxcnn.models.googlenet import inception
 from jaxcnn.models.layers import Net, bind_layer
+from jaxcnn.models.mobilenet import expand_depthwise, inverted_residual_block
+from jaxcnn.models.squeezenet import fire
+from jaxcnn.ops.fire import fire_block
+from jaxcnn.ops.inception import inception_block
+from jaxcnn.perfmodel.roofline import KERNEL_FLOOR_MS
+from jaxcnn.tuning import case_timing
 from jaxcnn.tuning import measure as measuring
+from jaxcnn.tuning.autotune_cache import AutotuneCache, created_now
+from jaxcnn.tuning.layout_apply import LayoutOps
+from jaxcnn.tuning.layout_plan import ChainPlan
+from jaxcnn.tuning.text_table import fmt_ms, text_table
+from jaxcnn.tuning.tuner_args import check_cache_and_gpu, check_iters, dtype_name, resolve_spec
 
 CANDIDATES = ("fused", "xla", "jaxcnn")
 RESTS = ("xla", "jaxcnn")
@@ -82,20 +96,6 @@ class GroupDecision:
                     reason=self.reason, source=self.source)
 
 
-def _fmt_ms(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    return f"{v:.4f}" if v < 1 else f"{v:.3f}"
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 @dataclass(frozen=True)
 class FusionPlan:
     """plan_fusion's answer: a decision per group, and how to run the model with it."""
@@ -140,13 +140,13 @@ class FusionPlan:
             launches = "-"
             if fused is not None and xla is not None and fused.launches and xla.launches:
                 launches = f"{xla.launches}->{fused.launches}"
-            cand = lambda name: (_fmt_ms(d.time(name)) if d.candidate(name) is None  # noqa: E731
+            cand = lambda name: (fmt_ms(d.time(name)) if d.candidate(name) is None  # noqa: E731
                                  or d.candidate(name).ok else "error")
             rows.append([str(i), d.group.name, d.group.kind, d.group.short_members(), cand("fused"),
                          cand("xla"), cand("jaxcnn") if d.candidate("jaxcnn") else "-", mib, launches,
                          d.choice, d.reason])
         if rows:
-            lines.append(_table(["#", "group", "kind", "members", "fused ms", "XLA ms", "jaxcnn ms",
+            lines.append(text_table(["#", "group", "kind", "members", "fused ms", "XLA ms", "jaxcnn ms",
                                  "DRAM MiB XLA->fused", "kernels", "choice", "why"], rows))
         else:
             lines.append("no fusable group (fire modules, inception blocks, conv->ReLU->max pool, "
@@ -158,11 +158,11 @@ class FusionPlan:
         chosen, xla = self.total(), self.total("xla")
         if chosen is not None and xla is not None and chosen > 0:
             lines.append(f"groups: {len(self.fused_groups)} of {len(self.decisions)} fused; "
-                         f"chosen {_fmt_ms(chosen)} ms vs XLA {_fmt_ms(xla)} ms over the groups "
+                         f"chosen {fmt_ms(chosen)} ms vs XLA {fmt_ms(xla)} ms over the groups "
                          f"(XLA/plan = {xla / chosen:.2f}); the other layers run as XLA")
         if self.source in ("model", "mixed"):
             lines.append(f"model: per kernel max(FLOPs / peak, DRAM bytes / bandwidth, "
-                         f"{cost_model.KERNEL_FLOOR_MS} ms) + {cost_model.LAUNCH_MS} ms launch "
+                         f"{KERNEL_FLOOR_MS} ms) + {cost_model.LAUNCH_MS} ms launch "
                          "(assumed); measured device times replace it where the CUDA kernels run")
         for kind, why in self.skipped.items():
             lines.append(f"skipped kind {kind}: {why}")
@@ -175,9 +175,6 @@ class FusionPlan:
         jaxcnn.layouts ChainPlan of the same model (each other layer in the plan's layout and
         kernel, as apply_plan runs it, "jaxcnn"-chosen groups included; pass it where its
         explain() beats XLA). Works under jit, grad and vmap."""
-        from jaxcnn.models import get_model
-        from jaxcnn.models.backends import JAXCNN_OPS, get_ops
-
         spec = get_model(self.model)
         table = spec.layers(x.shape[0], x.dtype)
         layout_ops = None
@@ -186,14 +183,12 @@ class FusionPlan:
                 raise ValueError(f"rest must be one of {RESTS} or a jaxcnn.layouts ChainPlan, got {rest!r}")
             ops = get_ops(rest)
         else:
-            from jaxcnn.layouts import ChainPlan, _LayoutOps
-
             if not isinstance(rest, ChainPlan):
                 raise TypeError(f"rest must be one of {RESTS} or a jaxcnn.layouts ChainPlan, got "
                                 f"{type(rest).__name__}")
             if rest.model not in (None, self.model):
                 raise ValueError(f"rest is a layout plan of {rest.model!r}, this plan is of {self.model!r}")
-            layout_ops = _LayoutOps(table, rest.assignments(), JAXCNN_OPS)
+            layout_ops = LayoutOps(table, rest.assignments(), JAXCNN_OPS)
             ops = layout_ops.table()
         net = _PlannedNet(ops, params, self, table, layout_ops)
         logits = spec.body(net, x)
@@ -207,16 +202,10 @@ def fused_block_fn(kind: str, ops: Mapping[str, Callable] | None = None) -> Call
     """The backends-table entry `ops[kind](layers, params, x)` running a zoo block fused;
     `ops`: the table the layers outside the fused kernel run on (default XLA's)."""
     if kind == "inverted_residual":
-        from jaxcnn.models.mobilenet import inverted_residual_block
-
         return functools.partial(inverted_residual_block, ops=ops)
     if kind == "fire":
-        from jaxcnn.ops.fire import fire_block
-
         return fire_block
     if kind == "inception":
-        from jaxcnn.ops.inception import inception_block
-
         return inception_block
     raise ValueError(f"no fused block for kind {kind!r}")
 
@@ -233,9 +222,7 @@ class _PlannedNet(Net):
     stays correct; under jit XLA drops it when the pool was its only reader)."""
 
     def __init__(self, ops, params, plan: FusionPlan, table, layout_ops=None):
-        from jaxcnn.models.backends import JAXCNN_OPS
-
-        # With a layout plan the rest runs through jaxcnn.layouts' _LayoutOps, which counts
+        # With a layout plan the rest runs through jaxcnn.tuning.layout_apply's LayoutOps, which counts
         # the ops it runs: layers a fused kernel replaces are skipped over in its count.
         self._layout_ops = layout_ops
         self._jaxcnn_ops = JAXCNN_OPS
@@ -310,12 +297,8 @@ class _PlannedNet(Net):
 
 def _block_body(group: FusionGroup) -> tuple[Callable, dict]:
     if group.kind == "fire":
-        from jaxcnn.models.squeezenet import fire
-
         return fire, dict(group.attrs)
     if group.kind == "inception":
-        from jaxcnn.models.googlenet import inception
-
         return inception, dict(filters=group.attrs["filters"])
     raise ValueError(f"group kind {group.kind!r} is not a zoo block")
 
@@ -323,8 +306,6 @@ def _block_body(group: FusionGroup) -> tuple[Callable, dict]:
 def group_fn(group: FusionGroup, version: str) -> Callable:
     """fn(params, x) running the group alone as candidate `version`; params are the members'
     {layer name: {"w", "b"}} (group_params makes random ones)."""
-    from jaxcnn.models.backends import JAXCNN_OPS, XLA_OPS
-
     if version not in CANDIDATES:
         raise ValueError(f"version must be one of {CANDIDATES}, got {version!r}")
     ops = JAXCNN_OPS if version == "jaxcnn" else XLA_OPS
@@ -340,8 +321,6 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
 
         return unfused
     if group.kind == "expand_depthwise":
-        from jaxcnn.models.mobilenet import expand_depthwise
-
         ex, _, dw, _ = group.members
         if version == "fused":
             return lambda p, x: expand_depthwise(x, p[ex.name], p[dw.name], group.attrs["stride"])
@@ -360,8 +339,6 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
 def group_params(group: FusionGroup, seed: int = 0):
     """He-normal weights and small biases for the group's convs, and a normal input (drawn with
     NumPy: jax.random would compile one program per shape, seconds per group on a CPU)."""
-    import jax.numpy as jnp
-
     rng = np.random.default_rng([seed, len(group.members), *group.x_shape])
     params = {}
     for m in group.members:
@@ -391,9 +368,9 @@ def _model_decision(group: FusionGroup, spec, spec_note: str) -> GroupDecision:
     if group.kind == "expand_depthwise" and not cost_model.expand_depthwise_fused(group):
         what += "; conv1x1_depthwise runs XLA's two convs here (needs bf16/fp16, channels multiples of 8, C <= 256)"
     if fused.time_ms < xla.time_ms:
-        choice, why = "fused", f"model: fused {_fmt_ms(fused.time_ms)} < XLA {_fmt_ms(xla.time_ms)} ms ({what})"
+        choice, why = "fused", f"model: fused {fmt_ms(fused.time_ms)} < XLA {fmt_ms(xla.time_ms)} ms ({what})"
     else:
-        choice, why = "xla", f"model: fused {_fmt_ms(fused.time_ms)} >= XLA {_fmt_ms(xla.time_ms)} ms ({what})"
+        choice, why = "xla", f"model: fused {fmt_ms(fused.time_ms)} >= XLA {fmt_ms(xla.time_ms)} ms ({what})"
     return GroupDecision(group, cands, choice, why, "model")
 
 
@@ -414,14 +391,12 @@ def _measured_decision(group, record, model: GroupDecision, cached: bool) -> Gro
     xla = next((c for c in ok if c.name == "xla"), None)
     vs = f" (XLA/{best.name} = {xla.time_ms / best.time_ms:.2f})" if xla and best is not xla else ""
     agree = "agrees with" if (best.name == "fused") == (model.choice == "fused") else "overrules"
-    why = (f"measured{' (cache)' if cached else ''}: {best.name} fastest {_fmt_ms(best.time_ms)} ms{vs}; "
+    why = (f"measured{' (cache)' if cached else ''}: {best.name} fastest {fmt_ms(best.time_ms)} ms{vs}; "
            f"{agree} the model ({model.choice})")
     return GroupDecision(group, tuple(cands), best.name, why, "measured")
 
 
 def _group_key(device: str, group: FusionGroup) -> str:
-    from jaxcnn.layouts import AutotuneCache
-
     return AutotuneCache.key(device=device, op="fusion_group", **group.cache_fields())
 
 
@@ -445,7 +420,7 @@ def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: in
                 errors[(group.name, version)] = error
             else:
                 cases.append(((group.name, version), fn, (params, x)))
-    measured = layouts._measure(cases, iters, warmup) if cases else {}
+    measured = case_timing.time_cases(cases, iters, warmup) if cases else {}
     records = {}
     for group in todo:
         cands = {}
@@ -456,7 +431,7 @@ def _measure_groups(groups: Sequence[FusionGroup], store, iters: int, warmup: in
             e = measured[(group.name, version)]
             cands[version] = dict(time_ms=e["time_ms"], source="measured" if e["measured"] else "wall",
                                   note=e["note"], kernels=e["kernels"])
-        record = dict(op="fusion_group", kind=group.kind, device=device, created=layouts._now(),
+        record = dict(op="fusion_group", kind=group.kind, device=device, created=created_now(),
                       iters=iters, candidates=cands)
         records[_group_key(device, group)] = record
         out[group.name] = (record, False)
@@ -471,10 +446,10 @@ def decide_groups(groups: Sequence[FusionGroup], *, costs: str = "auto", cache: 
     (costs "auto"/"measured"), else the cost model. Shared by zoo models and user functions."""
     if costs not in COSTS:
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
-    layouts._check_iters(iters, warmup)
-    store = layouts._check_cache_and_gpu(cache, gpu)
+    check_iters(iters, warmup)
+    store = check_cache_and_gpu(cache, gpu)
     measure = measuring.should_measure({"auto": None, "measured": True, "model": False}[costs])
-    spec, spec_note = layouts._resolve_spec(gpu, measured=measure)
+    spec, spec_note = resolve_spec(gpu, measured=measure)
     decisions = [_model_decision(g, spec, spec_note) for g in groups]
     device = spec.name
     if measure and groups:
@@ -495,14 +470,14 @@ def plan_fusion(model: str, batch: int = 1, dtype: Any = "bfloat16", *, costs: s
       (RuntimeError without them) or "model".
     kinds: group kinds to consider ("fire", "inception", "conv_pool", "expand_depthwise";
       conv_pool only when jaxcnn.ops.conv2d_pool exists, else it is listed as skipped).
-    cache: jaxcnn.layouts' autotune cache (None: the default file, False: none, a path).
+    cache: the autotune cache (jaxcnn.tuning.autotune_cache) (None: the default file, False: none, a path).
     gpu: the GPU spec the model uses (name or GpuSpec; default: this GPU, else H200).
     """
     if costs not in COSTS:
         raise ValueError(f"costs must be one of {COSTS}, got {costs!r}")
-    dtype = layouts._dtype_name(dtype)
-    layouts._check_iters(iters, warmup)
-    layouts._check_cache_and_gpu(cache, gpu)
+    dtype = dtype_name(dtype)
+    check_iters(iters, warmup)
+    check_cache_and_gpu(cache, gpu)
     groups, skipped = find_groups(model, batch, dtype, kinds=kinds)
     decisions, source, device, note = decide_groups(groups, costs=costs, cache=cache, iters=iters,
                                                     warmup=warmup, refresh=refresh, gpu=gpu)

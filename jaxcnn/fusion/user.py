@@ -35,11 +35,12 @@ import jax
 import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup
-from jaxcnn.fusion.planner import GroupDecision, _fmt_ms, _table, decide_groups
+from jaxcnn.fusion.planner import GroupDecision, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv_args import conv2d_flops
 from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, is_unit_reshape, match_pool
 from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan, declined_convs
+from jaxcnn.tuning.text_table import fmt_ms, text_table
 
 GROUPS = ("auto", "all", "none")
 # inception's convs in jaxcnn.inception's argument order (the zoo's layer roles)
@@ -631,9 +632,9 @@ class FusedOptimized(Optimized):
         rows = []
         for g, take, d in self.decisions(*args, **kwargs):
             why = d.reason if d is not None else f"groups={self.groups!r}"
-            times = (_fmt_ms(d.time("fused")), _fmt_ms(d.time("xla"))) if d is not None else ("-", "-")
+            times = (fmt_ms(d.time("fused")), fmt_ms(d.time("xla"))) if d is not None else ("-", "-")
             rows.append([g.name, g.describe(), *times, "fused" if take else "as optimize", why])
-        head = (_table(["group", "what", "fused ms", "XLA ms", "choice", "why"], rows) if rows
+        head = (text_table(["group", "what", "fused ms", "XLA ms", "choice", "why"], rows) if rows
                 else "no fusable group")
         return head + "\n" + super().explain(*args, **kwargs)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import jax
 
 from jaxcnn import _ffi
-from jaxcnn import layouts as L
 from jaxcnn.ops.conv_args import ALGORITHMS
 from jaxcnn.ops.conv_pool_args import make_conv_pool_config
 from jaxcnn.optimize.patterns import Site
+from jaxcnn.tuning.layer_autotune import autotune_conv, cached_conv_choice
 
 # Pools and softmax stay XLA's under policy="auto": on the H200 (pool_softmax bench) XLA's
 # reduce_window / softmax ran at 0.43-1.01x of jaxcnn's time on CNN shapes, and XLA fuses them
@@ -137,7 +137,7 @@ def _conv_layer_kwargs(site: Site) -> dict:
 def _cached_choice(site: Site):
     """The autotuner's measured choice for this conv when its cache already holds one for
     this GPU (e.g. from `jaxcnn layouts --autotune` or policy="autotune"), else None."""
-    return L.cached_conv_choice(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
+    return cached_conv_choice(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
 
 
 def autotune_policy(site: Site):
@@ -147,7 +147,7 @@ def autotune_policy(site: Site):
     layer the autotuner measured. Pools and softmax follow auto_policy (XLA's)."""
     if site.op != "conv2d":
         return auto_policy(site)
-    return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
+    return autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
 
 
 def choose_algorithm(policy, site: Site) -> str | None:
