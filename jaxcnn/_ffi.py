@@ -42,8 +42,17 @@ FFI_TARGETS: dict[str, str] = {
 
 _LOADED: dict[str, ctypes.CDLL] = {}  # the library once its handlers are registered
 
-# Codes of cuda_ops' DType (common/conv2d_params.h) by numpy dtype name.
+# Codes of the dtype argument of the library's queries (cuda_ops/conv/conv2d_ffi.cu) by numpy
+# dtype name.
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+# The int64 parameters of jaxcnn_conv2d_workspace_bytes (cuda_ops/conv/conv2d_ffi.cu), in the
+# C signature's order and spelling (tests/test_native_contract.py checks it against the source);
+# a `const char** reason` follows them.
+CONV2D_QUERY_FIELDS = (
+    "n", "h", "w", "c", "r", "s", "k", "p", "q", "stride_h", "stride_w", "pad_h", "pad_w",
+    "dil_h", "dil_w", "groups", "activation", "has_residual", "layout", "precision", "algorithm",
+    "dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -210,17 +219,19 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) 
 
     fn = _LOADED["lib"].jaxcnn_conv2d_workspace_bytes
     fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_int64] * 22 + [ctypes.POINTER(ctypes.c_char_p)]
-    reason = ctypes.c_char_p()
+    fn.argtypes = [ctypes.c_int64] * len(CONV2D_QUERY_FIELDS) + [ctypes.POINTER(ctypes.c_char_p)]
     (pt, _), (pl, _) = cfg.padding
-    size = fn(
-        *x_nhwc, w_shape[0], w_shape[1], w_shape[3], y_nhwc[1], y_nhwc[2],
-        cfg.stride[0], cfg.stride[1], pt, pl, cfg.dilation[0], cfg.dilation[1], cfg.groups,
-        ACTIVATION_CODES[cfg.activation], int(bool(residual)), LAYOUTS.index(cfg.layout),
-        PRECISIONS.index(cfg.precision),
-        ALGORITHMS.index(cfg.algorithm), DTYPE_CODES[jax.numpy.dtype(dtype).name],
-        ctypes.byref(reason),
+    n, h, w, c = x_nhwc
+    fields = dict(
+        n=n, h=h, w=w, c=c, r=w_shape[0], s=w_shape[1], k=w_shape[3], p=y_nhwc[1], q=y_nhwc[2],
+        stride_h=cfg.stride[0], stride_w=cfg.stride[1], pad_h=pt, pad_w=pl,
+        dil_h=cfg.dilation[0], dil_w=cfg.dilation[1], groups=cfg.groups,
+        activation=ACTIVATION_CODES[cfg.activation], has_residual=int(bool(residual)),
+        layout=LAYOUTS.index(cfg.layout), precision=PRECISIONS.index(cfg.precision),
+        algorithm=ALGORITHMS.index(cfg.algorithm), dtype=DTYPE_CODES[jax.numpy.dtype(dtype).name],
     )
+    reason = ctypes.c_char_p()
+    size = fn(*(fields[name] for name in CONV2D_QUERY_FIELDS), ctypes.byref(reason))
     if size < 0:
         why = reason.value.decode() if reason.value else "unknown reason"
         raise ValueError(

@@ -30,9 +30,7 @@ jaxcnn.perfmodel.layout_cost (the model estimates).
 """
 
 from jaxcnn.ops.layouts import LAYOUTS
-# as_cache is not public here: jaxcnn.tuning.decision still imports it from this module until
-# it imports jaxcnn.tuning.autotune_cache directly.
-from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache, default_cache_path  # noqa: F401
+from jaxcnn.tuning.autotune_cache import AutotuneCache, default_cache_path
 from jaxcnn.tuning.layer import Block, Layer, conv_layer, pool_layer
 from jaxcnn.tuning.layer_autotune import autotune_conv, autotune_pool, autotune_transforms, transform_ms
 from jaxcnn.tuning.layer_choice import CandidateResult, ConvChoice, PoolChoice

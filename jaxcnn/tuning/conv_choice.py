@@ -16,7 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxcnn import _ffi
-from jaxcnn.layouts import rule_conv
+from jaxcnn.tuning.layout_rules import rule_conv
 from jaxcnn.ops.conv2d_primitive import bind_conv2d
 from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
 from jaxcnn.ops.conv_reference import xla_conv2d

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxcnn._ffi import cuda_available
-from jaxcnn.layouts import AutotuneCache, as_cache
+from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.measure import device_kind, outside_traces, should_measure, try_run
 
