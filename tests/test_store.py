@@ -10,7 +10,7 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from jaxcnn.store import APPLICATION_ID, SCHEMA_VERSION, TABLES, Store, StoreError, _schema  # noqa: E402
+from jaxcnn.store import APPLICATION_ID, SCHEMA_VERSION, TABLES, Store, StoreError, _schema, read_export  # noqa: E402
 
 ENV = {
     "gpu_name": "NVIDIA H100 80GB HBM3",
@@ -349,6 +349,31 @@ def test_import_rejects_bad_files_without_writing(tmp_path, store):
     with pytest.raises(ValueError, match="no layer named 'no_such_layer'"):
         store.import_json(dump)
     assert len(store.runs()) == 1
+
+
+def test_json_export_records_the_schema_version(tmp_path, store):
+    populate(store)
+    dump = tmp_path / "dump.json"
+    document = content(store, dump)
+    assert document["schema_version"] == SCHEMA_VERSION
+    export = read_export(dump)
+    assert export.schema_version == SCHEMA_VERSION and len(export.runs) == 1
+    # Exports from before the key existed come from version-1 stores.
+    del document["schema_version"]
+    dump.write_text(json.dumps(document))
+    assert read_export(dump).schema_version == 1
+    # An export of a newer schema is refused, naming both versions, and nothing is written.
+    document["schema_version"] = SCHEMA_VERSION + 1
+    document["runs"][0]["uid"] = "from-the-future"
+    dump.write_text(json.dumps(document))
+    with Store(tmp_path / "other.sqlite") as other:
+        with pytest.raises(ValueError, match=f"schema version {SCHEMA_VERSION + 1}, newer than this jaxcnn's"):
+            other.import_json(dump)
+        assert other.runs().empty
+    document["schema_version"] = "2"
+    dump.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="schema_version.*must be a positive integer"):
+        read_export(dump)
 
 
 def test_csv_export_writes_every_table(tmp_path, store):

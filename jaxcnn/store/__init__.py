@@ -20,10 +20,9 @@ Writers need only the standard library; readers and exports need pandas.
 """
 
 from jaxcnn.store._db import BUSY_TIMEOUT_S, DEFAULT_FILENAME, PATH_ENV_VAR, StoreError
-from jaxcnn.store._schema import APPLICATION_ID, MIGRATIONS
+from jaxcnn.store._portable import Export, read_export
+from jaxcnn.store._schema import APPLICATION_ID, SCHEMA_VERSION
 from jaxcnn.store._store import TABLES, Store
-
-SCHEMA_VERSION = len(MIGRATIONS)
 
 __all__ = [
     "APPLICATION_ID",
@@ -32,6 +31,8 @@ __all__ = [
     "PATH_ENV_VAR",
     "SCHEMA_VERSION",
     "TABLES",
+    "Export",
     "Store",
     "StoreError",
+    "read_export",
 ]

@@ -3,6 +3,9 @@
 The JSON dump is how measured GPU results travel: committed to the repository and imported into
 a store on machines without a GPU. It holds no database ids; rows point at layers by name, and
 each run keeps the uid it was created with, so importing a file twice adds nothing the second time.
+It records the schema version of the store it was written from ("schema_version"), so data
+shipped with the repository can be checked against the store's current schema; files written
+before that key existed come from version-1 stores (the only version there was).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from jaxcnn.store import _rows
 from jaxcnn.store._schema import APPLICATION_MARKER
 
 JSON_FORMAT_VERSION = 1
+# The schema version of exports written before they recorded one.
+UNRECORDED_SCHEMA_VERSION = 1
 
 # Tables whose rows may point at a layer; in the JSON they carry the layer's name as "layer".
 PER_LAYER_TABLES = ("measurements", "predictions", "counters", "sparsity")
@@ -121,8 +126,14 @@ def with_layer_id(row: Any, layer_id_of: Mapping[str, int], what: str) -> Any:
     return row
 
 
-def write_json(path: Path, runs: list[dict]) -> Path:
-    document = {"format": APPLICATION_MARKER, "format_version": JSON_FORMAT_VERSION, "runs": runs}
+def store_schema_version(conn: sqlite3.Connection) -> int:
+    """The schema version in the store's meta table (the store was checked when it was opened)."""
+    return int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+
+
+def write_json(path: Path, runs: list[dict], schema_version: int) -> Path:
+    document = {"format": APPLICATION_MARKER, "format_version": JSON_FORMAT_VERSION,
+                "schema_version": schema_version, "runs": runs}
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(_layout(document) + "\n", encoding="utf-8")
@@ -149,8 +160,19 @@ def _holds_rows(value: Any) -> bool:
     return isinstance(value, dict) and any(isinstance(item, list) and _holds_rows(item) for item in value.values())
 
 
-def read_json(path: Path) -> list[dict]:
-    """The runs of a file written by write_json, after checking it is one."""
+@dataclass(frozen=True)
+class Export:
+    """A JSON export, checked: the schema version of the store it was written from, and its runs
+    (plain dicts as export_json wrote them)."""
+
+    path: Path
+    schema_version: int
+    runs: list
+
+
+def read_export(path: str | Path) -> Export:
+    """The export at `path` after checking it is one this jaxcnn reads (ValueError otherwise)."""
+    path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -162,10 +184,13 @@ def read_json(path: Path) -> list[dict]:
         raise ValueError(
             f"{path} has export format version {version!r}; this jaxcnn reads up to {JSON_FORMAT_VERSION}, upgrade it"
         )
+    schema = document.get("schema_version", UNRECORDED_SCHEMA_VERSION)
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+        raise ValueError(f"{path}: \"schema_version\" must be a positive integer, got {schema!r}")
     runs = document.get("runs")
     if not isinstance(runs, list):
         raise ValueError(f"{path}: \"runs\" must be a list")
-    return runs
+    return Export(path, schema, runs)
 
 
 @dataclass

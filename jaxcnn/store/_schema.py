@@ -210,3 +210,6 @@ def migrate_to_v1(conn: sqlite3.Connection) -> None:
 
 # MIGRATIONS[i] turns a version-i store into a version-(i + 1) store.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [migrate_to_v1]
+
+# The version a new or migrated store has; exports (JSON) record the version they were written at.
+SCHEMA_VERSION = len(MIGRATIONS)

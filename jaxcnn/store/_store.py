@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jaxcnn.store import _db, _portable, _rows
+from jaxcnn.store import _db, _portable, _rows, _schema
 from jaxcnn.store._db import StoreError
 from jaxcnn.store._schema import TABLES
 
@@ -309,7 +309,8 @@ class Store:
         with self._reading() as conn:
             ids = self._all_run_ids(conn) if run_ids is None else [self._require_run(conn, r) for r in run_ids]
             runs = [_portable.run_document(conn, run_id, self._columns) for run_id in ids]
-        return _portable.write_json(Path(path), runs)
+            schema_version = _portable.store_schema_version(conn)
+        return _portable.write_json(Path(path), runs, schema_version)
 
     def import_json(self, path: str | os.PathLike) -> list[int]:
         """Load a file written by export_json, all or nothing; returns the run ids, in file order.
@@ -317,7 +318,12 @@ class Store:
         Runs already in this store (same uid, e.g. a second import of the same file) are not
         duplicated: their existing ids are returned.
         """
-        runs = _portable.read_json(Path(path))
+        export = _portable.read_export(path)
+        latest = len(_schema.MIGRATIONS)
+        if export.schema_version > latest:
+            raise ValueError(f"{path} was exported from a store of schema version {export.schema_version}, newer "
+                             f"than this jaxcnn's ({latest}); upgrade jaxcnn to import it")
+        runs = export.runs
         with self._writing() as conn:
             return [self._import_run(conn, run, f"{path}: run {i}") for i, run in enumerate(runs)]
 
