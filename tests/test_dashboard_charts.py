@@ -99,7 +99,7 @@ def test_roofline_chart_is_log_log_under_the_roof():
     assert dots["encoding"]["y"]["title"] == "achieved TFLOP/s (log)"
     assert {"layer", "output shape", "traffic (MiB)", "TFLOP/s", "GB/s", "% of floor"} <= set(tooltip_titles(dots))
     assert max(r["tflops"] for r in data_of(chart, line)) == pytest.approx(708.0)
-    assert "H200" in chart.to_dict()["title"]
+    assert "H200" in chart.to_dict()["title"]["text"]
 
 
 def test_model_error_and_predicted_vs_measured():
@@ -193,3 +193,76 @@ def test_donation_bars_show_saved_mib_per_model_and_batch():
     assert spec["encoding"]["y"]["field"] == "saved_mib" and spec["encoding"]["y"]["title"] == "peak saved by donation (MiB)"
     assert spec["encoding"]["xOffset"]["field"] == "batch"
     assert {(r["batch"], r["saved_mib"]) for r in data_of(chart, spec)} == {(1, 1429.9), (64, 1277.3)}
+
+
+def every_chart(source: str | None) -> dict[str, dict]:
+    """One spec of every chart function, made with `source`."""
+    long = layers_long()
+    wide = data.speedup_table(long)
+    points = long.assign(flop_per_byte=500.0, tflops=1.0, gb_per_s=2.0, pred_floor_ms=0.1, pct_of_floor=20.0,
+                         pred_model_ms=0.3, prediction="traffic model", error_pct=5.0)
+    ceilings = data.Ceilings("H200", "bf16", 3.97e12, 708e12, "measured", "measured")
+    e2e = pd.DataFrame(dict(backend=["xla", "jaxcnn"], metric=["device_time_ms"] * 2, what=["device time"] * 2,
+                            time_ms=[1.0, 2.0], p10_ms=[0.9, 1.9], p90_ms=[1.1, 2.1], n=[10, 10]))
+    compare = pd.DataFrame(dict(layer=["conv0"], idx=[0], op=["conv2d"], backend=["xla"], a_ms=[1.0], b_ms=[0.5],
+                                b_over_a=[0.5]))
+    buffers = pd.DataFrame(dict(algorithm=["pack_2d"], name=["b0"], start_step=[0], end_step=[2], size_bytes=[2**20],
+                                size_mib=[1.0], offset_mib=[0.0]))
+    summary = pd.DataFrame(dict(algorithm=["pack_2d", "naive"], arena_mib=[1.0, 2.0], lower_bound_mib=[1.0, 1.0],
+                                over_bound_pct=[0.0, 100.0], saved_vs_naive_pct=[50.0, 0.0], role=["ours", "naive"]))
+    sparsity = pd.DataFrame(dict(idx=[0], layer=["conv1"], op=["conv2d"], input_shapes=["1×8×8×3"],
+                                 output_shape=["1×8×8×4"], input_zero_pct=[0.0], output_zero_pct=[48.0]))
+    decisions = pd.DataFrame(dict(layer=["a", "b"], input_zero_pct=[20.0, 80.0], dense_ms=[1.0, 1.0],
+                                  sparse_ms=[1.5, 0.5], sparse_over_dense=[1.5, 0.5], decision=["dense", "sparse"]))
+    charts_made = {
+        "layer_time_bars": charts.layer_time_bars(long, source=source),
+        "speedup_bars": charts.speedup_bars(wide, source=source),
+        "end_to_end_bars": charts.end_to_end_bars(e2e, source=source),
+        "compare_bars": charts.compare_bars(compare, "#14 mobilenetv2 b64 bfloat16 · NVIDIA H200 · profile",
+                                            "#13 mobilenetv2 b1 bfloat16 · NVIDIA H200 · profile", source=source),
+        "roofline_chart": charts.roofline_chart(points, data.ceiling_lines(ceilings, 1, 1e4), ceilings, source=source),
+        "model_error_bars": charts.model_error_bars(points, source=source),
+        "predicted_vs_measured": charts.predicted_vs_measured(points, source=source),
+        "buffer_rectangles": charts.buffer_rectangles(buffers, "pack_2d", 1.0, source=source),
+        "live_bytes_chart": charts.live_bytes_chart(pd.DataFrame({"step": [0, 1], "live_mib": [1.0, 0.5]}), 1.0,
+                                                    source=source),
+        "arena_bars": charts.arena_bars(summary, source=source),
+        "memory_stats_bars": charts.memory_stats_bars(pd.DataFrame(dict(backend=["xla"], temp_mib=[1.0])),
+                                                      source=source),
+        "donation_bars": charts.donation_bars(pd.DataFrame(dict(model=["m"], batch=[1], saved_mib=[1.0])),
+                                              source=source),
+        "max_batch_chart": charts.max_batch_chart(pd.DataFrame(dict(model=["m"], series=["s"], batch=[1],
+                                                                    peak_mib=[1.0])), source=source),
+        "sparsity_bars": charts.sparsity_bars(sparsity, source=source),
+        "crossover_chart": charts.crossover_chart(decisions, 50.0, source=source),
+    }
+    return {name: chart.to_dict() for name, chart in charts_made.items()}
+
+
+def test_every_chart_title_names_its_source_and_is_never_cut():
+    specs = every_chart("shipped")
+    public = {name for name in dir(charts) if not name.startswith("_") and callable(getattr(charts, name))
+              and getattr(charts, name).__module__ == charts.__name__} - {"chart_title"}
+    assert public == set(specs)  # a new chart function must be added here
+    for name, spec in specs.items():
+        title = spec["title"]
+        assert title["subtitle"] == "source: shipped", name
+        lines = title["text"] if isinstance(title["text"], list) else [title["text"]]
+        assert all(0 < len(line) <= charts.TITLE_LINE_CHARS for line in lines), (name, lines)
+        if "facet" not in spec:
+            # Width fits the page; the height grows by labels and title instead of squeezing them out.
+            assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}, name
+    # Run vs run names both runs in full, each on its own line.
+    assert specs["compare_bars"]["title"]["text"][1:] == [
+        "A = #14 mobilenetv2 b64 bfloat16 · NVIDIA H200 · profile", "B = #13 mobilenetv2 b1 bfloat16 · NVIDIA H200 · profile"]
+    assert all("subtitle" not in spec["title"] for spec in every_chart(None).values())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cc", "Cs", "Zs"]) | st.just(" "),
+               min_size=1, max_size=400))
+def test_long_titles_wrap_without_losing_text(text):
+    title = charts.chart_title(text).to_dict()
+    lines = title["text"] if isinstance(title["text"], list) else [title["text"]]
+    assert all(len(line) <= charts.TITLE_LINE_CHARS for line in lines)
+    assert "".join("".join(lines).split()) == "".join(text.split())  # only whitespace may move

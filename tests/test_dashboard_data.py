@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import dashboard_stores as stores
 from jaxcnn.dashboard import data
 from jaxcnn.planner import Buffer, live_bytes_lower_bound
-from jaxcnn.store import Store, StoreError
+from jaxcnn.store import SCHEMA_VERSION, Store, StoreError
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,54 @@ def test_choose_source(tmp_path, cache):
         data.choose_source(stores.foreign_sqlite(tmp_path / "foreign.sqlite"), cache=cache)
     with pytest.raises(StoreError, match="is a directory"):
         data.choose_source(tmp_path, cache=cache)
+
+
+def test_shipped_data_is_at_the_store_schema_version():
+    """Fails when a store migration lands without the shipped data regenerated: the dashboard
+    would otherwise show data whose tables no longer match what the code records."""
+    provenance = data.shipped_provenance()
+    assert len(provenance) == len(data.shipped_files()) > 0
+    behind = provenance[provenance["schema_version"] != SCHEMA_VERSION]
+    assert behind.empty, (f"dashboard/shipped/ exports at schema version(s) {sorted(set(behind['schema_version']))}, "
+                          f"the store is at {SCHEMA_VERSION}: regenerate them ({', '.join(behind['file'])})")
+
+
+def test_shipped_provenance_says_what_the_data_was_made_from(tmp_path):
+    provenance = data.shipped_provenance().set_index("file")
+    profiles = provenance.loc["h200-2026-11-21-zoo_profiles.json"]
+    assert (profiles["runs"], profiles["kinds"], profiles["gpu"]) == (18, "profile", "NVIDIA H200")
+    assert (profiles["made"], profiles["commits"], profiles["schema_version"]) == ("2026-11-21", "e40c6e2", 1)
+    # Made from a tree with uncommitted changes: said so.
+    assert provenance.loc["h200-2026-11-21-memory_planning.json", "commits"] == "37d5348-dirty"
+    plans = provenance.loc["h200-2026-11-21-plans_b64.json"]
+    assert (plans["commits"], plans["no_commit"], plans["gpu"]) == ("not recorded", 18, "not recorded")
+    assert data.shipped_summary(provenance.reset_index()) == (
+        "NVIDIA H200, made 2026-11-21, commits 37d5348-dirty, e40c6e2 (18 of 57 runs record no commit)")
+    # A store exported here records the schema version and the commit of each run.
+    with Store(tmp_path / "s.sqlite") as store:
+        store.add_run("profile", model="m", device="gpu", git_commit="0123456789abcdef",
+                      environment={"gpu_name": "NVIDIA H100 80GB HBM3", "extra": {"git": {"dirty": False}}},
+                      created_at="2026-12-01T10:00:00+00:00")
+        (tmp_path / "shipped").mkdir()
+        store.export_json(tmp_path / "shipped" / "new.json")
+    mine = data.shipped_provenance(tmp_path / "shipped")
+    assert mine.loc[0, "schema_version"] == SCHEMA_VERSION
+    assert data.shipped_summary(mine) == "NVIDIA H100 80GB HBM3, made 2026-12-01, commit 0123456"
+    assert data.shipped_summary(data.shipped_provenance(tmp_path / "none")) == "no shipped exports"
+
+
+def test_every_quantity_column_has_a_source():
+    frame = pd.DataFrame(dict(idx=[0], layer=["conv1"], time_ms=[1.0], p10_ms=[0.9], gflop=[2.0], mib=[3.0],
+                              pred_floor_ms=[0.5], pred_model_ms=[0.8], error_pct=[-20.0], pct_of_floor=[50.0],
+                              arena_mib=[4.0], input_zero_pct=[10.0], n=[10], faster=[True]))
+    assert data.column_sources(frame, data.SHIPPED) == {
+        data.SHIPPED: ["time_ms", "p10_ms", "input_zero_pct"],
+        data.COMPUTED: ["gflop", "mib", "arena_mib"],
+        data.MODEL: ["pred_floor_ms", "pred_model_ms", "error_pct", "pct_of_floor"]}
+    caption = data.sources_caption(frame)
+    assert caption.startswith("Sources: **measured** (timed, or read from XLA's compiled program")
+    assert "**model** (predicted by jaxcnn.perfmodel" in caption and caption.endswith("Units are in the column names.")
+    assert data.sources_caption(frame[["idx", "layer", "n"]]) == ""
 
 
 def test_default_db_path_follows_the_cli(monkeypatch, tmp_path):
@@ -192,6 +240,60 @@ def test_short_kernel_names():
         "conv2d_direct_kernel"
     assert data.short_kernel_name("nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT") == \
         "nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT"
+
+
+def test_runs_summary_fits_the_page(shipped):
+    runs = data.runs_table(shipped)
+    summary = data.runs_summary(runs)
+    assert list(summary.columns) == list(data.RUN_SUMMARY_COLUMNS) and len(summary) == len(runs)
+    first = summary.iloc[0]
+    assert (first["recorded"], first["where"], first["commit"]) == ("2026-11-21 06:26", "NVIDIA H200", "e40c6e2")
+    # The memory-planning runs were made from a tree with uncommitted changes.
+    assert set(summary.loc[runs["note"] == "donation", "commit"]) == {"37d5348-dirty"}
+    # Narrow enough for one page: no cell is long (the environment is in each run's panel).
+    assert max(len(str(cell)) for cell in summary.to_numpy().ravel()) <= data.SUMMARY_CELL_CHARS
+    long = runs.head(1).assign(note="no GPU device time: CPU reference path, host wall time")
+    assert data.runs_summary(long).loc[0, "note"] == "no GPU device time: CPU ref…"
+
+
+def test_cpu_runs_are_reference_path_runs_and_never_compared(shipped, tmp_path):
+    path = stores.cpu_profile(tmp_path / "cpu.sqlite")
+    with Store(path) as cpu_store:
+        cpu = data.runs_table(cpu_store).iloc[0].to_dict()
+        _, metric = data.layer_times(cpu_store, cpu["id"])
+    assert data.reference_path_run(cpu) and metric == "wall_time_ms"
+    gpu = data.runs_table(shipped).iloc[0].to_dict()
+    assert not data.reference_path_run(gpu)
+    assert data.compare_refusal(gpu, dict(gpu, id=99)) is None
+    assert "were both timed on a CPU" in data.compare_refusal(cpu, dict(cpu, id=2))
+    mixed = data.compare_refusal(gpu, cpu)
+    assert mixed == data.compare_refusal(cpu, gpu)
+    assert f"run #{cpu['id']} was timed on a CPU" in mixed and "on NVIDIA H200 (device time)" in mixed
+    runs = pd.DataFrame([gpu, dict(gpu, id=2), cpu | {"id": 3}])
+    assert data.compare_candidates(runs, gpu)["id"].tolist() == [2]
+    assert data.compare_candidates(runs, cpu | {"id": 3}).empty
+    # A store holding both: compare_runs refuses, naming why.
+    with Store(tmp_path / "both.sqlite") as both:
+        both.import_json(next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json")))
+    stores.cpu_profile(tmp_path / "both.sqlite")
+    with Store(tmp_path / "both.sqlite") as both:
+        with pytest.raises(ValueError, match="was timed on a CPU .* not comparable"):
+            data.compare_runs(both, 18, 19)
+
+
+def test_default_compare_prefers_the_same_setup_at_another_commit(shipped):
+    runs = data.runs_table(shipped)
+    run = runs[runs["id"] == 14].iloc[0].to_dict()  # mobilenetv2 b64
+    candidates = data.compare_candidates(runs, run)
+    assert data.default_compare_id(candidates, run) == 13  # the same model (b1): no other commit exists
+    later = candidates[candidates["id"] == 13].assign(id=99, batch=64, commit="abcdef0")
+    assert data.default_compare_id(pd.concat([candidates, later]), run) == 99
+    assert data.default_compare_id(candidates[candidates["model"] != "mobilenetv2"], run) is None
+    header = data.compare_header(run, later.iloc[0].to_dict())
+    assert header.to_dict("list") == {"run": ["A", "B"], "label": [run["label"], run["label"].replace("#14", "#13")
+                                                                    .replace("b64", "b1")],
+                                      "commit": ["e40c6e2", "abcdef0"], "where": ["NVIDIA H200"] * 2,
+                                      "recorded": [str(run["created_at"])[:16], str(later["created_at"].iloc[0])[:16]]}
 
 
 def test_end_to_end_and_compare(shipped):
@@ -300,6 +402,32 @@ def test_memory_readers_say_what_to_run(shipped, profiles_only):
     stats = data.memory_stats(shipped, 1)
     assert set(stats["backend"]) == {"xla", "jaxcnn"}
     assert stats["argument_mib"].iloc[0] == pytest.approx(2772048 / data.MIB)
+
+
+@pytest.mark.parametrize("stats, formula", [
+    # H200 compile of mobilenetv2 b64 (shipped): XLA's peak is the whole footprint.
+    (dict(argument_mib=25.0, output_mib=0.1, alias_mib=0.0, temp_mib=294.0, peak_memory_mib=319.1),
+     "argument + output - alias + temp"),
+    # CPU compile of squeezenet1_1 b8: the peak leaves the temp allocation out, so it is below temp.
+    (dict(argument_mib=9.31, output_mib=0.03, alias_mib=0.0, temp_mib=29.97, peak_memory_mib=9.34),
+     "argument + output - alias (temp not counted)"),
+    (dict(argument_mib=10.0, output_mib=1.0, alias_mib=0.0, temp_mib=20.0, peak_memory_mib=25.0),
+     "below argument + output - alias + temp: XLA's schedule never holds all of it live at once"),
+    (dict(argument_mib=1.0, temp_mib=1.0), "no peak recorded"),
+])
+def test_peak_formula_says_what_xla_peak_counts(stats, formula):
+    assert data.peak_formula(stats) == formula
+
+
+def test_memory_stats_explain_peak_and_footprint(shipped, tmp_path):
+    stats = data.memory_stats(shipped, 14).set_index("backend")
+    assert stats.loc["xla", "footprint_mib"] == pytest.approx(
+        stats.loc["xla", ["argument_mib", "output_mib", "temp_mib"]].sum() - stats.loc["xla", "alias_mib"])
+    assert set(stats["peak_is"]) == {"argument + output - alias + temp"}
+    cpu = stores.cpu_profile(tmp_path / "cpu.sqlite")
+    with Store(cpu) as store:
+        assert set(data.memory_stats(store, 1)["peak_is"]) == {"argument + output - alias (temp not counted)"}
+    assert set(data.MEMORY_QUANTITIES) >= {c for c in stats.columns if c.endswith("_mib")}
 
 
 def test_shipped_h200_plans_match_the_export(shipped):

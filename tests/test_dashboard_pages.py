@@ -15,10 +15,21 @@ pytest.importorskip("altair")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import dashboard_stores as stores  # noqa: E402
+from jaxcnn.dashboard import data  # noqa: E402
+from jaxcnn.store import SCHEMA_VERSION, Store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 PAGES = ("runs", "speed", "roofline", "memory", "sparsity")
 TITLES = {"runs": "Runs", "speed": "Speed", "roofline": "Roofline", "memory": "Memory", "sparsity": "Sparsity"}
+
+
+
+
+def plan_metrics(measured: str) -> dict[str, str]:
+    """The Memory page's plan metrics: role -> label (computed by the planner; XLA's arena is the
+    temp size of its own compile, a measurement)."""
+    return {"lower bound": "lower bound (computed)", "naive": "naive (computed)", "peer": "peer (best, computed)",
+            "ours": "ours (computed)", "XLA": f"XLA ({measured})"}
 
 
 SHIPPED_RUNS = 57  # 18 zoo profiles, 18 planner-zoo plans, 21 donation / max-batch / remat runs
@@ -100,31 +111,50 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
     at = open_page(dbs[0][which], page)
     assert not at.error, texts(at.error)
     banner = texts(at.info)
-    assert "shipped H200 measurements" in banner
+    # What the shipped data is and what it was made from, on every page.
+    assert "showing the shipped measurements (dashboard/shipped/: NVIDIA H200, made 2026-11-21, commits " \
+           "37d5348-dirty, e40c6e2 (18 of 57 runs record no commit))" in banner
     assert ("no store at" if which == "missing" else "holds no runs yet") in banner
     shown = metrics(at)
+    # Every number a page shows says where it comes from; the shipped data is never called "measured" here.
+    assert page == "runs" or all(label.endswith(")") for label in shown), shown  # the Runs page counts runs
+    assert not any("(measured)" in label and "bandwidth" not in label and "compute" not in label for label in shown)
+    subtitles = [spec["title"]["subtitle"] for spec in chart_specs(at)]
+    assert all(t.startswith("source: ") and "measured" not in t for t in subtitles), subtitles
     if page == "runs":
         assert shown["Runs"] == str(SHIPPED_RUNS) and shown["GPUs"] == "NVIDIA H200"
         assert shown["Kinds"] == "plan, profile"
-        assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == SHIPPED_RUNS
+        runs_table = at.dataframe[1].value
+        assert len(runs_table) == SHIPPED_RUNS and list(runs_table.columns) == list(data.RUN_SUMMARY_COLUMNS)
+        assert runs_table.loc[0, "commit"] == "e40c6e2" and runs_table.loc[0, "where"] == "NVIDIA H200"
+        provenance = at.dataframe[0].value
+        assert provenance["schema_version"].tolist() == [SCHEMA_VERSION] * 3
+        assert "Made from: **NVIDIA H200, made 2026-11-21" in texts(at.markdown)
         # Picked by default: the latest profile of the model with the most layers, not the
         # latest run (a remat plan run, with no layers for the other pages).
         assert at.multiselect(key="runs-pick").value == [START_RUN]
     elif page == "speed":
         assert at.selectbox(key="speed-run").value == START_RUN
         assert at.selectbox(key="speed-other").value == START_RUN - 1  # mobilenetv2 b1: same model
-        assert {"xla (device time)", "jaxcnn (device time)", "speedup of jaxcnn over XLA"} <= set(shown)
+        assert {"xla device time (shipped)", "jaxcnn device time (shipped)",
+                "speedup of jaxcnn over XLA (shipped)"} <= set(shown)
         assert all(v.endswith("ms") for k, v in shown.items() if "device time" in k)
-        assert charts(at) == 4 and len(at.dataframe) == 3  # end to end, per layer, speedup, run vs run
+        assert charts(at) == 4 and len(at.dataframe) == 4  # end to end, per layer, run A/B, run vs run
+        header = at.dataframe[2].value
+        assert header["run"].tolist() == ["A", "B"] and header["commit"].tolist() == ["e40c6e2", "e40c6e2"]
+        assert header["where"].tolist() == ["NVIDIA H200"] * 2
+        assert "Both runs are of commit e40c6e2" in texts(at.caption)
         titles = [t for spec in chart_specs(at) for t in axis_titles(spec)]
         assert "device time (ms)" in titles and "time (ms)" in titles
         assert any(t.startswith("speedup (xla ms / jaxcnn ms") for t in titles)
+        assert "**shipped** (measured on the GPU of the shipped data" in texts(at.caption)
     elif page == "roofline":
         assert at.selectbox(key="roofline-run").value == START_RUN
-        assert shown["DRAM bandwidth (measured)"] == "3.97 TB/s"
+        assert shown["DRAM bandwidth (measured)"] == "3.97 TB/s"  # the ceiling's own source
         assert shown["bf16 compute (measured)"] == "708 TFLOP/s"
-        assert shown["median |error| of the traffic model"].endswith("%")
+        assert shown["median |error| of the traffic model (model vs shipped)"].endswith("%")
         assert charts(at) == 3 and len(at.dataframe) == 2
+        assert "**model** (predicted by jaxcnn.perfmodel" in texts(at.caption)
         titles = [t for spec in chart_specs(at) for t in axis_titles(spec)]
         assert {"arithmetic intensity (FLOP/byte, log)", "achieved TFLOP/s (log)",
                 "prediction error (% of measured)"} <= set(titles)
@@ -134,12 +164,16 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         plan = at.selectbox(key="memory-run")
         assert plan.value == MOBILENET_TRAINING_PLAN
         assert plan.options[plan.index] == f"#{MOBILENET_TRAINING_PLAN} mobilenetv2 b64 float32 · gpu · plan (planner_zoo training)"
-        assert {"lower bound", "naive", "peer (best)", "ours", "XLA"} <= set(shown)
-        mib = {k: float(v.split()[0]) for k, v in shown.items() if v.endswith("MiB")}
-        assert mib["lower bound"] <= mib["ours"] <= mib["peer (best)"] < mib["naive"]
+        assert set(plan_metrics("shipped").values()) <= set(shown)
+        mib = {k: float(shown[v].split()[0]) for k, v in plan_metrics("shipped").items()}
+        assert mib["lower bound"] <= mib["ours"] <= mib["peer"] < mib["naive"]
         assert mib["ours"] < mib["XLA"]  # 3135.9 vs 3143.9 MiB on the H200 compile
         # vgg16 batch 1: 3194.5 MiB peak without donation, 1764.6 with it.
-        assert shown["largest donation saving"] == "1429.9 MiB"
+        assert shown["largest donation saving (shipped)"] == "1429.9 MiB"
+        # Each of XLA's quantities is explained, with the formula its peak follows on the H200.
+        notes = texts(at.markdown)
+        assert all(f"`{name}`" in notes for name in data.MEMORY_QUANTITIES)
+        assert "XLA's peak 319.1 MiB = argument + output - alias + temp" in notes  # mobilenetv2 b64, xla
         # pack_2d against XLA's own assignment (both with offsets) by default
         assert at.multiselect(key=f"memory-algorithms-{MOBILENET_TRAINING_PLAN}").value == ["pack_2d", "xla"]
         # arena bars, live bytes, 2 rectangle charts, XLA's memory analysis, donation, max batch
@@ -150,7 +184,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         # plans, buffers, memory analysis, donation savings, plan measurements
         assert len(at.dataframe) == 5
     elif page == "sparsity":
-        assert shown["max input zeros"].endswith("%")
+        assert shown["max input zeros (shipped)"].endswith("%")
         assert "no sparse-kernel measurements yet" in banner
         assert charts(at) == 1 and len(at.dataframe) == 1
 
@@ -191,19 +225,75 @@ def test_cpu_only_run(dbs):
     db = dbs[0]["cpu"]
     at = open_page(db, "runs")
     assert metrics(at)["GPUs"] == "none (CPU)" and "shipped" not in texts(at.info)
+    assert at.dataframe[0].value.loc[0, "where"] == "CPU"
     at = open_page(db, "speed")
     shown = metrics(at)
-    assert {"xla (host wall time)", "jaxcnn (host wall time)"} <= set(shown)
-    assert "host wall times of the reference path" in texts(at.caption)
-    assert not at.error and charts(at) >= 3
+    # The reference path's times, measured, and no speedup anywhere: not as a headline, a chart
+    # or a column.
+    assert set(shown) == {"xla host wall time (measured)", "jaxcnn host wall time (measured)"}
+    assert all(v.endswith("ms") for v in shown.values())
+    assert data.REFERENCE_PATH_NOTE in texts(at.warning)
+    specs = chart_specs(at)
+    assert not any("Speedup" in str(spec["title"]["text"]) for spec in specs)
+    assert not any(t.startswith("speedup") for spec in specs for t in axis_titles(spec))
+    assert all(spec["title"]["subtitle"] == "source: measured" for spec in specs)
+    assert all("speedup" not in frame.value.columns for frame in at.dataframe)
+    assert "Run vs run compares GPU device times" in texts(at.info)
+    assert "speed-other" not in [w.key for w in at.selectbox]
+    assert not at.error and charts(at) == 2  # end to end, per-layer times
     at = open_page(db, "roofline")
     assert "No roofline for this run: a CPU run" in texts(at.warning)
     assert not at.error and charts(at) == 0
     at = open_page(db, "memory")
     assert not at.error and charts(at) == 1  # XLA's memory analysis of the CPU compile
     assert "jaxcnn plan MODEL --db" in texts(at.info) and "jaxcnn maxbatch MODEL" in texts(at.info)
+    # XLA's CPU peak leaves the temp allocation out, and the page says so.
+    assert "= argument + output - alias (temp not counted)" in texts(at.markdown)
     at = open_page(db, "sparsity")
     assert not at.error and charts(at) == 1
+    assert "timed on a CPU (the lax reference path)" in texts(at.info)
+
+
+@pytest.fixture(scope="module")
+def gpu_and_cpu(tmp_path_factory, dbs):
+    """The shipped GPU runs, a CPU run of lenet5 and a GPU run of lenet5 b64 at another commit
+    (the shipped run's copy with its times halved, as if a change made it twice as fast)."""
+    root = tmp_path_factory.mktemp("gpu_and_cpu")
+    path = stores.shipped_copy(root, dbs[1])
+    stores.cpu_profile(path)
+    export = next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json"))
+    run = next(r for r in json.loads(export.read_text())["runs"] if r["model"] == "lenet5" and r["batch"] == 64)
+    run = dict(run, uid="later-commit", git_commit="abcdef0123456789", created_at="2026-11-30T00:00:00+00:00",
+               measurements=[dict(m, **{k: m[k] / 2 for k in ("median", "p10", "p90", "min", "max") if k in m})
+                             if m["metric"].endswith("_ms") else m for m in run["measurements"]])
+    later = root / "later.json"
+    later.write_text(json.dumps({"format": "jaxcnn-profile-store", "format_version": 1, "runs": [run]}))
+    with Store(path) as store:
+        store.import_json(later)
+    return path
+
+
+def test_run_vs_run_compares_gpu_runs_of_two_commits(gpu_and_cpu):
+    cpu_run, later_run = SHIPPED_RUNS + 1, SHIPPED_RUNS + 2
+    at = open_page(gpu_and_cpu, "runs")
+    at.multiselect(key="runs-pick").set_value([later_run]).run()
+    at.switch_page("pages/speed.py").run()
+    assert not at.exception and not at.error, texts(at.error)
+    other = at.selectbox(key="speed-other")
+    # B starts at the same model, batch and dtype at the other commit (not lenet5 b1), and the CPU
+    # run of lenet5 is not offered at all.
+    assert other.value == 18 and cpu_run not in other.options and later_run not in other.options
+    header = at.dataframe[2].value
+    assert header["commit"].tolist() == ["abcdef0", "e40c6e2"]
+    assert header["where"].tolist() == ["NVIDIA H200", "NVIDIA H200"]
+    compared = at.dataframe[3].value
+    assert compared["b_over_a"].dropna().round(6).eq(2.0).all()  # B (e40c6e2) took twice as long
+    assert "Both runs are of commit" not in texts(at.caption)
+    # Picking the CPU run as A: nothing to compare with, and the page says why.
+    at.selectbox(key="speed-run").set_value(cpu_run).run()
+    assert not at.exception and not at.error
+    assert "Run vs run compares GPU device times" in texts(at.info)
+    assert "speedup of jaxcnn over XLA (measured)" not in metrics(at)
 
 
 def test_memory_page_of_a_profile_only_store_says_what_to_run(dbs):
@@ -226,11 +316,10 @@ def test_memory_page_with_real_plans(dbs):
     at.selectbox(key="memory-run").set_value(SHIPPED_RUNS + 1).run()
     assert not at.exception and not at.error, texts(at.error)
     shown = metrics(at)
-    assert {"lower bound", "naive", "peer (best)", "ours", "XLA"} <= set(shown)
+    labels = plan_metrics("measured")
+    assert set(labels.values()) <= set(shown)
     assert all(v.endswith("MiB") for v in shown.values() if v != "n/a")
-    bound = float(shown["lower bound"].split()[0])
-    ours = float(shown["ours"].split()[0])
-    naive = float(shown["naive"].split()[0])
+    bound, ours, naive = (float(shown[labels[k]].split()[0]) for k in ("lower bound", "ours", "naive"))
     assert bound <= ours < naive
     # XLA's CPU plan has no offsets: pack_2d against the best peer by default
     assert at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").value[0] == "pack_2d"
@@ -239,7 +328,7 @@ def test_memory_page_with_real_plans(dbs):
     # the shipped profile, donation savings, max-batch curve
     assert charts(at) == 7
     assert "xla: the plan records no buffer offsets" not in texts(at.info)
-    assert "largest donation saving" in shown
+    assert "largest donation saving (measured)" in shown
     # plans, buffers, memory analysis, donation savings, plan measurements
     assert len(at.dataframe) == 5
     at.multiselect(key=f"memory-algorithms-{SHIPPED_RUNS + 1}").set_value(["xla"]).run()

@@ -1,5 +1,6 @@
 """Memory: buffer lifetimes × offsets per packing algorithm and XLA, live bytes over program order
-with the lower bound and peak, naive / peers / ours / XLA, donation savings, max-batch curve."""
+with the lower bound and peak, naive / peers / ours / XLA, XLA's compiled memory (each quantity
+explained), donation savings, max-batch curve."""
 
 import pandas as pd
 import streamlit as st
@@ -7,7 +8,8 @@ import streamlit as st
 from jaxcnn.dashboard import charts, data, ui
 
 st.title("Memory")
-ui.page_source()
+measured = ui.page_source().measured
+computed = data.COMPUTED
 
 with ui.guard("Memory"):
     runs = ui.runs()
@@ -32,21 +34,27 @@ with ui.guard("Memory"):
             bound = float(summary["lower_bound_mib"].max())
             by_role = summary.groupby("role")["arena_mib"].min()
             cols = st.columns(5)
-            cols[0].metric("lower bound", ui.fmt_mib(bound), help="peak of live bytes: no plan can use less")
+            cols[0].metric(f"lower bound ({computed})", ui.fmt_mib(bound),
+                           help="peak of live bytes: no plan can use less")
             for col, role in zip(cols[1:], ("naive", "peer", "ours", "XLA")):
                 value = by_role.get(role)
                 delta = None if value is None or not bound else f"{100 * (value / bound - 1):+.1f} % vs bound"
-                col.metric(f"{role} (best)" if role == "peer" else role, ui.fmt_mib(value), delta=delta,
-                           delta_color="inverse")
-            ui.chart(charts.arena_bars(summary))
-            ui.table(summary, f"run{run_id}_plans", key="plans")
+                # XLA's arena is the temp size of its own compile; the others are our planner's packings.
+                where = measured if role == "XLA" else computed
+                col.metric(f"{role} (best, {where})" if role == "peer" else f"{role} ({where})", ui.fmt_mib(value),
+                           delta=delta, delta_color="inverse")
+            ui.chart(charts.arena_bars(summary, source=f"{computed} packings; XLA's: {measured} temp size"))
+            ui.table(summary, f"run{run_id}_plans", key="plans",
+                     caption="arena: the block each algorithm packs the program's buffers into; lower bound: the "
+                             "most bytes live at once; XLA's row is its compiled temp size (its own packing).")
 
             # Every algorithm packs the same buffers; XLA's own assignment may list different ones.
             algorithms = summary["algorithm"].tolist()
             reference = next((a for a in algorithms if data.algorithm_role(a) != "XLA"), algorithms[0])
             curve = data.live_bytes_curve(buffers[buffers["algorithm"] == reference])
             arenas = {a: float(m) for a, m in zip(summary["algorithm"], summary["arena_mib"]) if a != "naive"}
-            ui.chart(charts.live_bytes_chart(curve, float(curve["live_mib"].max()) if len(curve) else bound, arenas))
+            ui.chart(charts.live_bytes_chart(curve, float(curve["live_mib"].max()) if len(curve) else bound, arenas,
+                                             source=computed))
             st.caption(f"Live bytes of the {reference} plan's buffers (inclusive lifetimes); the red point is the "
                        "peak, which is the lower bound; dashed lines: each plan's arena.")
 
@@ -66,7 +74,7 @@ with ui.guard("Memory"):
                 if placed.empty:
                     st.info(f"{algorithm}: the plan records no buffer offsets.")
                     continue
-                ui.chart(charts.buffer_rectangles(placed, algorithm, float(arena_of[algorithm])))
+                ui.chart(charts.buffer_rectangles(placed, algorithm, float(arena_of[algorithm]), source=computed))
             ui.table(buffers, f"run{run_id}_buffers", key="buffers")
 
     st.subheader("XLA's compiled memory (per backend)")
@@ -77,10 +85,23 @@ with ui.guard("Memory"):
         with ui.guard("XLA memory"):
             run = ui.pick_run(stats_runs, "Profiled run", key="memory-stats-run", default=data.default_run_id(stats_runs))
             stats = ui.read("memory_stats", int(run["id"]))
-            ui.chart(charts.memory_stats_bars(stats))
+            ui.chart(charts.memory_stats_bars(stats, source=f"{measured} (XLA's compile report)"))
             ui.table(stats, f"run{int(run['id'])}_memory_analysis", key="memstats",
-                     caption="MiB from compiled.memory_analysis(); alias_mib is what donation saved (inputs "
-                             "reused as outputs); peak_memory_mib is XLA's peak.")
+                     caption="MiB from compiled.memory_analysis() of the whole model per backend"
+                             + (" (XLA's CPU compile: the lax reference path)" if data.reference_path_run(run) else "")
+                             + "; peak_is: which sum XLA's peak equals.")
+            st.markdown("**What each quantity is**\n\n" + "\n".join(
+                f"- `{name}`: {meaning}" for name, meaning in data.MEMORY_QUANTITIES.items()))
+            for row in stats.to_dict("records"):
+                st.markdown(f"- {row['backend']}: XLA's peak {ui.fmt_mib(row.get('peak_memory_mib'))} = "
+                            f"{row['peak_is']}; temp {ui.fmt_mib(row.get('temp_mib'))}.")
+            if {"peak_memory_mib", "temp_mib"} <= set(stats.columns):
+                below = stats[stats["peak_memory_mib"] < stats["temp_mib"]]
+                if not below.empty:
+                    st.info(f"XLA's peak is below its temp size for {', '.join(below['backend'])}: that peak is "
+                            f"{below['peak_is'].iloc[0]}, which is how XLA's CPU backend reports it. It is not the "
+                            "program's footprint there; footprint_mib is.")
+            st.caption(data.MEMORY_ARENA_NOTE)
 
     st.subheader("Donation and max batch")
     with ui.guard("Donation and max batch"):
@@ -98,18 +119,19 @@ with ui.guard("Memory"):
             saved = rows[rows["metric"] == "saved_mib"]
             donation = saved if not saved.empty else rows[rows["metric"] == "alias_mib"]
             if not donation.empty:
-                st.metric("largest donation saving", ui.fmt_mib(float(donation["value"].max())),
+                st.metric(f"largest donation saving ({measured})", ui.fmt_mib(float(donation["value"].max())),
                           help="peak MiB without donation minus with it" if not saved.empty else
                                "bytes XLA aliased from donated inputs to outputs")
             with ui.guard("Donation savings"):
                 savings = data.donation_savings(ui.read("plan_measurements"))
-                ui.chart(charts.donation_bars(savings))
+                ui.chart(charts.donation_bars(savings, source=f"{measured} (XLA's compile report)"))
                 ui.table(savings.drop(columns=["label"]), "donation_savings", key="donation",
                          caption="Peak = argument + output - alias + temp bytes of XLA's memory_analysis, "
                                  "without donation (jax.jit) and with the planned donate_argnums.")
             with ui.guard("Max-batch curve"):
                 curve = data.max_batch_curve(ui.read("plan_measurements"))
                 budgets = rows.loc[rows["metric"].str.contains("budget"), "value"]
-                ui.chart(charts.max_batch_chart(curve, float(budgets.max()) if len(budgets) else None))
+                ui.chart(charts.max_batch_chart(curve, float(budgets.max()) if len(budgets) else None,
+                                                source=f"{measured} (XLA's compile report)"))
             table = rows.drop(columns=["extra", "median"]).rename(columns={"value": "value (MiB where *_mib)"})
             ui.table(pd.DataFrame(table), "plan_measurements", key="planrows")

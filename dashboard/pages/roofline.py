@@ -7,7 +7,7 @@ import streamlit as st
 from jaxcnn.dashboard import charts, data, ui
 
 st.title("Roofline")
-ui.page_source()
+measured = ui.page_source().measured
 
 with ui.guard("Roofline"):
     runs = ui.runs()
@@ -29,26 +29,29 @@ with ui.guard("Roofline"):
     c1.metric(f"DRAM bandwidth ({ceilings.memory_source})", f"{ceilings.memory_bytes_per_s / 1e12:.2f} TB/s")
     c2.metric(f"{ceilings.precision} compute ({ceilings.compute_source})",
               f"{ceilings.compute_flops_per_s / 1e12:.0f} TFLOP/s")
-    c3.metric("ridge point", f"{ceilings.ridge_flop_per_byte:.0f} FLOP/byte")
+    c3.metric("ridge point (compute ceiling / DRAM bandwidth)", f"{ceilings.ridge_flop_per_byte:.0f} FLOP/byte")
     # From below the lowest layer to past the ridge, so both the slope and the flat top show.
     roof = data.ceiling_lines(ceilings, float(points["flop_per_byte"].min()) / 2,
                               max(float(points["flop_per_byte"].max()) * 2, ceilings.ridge_flop_per_byte * 4))
-    ui.chart(charts.roofline_chart(points, roof, ceilings))
-    st.caption("Traffic per layer is the layer's compulsory bytes (inputs, weights, outputs); the roof is "
-               "min(compute ceiling, intensity × DRAM bandwidth). Hover a point for layer, shapes and bytes.")
+    ui.chart(charts.roofline_chart(points, roof, ceilings, source=f"{measured} times; {data.COMPUTED} FLOPs and "
+                                                                    f"bytes; ceilings as labelled"))
+    st.caption("Traffic per layer is the layer's compulsory bytes (inputs, weights, outputs), counted from its "
+               "shapes; the roof is min(compute ceiling, intensity × DRAM bandwidth). Hover a point for layer, "
+               "shapes and bytes.")
 
     st.subheader("Model vs measurement")
     modelled = points["prediction"].eq("traffic model")
-    st.metric("median |error| of the traffic model",
+    st.metric(f"median |error| of the traffic model ({data.MODEL} vs {measured})",
               f"{points.loc[modelled, 'error_pct'].abs().median():.1f} %" if modelled.any() else "n/a",
               help="over the layers the traffic/time model predicts (conv layers); others use the roofline floor")
     # The roofline floor is a bound, not a prediction: its "error" is how far the layer is from it
     # (pct_of_floor in the table). The error chart shows the traffic model where it predicts.
-    ui.chart(charts.model_error_bars(points[modelled] if modelled.any() else points))
+    versus = f"{data.MODEL} vs {measured}"
+    ui.chart(charts.model_error_bars(points[modelled] if modelled.any() else points, source=versus))
     if modelled.any():
         st.caption(f"The traffic model predicts {int(modelled.sum())} of {len(points)} layer timings (conv layers); "
                    "the others appear with their roofline floor in the chart below and the table.")
-    ui.chart(charts.predicted_vs_measured(points))
+    ui.chart(charts.predicted_vs_measured(points, source=versus))
     columns = ["idx", "layer", "op", "backend", "variant", "input_shapes", "output_shape", "gflop", "mib",
                "flop_per_byte", "time_ms", "tflops", "gb_per_s", "pred_floor_ms", "pct_of_floor",
                "pred_model_ms", "pred_dram_bytes", "prediction", "error_pct"]

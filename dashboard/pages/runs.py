@@ -1,11 +1,12 @@
-"""Runs: every run in the store with its environment; pick one or two for the other pages."""
+"""Runs: every run in the store (what, where, which commit); pick one or two for the other pages.
+On the shipped data: what it was made from (GPU, dates, commits, store schema)."""
 
 import streamlit as st
 
 from jaxcnn.dashboard import data, ui
 
 st.title("Runs")
-ui.page_source()
+source = ui.page_source()
 
 with ui.guard("Runs"):
     runs = ui.runs()
@@ -19,6 +20,16 @@ with ui.guard("Runs"):
     c3.metric("GPUs", ", ".join(gpus))
     c4.metric("Kinds", ", ".join(sorted(runs["kind"].unique())))
 
+    if source.shipped:
+        with ui.guard("Shipped data"):
+            st.subheader("Shipped data")
+            provenance = ui.shipped_provenance()
+            st.markdown(f"Made from: **{data.shipped_summary(provenance)}**.")
+            ui.table(provenance, "shipped_data", key="shipped",
+                     caption="One row per export in dashboard/shipped/: the UTC dates and commits its runs were "
+                             "recorded at (-dirty: the tree had uncommitted changes) and the store schema version "
+                             "it was written at.")
+
     ids = runs["id"].astype(int).tolist()
     labels = dict(zip(ids, runs["label"]))
     picked = [i for i in st.session_state.get(ui.PICKED_KEY, []) if i in ids]
@@ -28,15 +39,16 @@ with ui.guard("Runs"):
     st.session_state[ui.PICKED_KEY] = list(chosen)
 
     st.subheader("All runs")
-    shown = runs.drop(columns=["label"]).assign(created_at=runs["created_at"].astype(str))
-    ui.table(shown, "runs", key="runs",
-             caption="layers / measurements / predictions / plans / sparsity: rows recorded under each run.")
+    ui.table(data.runs_summary(runs), "runs", key="runs",
+             caption="recorded: UTC; where: the GPU the run was measured on, or CPU (the lax reference path); "
+                     "commit: -dirty where the tree had uncommitted changes; layers / measurements / plans: rows "
+                     "recorded under each run. A picked run's whole environment is in its panel below.")
 
     for run_id in chosen:
         run = runs[runs["id"] == run_id].iloc[0]
         with st.expander(f"Environment of {run['label']}", expanded=len(chosen) == 1):
             env = {k: run[k] for k in ("gpu_name", "gpu_count", "driver", "cuda_version", "jax_version",
                                        "jaxlib_version", "jaxcnn_version", "python", "platform", "hostname",
-                                       "git_commit", "created_at", "note") if k in run.index}
+                                       "git_commit", "commit", "created_at", "backend", "note") if k in run.index}
             recorded = {k: str(v) for k, v in env.items() if v is not None and str(v) not in ("nan", "<NA>", "None", "")}
             st.json(recorded)

@@ -2,10 +2,13 @@
 
 Each returns an ``alt.Chart`` (or layer/concat) built from its arguments only, so tests can
 check ``chart.to_dict()``: encodings, units in axis titles, tooltips. Axis titles always carry the
-unit; tooltips carry the layer name, shapes and bytes where the frame has them.
+unit; tooltips carry the layer name, shapes and bytes where the frame has them; the title's
+subtitle says where the numbers come from (`source`, jaxcnn.dashboard.data's labels).
 """
 
 from __future__ import annotations
+
+import textwrap
 
 import altair as alt
 import pandas as pd
@@ -14,6 +17,11 @@ import pandas as pd
 BACKEND_COLORS = {"xla": "#4c78a8", "jaxcnn": "#f58518"}
 # Room above the plot: without it Streamlit's frame clips the top of some chart titles.
 _PADDING = {"top": 14, "left": 5, "right": 5, "bottom": 5}
+# Streamlit fits a chart that names no autosize into its height as a whole: long axis labels
+# then squeeze the plot to a sliver and push the title out of the frame. fit-x fits the width
+# to the page and lets the height grow by the labels and the title.
+_AUTOSIZE = alt.AutoSizeParams(type="fit-x", contains="padding")
+TITLE_LINE_CHARS = 90  # a title line longer than this is wrapped (a title is never cut short)
 ALGORITHM_ORDER = ("naive", "greedy_by_size", "best_fit_decreasing", "pack_2d", "xla")
 
 
@@ -22,6 +30,19 @@ def _backend_color(backends, title: str = "backend") -> alt.Color:
     palette = ["#54a24b", "#e45756", "#72b7b2", "#b279a2", "#9d755d"]
     colors = [BACKEND_COLORS.get(b) or palette[i % len(palette)] for i, b in enumerate(names)]
     return alt.Color("backend:N", title=title, scale=alt.Scale(domain=names, range=colors))
+
+
+def chart_title(text: str | list[str], source: str | None = None) -> alt.TitleParams:
+    """The title, wrapped to TITLE_LINE_CHARS per line, with 'source: ...' as its subtitle."""
+    lines = [text] if isinstance(text, str) else list(text)
+    wrapped = [part for line in lines for part in textwrap.wrap(line, TITLE_LINE_CHARS) or [""]]
+    return alt.TitleParams(wrapped if len(wrapped) > 1 else wrapped[0], anchor="start",
+                           subtitle=f"source: {source}" if source else alt.Undefined)
+
+
+def _framed(chart, title: str | list[str], height: int, source: str | None):
+    """A single-view or layered chart with its title, source, plot height and sizing."""
+    return chart.properties(title=chart_title(title, source), height=height, padding=_PADDING, autosize=_AUTOSIZE)
 
 
 def _layer_tooltip(frame: pd.DataFrame, *extra: alt.Tooltip) -> list[alt.Tooltip]:
@@ -41,20 +62,22 @@ def _layer_axis(frame: pd.DataFrame) -> alt.X:
     return alt.X("layer:N", sort=order, title="layer (program order)", axis=alt.Axis(labelAngle=-60, labelLimit=140))
 
 
-def layer_time_bars(long: pd.DataFrame, metric: str = "device_time_ms") -> alt.Chart:
+def layer_time_bars(long: pd.DataFrame, metric: str = "device_time_ms", source: str | None = None) -> alt.Chart:
     """Per-layer time of each backend side by side (grouped bars), ms."""
     what = "device time" if metric == "device_time_ms" else "host wall time"
-    return alt.Chart(long).mark_bar().encode(
+    chart = alt.Chart(long).mark_bar().encode(
         x=_layer_axis(long),
         xOffset=alt.XOffset("backend:N"),
         y=alt.Y("time_ms:Q", title=f"{what} (ms)"),
         color=_backend_color(long["backend"]),
         tooltip=_layer_tooltip(long, alt.Tooltip("backend:N"), alt.Tooltip("time_ms:Q", title=f"{what} (ms)", format=".4f"),
                                alt.Tooltip("variant:N", title="kernel / variant")),
-    ).properties(title=f"Per-layer {what}, ms", height=320, padding=_PADDING)
+    )
+    return _framed(chart, f"Per-layer {what}, ms", 320, source)
 
 
-def speedup_bars(wide: pd.DataFrame, baseline: str = "xla", candidate: str = "jaxcnn") -> alt.LayerChart:
+def speedup_bars(wide: pd.DataFrame, baseline: str = "xla", candidate: str = "jaxcnn",
+                 source: str | None = None) -> alt.LayerChart:
     """speedup = baseline time / candidate time per layer; a rule at 1x. Green: candidate faster."""
     frame = wide.dropna(subset=["speedup"]).assign(one=1.0, faster=lambda f: f["speedup"].ge(1).map(
         {True: f"{candidate} faster", False: f"{baseline} faster"}))
@@ -72,11 +95,10 @@ def speedup_bars(wide: pd.DataFrame, baseline: str = "xla", candidate: str = "ja
                                  for b in (baseline, candidate) if f"{b}_variant" in frame.columns]),
     )
     one = alt.Chart(pd.DataFrame({"speedup": [1.0]})).mark_rule(strokeDash=[4, 3], color="black").encode(y="speedup:Q")
-    return (bars + one).properties(title=f"Speedup of {candidate} over {baseline} per layer (log scale, ×)",
-                                   height=300, padding=_PADDING)
+    return _framed(bars + one, f"Speedup of {candidate} over {baseline} per layer (log scale, ×)", 300, source)
 
 
-def end_to_end_bars(e2e: pd.DataFrame) -> alt.LayerChart:
+def end_to_end_bars(e2e: pd.DataFrame, source: str | None = None) -> alt.LayerChart:
     """Whole-model device time and host latency per backend, ms, with p10-p90 whiskers."""
     base = alt.Chart(e2e)
     bars = base.mark_bar().encode(
@@ -88,11 +110,13 @@ def end_to_end_bars(e2e: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("n:Q", title="samples")],
     )
     whiskers = base.mark_rule(color="black").encode(x="backend:N", y="p10_ms:Q", y2="p90_ms:Q")
+    # Faceted: Streamlit sizes it by its content (pad) and leaves the autosize alone.
     return alt.layer(bars, whiskers).properties(width=180, height=240).facet(
-        column=alt.Column("what:N", title="end to end")).resolve_scale(y="independent")
+        column=alt.Column("what:N", title=None)).resolve_scale(y="independent").properties(
+        title=chart_title("Whole-model time per backend, ms (median, p10-p90)", source), padding=_PADDING)
 
 
-def compare_bars(table: pd.DataFrame, label_a: str, label_b: str) -> alt.LayerChart:
+def compare_bars(table: pd.DataFrame, label_a: str, label_b: str, source: str | None = None) -> alt.LayerChart:
     """Per-layer ratio run B / run A of each backend (log scale; <1: B faster)."""
     frame = table.dropna(subset=["b_over_a"]).assign(one=1.0)
     bars = alt.Chart(frame).mark_bar().encode(
@@ -107,10 +131,11 @@ def compare_bars(table: pd.DataFrame, label_a: str, label_b: str) -> alt.LayerCh
                  alt.Tooltip("b_over_a:Q", title="B / A (×)", format=".3f")],
     )
     one = alt.Chart(pd.DataFrame({"b_over_a": [1.0]})).mark_rule(strokeDash=[4, 3], color="black").encode(y="b_over_a:Q")
-    return (bars + one).properties(title=f"A = {label_a}   B = {label_b}", height=300, padding=_PADDING)
+    return _framed(bars + one, ["Time of run B / run A per layer (log scale, ×)", f"A = {label_a}",
+                                f"B = {label_b}"], 300, source)
 
 
-def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, ceilings) -> alt.LayerChart:
+def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, ceilings, source: str | None = None) -> alt.LayerChart:
     """Layers as points (achieved TFLOP/s against FLOP/byte, log-log) under the GPU's roof
     (`roof` from data.ceiling_lines, `ceilings` a data.Ceilings), both ceilings labelled."""
     x = alt.X("flop_per_byte:Q", title="arithmetic intensity (FLOP/byte, log)", scale=alt.Scale(type="log"))
@@ -137,12 +162,11 @@ def roofline_chart(points: pd.DataFrame, roof: pd.DataFrame, ceilings) -> alt.La
                                alt.Tooltip("pred_floor_ms:Q", title="roofline floor (ms)", format=".4f"),
                                alt.Tooltip("pct_of_floor:Q", title="% of floor", format=".1f")),
     )
-    return (line + text + dots).properties(
-        title=f"Roofline of {ceilings.gpu} ({ceilings.precision} compute ceiling, DRAM bandwidth)", height=420,
-        padding=_PADDING)
+    return _framed(line + text + dots, f"Roofline of {ceilings.gpu} ({ceilings.precision} compute ceiling, DRAM "
+                                       "bandwidth)", 420, source)
 
 
-def model_error_bars(points: pd.DataFrame) -> alt.LayerChart:
+def model_error_bars(points: pd.DataFrame, source: str | None = None) -> alt.LayerChart:
     """Signed error of the prediction per layer and backend, % of the measured time."""
     frame = points.dropna(subset=["error_pct"])
     bars = alt.Chart(frame).mark_bar().encode(
@@ -158,11 +182,10 @@ def model_error_bars(points: pd.DataFrame) -> alt.LayerChart:
                                alt.Tooltip("error_pct:Q", title="error (%)", format=".1f")),
     )
     zero = alt.Chart(pd.DataFrame({"error_pct": [0.0]})).mark_rule(color="black").encode(y="error_pct:Q")
-    return (bars + zero).properties(title="Model error per layer, % (negative: predicted faster than measured)",
-                                    height=300, padding=_PADDING)
+    return _framed(bars + zero, "Model error per layer, % (negative: predicted faster than measured)", 300, source)
 
 
-def predicted_vs_measured(points: pd.DataFrame) -> alt.LayerChart:
+def predicted_vs_measured(points: pd.DataFrame, source: str | None = None) -> alt.LayerChart:
     """Predicted against measured time (log-log) with the y = x diagonal."""
     frame = points.assign(predicted_ms=points["pred_model_ms"].fillna(points["pred_floor_ms"])).dropna(
         subset=["predicted_ms"])
@@ -180,10 +203,11 @@ def predicted_vs_measured(points: pd.DataFrame) -> alt.LayerChart:
                                alt.Tooltip("time_ms:Q", title="measured (ms)", format=".4f"),
                                alt.Tooltip("predicted_ms:Q", title="predicted (ms)", format=".4f")),
     )
-    return (diagonal + dots).properties(title="Predicted vs measured per layer (ms)", height=360, padding=_PADDING)
+    return _framed(diagonal + dots, "Predicted vs measured per layer (ms)", 360, source)
 
 
-def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | None = None) -> alt.LayerChart:
+def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | None = None,
+                      source: str | None = None) -> alt.LayerChart:
     """One plan's buffers as rectangles: program step (x, inclusive lifetimes) × arena offset (y, MiB)."""
     frame = buffers.assign(end_exclusive=buffers["end_step"] + 1,
                            top_mib=buffers["offset_mib"] + buffers["size_mib"])
@@ -202,10 +226,11 @@ def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | 
             y="arena_mib:Q", tooltip=[alt.Tooltip("arena_mib:Q", title="arena (MiB)", format=".3f")])
         layers.append(top)
     title = f"{algorithm}: buffers by lifetime × offset" + (f" (arena {arena_mib:.2f} MiB)" if arena_mib is not None else "")
-    return alt.layer(*layers).properties(title=title, height=260, padding=_PADDING)
+    return _framed(alt.layer(*layers), title, 260, source)
 
 
-def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[str, float] | None = None) -> alt.LayerChart:
+def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[str, float] | None = None,
+                     source: str | None = None) -> alt.LayerChart:
     """Live MiB over program order, the lower bound (its max) marked, and each plan's arena as a rule."""
     area = alt.Chart(curve).mark_area(line=True, opacity=0.35, interpolate="step-after").encode(
         x=alt.X("step:Q", title="program step"), y=alt.Y("live_mib:Q", title="live bytes (MiB)"),
@@ -219,10 +244,10 @@ def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[s
     lines = alt.Chart(rules).mark_rule(strokeDash=[5, 3]).encode(
         y="mib:Q", color=alt.Color("what:N", title="arena of"),
         tooltip=[alt.Tooltip("what:N", title="plan"), alt.Tooltip("mib:Q", title="MiB", format=".3f")])
-    return (area + lines + peak).properties(title="Live bytes over program order (MiB)", height=300, padding=_PADDING)
+    return _framed(area + lines + peak, "Live bytes over program order (MiB)", 300, source)
 
 
-def arena_bars(summary: pd.DataFrame) -> alt.LayerChart:
+def arena_bars(summary: pd.DataFrame, source: str | None = None) -> alt.LayerChart:
     """Arena per algorithm (MiB) with the lower bound as a rule; colour by naive / peer / ours / XLA."""
     order = [a for a in ALGORITHM_ORDER if a in set(summary["algorithm"])] + sorted(
         set(summary["algorithm"]) - set(ALGORITHM_ORDER))
@@ -238,25 +263,27 @@ def arena_bars(summary: pd.DataFrame) -> alt.LayerChart:
     bound = float(summary["lower_bound_mib"].max())
     rule = alt.Chart(pd.DataFrame({"lower_bound_mib": [bound]})).mark_rule(color="red", strokeDash=[5, 3]).encode(
         y="lower_bound_mib:Q", tooltip=[alt.Tooltip("lower_bound_mib:Q", title="lower bound (MiB)", format=".3f")])
-    return (bars + rule).properties(title="Arena per packing algorithm (MiB); red: live-bytes lower bound",
-                                    height=280, padding=_PADDING)
+    return _framed(bars + rule, "Arena per packing algorithm (MiB); red: live-bytes lower bound", 280, source)
 
 
-def memory_stats_bars(stats: pd.DataFrame) -> alt.Chart:
-    """XLA's memory_analysis per backend (MiB): arguments, outputs, temporaries, aliased."""
-    parts = [c for c in ("argument_mib", "output_mib", "temp_mib", "alias_mib", "peak_memory_mib") if c in stats.columns]
+def memory_stats_bars(stats: pd.DataFrame, source: str | None = None) -> alt.Chart:
+    """XLA's memory_analysis per backend (MiB): arguments, outputs, temporaries, aliased, XLA's
+    peak and the footprint (argument + output - alias + temp) where the frame has it."""
+    parts = [c for c in ("argument_mib", "output_mib", "temp_mib", "alias_mib", "peak_memory_mib", "footprint_mib")
+             if c in stats.columns]
     long = stats.melt(id_vars="backend", value_vars=parts, var_name="part", value_name="mib")
     long["part"] = long["part"].str.replace("_mib", "").str.replace("_", " ")
-    return alt.Chart(long).mark_bar().encode(
+    chart = alt.Chart(long).mark_bar().encode(
         x=alt.X("part:N", title=None, sort=[p.replace("_mib", "").replace("_", " ") for p in parts]),
         xOffset="backend:N", y=alt.Y("mib:Q", title="MiB"), color=_backend_color(long["backend"]),
         tooltip=[alt.Tooltip("backend:N"), alt.Tooltip("part:N"), alt.Tooltip("mib:Q", title="MiB", format=".3f")],
-    ).properties(title="XLA memory_analysis of the compiled model (MiB)", height=260, padding=_PADDING)
+    )
+    return _framed(chart, "XLA memory_analysis of the compiled model (MiB)", 260, source)
 
 
-def donation_bars(savings: pd.DataFrame) -> alt.Chart:
+def donation_bars(savings: pd.DataFrame, source: str | None = None) -> alt.Chart:
     """Peak MiB saved by donation per model, one bar per batch (the table has the small ones)."""
-    return alt.Chart(savings).mark_bar().encode(
+    chart = alt.Chart(savings).mark_bar().encode(
         x=alt.X("model:N", title=None, axis=alt.Axis(labelAngle=0)), xOffset="batch:N",
         y=alt.Y("saved_mib:Q", title="peak saved by donation (MiB)"),
         color=alt.Color("batch:N", title="batch"),
@@ -266,10 +293,11 @@ def donation_bars(savings: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("donated_mib:Q", title="donated arguments (MiB)", format=".2f"),
                  alt.Tooltip("saved_mib:Q", title="saved (MiB)", format=".2f"),
                  alt.Tooltip("saved_pct:Q", title="saved (% of peak)", format=".1f")],
-    ).properties(title="Peak memory saved by buffer donation (MiB)", height=260, padding=_PADDING)
+    )
+    return _framed(chart, "Peak memory saved by buffer donation (MiB)", 260, source)
 
 
-def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt.LayerChart:
+def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None, source: str | None = None) -> alt.LayerChart:
     """Peak MiB against batch per series; the budget as a rule when given."""
     lines = alt.Chart(curve).mark_line(point=True).encode(
         x=alt.X("batch:Q", title="batch"), y=alt.Y("peak_mib:Q", title="peak memory (MiB)"),
@@ -281,24 +309,25 @@ def max_batch_chart(curve: pd.DataFrame, budget_mib: float | None = None) -> alt
     if budget_mib is not None:
         layers.append(alt.Chart(pd.DataFrame({"budget_mib": [budget_mib]})).mark_rule(color="red").encode(
             y="budget_mib:Q", tooltip=[alt.Tooltip("budget_mib:Q", title="budget (MiB)", format=".1f")]))
-    return alt.layer(*layers).properties(title="Peak memory against batch (MiB)", height=300, padding=_PADDING)
+    return _framed(alt.layer(*layers), "Peak memory against batch (MiB)", 300, source)
 
 
-def sparsity_bars(table: pd.DataFrame) -> alt.Chart:
+def sparsity_bars(table: pd.DataFrame, source: str | None = None) -> alt.Chart:
     """Zero fraction of each layer's input and output activation, %."""
     long = table.melt(id_vars=["idx", "layer", "op", "input_shapes", "output_shape"],
                       value_vars=["input_zero_pct", "output_zero_pct"], var_name="tensor", value_name="zero_pct")
     long["tensor"] = long["tensor"].map({"input_zero_pct": "input", "output_zero_pct": "output"})
-    return alt.Chart(long).mark_bar().encode(
+    chart = alt.Chart(long).mark_bar().encode(
         x=_layer_axis(long), xOffset="tensor:N",
         y=alt.Y("zero_pct:Q", title="zeros (% of elements)", scale=alt.Scale(domain=[0, 100])),
         color=alt.Color("tensor:N", title="activation"),
         tooltip=_layer_tooltip(long, alt.Tooltip("tensor:N", title="activation"),
                                alt.Tooltip("zero_pct:Q", title="zeros (%)", format=".1f")),
-    ).properties(title="Activation sparsity per layer (% zeros)", height=300, padding=_PADDING)
+    )
+    return _framed(chart, "Activation sparsity per layer (% zeros)", 300, source)
 
 
-def crossover_chart(decisions: pd.DataFrame, crossover_pct: float | None) -> alt.LayerChart:
+def crossover_chart(decisions: pd.DataFrame, crossover_pct: float | None, source: str | None = None) -> alt.LayerChart:
     """sparse/dense time ratio against input zero %, one point per layer; 1x rule and the crossover."""
     dots = alt.Chart(decisions).mark_circle(size=70).encode(
         x=alt.X("input_zero_pct:Q", title="input zeros (%)", scale=alt.Scale(domain=[0, 100])),
@@ -312,5 +341,4 @@ def crossover_chart(decisions: pd.DataFrame, crossover_pct: float | None) -> alt
     if crossover_pct is not None:
         layers.append(alt.Chart(pd.DataFrame({"x": [crossover_pct]})).mark_rule(color="red").encode(
             x="x:Q", tooltip=[alt.Tooltip("x:Q", title="measured crossover (% zeros)", format=".1f")]))
-    return alt.layer(*layers).properties(title="Dense vs sparse kernel time against activation sparsity",
-                                         height=300, padding=_PADDING)
+    return _framed(alt.layer(*layers), "Dense vs sparse kernel time against activation sparsity", 300, source)

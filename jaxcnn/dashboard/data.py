@@ -5,8 +5,15 @@ their unit (``time_ms``, ``size_mib``, ``tflops``...), so pages and charts never
 Nothing here imports Streamlit.
 
 Where the data comes from (``choose_source``): the DB the user names, or, when it does not
-exist or holds no runs, the shipped store exports (dashboard/shipped/*.json, measured on an
-H200) imported once into a cached SQLite file.
+exist or holds no runs, the shipped store exports (dashboard/shipped/*.json, measured on a GPU
+at a recorded commit: ``shipped_provenance``) imported once into a cached SQLite file.
+
+Where each number comes from (``column_sources``): measured (timed or read from XLA's compile
+on the machine of a run of this store), shipped (the same, from the shipped data), model
+(jaxcnn.perfmodel's predictions and roofline floors) or computed (counted from shapes or
+buffer lifetimes: FLOPs, compulsory bytes, packing arenas). A run timed on a CPU ran both
+backends on the lax reference path (``reference_path_run``): its times are real, a ratio of them
+says nothing about jaxcnn's kernels, so the pages show none.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from jaxcnn.store import DEFAULT_FILENAME, PATH_ENV_VAR, Store, StoreError
+from jaxcnn.store import DEFAULT_FILENAME, PATH_ENV_VAR, Store, StoreError, read_export
 from jaxcnn.tuning import cache_file
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "dashboard" / "shipped"
@@ -36,6 +43,33 @@ MEMORY_STAT_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_by
 RUN_COLUMNS = ("id", "created_at", "kind", "model", "backend", "batch", "dtype", "device", "gpu_name",
                "gpu_count", "driver", "cuda_version", "jax_version", "jaxlib_version", "jaxcnn_version",
                "python", "platform", "hostname", "git_commit", "note")
+# What the Runs page lists per run (the rest of RUN_COLUMNS is in each run's environment panel),
+# few and narrow enough that the table fits the page.
+RUN_SUMMARY_COLUMNS = ("id", "recorded", "kind", "model", "batch", "dtype", "where", "commit", "note",
+                       "layers", "measurements", "plans")
+SHORT_COMMIT = 7  # hex digits of a commit shown
+SUMMARY_CELL_CHARS = 28  # a longer text cell of the Runs table is cut (with …) so the table fits the page
+
+# Where a number shown comes from.
+MEASURED = "measured"
+SHIPPED = "shipped"
+MODEL = "model"
+COMPUTED = "computed"
+SOURCE_MEANINGS = {
+    MEASURED: "timed, or read from XLA's compiled program, on the machine of a run in this store",
+    SHIPPED: "measured on the GPU of the shipped data (dashboard/shipped/), at its recorded commit",
+    MODEL: "predicted by jaxcnn.perfmodel (traffic/time model, roofline floor)",
+    COMPUTED: "counted from shapes or buffer lifetimes (FLOPs, compulsory bytes, packing arenas)",
+}
+# Columns of the dashboard's frames that hold model or computed numbers; other numeric columns
+# hold measurements, and these hold no quantity at all.
+MODEL_COLUMNS = ("error_pct", "pct_of_floor")
+MODEL_PREFIX = "pred_"
+COMPUTED_COLUMNS = ("flops", "bytes", "gflop", "mib", "flop_per_byte", "arena_mib", "lower_bound_mib",
+                    "over_bound_pct", "saved_vs_naive_pct", "buffers", "size_bytes", "size_mib", "offset_mib",
+                    "start_step", "end_step", "live_mib", "step")
+NOT_QUANTITIES = ("id", "idx", "run_id", "batch", "n", "layers", "measurements", "predictions", "plans",
+                  "sparsity", "gpu_count", "schema_version", "runs", "no_commit")
 
 
 class NoData(Exception):
@@ -48,9 +82,14 @@ class NoData(Exception):
 @dataclass(frozen=True)
 class Source:
     path: Path  # the SQLite file to read
-    shipped: bool  # True: the shipped H200 data stands in for the user's DB
+    shipped: bool  # True: the shipped data stands in for the user's DB
     requested: Path  # the DB the user asked for
     note: str  # why this source, for the page header
+
+    @property
+    def measured(self) -> str:
+        """The source label of this store's measurements: shipped or measured."""
+        return SHIPPED if self.shipped else MEASURED
 
 
 def default_db_path() -> Path:
@@ -94,11 +133,64 @@ def choose_source(db_path: str | os.PathLike | None = None, *, use_shipped: bool
     else:
         reason = "shipped data chosen in the sidebar"
     path = shipped_store(shipped_dir, cache or cache_dir())
-    return Source(path, True, requested, f"{reason}: showing the shipped H200 measurements (dashboard/{shipped_dir.name}/)")
+    made = shipped_summary(shipped_provenance(shipped_dir))
+    return Source(path, True, requested, f"{reason}: showing the shipped measurements (dashboard/{shipped_dir.name}/: "
+                                         f"{made})")
 
 
 def shipped_files(shipped_dir: Path = SHIPPED_DIR) -> list[Path]:
     return sorted(shipped_dir.glob("*.json"))
+
+
+def short_commit(commit: Any, dirty: Any = None) -> str:
+    """'e40c6e2', 'e40c6e2-dirty' (made from a tree with uncommitted changes), '' if unknown."""
+    text = _text(commit)[:SHORT_COMMIT]
+    return f"{text}-dirty" if text and dirty is True else text
+
+
+def _run_commit(run: dict[str, Any], environment: Any) -> str:
+    """The short commit of an exported or stored run, marked where its tree had changes."""
+    git = (environment or {}).get("extra", {}) if isinstance(environment, dict) else {}
+    git = git.get("git") if isinstance(git, dict) else None
+    return short_commit(run.get("git_commit"), (git or {}).get("dirty"))
+
+
+def shipped_provenance(shipped_dir: Path = SHIPPED_DIR) -> pd.DataFrame:
+    """One row per shipped export: what it holds and what it was made from (GPU, UTC dates,
+    commits) and the store schema version it was written at."""
+    rows = []
+    for file in shipped_files(shipped_dir):
+        export = read_export(file)
+        runs = export.runs
+        commits = [_run_commit(r, r.get("environment")) for r in runs]
+        dates = sorted(str(r.get("created_at") or "")[:10] for r in runs if r.get("created_at"))
+        # A run without a recorded GPU name adds nothing here unless it ran on a CPU.
+        gpus = sorted({_text((r.get("environment") or {}).get("gpu_name")) or ("CPU" if r.get("device") == "cpu" else "")
+                       for r in runs} - {""})
+        made = "" if not dates else dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+        rows.append(dict(
+            file=file.name, runs=len(runs), kinds=", ".join(sorted({str(r.get("kind")) for r in runs})),
+            gpu=", ".join(gpus) or "not recorded", made=made,
+            commits=", ".join(sorted({c for c in commits if c})) or "not recorded",
+            no_commit=sum(not c for c in commits), schema_version=export.schema_version,
+        ))
+    return pd.DataFrame(rows, columns=["file", "runs", "kinds", "gpu", "made", "commits", "no_commit",
+                                       "schema_version"])
+
+
+def shipped_summary(provenance: pd.DataFrame) -> str:
+    """'NVIDIA H200, made 2026-11-21, commits 37d5348-dirty, e40c6e2 (18 of 57 runs record no commit)'."""
+    if provenance.empty:
+        return "no shipped exports"
+    gpus = sorted({g.strip() for text in provenance["gpu"] for g in text.split(",")} - {"not recorded"})
+    days = sorted(day for made in provenance["made"] for day in made.split(" to ") if day)
+    dates = "on unrecorded dates" if not days else days[0] if days[0] == days[-1] else f"{days[0]} to {days[-1]}"
+    commits = sorted({c.strip() for text in provenance["commits"] for c in text.split(",")} - {"not recorded"})
+    text = f"{', '.join(gpus) or 'GPU not recorded'}, made {dates}, commit{'s' if len(commits) != 1 else ''} {', '.join(commits) or 'not recorded'}"
+    missing, total = int(provenance["no_commit"].sum()), int(provenance["runs"].sum())
+    if missing and commits:
+        text += f" ({missing} of {total} runs record no commit)"
+    return text
 
 
 def shipped_store(shipped_dir: Path = SHIPPED_DIR, cache: Path | None = None) -> Path:
@@ -159,8 +251,34 @@ def _shipped_copy_problem(path: Path) -> str | None:
 
 def _first_recorded(export: Path) -> tuple[str, str]:
     """(earliest created_at of the export's runs, file name): the order to import exports in."""
-    runs = json.loads(export.read_text()).get("runs") or []
+    runs = read_export(export).runs
     return min((str(r.get("created_at") or "") for r in runs), default=""), export.name
+
+
+def column_sources(frame: pd.DataFrame, measured: str = MEASURED) -> dict[str, list[str]]:
+    """Source label -> the frame's numeric columns holding numbers of that source; `measured` is
+    the label of this store's measurements (Source.measured)."""
+    found: dict[str, list[str]] = {}
+    for column in frame.columns:
+        name = str(column)
+        if name in NOT_QUANTITIES or not pd.api.types.is_numeric_dtype(frame[column]) \
+                or pd.api.types.is_bool_dtype(frame[column]):
+            continue
+        if name.startswith(MODEL_PREFIX) or name in MODEL_COLUMNS:
+            label = MODEL
+        elif name in COMPUTED_COLUMNS:
+            label = COMPUTED
+        else:
+            label = measured
+        found.setdefault(label, []).append(name)
+    return found
+
+
+def sources_caption(frame: pd.DataFrame, measured: str = MEASURED) -> str:
+    """'Sources: measured (...): time_ms, p10_ms; model (...): pred_floor_ms' for a table."""
+    parts = [f"**{label}** ({SOURCE_MEANINGS[label]}): {', '.join(columns)}"
+             for label, columns in column_sources(frame, measured).items()]
+    return ("Sources: " + "; ".join(parts) + ". Units are in the column names.") if parts else ""
 
 
 class _readonly:
@@ -202,9 +320,45 @@ def runs_table(store: Store) -> pd.DataFrame:
     ) + " FROM runs r")
     table = runs[[c for c in RUN_COLUMNS if c in runs.columns]].copy()
     table["id"] = table["id"].astype("int64")
+    environments = runs["environment_extra"] if "environment_extra" in runs.columns else [None] * len(runs)
+    table["commit"] = [_run_commit(run, {"extra": extra}) for run, extra in
+                       zip(table.to_dict("records"), environments)]
     table = table.merge(counts, on="id", how="left")
     table["label"] = [run_label(row) for row in table.to_dict("records")]
     return table.sort_values("id", ignore_index=True)
+
+
+def runs_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """The Runs page's table: RUN_SUMMARY_COLUMNS of runs_table's rows (recorded: UTC, to the
+    minute; where: the GPU, or CPU), text cut to SUMMARY_CELL_CHARS (the run's panel has it all)."""
+    recorded = pd.to_datetime(runs["created_at"], utc=True)
+    summary = runs.assign(recorded=recorded.dt.strftime("%Y-%m-%d %H:%M"),
+                          where=[run_where(r) for r in runs.to_dict("records")])
+    summary = summary[list(RUN_SUMMARY_COLUMNS)].reset_index(drop=True)
+    for column in ("kind", "model", "dtype", "where", "note"):
+        summary[column] = [_cut(_text(v), SUMMARY_CELL_CHARS) for v in summary[column]]
+    return summary
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def run_where(run: dict[str, Any]) -> str:
+    """The GPU a run was measured on, 'CPU', or the device column when neither is recorded."""
+    return _text(run.get("gpu_name")) or ("CPU" if run.get("device") == "cpu" else _text(run.get("device")))
+
+
+def reference_path_run(run: dict[str, Any]) -> bool:
+    """Whether the run timed the lax reference path on a CPU (host wall time): jaxcnn's CUDA
+    kernels did not run, so its backends ran the same kind of code and no ratio of its times
+    says anything about them. The profiler records device='cpu' for every such run."""
+    return run.get("device") == "cpu"
+
+
+REFERENCE_PATH_NOTE = ("CPU run: jaxcnn's CUDA kernels do not run on a CPU, so both backends ran the lax reference "
+                       "path; times are host wall times of that path. No speedup is shown: a ratio of these times "
+                       "says nothing about jaxcnn's kernels. Profile on a GPU for that.")
 
 
 def default_run_id(runs: pd.DataFrame) -> int | None:
@@ -226,7 +380,7 @@ def run_label(run: dict[str, Any]) -> str:
         parts.append(f"b{int(run['batch'])}")
     if _text(run.get("dtype")):
         parts.append(run["dtype"])
-    where = _text(run.get("gpu_name")) or ("CPU" if run.get("device") == "cpu" else _text(run.get("device")))
+    where = run_where(run)
     # A plan run's note says which analysis it holds (donation, max_batch, remat, training...).
     note = f" ({run['note']})" if run.get("kind") == "plan" and _text(run.get("note")) else ""
     return " ".join(parts) + (f" · {where}" if where else "") + f" · {run.get('kind')}{note}"
@@ -349,8 +503,57 @@ def end_to_end(store: Store, run_id: int) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+def compare_refusal(run_a: dict[str, Any], run_b: dict[str, Any]) -> str | None:
+    """Why two runs' times must not be compared (None: they may): run vs run compares GPU device
+    times; a CPU run timed the lax reference path with host wall time."""
+    cpu = [r for r in (run_a, run_b) if reference_path_run(r)]
+    if not cpu:
+        return None
+    if len(cpu) == 2:
+        return (f"runs #{run_a['id']} and #{run_b['id']} were both timed on a CPU (the lax reference path, host "
+                "wall time): their ratio says nothing about jaxcnn's kernels. Compare two GPU runs.")
+    gpu = run_b if cpu[0] is run_a else run_a
+    return (f"run #{cpu[0]['id']} was timed on a CPU (the lax reference path, host wall time) and run #{gpu['id']} "
+            f"on {run_where(gpu) or 'a GPU'} (device time): the two are not comparable. Compare two GPU runs.")
+
+
+def compare_candidates(runs: pd.DataFrame, run: dict[str, Any]) -> pd.DataFrame:
+    """Runs that `run` may be compared with: timed ones (layers and measurements) other than it,
+    none for a CPU run (compare_refusal)."""
+    timed = runs[(runs["layers"] > 0) & (runs["measurements"] > 0) & (runs["id"] != run["id"])]
+    return timed[[compare_refusal(run, other) is None for other in timed.to_dict("records")]]
+
+
+def default_compare_id(candidates: pd.DataFrame, run: dict[str, Any]) -> int | None:
+    """Run B to start from: the latest run of the same model, batch and dtype at another commit
+    (what a code change did), else the latest run of the same model, else None."""
+    same_model = candidates[candidates["model"] == run.get("model")]
+    same_setup = same_model[(same_model["batch"] == run.get("batch")) & (same_model["dtype"] == run.get("dtype"))]
+    other_commit = same_setup[same_setup["commit"] != _text(run.get("commit"))]
+    for choice in (other_commit, same_model):
+        if not choice.empty:
+            return int(choice["id"].max())
+    return None
+
+
+def compare_header(run_a: dict[str, Any], run_b: dict[str, Any]) -> pd.DataFrame:
+    """The two runs of a comparison: label, commit, GPU and when each was recorded."""
+    return pd.DataFrame([
+        {"run": side, "label": r.get("label"), "commit": _text(r.get("commit")) or "not recorded",
+         "where": run_where(r), "recorded": str(r.get("created_at") or "")[:16]}
+        for side, r in (("A", run_a), ("B", run_b))])
+
+
 def compare_runs(store: Store, run_a: int, run_b: int) -> tuple[pd.DataFrame, str]:
-    """Per-layer times of two runs side by side (Store.compare), in the metric both have."""
+    """Per-layer times of two runs side by side (Store.compare), in the metric both have.
+    ValueError (compare_refusal's reason) for a CPU run."""
+    runs = store.runs().set_index("id")
+    for run_id in (run_a, run_b):
+        if int(run_id) not in runs.index:
+            raise NoData(f"no run {run_id} in this store")
+    refusal = compare_refusal(dict(runs.loc[int(run_a)], id=int(run_a)), dict(runs.loc[int(run_b)], id=int(run_b)))
+    if refusal is not None:
+        raise ValueError(refusal)
     metrics = [_metric_or_none(store, r) for r in (run_a, run_b)]
     if None in metrics:
         raise NoData("both runs need per-layer times to be compared")
@@ -466,15 +669,64 @@ def ceiling_lines(ceilings: Ceilings, lo: float, hi: float, n: int = 64) -> pd.D
 PLAN_HINT = "run `jaxcnn plan MODEL --db DB` to record memory plans"
 
 
+MEMORY_QUANTITIES = {
+    "argument_mib": "the call's inputs (parameters and batch) as XLA holds them",
+    "output_mib": "the call's results",
+    "alias_mib": "outputs written into donated inputs: counted in both argument and output",
+    "temp_mib": "the size of the one buffer XLA packs the program's intermediates into (its temp allocation, "
+                "gaps between packed buffers included)",
+    "peak_memory_mib": "XLA's own peak: the most bytes its buffer assignment holds live at once (see its "
+                       "formula per backend below)",
+    "generated_code_mib": "the compiled program's own code, as XLA reports it (not part of the footprint)",
+    "footprint_mib": "argument + output - alias + temp: what one call needs if every buffer is allocated at once "
+                     "(what jaxcnn.planner calls a compiled program's peak)",
+}
+MEMORY_ARENA_NOTE = ("The arenas of the Arena packing section are the jaxcnn planner's packings of the program's "
+                     "own buffers (jaxpr or compiled HLO) into one block; the lower bound is the most bytes live at "
+                     "once, which no packing can beat. XLA's temp size is XLA's packing of its intermediates.")
+
+
 def memory_stats(store: Store, run_id: int) -> pd.DataFrame:
-    """XLA's compiled memory_analysis of the whole model per backend (profile runs), in MiB."""
+    """XLA's compiled memory_analysis of the whole model per backend (profile runs), in MiB, with
+    footprint_mib (argument + output - alias + temp) and which sum XLA's peak is (peak_is)."""
     rows = store.measurements(int(run_id))
     rows = rows[rows["layer_id"].isna() & rows["metric"].isin(MEMORY_STAT_METRICS)]
     if rows.empty:
         raise NoData(f"run {run_id} has no memory statistics")
     wide = rows.pivot_table(index="backend", columns="metric", values="median", aggfunc="last") / MIB
     wide.columns = [c.replace("_bytes", "_mib") for c in wide.columns]
-    return wide.reset_index()
+    wide = wide.reset_index()
+    parts = [wide[c] if c in wide.columns else 0.0 for c in ("argument_mib", "output_mib", "alias_mib", "temp_mib")]
+    wide["footprint_mib"] = parts[0] + parts[1] - parts[2] + parts[3]
+    wide["peak_is"] = [peak_formula(r) for r in wide.to_dict("records")]
+    return wide
+
+
+# Within this fraction a recorded peak equals a sum of the other quantities (MiB rounding aside).
+_PEAK_MATCH = 0.01
+
+
+def peak_formula(stats: dict[str, Any]) -> str:
+    """Which sum of a backend's memory_analysis XLA's peak equals, in words. XLA's GPU backend
+    computes the peak over every buffer (argument + output - alias + temp on these programs);
+    its CPU backend leaves the temp allocation out (argument + output), so there the peak can
+    be below the temp size."""
+    peak = stats.get("peak_memory_mib")
+    if not _present(peak):
+        return "no peak recorded"
+    value = {k: float(stats.get(k) or 0.0) for k in ("argument_mib", "output_mib", "alias_mib", "temp_mib")}
+    candidates = {
+        "argument + output - alias + temp": value["argument_mib"] + value["output_mib"] - value["alias_mib"]
+        + value["temp_mib"],
+        "argument + output - alias (temp not counted)": value["argument_mib"] + value["output_mib"]
+        - value["alias_mib"],
+    }
+    for formula, total in candidates.items():
+        if abs(total - peak) <= _PEAK_MATCH * max(abs(peak), 1e-9):
+            return formula
+    full = next(iter(candidates.values()))
+    return ("below argument + output - alias + temp: XLA's schedule never holds all of it live at once"
+            if peak < full else "above argument + output - alias + temp")
 
 
 def plan_summary(store: Store, run_id: int) -> pd.DataFrame:

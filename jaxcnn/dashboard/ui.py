@@ -64,8 +64,8 @@ def sidebar() -> None:
             st.session_state[DB_INPUT_KEY] = str(data.default_db_path())
         st.text_input("SQLite DB", key=DB_INPUT_KEY,
                       help="A jaxcnn store (`jaxcnn profile ... --db PATH`). Without runs in it, the "
-                           "shipped H200 measurements are shown.")
-        st.toggle("Show the shipped H200 data", key=SHIPPED_KEY,
+                           "shipped GPU measurements are shown.")
+        st.toggle("Show the shipped data", key=SHIPPED_KEY,
                   help="The measurements committed under dashboard/shipped/, whatever the DB holds.")
         try:
             source = current_source()
@@ -91,7 +91,7 @@ def page_source() -> data.Source:
         source = current_source()
     except StoreError as exc:
         st.error(f"Cannot read the profile store: {exc}. Choose another DB in the sidebar, or turn on "
-                 "'Show the shipped H200 data'.")
+                 "'Show the shipped data'.")
         st.stop()
     except data.NoData as exc:
         st.error(str(exc))
@@ -143,13 +143,30 @@ def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0,
     return candidates[candidates["id"] == chosen].iloc[0].to_dict()
 
 
+def measured() -> str:
+    """The source label of the current store's measurements (data.MEASURED or data.SHIPPED)."""
+    return current_source().measured
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _provenance(stamp: tuple) -> pd.DataFrame:
+    return data.shipped_provenance()
+
+
+def shipped_provenance() -> pd.DataFrame:
+    """data.shipped_provenance(), read again when a shipped export changes."""
+    return _provenance(tuple((f.name, f.stat().st_mtime_ns) for f in data.shipped_files()))
+
+
 def table(frame: pd.DataFrame, name: str, *, key: str, caption: str | None = None) -> None:
-    """A dataframe with a CSV download of exactly what is shown."""
+    """A dataframe with a CSV download of exactly what is shown, and where its numbers come from."""
     st.dataframe(frame, hide_index=True, width="stretch")
     st.download_button(f"Download {name}.csv", frame.to_csv(index=False).encode(), file_name=f"{name}.csv",
                        mime="text/csv", key=f"csv-{key}", on_click="ignore")
-    if caption:
-        st.caption(caption)
+    sources = data.sources_caption(frame, measured())
+    text = " ".join(t for t in (caption, sources) if t)
+    if text:
+        st.caption(text)
 
 
 def chart(spec) -> None:
