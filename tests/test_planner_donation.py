@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import jaxcnn
 from jaxcnn.models import get_model
 from jaxcnn.planner import measure_donation, plan_donation
-from jaxcnn.planner.hlo import memory_stats
+from jaxcnn.planner.footprint import memory_stats
 from jaxcnn.planner.training import adam, sgd_momentum, train_step, training_args
 
 NOT_USABLE = "Some donated buffers were not usable"

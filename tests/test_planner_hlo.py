@@ -14,9 +14,9 @@ from jaxcnn.planner.hlo import (
     hlo_buffer_roles,
     hlo_buffers,
     leaf_bytes,
-    memory_stats,
     parse_buffer_assignment,
 )
+from jaxcnn.planner.footprint import memory_stats
 
 
 def conv_net(x, w1, w2):

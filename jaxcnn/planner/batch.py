@@ -1,12 +1,7 @@
 """Batch planning: the largest batch whose compiled program fits a memory budget.
 
-The memory a program needs is its *footprint*, read from XLA's compiled memory_analysis():
-
-    footprint = argument_size + output_size - alias_size + temp_size
-
-XLA keeps the arguments, the outputs that do not reuse a donated argument, and one arena of
-temporaries apart, so all of it is allocated while the program runs. (peak_memory_in_bytes is
-not used: the CPU backend leaves the temp arena out of it.)
+The memory a program needs is its *footprint* (footprint.py): argument + output - alias + temp
+bytes of XLA's compiled memory_analysis().
 
 `max_batch` compiles the program at a few small batches (probe_batches), fits the footprint as
 affine in the batch (activations grow with it, params and optimizer state do not), predicts the
@@ -27,7 +22,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxcnn.planner.hlo import memory_stats
+from jaxcnn.planner import training
+from jaxcnn.planner.donation import jit as donating_jit
+from jaxcnn.planner.footprint import footprint_bytes, memory_stats
 
 # program(batch) -> (fn, example args): fn is jitted here unless it has .lower (jax.jit or
 # jaxcnn.jit objects keep their own donation); args may be ShapeDtypeStructs.
@@ -36,16 +33,6 @@ Program = Callable[[int], tuple[Callable, tuple]]
 DEFAULT_PROBES = (1, 2, 4)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def footprint_bytes(stats: dict[str, int]) -> int:
-    """argument + output - alias + temp bytes of a memory_stats dict (see the module doc)."""
-    missing = [k for k in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
-               if k not in stats]
-    if missing:
-        raise ValueError(f"memory stats lack {', '.join(missing)}: the backend gave no memory analysis")
-    return (stats["argument_size_in_bytes"] + stats["output_size_in_bytes"]
-            - stats.get("alias_size_in_bytes", 0) + stats["temp_size_in_bytes"])
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -157,9 +144,6 @@ def model_program(model, *, train: bool = False, dtype="float32", backend: str =
                   optimizer="sgd_momentum", donate: bool = True) -> Program:
     """program(batch) for a zoo model: inference fn(params, images), or with train=True one
     optimizer step (params and optimizer state donated unless donate=False)."""
-    from jaxcnn.planner import training
-    from jaxcnn.planner.donation import jit as donating_jit
-
     if train:
         fn = training.train_step(model, optimizer, backend=backend)
         jitted = donating_jit(fn) if donate else jax.jit(fn)

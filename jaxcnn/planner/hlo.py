@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 
 import jax
 
+from jaxcnn.planner.footprint import memory_stats
 from jaxcnn.planner.lifetimes import Buffer
 
 # Bits per element; sub-byte types are packed, so sizes round up to whole bytes.
@@ -59,10 +60,6 @@ ELEMENTWISE = frozenset("""
 """.split())
 # Ops that update their operand 0 in place.
 IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
-_MEMORY_FIELDS = (
-    "temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
-    "alias_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes",
-)
 
 
 def _split_top(text: str) -> list[str]:
@@ -391,25 +388,6 @@ def parse_buffer_assignment(text: str) -> list[dict]:
                 name += "".join(f"#{i}" for i in shape_index.split(","))
             allocations[-1]["values"].append(dict(name=name, size=int(size), offset=int(offset)))
     return allocations
-
-
-def memory_stats(compiled) -> dict[str, int]:
-    """compiled.memory_analysis() as a dict; fields a backend does not report are left out."""
-    try:
-        analysis = compiled.memory_analysis()
-    except Exception:  # some backends raise Unimplemented instead of returning None
-        return {}
-    if analysis is None:
-        return {}
-    out = {}
-    for field in _MEMORY_FIELDS:
-        if isinstance(analysis, dict):
-            value = analysis.get(field)
-        else:
-            value = getattr(analysis, field, None)
-        if value is not None:
-            out[field] = int(value)
-    return out
 
 
 def compiled_buffers(fn: Callable, *args) -> tuple[list[Buffer], dict[str, int]]:

@@ -5,7 +5,7 @@ Every result is one run of kind 'plan' (`runs.note` says which analysis: 'donati
 (layer_id NULL, unit 'bytes' unless said otherwise). Metric names:
 
   peak_bytes              footprint of the compiled program: argument + output - alias + temp
-                          bytes of XLA's memory_analysis (planner.batch.footprint_bytes)
+                          bytes of XLA's memory_analysis (planner.footprint.footprint_bytes)
   temp_bytes, argument_bytes, output_bytes, alias_bytes
                           the memory_analysis fields themselves
 donation (runs.batch = the batch), variant 'undonated' (jax.jit) or 'donated' (planned):
@@ -36,7 +36,9 @@ import jax
 
 from jaxcnn.planner.batch import MaxBatch
 from jaxcnn.planner.donation import DonationSavings
+from jaxcnn.planner.footprint import footprint_bytes
 from jaxcnn.planner.remat import RematAdvice
+from jaxcnn.profile.environment import collect_environment
 
 _STAT_METRICS = {
     "temp_size_in_bytes": "temp_bytes", "argument_size_in_bytes": "argument_bytes",
@@ -49,12 +51,6 @@ def _device() -> str:
     return "gpu" if jax.default_backend() == "gpu" else "cpu"
 
 
-def _environment() -> dict[str, Any]:
-    from jaxcnn.profile.environment import collect_environment
-
-    return collect_environment()
-
-
 def _stat_rows(stats: dict[str, int], backend: str, variant: str, extra: dict | None = None) -> list[dict]:
     rows = []
     for name, metric in _STAT_METRICS.items():
@@ -65,7 +61,7 @@ def _stat_rows(stats: dict[str, int], backend: str, variant: str, extra: dict | 
 
 
 def _add_run(store, note: str, *, model: str, backend: str, batch: int | None, dtype: str, extra: dict) -> int:
-    env = _environment()
+    env = collect_environment()
     git = (env.get("extra") or {}).get("git") or {}
     return store.add_run("plan", model=model, backend=backend, batch=batch, dtype=dtype, device=_device(),
                          note=note, git_commit=git.get("commit"), environment=env, extra=extra)
@@ -74,8 +70,6 @@ def _add_run(store, note: str, *, model: str, backend: str, batch: int | None, d
 def record_donation(store, savings: DonationSavings, *, model: str, batch: int, dtype: str,
                     backend: str = "xla", extra: dict | None = None) -> int:
     """One 'donation' run; returns its id."""
-    from jaxcnn.planner.batch import footprint_bytes
-
     plan = savings.plan
     run_id = _add_run(store, "donation", model=model, backend=backend, batch=batch, dtype=dtype, extra=dict(
         extra or {}, donate_argnums=list(plan.donate_argnums), donate_argnames=list(plan.donate_argnames),

@@ -24,7 +24,7 @@ For each, `remat_advice` reports
   predicted_residuals plain footprint - (residual_bytes without the policy - with it): the
                       footprint if the recompute needed no more memory than it frees (a
                       scheduler that recomputes each value right before its use);
-  measured            the footprint of the compiled step (planner.batch.footprint_bytes).
+  measured            the footprint of the compiled step (planner.footprint.footprint_bytes).
 It picks the candidate with the fewest recompute_flops whose *measured* footprint fits.
 
 Measured and predicted differ where the compiler changes the program: XLA's CPU pipeline
@@ -47,6 +47,7 @@ from jaxcnn.models.backends import get_ops
 from jaxcnn.models.layers import LayerInfo, Net
 from jaxcnn.planner import training
 from jaxcnn.planner.batch import compile_stats, parse_bytes
+from jaxcnn.planner.donation import jit as donating_jit
 from jaxcnn.planner.lifetimes import jaxpr_buffers, live_bytes_lower_bound
 
 SCOPES = ("none", "layers", "blocks", "model")
@@ -202,8 +203,6 @@ def remat_advice(model, budget_bytes: int | str, *, batch: int, dtype="float32",
 
     The training step donates params and optimizer state (jaxcnn.jit). With measure_all=False
     compiling stops at the first fitting candidate (the rest have measured=None)."""
-    from jaxcnn.planner.donation import jit as donating_jit
-
     spec = training._spec(model)
     budget = parse_bytes(budget_bytes)
     if not isinstance(batch, int) or batch < 1:

@@ -22,7 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxcnn.planner.hlo import hlo_buffers, memory_stats, parse_buffer_assignment
+from jaxcnn.models import get_model
+from jaxcnn.planner.footprint import memory_stats
+from jaxcnn.planner.hlo import hlo_buffers, parse_buffer_assignment
 from jaxcnn.planner.lifetimes import Buffer, jaxpr_buffers
 from jaxcnn.planner.packing import ALGORITHMS, DEFAULT_ALIGNMENT, MIB, Plan, lower_bound
 
@@ -171,8 +173,6 @@ def plan_model(
     sources: Sequence[str] = SOURCES, alignment: int = DEFAULT_ALIGNMENT,
 ) -> ModelPlan:
     """Compile the zoo model's inference (or training step) once and plan each buffer source."""
-    from jaxcnn.models import get_model
-
     bad = [s for s in sources if s not in SOURCES]
     if bad or not sources:
         raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {list(sources)}")
