@@ -1,5 +1,5 @@
-"""`jaxcnn` command line: profile zoo models into the store, show layer tables, memory bounds,
-layout and fusion plans, compare runs, start the dashboard.
+"""`jaxcnn` command line: profile zoo models or your own jitted function into the store, show
+layer tables, memory bounds, layout and fusion plans, compare runs, start the dashboard.
 
 Errors are one line on stderr: exit status 2 for a usage error (a bad option or argument, or an
 option this installation cannot serve), 1 for anything else (a bad store, a missing run, a failed
@@ -99,19 +99,65 @@ def _progress(enabled: bool) -> Iterator:
         yield lambda message: progress.update(task, description=str(message))
 
 
+PROFILE_DEFAULTS = {"batch": 1, "dtype": "bfloat16"}  # a zoo model's, where --batch / --dtype are not given
+
+PROFILE_EPILOG = """\
+what to profile: a zoo model (MODEL), or your own function (--fn MODULE:CALLABLE):
+
+  MODULE:CALLABLE  a module importable from the current directory (or a .py file's path) and a
+                   callable in it, e.g. my_models:small_cnn or models/cnn.py:build
+  CALLABLE(...)    must return (fn, example_args): fn the function to profile (jittable), and
+                   example_args the tuple of its positional arguments, e.g. (params, images).
+                   --batch N and --dtype D are passed to it as batch=N and dtype=NAME when given
+                   (so it should take them, to build that batch), and left out otherwise.
+
+  With --fn, the layers are the conv sites jaxcnn.optimize finds in fn (each conv with its bias or
+  BatchNorm, residual add and activation), each timed alone on the inputs fn computes for it:
+  "xla" as traced, "jaxcnn" as jaxcnn.conv2d; end to end, fn against jaxcnn.optimize(fn).
+
+  Without a GPU both backends run the lax reference path (host wall time): the times are
+  recorded, and no XLA/jaxcnn ratio is shown. Examples:
+
+  jaxcnn profile squeezenet1_1 --batch 64 --dtype bf16
+  jaxcnn profile --fn my_models:small_cnn --batch 64 --name small_cnn
+"""
+
+
 def cmd_profile(args) -> int:
     from jaxcnn.profile.profiler import profile_model, summarize
 
-    # profile_model opens the store (and checks it) before it profiles anything.
+    if (args.model is None) == (args.fn is None):
+        raise UsageError("give a zoo MODEL or --fn MODULE:CALLABLE (one of them)")
+    # Both open the store (and check it) before they profile anything.
     with _progress(not args.quiet) as progress:
-        profile = profile_model(
-            args.model, batch=args.batch, dtype=args.dtype, backends=args.backend, iters=args.iters,
-            warmup=args.warmup, sparsity=not args.no_sparsity, store=args.db, note=args.note or "",
-            progress=progress,
-        )
+        if args.fn is not None:
+            profile = _profile_fn(args, progress)
+        else:
+            if args.name is not None:
+                raise UsageError("--name names a --fn profile; a zoo model is stored under its own name")
+            given = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PROFILE_DEFAULTS.items()}
+            profile = profile_model(
+                args.model, **given, backends=args.backend, iters=args.iters, warmup=args.warmup,
+                sparsity=not args.no_sparsity, store=args.db, note=args.note or "", progress=progress,
+            )
     print("\n".join(summarize(profile)))
     print(f"run {profile.run_ids.get('store')} recorded in {args.db}")
     return 0
+
+
+def _profile_fn(args, progress):
+    from jaxcnn.profile.function_profile import profile_function
+    from jaxcnn.profile.user_model import build_user_model
+    from jaxcnn.store import Store
+
+    # The store first: a bad one fails before the user's model is built.
+    with Store(args.db, read_only=False) as store:
+        model = build_user_model(args.fn, batch=args.batch, dtype=args.dtype)
+        return profile_function(
+            model.fn, model.example_args, name=args.name or model.name, batch=args.batch, backends=args.backend,
+            iters=args.iters, warmup=args.warmup, sparsity=not args.no_sparsity, store=store,
+            note=args.note or "", extra={"fn": model.spec}, progress=progress,
+        )
 
 
 def cmd_layers(args) -> int:
@@ -259,6 +305,7 @@ def cmd_fuse(args) -> int:
 def cmd_compare(args) -> int:
     import pandas as pd
 
+    from jaxcnn.dashboard.data import compare_refusal, reference_path_run
     from jaxcnn.store import Store
 
     run_ids = (args.run_a, args.run_b)
@@ -269,6 +316,10 @@ def cmd_compare(args) -> int:
                 known = f"runs {runs.index.min()}-{runs.index.max()}" if len(runs) else "no runs"
                 raise CliError(f"{args.db}: no run with id {run_id} (the store holds {known})")
         kinds = {run_id: runs.loc[run_id, "kind"] for run_id in run_ids}
+        chosen = [dict(runs.loc[run_id], id=run_id) for run_id in run_ids]
+        on_cpu = [reference_path_run(run) for run in chosen]
+        if any(on_cpu) and not all(on_cpu):
+            raise CliError(f"{args.db}: {compare_refusal(*chosen)}")
         metric = args.metric
         if metric == "device_time_ms" and not all(_has_layer_metric(store, r, metric) for r in run_ids):
             metric = "wall_time_ms"  # CPU runs record host wall time
@@ -285,6 +336,10 @@ def cmd_compare(args) -> int:
                        f"with {metric}")
     if metric != args.metric:
         print(f"(not both runs have per-layer {args.metric}: comparing {metric})")
+    if all(on_cpu):
+        # Both timed the lax reference path: their times, but no ratio (it says nothing about the kernels).
+        table = table.drop(columns=["ratio"])
+        print("(both runs were timed on a CPU, the lax reference path: times only, no ratio)")
     with pd.option_context("display.max_rows", None, "display.width", 200):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return 0
@@ -326,8 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, description: str | None = None, epilog: str | None = None):
+        p = sub.add_parser(name, help=help, description=description or help, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter)
         # Also accepted after the command; SUPPRESS keeps the top-level value when absent here.
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
@@ -346,8 +402,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "~/.cache/jaxcnn/autotune.json)")
         p.add_argument("--iters", type=positive, default=20, help="timed calls per candidate (default 20)")
 
-    p = command("profile", "time every layer and the whole model on each backend into the store")
-    model_args(p)
+    p = command("profile", "time every layer (or conv site of your function) and the whole model on each backend "
+                           "into the store",
+                description="Time every layer of a zoo model, or every conv site of your own function (--fn), and "
+                            "the whole model on each backend, into the profile store.", epilog=PROFILE_EPILOG)
+    p.add_argument("model", nargs="?", type=_model_name, help=model_help)
+    p.add_argument("--fn", metavar="MODULE:CALLABLE",
+                   help="profile your function instead of a zoo model: CALLABLE returns (fn, example_args) (below)")
+    p.add_argument("--name", help="with --fn: the model's name in the store (default MODULE:CALLABLE's last parts)")
+    p.add_argument("--batch", type=positive, default=None,
+                   help="images per batch (zoo default 1; with --fn passed to CALLABLE as batch=N)")
+    p.add_argument("--dtype", type=_dtype, default=None,
+                   help="bf16, fp16 or fp32 (zoo default bf16; with --fn passed to CALLABLE as dtype=NAME)")
     p.add_argument("--backend", type=_backends, default="both", help="xla, jaxcnn or both (default both)")
     p.add_argument("--db", default=default_db, help=db_help)
     p.add_argument("--iters", type=positive, default=20, help="timed calls per layer and model (>= 1, default 20)")

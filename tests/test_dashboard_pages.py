@@ -15,7 +15,9 @@ pytest.importorskip("altair")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import dashboard_stores as stores  # noqa: E402
+import profile_fn_models  # noqa: E402
 from jaxcnn.dashboard import data  # noqa: E402
+from jaxcnn.profile.function_profile import profile_function  # noqa: E402
 from jaxcnn.store import SCHEMA_VERSION, Store  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -355,3 +357,18 @@ def test_compare_defaults_to_a_run_of_the_same_model(dbs):
     at.switch_page("pages/speed.py").run()
     assert at.selectbox(key="speed-other").value == 4  # vgg19 batch 64, not the latest run (lenet5)
     assert "b_over_a < 1 means run B is faster" in texts(at.caption)
+
+
+def test_a_profiled_function_shows_like_a_zoo_model(tmp_path):
+    # `jaxcnn profile --fn`'s Python API on a raw-lax CNN: its conv sites are the layers.
+    fn, args = profile_fn_models.lax_nchw_cnn(batch=2)
+    db = tmp_path / "fn.sqlite"
+    profile_function(fn, args, name="raw_lax", iters=2, warmup=1, store=db)
+    at = open_page(db, "runs")
+    assert at.dataframe[0].value.loc[0, "model"] == "raw_lax"
+    at = open_page(db, "speed")
+    assert not at.error, texts(at.error)
+    long_chart = next(spec for spec in chart_specs(at) if spec["title"]["text"].startswith("Per-layer"))
+    assert long_chart["encoding"]["x"]["sort"] == ["conv0", "conv1"]  # the sites in program order
+    at = open_page(db, "sparsity")
+    assert not at.error and charts(at) == 1

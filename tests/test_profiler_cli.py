@@ -2,15 +2,21 @@
 
 
 import argparse
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import profile_fn_models
 from jaxcnn import cli
+from jaxcnn.dashboard import data
 from jaxcnn.models import get_model, list_models
+from jaxcnn.optimize.rewrite import find_matches
 from jaxcnn.planner import Buffer, jaxpr_buffers, live_bytes_lower_bound
 from jaxcnn.profile.device_time import TimingStats, stats_fields
+from jaxcnn.profile.function_profile import profile_function, site_inputs
 from jaxcnn.profile.profiler import (
     LayerProfile,
     ModelProfile,
@@ -165,7 +171,11 @@ def test_cli_profile_and_compare(tmp_path, capsys):
                          "--warmup", "1", "--db", db, "--quiet"]) == 0
     assert "recorded in" in capsys.readouterr().out
     assert cli.main(["compare", "1", "2", "--db", db]) == 0
-    assert "conv1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "conv1" in out
+    if jax.default_backend() == "cpu":  # two reference-path runs: their times, no ratio
+        header = next(line for line in out.splitlines() if line.split()[:1] == ["layer"])
+        assert "no ratio" in out and "ratio" not in header.split() and "median_b" in header
     assert cli.main(["profile", "lenet5", "--backend", "cudnn", "--db", db, "--quiet"]) == 2
 
 
@@ -174,3 +184,138 @@ def test_cli_csv_export(tmp_path):
     assert cli.main(["layers", "resnet50", "--csv", str(path)]) == 0
     text = path.read_text()
     assert text.count("conv2d") == 53 and "layer1" in text.replace(".", "")
+
+
+# -- profile any function (--fn) ------------------------------------------------------------------
+
+
+def test_cli_profile_help_lists_the_zoo_and_the_fn_contract(capsys):
+    assert cli.main(["profile", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in list_models())
+    assert "--fn MODULE:CALLABLE" in out and "must return (fn, example_args)" in out
+    assert "passed to it as batch=N and dtype=NAME when given" in out
+
+
+def test_cli_profile_fn_flax_cnn_on_cpu(tmp_path, capsys):
+    pytest.importorskip("flax")
+    db = tmp_path / "fn.sqlite"
+    assert cli.main(["profile", "--fn", "profile_fn_flax:flax_cnn", "--batch", "2", "--dtype", "fp32", "--iters",
+                     "2", "--warmup", "1", "--db", str(db), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("profile_fn_flax:flax_cnn batch=2 float32") and "recorded in" in out
+    on_gpu = jax.default_backend() == "gpu"
+    # Without a GPU the reference path ran on both backends: no ratio is printed.
+    assert on_gpu or ("no XLA/jaxcnn ratio" in out and "XLA/jaxcnn =" not in out)
+    with Store(db) as store:
+        run = store.runs().iloc[0]
+        assert (run["model"], run["batch"], run["dtype"], run["kind"]) == ("profile_fn_flax:flax_cnn", 2, "float32",
+                                                                           "profile")
+        assert run["device"] == ("gpu" if on_gpu else "cpu") and run["git_commit"]
+        assert run["extra"]["fn"] == "profile_fn_flax:flax_cnn" and run["extra"]["conv_sites"] == 3
+        layers = store.layers(int(run["id"]))
+        assert list(layers["name"]) == ["conv0", "conv1", "conv2"]
+        conv1 = layers.iloc[1]
+        # The strided conv after a 2x2 max pool: input 2x8x8x8, output 2x4x4x16, BatchNorm folded.
+        assert conv1["input_shapes"] == [[2, 8, 8, 8]] and conv1["output_shape"] == [2, 4, 4, 16]
+        assert conv1["weight_shape"] == [3, 3, 8, 16] and conv1["flops"] == 2 * 2 * 4 * 4 * 16 * 3 * 3 * 8
+        assert conv1["params"]["folded"] and conv1["params"]["stride"] == [2, 2]
+        assert layers.iloc[2]["params"]["residual"] and layers.iloc[2]["params"]["activation"] == "relu"
+        assert all(p["optimize"] for p in layers["params"])
+        metric = "device_time_ms" if on_gpu else "wall_time_ms"
+        timed = store.measurements(int(run["id"]), metric=metric)
+        per_layer = timed[timed["layer_id"].notna()]
+        assert sorted(zip(per_layer["layer"], per_layer["backend"])) == sorted(
+            (f"conv{i}", b) for i in range(3) for b in ("xla", "jaxcnn"))
+        assert set(timed.loc[timed["layer_id"].isna(), "backend"]) == {"xla", "jaxcnn"}
+        sparsity = store.sparsity(int(run["id"]))
+        # conv2 reads the ReLU of conv1: about half zeros; conv0 reads the image: none.
+        zero = dict(zip(sparsity["layer"], sparsity["zero_fraction"]))
+        assert zero["conv0"] == 0.0 and 0.2 < zero["conv2"] < 0.8
+    # The dashboard reads it like a zoo profile.
+    long, metric = data.layer_times(Store(db, read_only=True), 1)
+    assert set(long["layer"]) == {"conv0", "conv1", "conv2"} and long["time_ms"].gt(0).all()
+
+
+def test_cli_profile_fn_from_a_file_path_with_a_name(tmp_path, capsys):
+    db = tmp_path / "fn.sqlite"
+    path = Path(__file__).with_name("profile_fn_models.py")
+    assert cli.main(["profile", "--fn", f"{path}:lax_nchw_cnn", "--batch", "3", "--name", "raw_lax", "--iters", "1",
+                     "--warmup", "0", "--no-sparsity", "--backend", "xla", "--db", str(db), "--quiet"]) == 0
+    with Store(db) as store:
+        run = store.runs().iloc[0]
+        assert (run["model"], run["batch"]) == ("raw_lax", 3)
+        layers = store.layers(int(run["id"]))
+        # NCHW activations and OIHW weights, recorded as NHWC and HWIO like every layer row.
+        assert layers.iloc[0]["input_shapes"] == [[3, 12, 12, 3]] and layers.iloc[0]["weight_shape"] == [3, 3, 3, 8]
+        assert layers.iloc[1]["params"]["layout"] == "NCHW" and layers.iloc[1]["output_shape"] == [3, 12, 12, 4]
+        assert set(store.measurements(int(run["id"]))["backend"]) == {"xla"}
+        assert store.sparsity(int(run["id"])).empty
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["--fn", "profile_fn_models:no_conv"], 1, "finds no conv site in fn"),
+    (["--fn", "profile_fn_models:not_a_pair"], 1, "must return (fn, example_args), got a ArrayImpl"),
+    (["--fn", "profile_fn_models:lax_nchw_cnn", "--dtype", "fp32"], 1, "--dtype: profile_fn_models:lax_nchw_cnn "
+                                                                        "takes no 'dtype' keyword"),
+    (["--fn", "no_such_module_here:f"], 1, "no module named 'no_such_module_here'"),
+    (["--fn", "profile_fn_models:nothing"], 1, "profile_fn_models has no attribute 'nothing'"),
+    (["--fn", "profile_fn_models"], 1, "expected MODULE:CALLABLE"),
+    (["--fn", "profile_fn_models:lax_nchw_cnn", "lenet5"], 2, "give a zoo MODEL or --fn MODULE:CALLABLE"),
+    ([], 2, "give a zoo MODEL or --fn MODULE:CALLABLE"),
+    (["lenet5", "--name", "x"], 2, "--name names a --fn profile"),
+])
+def test_cli_profile_fn_errors_are_one_line(tmp_path, capsys, argv, status, message):
+    assert cli.main(["profile", *argv, "--db", str(tmp_path / "x.sqlite"), "--quiet", "--iters", "1"]) == status
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    with Store(tmp_path / "x.sqlite") as store:
+        assert store.runs().empty  # nothing half-recorded
+
+
+def test_profile_function_times_each_site_on_the_inputs_fn_computes():
+    fn, ((w1, w2), x) = profile_fn_models.lax_nchw_cnn(batch=2)
+    closed = jax.make_jaxpr(fn)((w1, w2), x)
+    found = find_matches(closed.jaxpr)
+    matches = [m for _, _, m in found.all_matches() if m.op == "conv2d"]
+    inputs = site_inputs(closed, found, matches, jax.tree.leaves(((w1, w2), x)))
+    dims = ("NCHW", "OIHW", "NCHW")
+    hidden = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dims))
+    (x0, w0), out0 = inputs[id(matches[0])]
+    (x1, _), out1 = inputs[id(matches[1])]
+    np.testing.assert_array_equal(x0, x) and np.testing.assert_array_equal(w0, w1)
+    np.testing.assert_allclose(out0, hidden, rtol=1e-6)
+    np.testing.assert_allclose(x1, hidden, rtol=1e-6)  # the second site reads the first one's output
+    np.testing.assert_allclose(out1, fn((w1, w2), x), rtol=1e-6)
+    profile = profile_function(fn, ((w1, w2), x), iters=1, warmup=0)
+    assert profile.model == "forward" and profile.batch == 2 and [l.info.name for l in profile.layers] == [
+        "conv0", "conv1"]
+    assert profile.layers[1].input_zero_fraction == pytest.approx(float(np.mean(np.asarray(hidden) == 0)))
+    lines = summarize(profile)
+    assert profile.is_device_time or not any("XLA/jaxcnn =" in line for line in lines)
+
+
+def test_profile_function_checks_its_arguments_before_any_work():
+    fn, args = profile_fn_models.lax_nchw_cnn()
+    with pytest.raises(TypeError, match="fn must be callable, got int"):
+        profile_function(3, args)
+    with pytest.raises(TypeError, match="example_args must be a tuple"):
+        profile_function(fn, {"x": 1})
+    with pytest.raises(ValueError, match="iters must be >= 1"):
+        profile_function(fn, args, iters=0)
+    with pytest.raises(ValueError, match=r"backends must be some of \('xla', 'jaxcnn'\)"):
+        profile_function(fn, args, backends=("cudnn",))
+    with pytest.raises(TypeError, match="store must be a jaxcnn.store.Store, a path or None"):
+        profile_function(fn, args, store=3)
+
+
+def test_cli_compare_refuses_a_cpu_run_against_a_gpu_run(tmp_path, capsys):
+    db = tmp_path / "both.sqlite"
+    with Store(db) as store:  # the shipped H200 zoo profiles (runs 1-18), then a CPU run (19)
+        store.import_json(next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json")))
+    profile_model("lenet5", batch=1, dtype="float32", iters=1, warmup=0, sparsity=False, store=str(db))
+    if jax.default_backend() != "cpu":
+        pytest.skip("the second run was timed on this GPU")
+    assert cli.main(["compare", "18", "19", "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "run #19 was timed on a CPU" in err and "not comparable" in err

@@ -1,4 +1,8 @@
-"""Timing helpers: per-call GPU device time from profiler traces, host wall time, GPU ceilings."""
+"""Timing helpers: per-call GPU device time from profiler traces, host wall time, GPU ceilings.
+
+Profiles into the store: profiler.profile_model (a zoo model), function_profile.profile_function
+(any function, per conv site; `jaxcnn profile --fn` builds it with user_model.build_user_model).
+"""
 
 from jaxcnn.profile.device_time import (
     DeviceTiming,

@@ -1,6 +1,7 @@
-"""Profile a zoo model (or any function): per-layer device time for each backend, end-to-end
-device time and wall latency, activation sparsity, FLOPs/bytes and % of floor, XLA memory
-stats and the environment; optionally recorded into the SQLite store.
+"""Profile a zoo model: per-layer device time for each backend, end-to-end device time and wall
+latency, activation sparsity, FLOPs/bytes and % of floor, XLA memory stats and the environment;
+optionally recorded into the SQLite store. (Any other function: jaxcnn.profile.function_profile,
+into the same ModelProfile.)
 
 On a machine without a GPU it profiles the reference (lax) path with host wall time and says
 so (`is_device_time=False`, run note).
@@ -33,6 +34,7 @@ class LayerProfile:
     input_zero_fraction: float | None = None
     output_zero_fraction: float | None = None
     floor: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # recorded with the layer's own (JSON-ready)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ModelProfile:
     environment: dict[str, Any]
     note: str = ""
     run_ids: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the run's extra column (JSON-ready)
 
     def layer_rows(self) -> list[dict[str, Any]]:
         """One row per layer and backend, for pandas."""
@@ -95,8 +98,9 @@ def time_layers(
     return infos, timings
 
 
-def _zero_fraction(x) -> float:
-    return float(jnp.mean((x == 0).astype(jnp.float32)))
+def zero_fraction(x) -> float:
+    """Fraction of x's elements that are exactly zero."""
+    return float(jnp.mean((jnp.asarray(x) == 0).astype(jnp.float32)))
 
 
 def activation_sparsity(spec, params, x, backend: str = "xla") -> list[tuple[float, float]]:
@@ -107,7 +111,7 @@ def activation_sparsity(spec, params, x, backend: str = "xla") -> list[tuple[flo
     def recording(fn):
         def run(*args, **kwargs):
             out = fn(*args, **kwargs)
-            record.append((_zero_fraction(args[0]), _zero_fraction(out)))
+            record.append((zero_fraction(args[0]), zero_fraction(out)))
             return out
         return run
 
@@ -154,9 +158,9 @@ def profile_model(
     layer_ops: which layer ops to time alone (default: all); every backend's end-to-end time
     is always measured.
     """
-    _check_count("batch", batch, 1)
-    _check_count("iters", iters, 1)
-    _check_count("warmup", warmup, 0)
+    check_count("batch", batch, 1)
+    check_count("iters", iters, 1)
+    check_count("warmup", warmup, 0)
     for backend in backends:
         get_ops(backend)  # unknown backend -> ValueError before any work
     spec = get_model(name)
@@ -170,7 +174,8 @@ def profile_model(
     return profile
 
 
-def _check_count(name: str, value: Any, least: int) -> None:
+def check_count(name: str, value: Any, least: int) -> None:
+    """TypeError unless `value` is an int (not a bool), ValueError unless it is >= least."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if value < least:
@@ -198,16 +203,27 @@ def _profile(spec, batch, dtype, backends, iters, warmup, seed, layer_ops, spars
 
     say("timing end to end")
     forwards = {b: (lambda p, x, b=b: spec.apply(p, x, backend=b)) for b in backends}
-    end_to_end = device_times([(b, forwards[b], (params, x)) for b in backends], iters=iters, warmup=warmup)
-    wall = {b: wall_time(forwards[b], params, x, iters=iters, warmup=warmup) for b in backends}
-    memory = {b: memory_stats(forwards[b], params, x) for b in backends}
+    end_to_end, wall, memory = whole_model_timings(forwards, (params, x), iters=iters, warmup=warmup)
     is_device = all(t.is_device_time for t in end_to_end.values())
-    if not is_device:
-        note = (note + " " if note else "") + (
-            "no GPU device time: CPU reference path, host wall time" if jax.default_backend() == "cpu"
-            else "no GPU device time: profiler trace had no kernel events")
     return ModelProfile(spec.name, batch, dtype.name, tuple(backends), is_device, layers, end_to_end,
-                        wall, memory, collect_environment(), note)
+                        wall, memory, collect_environment(), timing_note(note, is_device))
+
+
+def whole_model_timings(forwards: dict[str, Callable], args: tuple, *, iters: int, warmup: int):
+    """(device time, host wall time, XLA memory stats) per backend of forwards[backend](*args)."""
+    end_to_end = device_times([(b, f, args) for b, f in forwards.items()], iters=iters, warmup=warmup)
+    wall = {b: wall_time(f, *args, iters=iters, warmup=warmup) for b, f in forwards.items()}
+    memory = {b: memory_stats(f, *args) for b, f in forwards.items()}
+    return end_to_end, wall, memory
+
+
+def timing_note(note: str, is_device_time: bool) -> str:
+    """The run's note, with why it holds no GPU device time where it holds none."""
+    if is_device_time:
+        return note
+    why = ("no GPU device time: CPU reference path, host wall time" if jax.default_backend() == "cpu"
+           else "no GPU device time: profiler trace had no kernel events")
+    return (note + " " if note else "") + why
 
 
 def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
@@ -222,10 +238,14 @@ def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
 
 
 def summarize(profile: ModelProfile) -> list[str]:
-    """Readable lines: end-to-end per backend and the slowest layers."""
+    """Readable lines: end-to-end per backend and the slowest layers. XLA/jaxcnn ratios only for
+    device times: without a GPU both backends ran the lax reference path, and a ratio of those
+    times says nothing about jaxcnn's kernels."""
     lines = [f"{profile.model} batch={profile.batch} {profile.dtype} "
              f"({'device time' if profile.is_device_time else 'host wall time: ' + profile.note})"]
-    base = profile.end_to_end.get("xla")
+    if not profile.is_device_time:
+        lines.append("  no XLA/jaxcnn ratio: both backends ran the lax reference path (profile on a GPU for one)")
+    base = profile.end_to_end.get("xla") if profile.is_device_time else None
     for backend, timing in profile.end_to_end.items():
         ratio = f"  XLA/{backend} = {base.median_ms / timing.median_ms:.2f}" if base and backend != "xla" else ""
         lines.append(f"  {backend:8s} end-to-end {timing.median_ms:9.4f} ms [{timing.p10_ms:.4f}-{timing.p90_ms:.4f}]"
@@ -237,8 +257,9 @@ def summarize(profile: ModelProfile) -> list[str]:
         lines.append("  slowest layers (median of the slower backend):")
     for layer in slowest:
         cells = "  ".join(f"{b} {t.median_ms:.4f} ms" for b, t in layer.times.items())
-        lines.append(f"    {layer.info.name:28s} {layer.info.op:8s} {cells}{_versus_xla(layer.times)}")
-    compared = [l for l in profile.layers if {"xla", "jaxcnn"} <= set(l.times)]
+        versus = _versus_xla(layer.times) if profile.is_device_time else ""
+        lines.append(f"    {layer.info.name:28s} {layer.info.op:8s} {cells}{versus}")
+    compared = [l for l in profile.layers if {"xla", "jaxcnn"} <= set(l.times) and profile.is_device_time]
     if compared:
         slower = [l.info.name for l in compared if l.times["jaxcnn"].median_ms > l.times["xla"].median_ms]
         shown = ", ".join(slower[:8]) + (", ..." if len(slower) > 8 else "")

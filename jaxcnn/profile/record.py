@@ -28,8 +28,8 @@ def writable_store(store: Any) -> Iterator[Any]:
         yield opened
 
 
-def _layer_row(index: int, info) -> dict[str, Any]:
-    params = dict(info.op_kwargs(), block=info.block, dtype=info.dtype)
+def _layer_row(index: int, info, extra_params: dict[str, Any]) -> dict[str, Any]:
+    params = dict(info.op_kwargs(), block=info.block, dtype=info.dtype, **extra_params)
     return dict(
         idx=index, name=info.name, op=info.op,
         input_shapes=[list(s) for s in info.input_shapes],
@@ -90,14 +90,14 @@ def record_profile(profile: ModelProfile, store: Any, *, predict: bool = True) -
     of it. `store`: a writable Store or a path. Returns the run id (also kept in profile.run_ids)."""
     # Every row is built before the transaction, so the write lock is held only for the inserts.
     git = (profile.environment.get("extra") or {}).get("git") or {}
-    layers = [_layer_row(i, l.info) for i, l in enumerate(profile.layers)]
+    layers = [_layer_row(i, l.info, l.params) for i, l in enumerate(profile.layers)]
     measurements, sparsity = _measurements(profile), _sparsity(profile)
     predictions = _predictions(profile) if predict else []
     with writable_store(store) as target, target.transaction():
         run_id = target.add_run(
             "profile", model=profile.model, backend=",".join(profile.backends), batch=profile.batch,
             dtype=profile.dtype, device="gpu" if profile.is_device_time else "cpu", note=profile.note or None,
-            git_commit=git.get("commit"), environment=profile.environment,
+            git_commit=git.get("commit"), environment=profile.environment, extra=profile.extra or None,
         )
         layer_ids = target.add_layers(run_id, layers)
         target.add_measurements(run_id, _with_layer_ids(measurements, layer_ids))

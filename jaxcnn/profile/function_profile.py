@@ -1,0 +1,214 @@
+"""Profile any function per conv site, into the same ModelProfile (and store run) as a zoo model.
+
+    from jaxcnn.profile.function_profile import profile_function
+    profile = profile_function(model.apply, (params, x), name="my_cnn", store="profiles.sqlite")
+
+The layers are the conv sites jaxcnn.optimize's rewriter finds in fn's jaxpr (a conv with its
+epilogue: bias or folded BatchNorm, residual add, activation; also inside jit / custom_jvp /
+custom_vjp bodies). Each site is timed alone on its own inputs as fn computes them from
+example_args, on two backends:
+
+    xla     the site's equations exactly as traced (what fn runs);
+    jaxcnn  jaxcnn.conv2d with the whole epilogue, algorithm "auto" (the kernel optimize runs
+            where it rewrites the site).
+
+End to end, "xla" is fn itself and "jaxcnn" is jaxcnn.optimize(fn) with its defaults; each site
+records what that optimize decided for it (its params' "optimize"). Like profile_model, a
+machine without a GPU times the lax reference path with host wall time and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxcnn.models.layers import LayerInfo
+from jaxcnn.ops.conv_args import conv2d_flops
+from jaxcnn.optimize import optimize
+from jaxcnn.optimize.conv_sites import subgraph_fn
+from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches
+from jaxcnn.profile.device_time import device_times
+from jaxcnn.profile.environment import collect_environment
+from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
+from jaxcnn.profile.profiler import (
+    BACKENDS,
+    LayerProfile,
+    ModelProfile,
+    check_count,
+    timing_note,
+    whole_model_timings,
+    zero_fraction,
+)
+from jaxcnn.profile.record import record_profile, writable_store
+
+JAXCNN_ALGORITHM = "auto"  # conv2d's algorithm for a site's "jaxcnn" timing: the library's pick
+
+
+def profile_function(
+    fn: Callable,
+    example_args: Sequence,
+    *,
+    name: str | None = None,
+    batch: int | None = None,
+    backends: Sequence[str] = BACKENDS,
+    iters: int = 20,
+    warmup: int = 3,
+    sparsity: bool = True,
+    predict: bool = True,
+    store: Any = None,
+    note: str = "",
+    extra: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ModelProfile:
+    """Profile fn(*example_args) per conv site (see the module doc) and end to end.
+
+    name: the model's name in the store (default fn's __name__); batch: the run's batch (default
+    the N of the first conv site's input); backends: "xla" and/or "jaxcnn"; store: a
+    jaxcnn.store.Store, a path or None (not stored), opened and checked before any work and
+    written in one transaction at the end; extra: JSON-ready data kept with the run.
+    ValueError when fn has no conv site.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(example_args, (tuple, list)):
+        raise TypeError(f"example_args must be a tuple of fn's positional arguments, got {type(example_args).__name__}")
+    check_count("iters", iters, 1)
+    check_count("warmup", warmup, 0)
+    if batch is not None:
+        check_count("batch", batch, 1)
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends:
+        raise ValueError(f"backends must be some of {BACKENDS}, got {tuple(backends)!r}")
+    name = name or getattr(fn, "__name__", None) or "function"
+    with writable_store(store) as target:
+        profile = _profile(fn, tuple(example_args), name, batch, tuple(backends), iters, warmup, sparsity,
+                           note, extra or {}, progress or (lambda message: None))
+        if target is not None:
+            (progress or (lambda message: None))("recording")
+            record_profile(profile, target, predict=predict)
+    return profile
+
+
+def _profile(fn, example_args, name, batch, backends, iters, warmup, sparsity, note, extra, say) -> ModelProfile:
+    say("finding conv sites")
+    leaves = jax.tree.leaves(example_args)
+    closed = jax.make_jaxpr(fn)(*example_args)
+    found = find_matches(closed.jaxpr)
+    sites = [(path, where, m) for path, where, m in found.all_matches() if m.op == "conv2d"]
+    if not sites:
+        raise ValueError(f"{name}: jaxcnn.optimize finds no conv site in fn (no lax.conv_general_dilated with 2 "
+                         "spatial dimensions it can run): nothing to profile per layer")
+    say(f"computing the inputs of {len(sites)} conv sites")
+    inputs = site_inputs(closed, found, [m for _, _, m in sites], leaves)
+
+    say("timing conv sites")
+    builds = {"xla": lambda where, m: subgraph_fn(where.uses, m),
+              "jaxcnn": lambda where, m: m.make_build(JAXCNN_ALGORITHM)}
+    timings = {}
+    for backend in backends:
+        unique = {}
+        for _, where, m in sites:
+            unique.setdefault(_site_key(m), (builds[backend](where, m), inputs[id(m)][0]))
+        timings[backend] = device_times([(key, f, args) for key, (f, args) in unique.items()], iters=iters,
+                                        warmup=warmup, progress=lambda key, b=backend: say(f"{b} conv site"))
+
+    say("timing end to end (and jaxcnn.optimize's decisions)")
+    optimized = optimize(fn)
+    optimized(*example_args)  # decide (and on a GPU measure) before the timed calls
+    choices = optimize_choices(optimized.rewrites(*example_args), [(path, m) for path, _, m in sites])
+    forwards = {"xla": fn, "jaxcnn": optimized}
+    end_to_end, wall, memory = whole_model_timings({b: forwards[b] for b in backends}, example_args,
+                                                   iters=iters, warmup=warmup)
+
+    gpu = lookup_gpu_spec()
+    layers = []
+    for index, (path, _, m) in enumerate(sites):
+        args, out = inputs[id(m)]
+        info = site_layer_info(f"conv{index}", m, path)
+        zin, zout = (zero_fraction(args[0]), zero_fraction(out)) if sparsity else (None, None)
+        layers.append(LayerProfile(
+            info, {b: timings[b][_site_key(m)] for b in backends}, zin, zout,
+            floor_ms(info.flops, info.bytes, gpu, info.dtype) if gpu else None,
+            params=dict(replaced=list(m.replaced), layout=m.site.layout, residual=m.site.residual,
+                        folded=m.site.folded, optimize=choices[index]),
+        ))
+    is_device = all(t.is_device_time for t in end_to_end.values())
+    first_n = sites[0][2].site.logical_x_shape()[0]
+    dtype = Counter(m.site.dtype for _, _, m in sites).most_common(1)[0][0]
+    run_extra = dict(extra, profiled="conv sites of a function", conv_sites=len(sites),
+                     optimize=optimized.explain(*example_args))
+    return ModelProfile(name, batch or first_n, dtype, backends, is_device, layers, end_to_end, wall, memory,
+                        collect_environment(), timing_note(note, is_device), extra=run_extra)
+
+
+def site_inputs(closed, found, matches, leaves) -> dict[int, tuple[tuple, Any]]:
+    """id(match) -> (the match's input values, its output) when fn runs on `leaves`: the jaxpr
+    evaluated by jaxcnn.optimize's own evaluator with each match run as traced and recorded."""
+    for m in matches:
+        m.algorithm = JAXCNN_ALGORITHM  # puts the match in the plan (its build is replaced below)
+    plan = assemble(found)
+    record: dict[int, tuple[tuple, Any]] = {}
+    wanted = {id(m) for m in matches}
+    for _, where, m in found.all_matches():
+        if id(m) in wanted:
+            m.build = _recording(subgraph_fn(where.uses, m), m, record)
+    evaluate(plan, closed.consts, leaves)
+    return record
+
+
+def _recording(run: Callable, match, record: dict) -> Callable:
+    def build(*values):
+        out = run(*values)
+        record[id(match)] = (values, out)
+        return out
+    return build
+
+
+def _site_key(m) -> tuple:
+    """Sites that compute the same thing on the same shapes time the same: timed once."""
+    return (repr(m.site), m.replaced, tuple(str(getattr(v, "aval", v)) for v in m.in_vars))
+
+
+def _nhwc(shape: Sequence[int], layout: str | None) -> tuple[int, ...]:
+    return tuple(shape) if layout is None else tuple(shape[layout.index(d)] for d in "NHWC")
+
+
+def site_layer_info(name: str, m, path: str) -> LayerInfo:
+    """A conv site as the zoo's layer row: NHWC input and output, HWIO weight, the conv's
+    attributes, 2 x multiply-adds and its compulsory bytes (input, weight, bias, residual, output)."""
+    s = m.site
+    x = s.logical_x_shape()
+    out = _nhwc(m.out_var.aval.shape, s.layout)
+    k = s.w_shape[3]
+    itemsize = np.dtype(s.dtype).itemsize
+    elements = math.prod(x) + math.prod(s.w_shape) + math.prod(out) * (2 if s.residual else 1) + (k if s.bias else 0)
+    kw = s.kwargs
+    return LayerInfo(name=name, op="conv2d", dtype=s.dtype, input_shapes=(x,), output_shape=out,
+                     weight_shape=tuple(s.w_shape), bias_shape=(k,) if s.bias else None, stride=tuple(kw["stride"]),
+                     padding=tuple(tuple(p) for p in kw["padding"]), dilation=tuple(kw["dilation"]),
+                     groups=kw["groups"], activation=kw["activation"], block=path or None,
+                     flops=conv2d_flops(x, s.w_shape, out), bytes=itemsize * elements)
+
+
+def optimize_choices(rewrites, sites) -> list[str]:
+    """What jaxcnn.optimize(fn) runs at each (path, match) site: 'jaxcnn.conv2d (algorithm X)'
+    for a site it rewrote (its Rewrite: same path and shapes, in program order), else 'kept as
+    traced (XLA)'."""
+    left = [r for r in rewrites if r.op == "conv2d"]
+    out = []
+    for path, m in sites:
+        hit = next((r for r in left if r.path == path and r.x_shape == m.site.x_shape
+                    and r.w_shape == m.site.w_shape), None)
+        if hit is None:
+            out.append("kept as traced (XLA)")
+            continue
+        left.remove(hit)
+        out.append(f"jaxcnn.conv2d (algorithm {hit.algorithm})" + (f": {hit.why}" if hit.why else ""))
+    return out
+
+
