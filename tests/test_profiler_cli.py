@@ -16,6 +16,7 @@ from jaxcnn.models import get_model, list_models
 from jaxcnn.optimize.rewrite import find_matches
 from jaxcnn.planner import Buffer, jaxpr_buffers, live_bytes_lower_bound
 from jaxcnn.profile.device_time import TimingStats, stats_fields
+from jaxcnn.profile.environment import git_state
 from jaxcnn.profile.function_profile import profile_function, site_inputs
 from jaxcnn.profile.profiler import (
     LayerProfile,
@@ -158,10 +159,15 @@ def test_cli_layers_and_errors(capsys):
     assert "unknown dtype" in capsys.readouterr().err
 
 
-def test_cli_plan(capsys):
+def test_cli_plan(capsys, tmp_path):
     assert cli.main(["plan", "squeezenet1_1", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "lower bound" in out and "XLA temp" in out
+    assert cli.main(["plan", "lenet5", "--batch", "1", "--db", str(tmp_path / "plans.sqlite")]) == 0
+    with Store(tmp_path / "plans.sqlite") as store:
+        run = store.runs().iloc[0]
+        # The run records where and at which commit it was planned, like a profile run.
+        assert run["git_commit"] == (git_state() or {}).get("commit") and run["jax_version"] == jax.__version__
 
 
 def test_cli_profile_and_compare(tmp_path, capsys):
@@ -211,7 +217,8 @@ def test_cli_profile_fn_flax_cnn_on_cpu(tmp_path, capsys):
         run = store.runs().iloc[0]
         assert (run["model"], run["batch"], run["dtype"], run["kind"]) == ("profile_fn_flax:flax_cnn", 2, "float32",
                                                                            "profile")
-        assert run["device"] == ("gpu" if on_gpu else "cpu") and run["git_commit"]
+        assert run["device"] == ("gpu" if on_gpu else "cpu")
+        assert run["git_commit"] == (git_state() or {}).get("commit")  # every run records its commit
         assert run["extra"]["fn"] == "profile_fn_flax:flax_cnn" and run["extra"]["conv_sites"] == 3
         layers = store.layers(int(run["id"]))
         assert list(layers["name"]) == ["conv0", "conv1", "conv2"]

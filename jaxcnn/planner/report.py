@@ -27,6 +27,7 @@ from jaxcnn.planner.footprint import memory_stats
 from jaxcnn.planner.hlo import hlo_buffers, parse_buffer_assignment
 from jaxcnn.planner.lifetimes import Buffer, jaxpr_buffers
 from jaxcnn.planner.packing import ALGORITHMS, DEFAULT_ALIGNMENT, MIB, Plan, lower_bound
+from jaxcnn.profile.environment import collect_environment
 
 SOURCES = ("jaxpr", "hlo")
 PEERS = ("greedy_by_size", "best_fit_decreasing")
@@ -260,7 +261,10 @@ def store_plan(store, plan: ModelPlan, *, device: str | None = None, note: str =
                environment: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Record each source as a run of kind 'plan' with one plan per algorithm (buffers with
     lifetimes and offsets) and XLA's: offsets from its buffer assignment where the backend
-    dumped one (hlo source), else none. Returns {source: run id}."""
+    dumped one (hlo source), else none. Returns {source: run id}. Each run records the
+    environment (default: this process's) and its git commit."""
+    environment = collect_environment() if environment is None else environment
+    git = (environment.get("extra") or {}).get("git") or {}
     runs = {}
     for source, sp in plan.sources.items():
         extra = dict(mode=plan.mode, source=source, xla_memory=plan.xla,
@@ -269,7 +273,7 @@ def store_plan(store, plan: ModelPlan, *, device: str | None = None, note: str =
         run_id = store.add_run(
             "plan", model=plan.model, backend=plan.backend, batch=plan.batch, dtype=plan.dtype,
             device=device or plan.platform, note=note or f"{plan.mode} {source}",
-            environment=environment, extra=extra,
+            git_commit=git.get("commit"), environment=environment, extra=extra,
         )
         for name, p in sp.plans.items():
             rows = [dict(name=b.name, size_bytes=b.size_bytes, start_step=b.start, end_step=b.end,
