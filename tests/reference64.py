@@ -39,3 +39,5 @@ def rel_err(out, ref) -> float:
 
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
+# The same bounds as assert_allclose's rtol and atol, for outputs of O(1) values.
+ALLCLOSE_TOL = {dtype: dict(rtol=tol, atol=tol) for dtype, tol in TOLERANCE.items()}

@@ -15,16 +15,13 @@ import numpy as np
 import pytest
 
 import jaxcnn
+from arrays import sds
 
 # jnp.asarray of a list of strings warns (numpy's 'a' dtype alias) before it raises.
 pytestmark = pytest.mark.filterwarnings("ignore:Data type alias 'a':DeprecationWarning")
 
 BIG = 2**62  # past int64 once multiplied: XLA's own failure is an MLIR / verifier error
 HUGE = 10**7  # fits int32, but pads or windows of it make results of 10**14 elements
-
-
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def trace(op, operands, kwargs):

@@ -19,9 +19,11 @@ from jax.test_util import check_grads
 import jaxcnn
 from jaxcnn import _ffi
 from jaxcnn.ops import chain_args, primitive
+from arrays import as_f64, he_normal, normal, sds
+from cuda_lowering import cuda_text, custom_calls, needs_library
+from reference64 import ALLCLOSE_TOL as TOL
+from vmap_batching import check_folds_into_batch
 
-TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
-       "float16": dict(rtol=2e-3, atol=2e-3)}
 DTYPES = ("float32", "bfloat16", "float16")
 ACTS = (None, "relu", "relu6")
 # Every activation in both positions (the hypothesis test draws any pair).
@@ -30,30 +32,20 @@ C3C1_TARGET = "jaxcnn_conv3x3_conv1x1_fwd"
 C1DW_TARGET = "jaxcnn_conv1x1_depthwise_fwd"
 
 
-def _normal(key, shape, scale, dtype):
-    return (jax.random.normal(key, shape) * scale).astype(dtype)
-
-
 def c3c1_operands(seed, n, h, w, c, m, k, dtype=jnp.float32):
     """(x, w3, w1, b3, b1), the public argument order; x scaled so relu6 clamps somewhere."""
     ks = jax.random.split(jax.random.PRNGKey(seed), 5)
-    return (_normal(ks[0], (n, h, w, c), 3.0, dtype),
-            _normal(ks[1], (3, 3, c, m), np.sqrt(2.0 / (9 * c)), dtype),
-            _normal(ks[2], (1, 1, m, k), np.sqrt(2.0 / m), dtype),
-            _normal(ks[3], (m,), 0.5, dtype), _normal(ks[4], (k,), 0.5, dtype))
+    return (normal(ks[0], (n, h, w, c), 3.0, dtype), he_normal(ks[1], (3, 3, c, m), dtype),
+            he_normal(ks[2], (1, 1, m, k), dtype), normal(ks[3], (m,), 0.5, dtype),
+            normal(ks[4], (k,), 0.5, dtype))
 
 
 def c1dw_operands(seed, n, h, w, c, m, dtype=jnp.float32):
     """(x, w1, wd, b1, bd), the public argument order."""
     ks = jax.random.split(jax.random.PRNGKey(seed), 5)
-    return (_normal(ks[0], (n, h, w, c), 3.0, dtype),
-            _normal(ks[1], (1, 1, c, m), np.sqrt(2.0 / c), dtype),
-            _normal(ks[2], (3, 3, 1, m), np.sqrt(2.0 / 9), dtype),
-            _normal(ks[3], (m,), 0.5, dtype), _normal(ks[4], (m,), 0.5, dtype))
-
-
-def as_f64(a):
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    return (normal(ks[0], (n, h, w, c), 3.0, dtype), he_normal(ks[1], (1, 1, c, m), dtype),
+            he_normal(ks[2], (3, 3, 1, m), dtype), normal(ks[3], (m,), 0.5, dtype),
+            normal(ks[4], (m,), 0.5, dtype))
 
 
 def assert_close(got, want, dtype):
@@ -270,10 +262,6 @@ def test_conv3x3_conv1x1_algorithm_rule():
 # ---------------------------------------------------------------- validation
 
 
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 C3C1_GOOD = dict(x=sds((2, 8, 8, 16)), w3=sds((3, 3, 16, 8)), w1=sds((1, 1, 8, 4)), b3=sds((8,)),
                  b1=sds((4,)))
 C1DW_GOOD = dict(x=sds((2, 8, 8, 16)), w1=sds((1, 1, 16, 8)), wd=sds((3, 3, 1, 8)), b1=sds((8,)),
@@ -414,14 +402,8 @@ def _fns():
 @pytest.mark.parametrize("which", [0, 1])
 def test_vmap_over_x_folds_into_batch(which, in_axis):
     prim, fn, ops, folded = _fns()[which]
-    xs = jnp.stack([ops[0], ops[0] * 0.5, -ops[0]], axis=in_axis)
-    f = jax.vmap(lambda x: fn(x, *ops[1:]), in_axes=in_axis)
-    jaxpr = str(jax.make_jaxpr(f)(xs))
-    assert jaxpr.count(prim + "[") == 1 and folded in jaxpr, jaxpr
-    got = f(xs)
-    for i in range(3):
-        np.testing.assert_allclose(got[i], fn(jnp.take(xs, i, axis=in_axis), *ops[1:]),
-                                   **TOL["float32"])
+    check_folds_into_batch(lambda x: fn(x, *ops[1:]), ops[0], in_axis, primitive=prim + "[",
+                           folded=folded, **TOL["float32"])
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -446,20 +428,6 @@ def test_vmap_of_grad():
 
 
 # ---------------------------------------------------------------- CUDA lowering
-
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    # A fresh function each time: a cached lowering would hide a changed handler state.
-    return jax.jit(lambda *a: fn(*a)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def calls_to(text, target):
-    return [line for line in text.splitlines() if f"custom_call @{target}(" in line]
-
 
 @pytest.fixture
 def handler_present(monkeypatch):
@@ -488,7 +456,7 @@ def test_cuda_lowering_is_one_ffi_custom_call(handler_present, acts, codes, dtyp
     short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
     text = cuda_text(lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=acts, algorithm="fused"),
                      *c3c1_sds(dtype))
-    calls = calls_to(text, C3C1_TARGET)
+    calls = custom_calls(text, C3C1_TARGET)
     assert len(calls) == 1, text
     for attr, value in (("act1", codes[0]), ("act2", codes[1])):
         assert re.search(rf"{attr} = {value} : i64", calls[0]), (attr, calls[0])
@@ -497,7 +465,7 @@ def test_cuda_lowering_is_one_ffi_custom_call(handler_present, acts, codes, dtyp
     for stride, (p, q) in ((1, (9, 7)), (2, (5, 4))):
         text = cuda_text(lambda *a: jaxcnn.conv1x1_depthwise(*a, stride=stride, activations=acts),
                          *c1dw_sds(dtype))
-        calls = calls_to(text, C1DW_TARGET)
+        calls = custom_calls(text, C1DW_TARGET)
         assert len(calls) == 1, text
         for attr, value in (("stride", stride), ("act1", codes[0]), ("act2", codes[1])):
             assert re.search(rf"{attr} = {value} : i64", calls[0]), (attr, calls[0])
@@ -510,10 +478,10 @@ def test_cuda_lowering_operand_order_is_x_w3_b3_w1_b1(handler_present):
     """Operands of distinct shapes: the call's types list them in the handler's order."""
     text = cuda_text(c3c1_fused, *c3c1_sds(jnp.bfloat16, c=16, m=32, k=24))
     assert ("(tensor<2x9x7x16xbf16>, tensor<3x3x16x32xbf16>, tensor<32xbf16>, tensor<1x1x32x24xbf16>, "
-            "tensor<24xbf16>) -> tensor<2x9x7x24xbf16>") in calls_to(text, C3C1_TARGET)[0]
+            "tensor<24xbf16>) -> tensor<2x9x7x24xbf16>") in custom_calls(text, C3C1_TARGET)[0]
     text = cuda_text(jaxcnn.conv1x1_depthwise, *c1dw_sds(jnp.bfloat16, c=16, m=48))
     assert ("(tensor<2x9x7x16xbf16>, tensor<1x1x16x48xbf16>, tensor<48xbf16>, tensor<3x3x1x48xbf16>, "
-            "tensor<48xbf16>) -> tensor<2x9x7x48xbf16>") in calls_to(text, C1DW_TARGET)[0]
+            "tensor<48xbf16>) -> tensor<2x9x7x48xbf16>") in custom_calls(text, C1DW_TARGET)[0]
 
 
 @needs_library
@@ -582,8 +550,8 @@ needs_handlers = pytest.mark.skipif(
 @needs_handlers
 def test_loaded_library_lowers_to_the_custom_calls():
     """Unpatched: runs once the library is rebuilt with the chain handlers."""
-    assert len(calls_to(cuda_text(c3c1_fused, *c3c1_sds(jnp.bfloat16)), C3C1_TARGET)) == 1
-    assert len(calls_to(cuda_text(jaxcnn.conv1x1_depthwise, *c1dw_sds(jnp.float16)), C1DW_TARGET)) == 1
+    assert len(custom_calls(cuda_text(c3c1_fused, *c3c1_sds(jnp.bfloat16)), C3C1_TARGET)) == 1
+    assert len(custom_calls(cuda_text(jaxcnn.conv1x1_depthwise, *c1dw_sds(jnp.float16)), C1DW_TARGET)) == 1
 
 
 def test_targets_and_exports():

@@ -6,8 +6,6 @@ kernels do not run (float32, channel counts off multiples of 8, past the tile li
 conv3x3_conv1x1's algorithm="auto"/"xla", handler errors, grads and vmap. conv3x3_conv1x1's
 kernel runs only with algorithm="fused"."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,27 +18,11 @@ from jaxcnn.ops.chain_args import ChainConfig
 from jaxcnn.ops.chain_reference import conv1x1_depthwise_reference, conv3x3_conv1x1_reference
 from test_chain import (ACTS, C1DW_TARGET, C3C1_TARGET, as_f64, assert_close, c1dw_oracle,
                         c1dw_operands, c3c1_operands, c3c1_oracle, needs_handlers)
+from poisoned_output import run_poisoned
 
 # A library built before the chains would lower them to XLA (an error under JAXCNN_STRICT=1).
 pytestmark = [pytest.mark.gpu, needs_handlers]
 HALF = ("bfloat16", "float16")
-
-
-def run_poisoned(fn, target, *operands):
-    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
-    element the kernel does not write stays NaN; checks the custom call is the root."""
-    out = jax.eval_shape(fn, *operands)
-    poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0, keep_unused=True).lower(
-        poison, *operands).compile()
-    text = compiled.as_text()
-    assert f'custom_call_target="{target}"' in text, text
-    root = [line for line in text.splitlines() if "ROOT" in line][-1]
-    assert "custom-call" in root, root
-    assert "input_output_alias" in text, "the poisoned output buffer must be donated"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        return compiled(poison, *operands)
 
 
 def c3c1_call(acts, algorithm="fused"):
@@ -66,7 +48,7 @@ def cpu_reference(reference, ops, cfg):
 
 def check_c3c1(shape, dtype, acts, seed=0):
     ops = c3c1_operands(seed, *shape, jnp.dtype(dtype))
-    got = run_poisoned(c3c1_call(acts), C3C1_TARGET, *ops)
+    got = run_poisoned(c3c1_call(acts), *ops, target=C3C1_TARGET)
     assert got.dtype == jnp.dtype(dtype) and got.shape == (*shape[:3], shape[5])
     assert not np.isnan(as_f64(got)).any()
     x, w3, w1, b3, b1 = ops
@@ -78,7 +60,7 @@ def check_c3c1(shape, dtype, acts, seed=0):
 def check_c1dw(shape, dtype, acts, stride, seed=0):
     n, h, w, c, m = shape
     ops = c1dw_operands(seed, *shape, jnp.dtype(dtype))
-    got = run_poisoned(c1dw_call(stride, acts), C1DW_TARGET, *ops)
+    got = run_poisoned(c1dw_call(stride, acts), *ops, target=C1DW_TARGET)
     assert got.shape == (n, (h - 1) // stride + 1, (w - 1) // stride + 1, m)
     assert not np.isnan(as_f64(got)).any()
     x, w1, wd, b1, bd = ops

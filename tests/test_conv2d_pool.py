@@ -19,8 +19,11 @@ import jaxcnn
 from jaxcnn import _ffi
 from jaxcnn.ops.conv2d_pool import Conv2dPoolPrimitive
 from jaxcnn.ops.conv_pool_args import OPERAND_NAMES, make_conv_pool_config
+from arrays import as_f64, he_normal, normal, sds
+from cuda_lowering import cuda_text, custom_calls
 from reference64 import conv2d_f64, rel_err
 from host_devices import run_on_8_host_devices
+from vmap_batching import check_folds_into_batch
 
 TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
 
@@ -28,14 +31,8 @@ TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
 def operands(seed, n, h, w, c, k, r=3, s=3, dtype=jnp.float32):
     """x, He-scaled HWIO w and a bias that leaves about half the ReLU inputs negative."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-    x = jax.random.normal(keys[0], (n, h, w, c)).astype(dtype)
-    wt = (jax.random.normal(keys[1], (r, s, c, k)) * np.sqrt(2.0 / (r * s * c))).astype(dtype)
-    b = (0.3 * jax.random.normal(keys[2], (k,))).astype(dtype)
-    return x, wt, b
-
-
-def as_f64(a):
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    return (normal(keys[0], (n, h, w, c), dtype=dtype), he_normal(keys[1], (r, s, c, k), dtype),
+            normal(keys[2], (k,), 0.3, dtype))
 
 
 def max_pool_f64(y, window, stride, pads):
@@ -178,10 +175,6 @@ def test_layouts_match_nhwc(layout):
 # ---------------------------------------------------------------- validation
 
 
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 X, W, B = sds((2, 8, 8, 4)), sds((3, 3, 4, 8)), sds((8,))
 
 
@@ -251,13 +244,8 @@ def test_check_grads_numerically():
 @pytest.mark.parametrize("in_axis", [0, 3])
 def test_vmap_over_x_folds_into_batch(in_axis):
     x, w, b = operands(10, 2, 8, 6, 4, 8)
-    xs = jnp.stack([x, 0.5 * x, -x], axis=in_axis)
-    f = jax.vmap(lambda x: jaxcnn.conv2d_pool(x, w, b), in_axes=in_axis)
-    jaxpr = str(jax.make_jaxpr(f)(xs))
-    assert jaxpr.count("jaxcnn_conv2d_pool") == 1 and "f32[6,4,3,8]" in jaxpr, jaxpr
-    got = f(xs)
-    for i in range(3):
-        np.testing.assert_array_equal(got[i], jaxcnn.conv2d_pool(jnp.take(xs, i, axis=in_axis), w, b))
+    check_folds_into_batch(lambda x: jaxcnn.conv2d_pool(x, w, b), x, in_axis,
+                           primitive="jaxcnn_conv2d_pool", folded="f32[6,4,3,8]", exact=True)
 
 
 def test_vmap_over_weights_and_bias():
@@ -282,36 +270,20 @@ def test_vmap_of_grad():
 
 SHARDING_SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jax
     import jaxcnn
-    from fp32_reassociation import assert_reassociated_close, at_magnitudes
+    from batch_sharding import check_forward, check_grads, check_shard_map, data_mesh, shard_batch
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     k = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(k[0], (16, 11, 9, 6))
     w, b = jax.random.normal(k[1], (3, 3, 6, 8)) * 0.3, jax.random.normal(k[2], (8,)) * 0.1
     f = lambda x, w, b: jaxcnn.conv2d_pool(x, w, b, pool_window=3, pool_stride=2)
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-    fwd = jax.jit(f)
-    hlo = fwd.lower(xs, w, b).compile().as_text()
-    assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
-    assert "f32[2,5,4,8]" in hlo, "each device must run its own 2-image shard"
-    y = fwd(xs, w, b)
-    assert y.sharding.spec[0] == "data", y.sharding
-    np.testing.assert_array_equal(y, f(x, w, b))
-
+    xs = shard_batch(x, data_mesh())
+    check_forward(f, x, xs, w, b, local="f32[2,5,4,8]", exact=True)
     # The weight gradient sums over the batch's 16*11*9 conv outputs (per device, then
     # all-reduced) after the forward's 3*3*6 terms.
-    n_terms = 16 * 11 * 9 + 3 * 3 * 6
-    loss = lambda x, w, b: jnp.sum(f(x, w, b) ** 2)
-    grad = jax.grad(loss, argnums=(0, 1, 2))
-    for got, want, magnitude in zip(jax.jit(grad)(xs, w, b), grad(x, w, b), at_magnitudes(grad, x, w, b)):
-        assert_reassociated_close(got, want, magnitude, n_terms)
-
-    sm = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("data"), P(), P()), out_specs=P("data")))
-    np.testing.assert_array_equal(sm(xs, w, b), f(x, w, b))
+    check_grads(f, (0, 1, 2), x, xs, w, b, n_terms=16 * 11 * 9 + 3 * 3 * 6)
+    check_shard_map(f, x, xs, w, b, exact=True)
     print("SHARDING OK")
     """
 )
@@ -323,10 +295,6 @@ def test_batch_sharded_conv2d_pool_has_no_all_gather():
 
 
 # ---------------------------------------------------------------- CUDA lowering
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.fixture
@@ -344,7 +312,7 @@ def test_cuda_lowering_is_one_ffi_custom_call(library_registered, algorithm, cod
     text = cuda_text(lambda *a: jaxcnn.conv2d_pool(*a, stride=(1, 2), padding=((1, 0), (2, 1)),
                                                    pool_window=3, pool_stride=2,
                                                    algorithm=algorithm), *args)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_conv2d_pool_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_conv2d_pool_fwd")
     assert len(calls) == 1, text
     call = calls[0]
     for attr, value in [("algorithm", code), ("stride_h", 1), ("stride_w", 2), ("pad_top", 1),
@@ -378,6 +346,5 @@ def test_sparse_true_routes_to_the_zero_skipping_kernel_with_the_same_result(dty
                                rtol=tol, atol=tol)
     if not _ffi.target_registered("jaxcnn_sparse_conv2d_fwd"):
         pytest.skip("library built without the sparse handler: CUDA lowering falls back")
-    text = jax.jit(lambda *a: jaxcnn.conv2d_pool(*a, sparse=True, **kw)).trace(x, w, b).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = cuda_text(lambda *a: jaxcnn.conv2d_pool(*a, sparse=True, **kw), x, w, b)
     assert "jaxcnn_sparse_conv2d_fwd" in text and "jaxcnn_conv2d_pool_fwd" not in text

@@ -13,6 +13,7 @@ import pytest
 import jaxcnn
 from jaxcnn import _ffi
 from jaxcnn.ops.epilogue import ACTIVATION_CODES
+from cuda_lowering import cuda_text, custom_calls
 
 EPILOGUE_HEADER = Path(__file__).resolve().parent.parent / "cuda_ops" / "common" / "epilogue.cuh"
 
@@ -39,10 +40,6 @@ def test_header_enum_matches_python_codes():
 def test_header_activation_count_matches():
     count = re.search(r"kNumActivations\s*=\s*(\d+)", EPILOGUE_HEADER.read_text())
     assert count and int(count.group(1)) == len(ACTIVATION_CODES)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 X = jax.ShapeDtypeStruct((2, 9, 10, 16), jnp.bfloat16)
@@ -86,7 +83,7 @@ def test_residual_lowers_to_residual_target_with_alpha(with_bias):
 @pytest.mark.parametrize("activation", [a for a in ACTIVATION_CODES if a is not None])
 def test_every_activation_lowers_with_its_code(activation):
     text = cuda_text(lambda x, w, b: jaxcnn.conv2d(x, w, b, activation=activation), X, W, B)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_conv2d_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_conv2d_fwd")
     assert len(calls) == 1, text
     ints = dict(re.findall(r"(\w+) = (-?\d+) : i64", calls[0]))
     assert ints["activation"] == str(ACTIVATION_CODES[activation])

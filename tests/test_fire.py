@@ -19,10 +19,12 @@ from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
 from jaxcnn.ops.fire import fire_block
+from arrays import as_f64, he_normal, normal, sds
+from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
+from reference64 import ALLCLOSE_TOL as TOL
+from vmap_batching import check_folds_into_batch
 
-TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
-       "float16": dict(rtol=2e-3, atol=2e-3)}
 # The zoo's XLA layers round each conv's output to the dtype before adding the bias (two
 # roundings per layer, one per layer here), so half types differ by a few ulps more.
 ZOO_TOL = {**TOL, "bfloat16": dict(rtol=5e-2, atol=5e-2), "float16": dict(rtol=1e-2, atol=1e-2)}
@@ -31,13 +33,10 @@ ZOO_TOL = {**TOL, "bfloat16": dict(rtol=5e-2, atol=5e-2), "float16": dict(rtol=1
 def fire_operands(seed, n, h, w, c, s, e1, e3, dtype=jnp.float32):
     """x and (w, b) of the three convs, He-scaled so activations stay O(1)."""
     k = jax.random.split(jax.random.PRNGKey(seed), 7)
-    normal = lambda key, shape, fan_in: (  # noqa: E731
-        jax.random.normal(key, shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
-    x = jax.random.normal(k[0], (n, h, w, c)).astype(dtype)
-    return (x, normal(k[1], (1, 1, c, s), c), normal(k[2], (1, 1, s, e1), s),
-            normal(k[3], (3, 3, s, e3), 9 * s), (0.2 * jax.random.normal(k[4], (s,))).astype(dtype),
-            (0.2 * jax.random.normal(k[5], (e1,))).astype(dtype),
-            (0.2 * jax.random.normal(k[6], (e3,))).astype(dtype))
+    return (normal(k[0], (n, h, w, c), dtype=dtype), he_normal(k[1], (1, 1, c, s), dtype),
+            he_normal(k[2], (1, 1, s, e1), dtype), he_normal(k[3], (3, 3, s, e3), dtype),
+            normal(k[4], (s,), 0.2, dtype), normal(k[5], (e1,), 0.2, dtype),
+            normal(k[6], (e3,), 0.2, dtype))
 
 
 def zoo_params(ops):
@@ -56,7 +55,7 @@ def zoo_fire_xla(ops):
 
 def oracle_f64(ops):
     """Independent float64 NumPy fire module; the squeeze rounded to x's dtype."""
-    x, wsq, we1, we3, bsq, be1, be3 = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in ops)
+    x, wsq, we1, we3, bsq, be1, be3 = (as_f64(a) for a in ops)
     dtype = ops[0].dtype
     s = np.maximum(np.einsum("nhwc,cs->nhws", x, wsq[0, 0]) + bsq, 0)
     s = np.asarray(jnp.asarray(s, jnp.float32).astype(dtype).astype(jnp.float32), np.float64)
@@ -66,10 +65,6 @@ def oracle_f64(ops):
     y3 = sum(np.einsum("nhws,sk->nhwk", sp[:, dy:dy + h, dx:dx + w], we3[dy, dx])
              for dy in range(3) for dx in range(3))
     return np.concatenate([y1, np.maximum(y3 + be3, 0)], axis=-1)
-
-
-def as_f64(a):
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
 
 
 # SqueezeNet 1.0 / 1.1 fire modules: (C, squeeze, expand) as in torchvision.
@@ -147,10 +142,6 @@ def test_jit_and_eager_agree_and_algorithms_agree_on_cpu():
 # ---------------------------------------------------------------- validation
 
 
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 GOOD = dict(x=sds((2, 8, 8, 16)), squeeze_w=sds((1, 1, 16, 8)), expand1_w=sds((1, 1, 8, 4)),
             expand3_w=sds((3, 3, 8, 6)), squeeze_b=sds((8,)), expand1_b=sds((4,)),
             expand3_b=sds((6,)))
@@ -219,14 +210,8 @@ def test_check_grads_numerically():
 @pytest.mark.parametrize("in_axis", [0, 2])
 def test_vmap_over_x_folds_into_batch(in_axis):
     ops = fire_operands(10, 2, 5, 6, 8, 8, 8, 8)
-    xs = jnp.stack([ops[0], ops[0] * 0.5, -ops[0]], axis=in_axis)
-    f = jax.vmap(lambda x: jaxcnn.fire(x, *ops[1:]), in_axes=in_axis)
-    jaxpr = str(jax.make_jaxpr(f)(xs))
-    assert jaxpr.count("jaxcnn_fire") == 1 and "f32[6,5,6,8]" in jaxpr, jaxpr
-    got = f(xs)
-    for i in range(3):
-        np.testing.assert_allclose(got[i], jaxcnn.fire(jnp.take(xs, i, axis=in_axis), *ops[1:]),
-                                   rtol=1e-6, atol=1e-6)
+    check_folds_into_batch(lambda x: jaxcnn.fire(x, *ops[1:]), ops[0], in_axis,
+                           primitive="jaxcnn_fire", folded="f32[6,5,6,8]")
 
 
 def test_vmap_over_weights():
@@ -253,38 +238,21 @@ def test_vmap_of_grad():
 
 SHARDING_SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jax
     import jaxcnn
-    from fp32_reassociation import assert_reassociated_close, at_magnitudes
+    from batch_sharding import check_forward, check_grads, check_shard_map, data_mesh, shard_batch
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     k = jax.random.split(jax.random.PRNGKey(0), 7)
     x = jax.random.normal(k[0], (16, 9, 7, 12))
     ws = (jax.random.normal(k[1], (1, 1, 12, 8)) * 0.4, jax.random.normal(k[2], (1, 1, 8, 6)) * 0.5,
           jax.random.normal(k[3], (3, 3, 8, 10)) * 0.2, jax.random.normal(k[4], (8,)) * 0.1,
           jax.random.normal(k[5], (6,)) * 0.1, jax.random.normal(k[6], (10,)) * 0.1)
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-    fwd = jax.jit(jaxcnn.fire)
-    hlo = fwd.lower(xs, *ws).compile().as_text()
-    assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
-    assert "f32[2,9,7,16]" in hlo, "each device must run its own 2-image shard"
-    y = fwd(xs, *ws)
-    assert y.sharding.spec[0] == "data", y.sharding
-    np.testing.assert_allclose(y, jaxcnn.fire(x, *ws), rtol=1e-6, atol=1e-6)
-
+    xs = shard_batch(x, data_mesh())
+    check_forward(jaxcnn.fire, x, xs, *ws, local="f32[2,9,7,16]")
     # The weight gradients sum over the batch's 16*9*7 positions (per device, then all-reduced)
     # after the forward's squeeze over 12 channels and 3x3 expand over 3*3*8.
-    n_terms = 16 * 9 * 7 + 12 + 3 * 3 * 8
-    loss = lambda x, *w: jnp.sum(jaxcnn.fire(x, *w) ** 2)
-    grad = jax.grad(loss, argnums=(0, 1, 3))
-    for got, want, magnitude in zip(jax.jit(grad)(xs, *ws), grad(x, *ws), at_magnitudes(grad, x, *ws)):
-        assert_reassociated_close(got, want, magnitude, n_terms)
-
-    sm = jax.jit(jax.shard_map(jaxcnn.fire, mesh=mesh, in_specs=(P("data"),) + (P(),) * 6,
-                               out_specs=P("data")))
-    np.testing.assert_allclose(sm(xs, *ws), jaxcnn.fire(x, *ws), rtol=1e-6, atol=1e-6)
+    check_grads(jaxcnn.fire, (0, 1, 3), x, xs, *ws, n_terms=16 * 9 * 7 + 12 + 3 * 3 * 8)
+    check_shard_map(jaxcnn.fire, x, xs, *ws)
     print("SHARDING OK")
     """
 )
@@ -297,15 +265,6 @@ def test_batch_sharded_fire_has_no_all_gather():
 
 # ---------------------------------------------------------------- CUDA lowering
 
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
 @needs_library
 @pytest.mark.parametrize("algorithm,code",
                          [("auto", 0), ("tensor_core", 1), ("fma", 2), ("wgmma", 3),
@@ -313,7 +272,7 @@ def cuda_text(fn, *args) -> str:
 def test_cuda_lowering_is_one_ffi_custom_call(algorithm, code):
     ops = [sds(a.shape, jnp.bfloat16) for a in GOOD.values()]
     text = cuda_text(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_fire_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_fire_fwd")
     assert len(calls) == 1, text
     assert re.search(rf"algorithm = {code} : i64", calls[0]), calls[0]
     assert "tensor<2x8x8x10xbf16>" in calls[0]
@@ -378,6 +337,6 @@ def test_conv1x1_conv3x3_bad_arguments_name_the_argument():
 def test_conv1x1_conv3x3_cuda_lowering_is_one_fire_call_without_concatenate():
     x, w1, w3, b1, b3 = (sds(a.shape, jnp.bfloat16) for a in chain_operands(13, 2, 8, 8, 16, 8, 8))
     text = cuda_text(jaxcnn.conv1x1_conv3x3, x, w1, w3, b1, b3)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_fire_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_fire_fwd")
     assert len(calls) == 1 and "tensor<2x8x8x8xbf16>" in calls[0], text
     assert "convolution" not in text and "concatenate" not in text

@@ -4,8 +4,6 @@ fallback) against XLA's unfused composition computed in float32
 and a float64 oracle, over random shapes (odd H/W, N = 1), every SqueezeNet 1.0/1.1 fire,
 NaN-poisoned outputs, grads and vmap."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxcnn
+from poisoned_output import run_poisoned
 from test_fire import (SQUEEZENET_FIRES, TOL, as_f64, chain_operands, fire_operands, oracle_f64,
                        zoo_fire_xla)
 
@@ -27,24 +26,6 @@ XLA_F32_TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "bfloat16": dict(rtol=4e-2
                "float16": dict(rtol=5e-3, atol=5e-3)}
 
 
-def run_poisoned(fn, *operands):
-    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
-    element the kernel does not write stays NaN; checks the custom call is the root."""
-    out = jax.eval_shape(fn, *operands)
-    poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0, keep_unused=True).lower(
-        poison, *operands).compile()
-    text = compiled.as_text()
-    assert f'custom_call_target="{TARGET}"' in text, text
-    # The custom call's first result (the second is its workspace) is the program's output.
-    root = [line for line in text.splitlines() if "ROOT" in line][-1]
-    assert "get-tuple-element" in root or "custom-call" in root, root
-    assert "input_output_alias" in text, "the poisoned output buffer must be donated"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        return compiled(poison, *operands)
-
-
 def xla_f32(ops):
     """XLA's unfused fire module on the same (rounded) values, in float32 at HIGHEST
     precision (XLA's DEFAULT would use TF32 for the convs)."""
@@ -54,7 +35,8 @@ def xla_f32(ops):
 
 def check(ops, algorithm="auto"):
     dtype = ops[0].dtype.name
-    got = run_poisoned(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops)
+    # The custom call's first result (the second is its workspace) is the program's output.
+    got = run_poisoned(lambda *a: jaxcnn.fire(*a, algorithm=algorithm), *ops, target=TARGET, scratch=True)
     assert got.dtype == ops[0].dtype and not np.isnan(as_f64(got)).any()
     np.testing.assert_allclose(as_f64(got), as_f64(xla_f32(ops)), **XLA_F32_TOL[dtype])
     np.testing.assert_allclose(as_f64(got), oracle_f64(ops), **TOL[dtype])
@@ -261,7 +243,8 @@ def test_vmap_on_gpu():
                                          (3, 27, 27, 128, 32, 128), (1, 1, 1, 8, 8, 8)])
 def test_straight_conv1x1_conv3x3(algorithm, n, h, w, c, m, k):
     ops = chain_operands(n + h + c, n, h, w, c, m, k, jnp.bfloat16)
-    got = run_poisoned(lambda *a: jaxcnn.conv1x1_conv3x3(*a, algorithm=algorithm), *ops)
+    got = run_poisoned(lambda *a: jaxcnn.conv1x1_conv3x3(*a, algorithm=algorithm), *ops, target=TARGET,
+                       scratch=True)
     assert got.shape == (n, h, w, k) and not np.isnan(as_f64(got)).any()
     x, w1, w3, b1, b3 = ops
     want = oracle_f64((x, w1, jnp.zeros((1, 1, m, 0), x.dtype), w3, b1, jnp.zeros((0,), x.dtype), b3))

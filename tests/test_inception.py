@@ -14,17 +14,18 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn import _ffi
 from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.googlenet import INCEPTION
 from jaxcnn.models.googlenet import inception as zoo_inception
 from jaxcnn.models.layers import Net
 from jaxcnn.ops.inception import inception_block
 from jaxcnn.ops.inception_args import BRANCH_LAYERS
+from arrays import as_f64, he_normal, normal, sds
+from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
+from reference64 import ALLCLOSE_TOL as TOL
+from vmap_batching import check_folds_into_batch
 
-TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
-       "float16": dict(rtol=2e-3, atol=2e-3)}
 # The zoo's XLA layers round each conv output before the bias (two roundings per layer).
 ZOO_TOL = {**TOL, "bfloat16": dict(rtol=5e-2, atol=5e-2), "float16": dict(rtol=1e-2, atol=1e-2)}
 
@@ -35,10 +36,9 @@ def operands(seed, n, h, w, c, filters, k3=3, k5=5, dtype=jnp.float32):
     shapes = [(1, 1, c, n1), (1, 1, c, r3), (k3, k3, r3, n3), (1, 1, c, r5), (k5, k5, r5, n5),
               (1, 1, c, npool)]
     keys = jax.random.split(jax.random.PRNGKey(seed), 13)
-    x = jax.random.normal(keys[0], (n, h, w, c)).astype(dtype)
-    ws = [(jax.random.normal(k, s) * np.sqrt(2.0 / np.prod(s[:3]))).astype(dtype)
-          for k, s in zip(keys[1:7], shapes)]
-    bs = [(0.2 * jax.random.normal(k, s[-1:])).astype(dtype) for k, s in zip(keys[7:], shapes)]
+    x = normal(keys[0], (n, h, w, c), dtype=dtype)
+    ws = [he_normal(k, s, dtype) for k, s in zip(keys[1:7], shapes)]
+    bs = [normal(k, s[-1:], 0.2, dtype) for k, s in zip(keys[7:], shapes)]
     return (x, *ws, *bs)
 
 
@@ -54,10 +54,6 @@ def filters_of(ops):
 def zoo_xla(ops):
     """The zoo's unfused inception block on XLA's ops (what a plain JAX GoogLeNet runs)."""
     return zoo_inception(Net(XLA_OPS, zoo_params(ops)), "i", ops[0], filters=filters_of(ops))
-
-
-def as_f64(a):
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
 
 
 def _conv_f64(x, w, b):
@@ -172,10 +168,6 @@ def test_algorithms_agree_on_cpu():
 # ---------------------------------------------------------------- validation
 
 
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 GOOD = dict(x=sds((2, 8, 8, 16)), w_1x1=sds((1, 1, 16, 4)), w_3x3_reduce=sds((1, 1, 16, 6)),
             w_3x3=sds((3, 3, 6, 8)), w_5x5_reduce=sds((1, 1, 16, 2)), w_5x5=sds((5, 5, 2, 4)),
             w_pool_proj=sds((1, 1, 16, 4)), b_1x1=sds((4,)), b_3x3_reduce=sds((6,)),
@@ -259,14 +251,8 @@ def test_check_grads_numerically():
 @pytest.mark.parametrize("in_axis", [0, 3])
 def test_vmap_over_x_folds_into_batch(in_axis):
     ops = operands(11, 2, 5, 4, 8, (4, 4, 4, 4, 4, 4))
-    xs = jnp.stack([ops[0], 0.5 * ops[0], -ops[0]], axis=in_axis)
-    f = jax.vmap(lambda x: jaxcnn.inception(x, *ops[1:]), in_axes=in_axis)
-    jaxpr = str(jax.make_jaxpr(f)(xs))
-    assert jaxpr.count("jaxcnn_inception") == 1 and "f32[6,5,4,8]" in jaxpr, jaxpr
-    got = f(xs)
-    for i in range(3):
-        np.testing.assert_allclose(got[i], jaxcnn.inception(jnp.take(xs, i, axis=in_axis), *ops[1:]),
-                                   rtol=1e-6, atol=1e-6)
+    check_folds_into_batch(lambda x: jaxcnn.inception(x, *ops[1:]), ops[0], in_axis,
+                           primitive="jaxcnn_inception", folded="f32[6,5,4,8]")
 
 
 def test_vmap_over_weights():
@@ -284,35 +270,20 @@ def test_vmap_over_weights():
 
 SHARDING_SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jax
     import jaxcnn
-    from fp32_reassociation import assert_reassociated_close, at_magnitudes
+    from batch_sharding import check_forward, check_grads, data_mesh, shard_batch
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     shapes = [(1, 1, 12, 4), (1, 1, 12, 6), (3, 3, 6, 8), (1, 1, 12, 2), (5, 5, 2, 4), (1, 1, 12, 4)]
     k = jax.random.split(jax.random.PRNGKey(0), 13)
     x = jax.random.normal(k[0], (16, 7, 5, 12))
     ws = [jax.random.normal(kk, s) * 0.3 for kk, s in zip(k[1:7], shapes)]
     bs = [jax.random.normal(kk, s[-1:]) * 0.1 for kk, s in zip(k[7:], shapes)]
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-    fwd = jax.jit(jaxcnn.inception)
-    hlo = fwd.lower(xs, *ws, *bs).compile().as_text()
-    assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
-    assert "f32[2,7,5,20]" in hlo, "each device must run its own 2-image shard"
-    y = fwd(xs, *ws, *bs)
-    assert y.sharding.spec[0] == "data", y.sharding
-    np.testing.assert_allclose(y, jaxcnn.inception(x, *ws, *bs), rtol=1e-6, atol=1e-6)
-
+    xs = shard_batch(x, data_mesh())
+    check_forward(jaxcnn.inception, x, xs, *ws, *bs, local="f32[2,7,5,20]")
     # The weight gradients sum over the batch's 16*7*5 positions (per device, then all-reduced)
     # after the longest forward chain: the 1x1 reduce over 12 channels, the 3x3 over 3*3*6.
-    n_terms = 16 * 7 * 5 + 12 + 3 * 3 * 6
-    loss = lambda x, *a: jnp.sum(jaxcnn.inception(x, *a) ** 2)
-    grad = jax.grad(loss, argnums=(0, 1, 3))
-    for got, want, magnitude in zip(jax.jit(grad)(xs, *ws, *bs), grad(x, *ws, *bs),
-                                    at_magnitudes(grad, x, *ws, *bs)):
-        assert_reassociated_close(got, want, magnitude, n_terms)
+    check_grads(jaxcnn.inception, (0, 1, 3), x, xs, *ws, *bs, n_terms=16 * 7 * 5 + 12 + 3 * 3 * 6)
     print("SHARDING OK")
     """
 )
@@ -324,15 +295,6 @@ def test_batch_sharded_inception_has_no_all_gather():
 
 
 # ---------------------------------------------------------------- CUDA lowering
-
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
 
 # Channel counts multiples of 8, so every family (tensor cores included) can run each conv.
 GOOD8 = dict(x=sds((2, 8, 8, 16)), w_1x1=sds((1, 1, 16, 8)), w_3x3_reduce=sds((1, 1, 16, 8)),
@@ -349,8 +311,8 @@ def test_cuda_lowering_is_split_gemm_and_jaxcnn_kernels(algorithm, code):
     assert ALGORITHMS.index(algorithm) == code
     ops = [sds(a.shape, jnp.bfloat16) for a in GOOD8.values()]
     text = cuda_text(lambda *a: jaxcnn.inception(*a, algorithm=algorithm), *ops)
-    convs = [line for line in text.splitlines() if "custom_call @jaxcnn_conv2d_fwd(" in line]
-    pools = [line for line in text.splitlines() if "custom_call @jaxcnn_max_pool2d_fwd(" in line]
+    convs = custom_calls(text, "jaxcnn_conv2d_fwd")
+    pools = custom_calls(text, "jaxcnn_max_pool2d_fwd")
     # Split: one 1x1 GEMM over the three 1x1 weights (K = 8 + 8 + 8 = 24) reads x once; then
     # the 3x3, the 5x5 and the pool projection: four convs instead of six, one pool.
     assert len(convs) == 4 and len(pools) == 1, text

@@ -1,10 +1,7 @@
 """to_layout semantics, grads, vmap, validation, lowering and sharding on the reference path."""
 
 import itertools
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,8 +13,9 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn import _ffi
 from jaxcnn.ops import layouts
+from cuda_lowering import cuda_text, custom_calls, needs_library
+from host_devices import run_on_8_host_devices
 
 PAIRS = list(itertools.permutations(layouts.LAYOUTS, 2))
 
@@ -167,21 +165,12 @@ def test_validation_errors_name_the_argument(kwargs, error, match):
 
 # ---------------------------------------------------------------- lowering
 
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
 @needs_library
 @pytest.mark.parametrize("src,dst", PAIRS)
 def test_cuda_lowering_is_ffi_custom_call(src, dst):
     x = jax.ShapeDtypeStruct(layouts.shape_in(src, N=2, C=3, H=5, W=7), jnp.bfloat16)
     text = cuda_text(lambda a: jaxcnn.to_layout(a, src, dst), x)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_layout_transform(" in line]
+    calls = custom_calls(text, "jaxcnn_layout_transform")
     assert len(calls) == 1, text
     attrs = dict(re.findall(r"(\w+_layout) = (\d+) : i64", calls[0]))
     assert attrs == dict(src_layout=str(layouts.LAYOUT_CODES[src]), dst_layout=str(layouts.LAYOUT_CODES[dst]))
@@ -210,12 +199,12 @@ SHARDING_SCRIPT = textwrap.dedent(
     """
     import itertools
     import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
     import jaxcnn
     from jaxcnn.ops import layouts
+    from batch_sharding import assert_no_gather, data_mesh
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    mesh = data_mesh()
     logical = np.random.default_rng(0).standard_normal((16, 5, 3, 7)).astype(np.float32)
 
     def spec(layout):
@@ -229,7 +218,7 @@ SHARDING_SCRIPT = textwrap.dedent(
         xs = jax.device_put(x, NamedSharding(mesh, spec(src)))
         fwd = jax.jit(lambda a: jaxcnn.to_layout(a, src, dst))
         hlo = fwd.lower(xs).compile().as_text()
-        assert "all-gather" not in hlo and "all-to-all" not in hlo, (src, dst, hlo)
+        assert_no_gather(hlo, src, dst)
         shard = layouts.shape_in(dst, N=2, C=5, H=3, W=7)
         assert "f32[" + ",".join(map(str, shard)) + "]" in hlo, (src, dst, "per-device 2-image shard", hlo)
         y = fwd(xs)
@@ -240,7 +229,7 @@ SHARDING_SCRIPT = textwrap.dedent(
         loss = lambda a: jnp.sum(jaxcnn.to_layout(a, src, dst) ** 2)
         grad = jax.jit(jax.grad(loss))
         ghlo = grad.lower(xs).compile().as_text()
-        assert "all-gather" not in ghlo and "all-to-all" not in ghlo, (src, dst, ghlo)
+        assert_no_gather(ghlo, src, dst)
         np.testing.assert_allclose(grad(xs), 2 * x, rtol=1e-6)
 
         sm = jax.jit(jax.shard_map(lambda a: jaxcnn.to_layout(a, src, dst), mesh=mesh,
@@ -252,9 +241,4 @@ SHARDING_SCRIPT = textwrap.dedent(
 
 
 def test_batch_sharded_layout_transform_has_no_all_gather():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDING_SCRIPT], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "SHARDING OK" in proc.stdout
+    assert "SHARDING OK" in run_on_8_host_devices(SHARDING_SCRIPT, timeout=600)

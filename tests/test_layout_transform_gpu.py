@@ -1,7 +1,6 @@
 """GPU suite: the layout-transform kernel against jnp.transpose, bit-exact (`pytest -m gpu`)."""
 
 import itertools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 import jaxcnn
 from jaxcnn.ops import layouts
+from poisoned_output import run_poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -48,27 +48,9 @@ def random_logical(shape, dtype, seed=0):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def poison_value(dtype):
-    return -1 if jnp.issubdtype(dtype, jnp.integer) else np.nan
-
-
-def run_poisoned(x, src, dst):
-    """to_layout with its output buffer pre-filled with poison (a donated, aliased buffer), so
-    any element the kernel fails to write keeps the poison."""
-    out = jax.eval_shape(lambda a: jaxcnn.to_layout(a, src, dst), x)
-    poison = jnp.full(out.shape, poison_value(out.dtype), out.dtype)
-    fn = jax.jit(lambda p, a: jaxcnn.to_layout(a, src, dst), donate_argnums=0)
-    compiled = fn.lower(poison, x).compile()
-    root = [line for line in compiled.as_text().splitlines() if "ROOT" in line and "ENTRY" not in line]
-    assert any("custom-call" in line and "jaxcnn_layout_transform" in line for line in root[-1:]), root
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        return compiled(poison, x)
-
-
 def check_exact(logical, src, dst):
     x = jnp.asarray(np.einsum("nchw->" + src.lower(), logical))
-    got = run_poisoned(x, src, dst)
+    got = run_poisoned(lambda a: jaxcnn.to_layout(a, src, dst), x, target="jaxcnn_layout_transform")
     want = jnp.transpose(x, layouts.permutation(src, dst))
     assert got.shape == want.shape and got.dtype == want.dtype
     # Bit patterns: NaN payloads and -0.0 must survive too.

@@ -11,14 +11,11 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jaxcnn
+from arrays import random_x, sds
 from pool_oracle import FROM_NHWC, TO_NHWC, TOL, pool_f64, to_layout
 
 LAYOUTS = ("NHWC", "NCHW", "CHWN")
 POOLS = {"max": jaxcnn.max_pool2d, "avg": jaxcnn.avg_pool2d}
-
-
-def random_x(seed, shape, dtype=jnp.float32):
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32).astype(dtype)
 
 
 def run_pool(x, case):
@@ -206,10 +203,6 @@ def test_jit_and_eager_agree():
 
 
 X = jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32)
-
-
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 @pytest.mark.parametrize(

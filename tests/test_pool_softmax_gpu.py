@@ -1,8 +1,6 @@
 """GPU suite for the pooling and softmax kernels: NaN-poisoned outputs, odd shapes, every
 dtype and layout, NaN/Inf propagation, against float64 oracles and XLA (`pytest -m gpu`)."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +9,8 @@ from hypothesis import given, settings
 from jax import lax
 
 import jaxcnn
+from arrays import as_f64, random_x
+from poisoned_output import run_poisoned
 from pool_oracle import FROM_NHWC, TOL, pool_f64, softmax_f64, to_layout
 from test_pool2d import fits, pool_cases, run_pool
 
@@ -18,27 +18,6 @@ pytestmark = pytest.mark.gpu
 
 LAYOUTS = ("NHWC", "NCHW", "CHWN")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def run_poisoned(fn, x, target):
-    """fn(x) with its output buffer pre-filled with NaN (a donated, aliased buffer), so any
-    element the kernel fails to write stays NaN; checks the custom call is the root."""
-    out = jax.eval_shape(fn, x)
-    poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    compiled = jax.jit(lambda p, x: fn(x), donate_argnums=0).lower(poison, x).compile()
-    root = [line for line in compiled.as_text().splitlines() if "ROOT" in line and "ENTRY" not in line]
-    assert any("custom-call" in line and target in line for line in root[-1:]), root
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        return compiled(poison, x)
-
-
-def random_x(seed, shape, dtype=jnp.float32, scale=1.0):
-    return (scale * jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)).astype(dtype)
-
-
-def as_f64(a):
-    return np.asarray(a.astype(jnp.float32), np.float64)
 
 
 # ---------------------------------------------------------------- pooling
@@ -49,7 +28,7 @@ def pool_target(mode):
 
 
 def check_pool(x, case, dtype):
-    out = run_poisoned(lambda x: run_pool(x, case), x, pool_target(case["mode"]))
+    out = run_poisoned(lambda x: run_pool(x, case), x, target=pool_target(case["mode"]))
     assert out.dtype == x.dtype
     want = pool_f64(as_f64(x), case["layout"], case["mode"], case["window"], case["stride"],
                     case["padding"], case.get("count_include_pad", True))
@@ -180,7 +159,7 @@ SOFTMAX_COLS = [1, 2, 7, 31, 32, 33, 100, 255, 256, 1000, 1001, 1024, 1025, 2048
 
 def check_softmax(x, log, dtype):
     fn = jaxcnn.log_softmax if log else jaxcnn.softmax
-    out = run_poisoned(fn, x, "jaxcnn_softmax_fwd")
+    out = run_poisoned(fn, x, target="jaxcnn_softmax_fwd")
     assert out.dtype == x.dtype and out.shape == x.shape
     want = softmax_f64(as_f64(x), -1, log)
     tol = dict(TOL[dtype])

@@ -10,18 +10,7 @@ import pytest
 
 import jaxcnn
 from jaxcnn import _ffi
-
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def custom_calls(text, target):
-    return [line for line in text.splitlines() if f"custom_call @{target}(" in line]
+from cuda_lowering import cuda_text, custom_calls, needs_library
 
 
 def attrs_of(line):

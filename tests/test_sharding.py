@@ -10,46 +10,30 @@ from host_devices import run_on_8_host_devices
 
 SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jax, jax.numpy as jnp
     import jaxcnn
-    from fp32_reassociation import assert_reassociated_close, at_magnitudes
+    from batch_sharding import check_forward, check_grads, check_shard_map, data_mesh, shard_batch
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     kx, kw, kb = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(kx, (16, 11, 9, 6))
     w = jax.random.normal(kw, (3, 3, 3, 4)) * 0.2
     b = jax.random.normal(kb, (4,))
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    xs = shard_batch(x, data_mesh())
     conv = lambda x, w, b: jaxcnn.conv2d(x, w, b, stride=2, groups=2, activation="relu")
-
-    fwd = jax.jit(conv)
-    hlo = fwd.lower(xs, w, b).compile().as_text()
-    assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
-    assert "f32[2,6,5,4]" in hlo, "each device must convolve its own 2-image shard"
-    y = fwd(xs, w, b)
-    assert y.sharding.spec[0] == "data", y.sharding
-    np.testing.assert_allclose(y, conv(x, w, b), rtol=1e-6, atol=1e-6)
+    check_forward(conv, x, xs, w, b, local="f32[2,6,5,4]")
 
     # The backward runs XLA's convolutions: XLA keeps the plain conv's grads batch-local
     # (only dw/db are all-reduced) but all-gathers for grouped strided transposed convs.
     w1 = jax.random.normal(kw, (3, 3, 6, 4)) * 0.2
-    plain_loss = lambda x, w, b: jnp.sum(jaxcnn.conv2d(x, w, b, activation="relu") ** 2)
-    plain_grad = jax.grad(plain_loss, argnums=(0, 1, 2))
+    plain = lambda x, w, b: jaxcnn.conv2d(x, w, b, activation="relu")
+    plain_grad = jax.grad(lambda x, w, b: jnp.sum(plain(x, w, b) ** 2), argnums=(0, 1, 2))
     ghlo = jax.jit(plain_grad).lower(xs, w1, b).compile().as_text()
     assert "all-gather" not in ghlo, ghlo
     # dw sums over the batch's 16*11*9 outputs (per device, then all-reduced) after the
     # forward's 3*3*6 terms; the strided grouped conv: 16*6*5 outputs after 3*3*3.
-    for got, want, magnitude in zip(jax.jit(plain_grad)(xs, w1, b), plain_grad(x, w1, b),
-                                    at_magnitudes(plain_grad, x, w1, b)):
-        assert_reassociated_close(got, want, magnitude, n_terms=16 * 11 * 9 + 3 * 3 * 6)
-    grad = jax.grad(lambda x, w, b: jnp.sum(conv(x, w, b) ** 2), argnums=(0, 1, 2))
-    for got, want, magnitude in zip(jax.jit(grad)(xs, w, b), grad(x, w, b), at_magnitudes(grad, x, w, b)):
-        assert_reassociated_close(got, want, magnitude, n_terms=16 * 6 * 5 + 3 * 3 * 3)
-
-    sm = jax.jit(jax.shard_map(conv, mesh=mesh, in_specs=(P("data"), P(), P()), out_specs=P("data")))
-    np.testing.assert_allclose(sm(xs, w, b), conv(x, w, b), rtol=1e-6, atol=1e-6)
+    check_grads(plain, (0, 1, 2), x, xs, w1, b, n_terms=16 * 11 * 9 + 3 * 3 * 6)
+    check_grads(conv, (0, 1, 2), x, xs, w, b, n_terms=16 * 6 * 5 + 3 * 3 * 3)
+    check_shard_map(conv, x, xs, w, b)
     print("SHARDING OK")
     """
 )
@@ -67,11 +51,11 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import jaxcnn
+    from batch_sharding import assert_no_gather, data_mesh
 
-    assert jax.device_count() == 8, jax.devices()
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    mesh = data_mesh()
     # Under Explicit axes the batch sharding is part of the type: the result's must say it.
-    explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    explicit = data_mesh(AxisType.Explicit)
     key = iter(jax.random.split(jax.random.PRNGKey(0), 16))
     w3 = jax.random.normal(next(key), (3, 3, 6, 4)) * 0.2
     bias = jax.random.normal(next(key), (4,))
@@ -121,8 +105,7 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
         xs = jax.device_put(x, NamedSharding(mesh, spec(x.ndim, in_axis)))
         want = jax.jit(fn)(x)
         fwd = jax.jit(fn)
-        hlo = fwd.lower(xs).compile().as_text()
-        assert "all-gather" not in hlo and "all-to-all" not in hlo, (name, hlo)
+        assert_no_gather(fwd.lower(xs).compile().as_text(), name)
         y = fwd(xs)
         assert y.sharding.spec[out_axis] == "data", (name, y.sharding)
         local = list(want.shape)
@@ -152,9 +135,10 @@ def test_every_primitive_shards_over_the_batch():
 # Data-parallel inference of Flax-written SqueezeNet 1.1 and VGG-19 through jaxcnn.optimize.
 MODELS_SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
+    import jax, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import jaxcnn
+    from batch_sharding import assert_no_gather, data_mesh
     from benchmarks import thirdparty_models as tm
 
     # Explicit axes (jax.make_mesh's default) type each value with its sharding; VGG's
@@ -167,15 +151,14 @@ MODELS_SCRIPT = textwrap.dedent(
                                       ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto, "none"),
                                       ("equinox_squeezenet1_1", dict(hw=48, num_classes=16), AxisType.Auto, "all"),
                                       ("linen_googlenet_head", dict(hw=64, num_classes=16), AxisType.Auto, "all")):
-        mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+        mesh = data_mesh(axis_type)
         m = tm.build(name, batch=16, **kw)
         opt = jaxcnn.optimize(m.apply, policy="all", fuse=fuse)
         assert len(opt.rewrites(m.params, m.x)) > (10 if fuse == "none" else 4)
         xs = jax.device_put(m.x, NamedSharding(mesh, P("data")))
         params = jax.device_put(m.params, NamedSharding(mesh, P()))
         fwd = jax.jit(opt)
-        hlo = fwd.lower(params, xs).compile().as_text()
-        assert "all-gather" not in hlo and "all-to-all" not in hlo, (name, hlo)
+        assert_no_gather(fwd.lower(params, xs).compile().as_text(), name)
         y = fwd(params, xs)
         assert y.sharding.spec[0] == "data", (name, y.sharding)
         np.testing.assert_allclose(y, jax.jit(m.apply)(m.params, m.x), rtol=2e-4, atol=2e-5, err_msg=name)

@@ -1,6 +1,8 @@
 """softmax / log_softmax semantics, gradients, vmap and validation on the reference (CPU)
 path, against a float64 NumPy oracle and jax.nn."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,14 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
+import arrays
 import jaxcnn
 from pool_oracle import TOL, softmax_f64
 
 FNS = {False: jaxcnn.softmax, True: jaxcnn.log_softmax}
 
 
-def random_x(seed, shape, dtype=jnp.float32, scale=3.0):
-    return (scale * jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)).astype(dtype)
+# Logits of scale 3: rows mix near-zero and saturated probabilities.
+random_x = functools.partial(arrays.random_x, scale=3.0)
 
 
 @pytest.mark.slow

@@ -20,15 +20,17 @@ from jax import lax
 import jaxcnn
 from jaxcnn import _ffi, sparse_dispatch
 from jaxcnn.ops.sparse_args import mask_bytes
+from arrays import as_f64, sds
+from cuda_lowering import cuda_text, custom_calls, needs_library
+from reference64 import ALLCLOSE_TOL as TOL
 from reference64 import conv2d_f64
 from host_devices import run_on_8_host_devices
+from vmap_batching import check_folds_into_batch
 
 # The module (jaxcnn.ops re-exports the function under the same name).
 sparse_module = importlib.import_module("jaxcnn.ops.sparse_conv2d")
 
 SPARSITIES = (0.0, 0.5, 0.9, 0.99, 1.0)
-TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2),
-       "float16": dict(rtol=2e-3, atol=2e-3)}
 
 
 def sparse_x(seed, shape, sparsity, dtype=jnp.float32, *, signed=True):
@@ -47,10 +49,6 @@ def weights(seed, r, s, c, k, dtype=jnp.float32):
     return jnp.asarray(w, dtype), jnp.asarray(b, dtype)
 
 
-def f64(a):
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-
-
 def pool_f64(y, window, stride, padding):
     with jax.enable_x64(True):
         return np.asarray(lax.reduce_window(jnp.asarray(y, jnp.float64), -np.inf, lax.max,
@@ -59,7 +57,7 @@ def pool_f64(y, window, stride, padding):
 
 
 def check_close(got, want, dtype):
-    np.testing.assert_allclose(f64(got), want, **TOL[jnp.dtype(dtype).name])
+    np.testing.assert_allclose(as_f64(got), want, **TOL[jnp.dtype(dtype).name])
 
 
 # ---------------------------------------------------------------- numerics
@@ -94,7 +92,7 @@ def test_random_shapes_and_sparsity_match_float64(case):
     kw = dict(stride=c["stride"], padding=c["padding"], dilation=c["dilation"], activation=c["activation"])
     got = jaxcnn.sparse_conv2d(x, w, b, **kw)
     assert got.dtype == dtype
-    check_close(got, conv2d_f64(f64(x), f64(w), None if b is None else f64(b), **kw), dtype)
+    check_close(got, conv2d_f64(as_f64(x), as_f64(w), None if b is None else as_f64(b), **kw), dtype)
 
 
 @pytest.mark.parametrize("sparsity", SPARSITIES)
@@ -110,7 +108,7 @@ def test_all_zero_input_gives_activation_of_bias():
     x = jnp.zeros((1, 5, 7, 33), jnp.bfloat16)
     w, b = weights(2, 3, 3, 33, 20, jnp.bfloat16)
     y = jaxcnn.sparse_conv2d(x, w, b, activation="relu")
-    np.testing.assert_array_equal(f64(y), np.broadcast_to(np.maximum(f64(b), 0), y.shape))
+    np.testing.assert_array_equal(as_f64(y), np.broadcast_to(np.maximum(as_f64(b), 0), y.shape))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "CHWN"])
@@ -139,9 +137,9 @@ def test_pool_equals_conv_then_reduce_window(window, stride, padding, sparsity):
     np.testing.assert_array_equal(got, want)
     pads = lax.padtype_to_pads(conv.shape[1:3], window, stride or window, padding) \
         if isinstance(padding, str) else padding
-    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), padding="SAME", activation="relu"),
+    ref = pool_f64(conv2d_f64(as_f64(x), as_f64(w), as_f64(b), padding="SAME", activation="relu"),
                    window, stride or window, pads)
-    np.testing.assert_allclose(f64(got), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(as_f64(got), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -149,7 +147,7 @@ def test_pool_half_types_round_once(dtype):
     x = sparse_x(5, (1, 10, 10, 16), 0.8, jnp.dtype(dtype))
     w, b = weights(5, 3, 3, 16, 8, jnp.dtype(dtype))
     got = jaxcnn.sparse_conv2d_pool(x, w, b, stride=1, pool_window=3, pool_stride=2)
-    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), activation="relu"), (3, 3), (2, 2), ((0, 0), (0, 0)))
+    ref = pool_f64(conv2d_f64(as_f64(x), as_f64(w), as_f64(b), activation="relu"), (3, 3), (2, 2), ((0, 0), (0, 0)))
     assert got.dtype == jnp.dtype(dtype) and got.shape == (1, 4, 4, 8)
     check_close(got, ref, dtype)
 
@@ -158,16 +156,12 @@ def test_pool_with_strided_conv_and_no_bias():
     x = sparse_x(6, (2, 17, 15, 9), 0.5)
     w, _ = weights(6, 3, 3, 9, 5)
     got = jaxcnn.sparse_conv2d_pool(x, w, stride=2, padding=1, pool_window=2)
-    ref = pool_f64(conv2d_f64(f64(x), f64(w), stride=2, padding=1, activation="relu"), (2, 2), (2, 2),
+    ref = pool_f64(conv2d_f64(as_f64(x), as_f64(w), stride=2, padding=1, activation="relu"), (2, 2), (2, 2),
                    ((0, 0), (0, 0)))
-    np.testing.assert_allclose(f64(got), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(as_f64(got), ref, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- validation
-
-
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 X, W, B = sds((2, 8, 8, 16)), sds((3, 3, 16, 4)), sds((4,))
@@ -255,14 +249,8 @@ def test_pool_grads_match_the_unfused_composition():
 def test_vmap_over_x_folds_into_batch(in_axis):
     x = sparse_x(9, (2, 6, 5, 8), 0.5)
     w, b = weights(9, 3, 3, 8, 4)
-    xs = jnp.stack([x, 0.5 * x, -x], axis=in_axis)
-    f = jax.vmap(lambda x: jaxcnn.sparse_conv2d(x, w, b), in_axes=in_axis)
-    jaxpr = str(jax.make_jaxpr(f)(xs))
-    assert jaxpr.count("jaxcnn_sparse_conv2d") == 1 and "f32[6,6,5,8]" in jaxpr, jaxpr
-    got = f(xs)
-    for i in range(3):
-        np.testing.assert_allclose(got[i], jaxcnn.sparse_conv2d(jnp.take(xs, i, axis=in_axis), w, b),
-                                   rtol=1e-6, atol=1e-6)
+    check_folds_into_batch(lambda x: jaxcnn.sparse_conv2d(x, w, b), x, in_axis,
+                           primitive="jaxcnn_sparse_conv2d", folded="f32[6,6,5,8]")
 
 
 def test_vmap_over_weights_and_pool():
@@ -279,12 +267,10 @@ def test_vmap_over_weights_and_pool():
 
 SHARDING_SCRIPT = textwrap.dedent(
     """
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jax
     import jaxcnn
-    from fp32_reassociation import assert_reassociated_close, at_magnitudes
+    from batch_sharding import check_forward, check_grads, check_shard_map, data_mesh, shard_batch
 
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     k = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.nn.relu(jax.random.normal(k[0], (16, 9, 7, 12)))
     # The weight gradient sums over the batch's 16*9*7 conv outputs (per device, then
@@ -292,25 +278,15 @@ SHARDING_SCRIPT = textwrap.dedent(
     n_terms = 16 * 9 * 7 + 3 * 3 * 12
     w = jax.random.normal(k[1], (3, 3, 12, 10)) * 0.2
     b = jax.random.normal(k[2], (10,)) * 0.1
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    xs = shard_batch(x, data_mesh())
     for name, fn, shard in (
         ("conv", lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, activation="relu"), "f32[2,9,7,10]"),
         ("pool", lambda x, w, b: jaxcnn.sparse_conv2d_pool(x, w, b, pool_window=3, pool_stride=2),
          "f32[2,4,3,10]"),
     ):
-        fwd = jax.jit(fn)
-        hlo = fwd.lower(xs, w, b).compile().as_text()
-        assert "all-gather" not in hlo and "all-to-all" not in hlo, hlo
-        assert shard in hlo, (name, "each device must run its own 2-image shard")
-        y = fwd(xs, w, b)
-        assert y.sharding.spec[0] == "data", y.sharding
-        np.testing.assert_allclose(y, fn(x, w, b), rtol=1e-6, atol=1e-6)
-        grad = jax.grad(lambda x, w, b: jnp.sum(fn(x, w, b) ** 2), argnums=(0, 1))
-        for got, want, magnitude in zip(jax.jit(grad)(xs, w, b), grad(x, w, b), at_magnitudes(grad, x, w, b)):
-            assert_reassociated_close(got, want, magnitude, n_terms, err_msg=name)
-    sm = jax.jit(jax.shard_map(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b), mesh=mesh,
-                               in_specs=(P("data"), P(), P()), out_specs=P("data")))
-    np.testing.assert_allclose(sm(xs, w, b), jaxcnn.sparse_conv2d(x, w, b), rtol=1e-6, atol=1e-6)
+        check_forward(fn, x, xs, w, b, local=shard, name=name)
+        check_grads(fn, (0, 1), x, xs, w, b, n_terms=n_terms, name=name)
+    check_shard_map(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b), x, xs, w, b)
     print("SHARDING OK")
     """
 )
@@ -322,15 +298,6 @@ def test_batch_sharded_sparse_conv_has_no_all_gather():
 
 
 # ---------------------------------------------------------------- CUDA lowering
-
-needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
-)
-
-
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
 
 @pytest.fixture
 def handler_present(monkeypatch):
@@ -344,7 +311,7 @@ def test_cuda_lowering_is_one_ffi_call_with_mask_scratch(handler_present):
     x, w, b = sds((2, 9, 7, 40), jnp.bfloat16), sds((3, 3, 40, 24), jnp.bfloat16), sds((24,), jnp.bfloat16)
     text = cuda_text(lambda *a: jaxcnn.sparse_conv2d(*a, stride=2, padding=((1, 0), (2, 1)),
                                                       activation="relu"), x, w, b)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_sparse_conv2d_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_sparse_conv2d_fwd")
     assert len(calls) == 1, text
     call = calls[0]
     for attr, value in (("stride_h", 2), ("stride_w", 2), ("pad_h", 1), ("pad_w", 2), ("activation", 1),
@@ -361,7 +328,7 @@ def test_cuda_lowering_of_pool_has_no_reduce_window(handler_present):
     x, w, b = sds((2, 12, 12, 16)), sds((3, 3, 16, 8)), sds((8,))
     text = cuda_text(lambda *a: jaxcnn.sparse_conv2d_pool(*a, pool_window=3, pool_stride=2,
                                                            pool_padding="SAME"), x, w, b)
-    calls = [line for line in text.splitlines() if "custom_call @jaxcnn_sparse_conv2d_fwd(" in line]
+    calls = custom_calls(text, "jaxcnn_sparse_conv2d_fwd")
     assert len(calls) == 1, text
     for attr, value in (("pool_window_h", 3), ("pool_stride_w", 2), ("pool_pad_h", 0), ("conv_out_h", 12)):
         assert re.search(rf"{attr} = {value} : i64", calls[0]), (attr, calls[0])

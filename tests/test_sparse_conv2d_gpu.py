@@ -4,8 +4,6 @@ over random shapes x sparsity levels (no zeros, 50%, 90%, 99%, all zeros), NaN-p
 outputs, the fused pool equal to conv -> reduce_window, VGG/AlexNet layer shapes, grads, vmap,
 handler errors as Python exceptions."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +13,10 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxcnn
+from arrays import as_f64
+from poisoned_output import run_poisoned
 from reference64 import conv2d_f64
-from test_sparse_conv2d import SPARSITIES, f64, pool_f64, sparse_x, weights
+from test_sparse_conv2d import SPARSITIES, pool_f64, sparse_x, weights
 
 pytestmark = pytest.mark.gpu
 
@@ -27,17 +27,10 @@ TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "bfloat16": dict(rtol=2e-2, atol=2
        "float16": dict(rtol=3e-3, atol=3e-3)}
 
 
-def run_poisoned(fn, *operands):
-    """fn(*operands) with its output buffer pre-filled with NaN (donated and aliased), so an
-    element the kernel does not write stays NaN; checks the custom call is the root."""
-    out = jax.eval_shape(fn, *operands)
-    poison = jnp.full(out.shape, jnp.nan, out.dtype)
-    compiled = jax.jit(lambda p, *a: fn(*a), donate_argnums=0).lower(poison, *operands).compile()
-    text = compiled.as_text()
-    assert TARGET in text and "convolution" not in text, text
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        return compiled(poison, *operands)
+def run_sparse_poisoned(fn, *operands):
+    """run_poisoned for the sparse kernel: its first result (the second is the mask scratch) is
+    the program's output, and no XLA convolution is left."""
+    return run_poisoned(fn, *operands, target=TARGET, scratch=True, absent=("convolution",))
 
 
 def xla_dense(x, w, b, **kw):
@@ -49,11 +42,11 @@ def xla_dense(x, w, b, **kw):
 
 def check(x, w, b, **kw):
     dtype = x.dtype.name
-    got = run_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, **kw), x, w, b)
-    assert got.dtype == x.dtype and not np.isnan(f64(got)).any()
-    want = conv2d_f64(f64(x), f64(w), f64(b), **kw)
-    np.testing.assert_allclose(f64(got), want, **TOL[dtype])
-    np.testing.assert_allclose(f64(got), f64(xla_dense(x, w, b, **kw)), **TOL[dtype])
+    got = run_sparse_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, **kw), x, w, b)
+    assert got.dtype == x.dtype and not np.isnan(as_f64(got)).any()
+    want = conv2d_f64(as_f64(x), as_f64(w), as_f64(b), **kw)
+    np.testing.assert_allclose(as_f64(got), want, **TOL[dtype])
+    np.testing.assert_allclose(as_f64(got), as_f64(xla_dense(x, w, b, **kw)), **TOL[dtype])
 
 
 @st.composite
@@ -129,18 +122,18 @@ def test_pool_equals_conv_then_reduce_window(window, stride, padding, sparsity, 
     w, b = weights(3, 3, 3, 48, 96, dtype)
     fused = lambda x, w, b: jaxcnn.sparse_conv2d_pool(  # noqa: E731
         x, w, b, pool_window=window, pool_stride=stride, pool_padding=padding)
-    got = run_poisoned(fused, x, w, b)
+    got = run_sparse_poisoned(fused, x, w, b)
     assert "reduce-window" not in jax.jit(fused).lower(x, w, b).compile().as_text()
     conv = jaxcnn.sparse_conv2d(x, w, b, activation="relu")
     pads = padding if isinstance(padding, str) else ((0, 0), *padding, (0, 0))
     want = lax.reduce_window(conv, -jnp.inf, lax.max, (1, *window, 1), (1, *(stride or window), 1), pads)
     # The pooled op runs the walk kernel, the stride-1 conv the tile kernel: the same sums in
     # another order.
-    np.testing.assert_allclose(f64(got), f64(want), **TOL[dtype.name])
+    np.testing.assert_allclose(as_f64(got), as_f64(want), **TOL[dtype.name])
     explicit = lax.padtype_to_pads(conv.shape[1:3], window, stride or window, padding) \
         if isinstance(padding, str) else padding
-    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), activation="relu"), window, stride or window, explicit)
-    np.testing.assert_allclose(f64(got), ref, **TOL[dtype.name])
+    ref = pool_f64(conv2d_f64(as_f64(x), as_f64(w), as_f64(b), activation="relu"), window, stride or window, explicit)
+    np.testing.assert_allclose(as_f64(got), ref, **TOL[dtype.name])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -148,9 +141,9 @@ def test_vgg_pooled_layer_n4(dtype):
     dtype = jnp.dtype(dtype)
     x = sparse_x(4, (4, 112, 112, 128), 0.8, dtype, signed=False)
     w, b = weights(4, 3, 3, 128, 128, dtype)
-    got = run_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d_pool(x, w, b), x, w, b)
-    ref = pool_f64(conv2d_f64(f64(x), f64(w), f64(b), activation="relu"), (2, 2), (2, 2), ((0, 0), (0, 0)))
-    np.testing.assert_allclose(f64(got), ref, **TOL[dtype.name])
+    got = run_sparse_poisoned(lambda x, w, b: jaxcnn.sparse_conv2d_pool(x, w, b), x, w, b)
+    ref = pool_f64(conv2d_f64(as_f64(x), as_f64(w), as_f64(b), activation="relu"), (2, 2), (2, 2), ((0, 0), (0, 0)))
+    np.testing.assert_allclose(as_f64(got), ref, **TOL[dtype.name])
 
 
 def test_grads_and_vmap_on_gpu():
@@ -172,7 +165,7 @@ def test_nan_input_propagates_like_dense():
     w, b = weights(6, 3, 3, 8, 4)
     y = jaxcnn.sparse_conv2d(x, w, b)
     dense = xla_dense(x, w, b)
-    np.testing.assert_array_equal(np.isnan(f64(y)), np.isnan(f64(dense)))
+    np.testing.assert_array_equal(np.isnan(as_f64(y)), np.isnan(as_f64(dense)))
 
 
 def test_handler_errors_become_python_exceptions():

@@ -1,0 +1,32 @@
+"""Arrays the op tests build: abstract operands (for tracing and lowering without data), seeded
+random operands drawn in float32 and rounded once to the dtype under test, and the float64
+view every oracle comparison reads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def sds(shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def as_f64(a) -> np.ndarray:
+    """a (any float dtype, bf16 included) as a float64 NumPy array."""
+    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+def normal(key, shape, scale=1.0, dtype=jnp.float32):
+    """scale * N(0, 1) drawn in float32, rounded to dtype."""
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+
+
+def he_normal(key, hwio, dtype=jnp.float32):
+    """HWIO conv weights scaled by sqrt(2 / fan_in) (fan_in = H * W * I), so activations after
+    a ReLU stay O(1) through the layer."""
+    return normal(key, hwio, np.sqrt(2.0 / np.prod(hwio[:3])), dtype)
+
+
+def random_x(seed, shape, dtype=jnp.float32, scale=1.0):
+    """An input of scale * N(0, 1) values from an integer seed."""
+    return normal(jax.random.PRNGKey(seed), shape, scale, dtype)
