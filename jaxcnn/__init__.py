@@ -42,7 +42,9 @@ __all__ = [*_LAZY, "__version__"]
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        # jaxcnn.optimize is its (callable) package, so optimize_fused & co. are reachable from it
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
     raise AttributeError(f"module 'jaxcnn' has no attribute {name!r}")

@@ -590,29 +590,29 @@ def two_fires(x, p):
 
 def test_fire_groups_in_a_user_jaxpr():
     p, x = user_params(), jax.random.normal(jax.random.PRNGKey(3), (2, 9, 9, 16))
-    found = fusion.find_jaxpr_groups(two_fires, x, p)
+    found = jaxcnn.optimize.find_jaxpr_groups(two_fires, x, p)
     assert len(found) == 2 and all(g.kind == "fire" for g in found)
     assert found[0].x_shape == (2, 9, 9, 16) and found[0].y_shape == (2, 9, 9, 24)
     assert found[0].weight_shapes == ((1, 1, 16, 8), (1, 1, 8, 12), (3, 3, 8, 12))
     assert "fire: x 2x9x9x16 float32" in found[0].describe()
-    nested = fusion.find_jaxpr_groups(jax.jit(user_fire), x, p)
+    nested = jaxcnn.optimize.find_jaxpr_groups(jax.jit(user_fire), x, p)
     assert len(nested) == 1 and nested[0].path.startswith("jit")
-    assert fusion.find_jaxpr_groups(lambda x: jnp.concatenate([x, x], -1), x) == []
+    assert jaxcnn.optimize.find_jaxpr_groups(lambda x: jnp.concatenate([x, x], -1), x) == []
 
     def squeeze_read_twice(x, p):  # the squeeze output escapes: no fire module
         s = jax.nn.relu(jax.lax.conv_general_dilated(x, p["sq"], (1, 1), "VALID",
                                                      dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bsq"])
         return user_fire(x, p), s
-    assert len(fusion.find_jaxpr_groups(squeeze_read_twice, x, p)) == 1  # only user_fire's own
+    assert len(jaxcnn.optimize.find_jaxpr_groups(squeeze_read_twice, x, p)) == 1  # only user_fire's own
     group = found[0].to_group()
     assert group.kind == "fire" and group.short_members().endswith("squeeze1x1,expand1x1,expand3x3,concat")
 
 
 @pytest.mark.parametrize("oihw", [False, True])
-def test_fusion_optimize_replaces_user_fire_modules(oihw):
+def test_optimize_fused_replaces_user_fire_modules(oihw):
     p, x = user_params(), jax.random.normal(jax.random.PRNGKey(4), (2, 9, 7, 16))
     fn = lambda x, p: two_fires(x, p) if not oihw else user_fire(x, p, oihw=True)  # noqa: E731
-    fast = fusion.optimize(fn, groups="all")
+    fast = jaxcnn.optimize.optimize_fused(fn, groups="all")
     np.testing.assert_allclose(jax.jit(fast)(x, p), fn(x, p), rtol=1e-5, atol=1e-5)
     jaxpr = str(jax.make_jaxpr(fast)(x, p))
     assert jaxpr.count("jaxcnn_fire") == (1 if oihw else 2) and "conv_general_dilated" not in jaxpr
@@ -622,25 +622,25 @@ def test_fusion_optimize_replaces_user_fire_modules(oihw):
     np.testing.assert_allclose(g, jax.grad(lambda x: jnp.sum(fn(x, p) ** 2))(x), rtol=1e-4, atol=1e-4)
 
 
-def test_fusion_optimize_decides_with_the_planner():
+def test_optimize_fused_decides_with_the_planner():
     p, x = user_params(), jax.random.normal(jax.random.PRNGKey(5), (1, 9, 9, 16))
-    fast = fusion.optimize(two_fires, costs="model")
+    fast = jaxcnn.optimize.optimize_fused(two_fires, costs="model")
     decisions = fast.decisions(x, p)
     assert len(decisions) == 2 and all(d.source == "model" for _, _, d in decisions)
     assert [take for _, take, _ in decisions] == [d.choice == "fused" for _, _, d in decisions]
     assert "model: fused" in fast.explain(x, p)
-    none = fusion.optimize(two_fires, groups="none", policy="all")
+    none = jaxcnn.optimize.optimize_fused(two_fires, groups="none", policy="all")
     assert "jaxcnn_fire" not in str(jax.make_jaxpr(none)(x, p))
     assert str(jax.make_jaxpr(none)(x, p)).count("jaxcnn_conv2d") == 6
     # policy="auto" leaves these dense convs to XLA: unfused they stay lax.
-    auto_none = str(jax.make_jaxpr(fusion.optimize(two_fires, groups="none"))(x, p))
+    auto_none = str(jax.make_jaxpr(jaxcnn.optimize.optimize_fused(two_fires, groups="none"))(x, p))
     assert "jaxcnn_" not in auto_none and auto_none.count("conv_general_dilated") == 6
-    picky = fusion.optimize(two_fires, groups=lambda g: g.eqn_indices[0] == 0)
+    picky = jaxcnn.optimize.optimize_fused(two_fires, groups=lambda g: g.eqn_indices[0] == 0)
     assert str(jax.make_jaxpr(picky)(x, p)).count("jaxcnn_fire") == 1
     with pytest.raises(ValueError, match="groups must be one of"):
-        fusion.optimize(two_fires, groups="some")
+        jaxcnn.optimize.optimize_fused(two_fires, groups="some")
     with pytest.raises(ValueError, match="nothing to fuse"):
-        fusion.optimize(two_fires, policy="xla")
+        jaxcnn.optimize.optimize_fused(two_fires, policy="xla")
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -659,7 +659,7 @@ def test_fuse_under_auto_policy_takes_fires_of_convs_left_to_xla(jit):
     assert jaxpr.count("jaxcnn_fire") == 2 and "conv_general_dilated" not in jaxpr
     np.testing.assert_allclose(np.asarray(jax.jit(fast)(x, p), np.float32), np.asarray(fn(x, p), np.float32),
                                rtol=5e-2, atol=5e-2)
-    one = jaxcnn.fusion.optimize(fn, groups=lambda g: g.eqn_indices[0] == 0)
+    one = jaxcnn.optimize.optimize_fused(fn, groups=lambda g: g.eqn_indices[0] == 0)
     jaxpr = str(jax.make_jaxpr(one)(x, p))
     assert jaxpr.count("jaxcnn_fire") == 1 and jaxpr.count("conv_general_dilated") == 3
     assert "jaxcnn_conv2d" not in jaxpr

@@ -251,16 +251,16 @@ def test_fuse_turns_conv_relu_max_pool_into_conv2d_pool():
     assert_grads_and_vmap_match(fast, m)
     # Off the GPU "auto" decides with the cost model; "none" and kinds=("fire",) fuse nothing here.
     assert count_in_jaxpr(jaxcnn.optimize(m.apply, fuse="none"), m.params, m.x, name="jaxcnn_conv2d_pool") == 0
-    only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
+    only_fire = jaxcnn.optimize.optimize_fused(m.apply, groups="all", kinds=("fire",))
     assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_conv2d_pool") == 0
     with pytest.raises(ValueError, match="kinds"):
-        jaxcnn.fusion.optimize(m.apply, kinds=("conv_pool", "residual"))
+        jaxcnn.optimize.optimize_fused(m.apply, kinds=("conv_pool", "residual"))
 
     def two_readers(x, w):  # the conv's output is also returned: no conv2d_pool
         y = jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
         return y, jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     x, w = jnp.ones((1, 8, 8, 8)), jnp.ones((3, 3, 8, 8))
-    assert jaxcnn.fusion.optimize(two_readers, groups="all").decisions(x, w) == []
+    assert jaxcnn.optimize.optimize_fused(two_readers, groups="all").decisions(x, w) == []
 
 
 def test_fuse_takes_a_stem_conv_the_policy_leaves_to_xla():
@@ -306,10 +306,10 @@ def test_nchw_fire_runs_channels_last_between_transposes():
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 9, 7))
     ws = [jax.random.normal(k, shape) for k, shape in zip(jax.random.split(jax.random.PRNGKey(2), 3),
                                                           [(4, 8, 1, 1), (6, 4, 1, 1), (6, 4, 3, 3)])]
-    one = jaxcnn.fusion.optimize(lambda x, ws: fire_nchw(x, ws, False), groups="all")
+    one = jaxcnn.optimize.optimize_fused(lambda x, ws: fire_nchw(x, ws, False), groups="all")
     assert [g.kind for g, _, _ in one.decisions(x, ws)] == ["fire"]
     assert_close(one(x, ws), fire_nchw(x, ws, False))
-    both = jaxcnn.fusion.optimize(lambda x, ws: fire_nchw(x, ws, True), groups="all")
+    both = jaxcnn.optimize.optimize_fused(lambda x, ws: fire_nchw(x, ws, True), groups="all")
     assert both.decisions(x, ws) == []
 
 
@@ -323,7 +323,7 @@ def test_fuse_all_turns_every_inception_block_into_one_call():
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d_pool") == 2
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
     assert_grads_and_vmap_match(fast, m, loss=lambda y: jnp.sum(jnp.log(y + 1e-3)))
-    only_fire = jaxcnn.fusion.optimize(m.apply, groups="all", kinds=("fire",))
+    only_fire = jaxcnn.optimize.optimize_fused(m.apply, groups="all", kinds=("fire",))
     assert count_in_jaxpr(only_fire, m.params, m.x, name="jaxcnn_inception") == 0
 
 
@@ -350,11 +350,11 @@ def test_inception_in_raw_lax_any_layout_and_a_leaking_branch(layout):
     shapes = [(6, 5, 1, 1), (4, 5, 1, 1), (7, 4, 3, 3), (3, 5, 1, 1), (2, 3, 5, 5), (4, 5, 1, 1)]  # OIHW
     ws = [jax.random.normal(k, s) for k, s in zip(jax.random.split(jax.random.PRNGKey(3), 6), shapes)]
     x = jax.random.normal(jax.random.PRNGKey(4), (2, 5, 9, 7) if layout == "NCHW" else (2, 9, 7, 5))
-    fast = jaxcnn.fusion.optimize(lambda x, ws: _lax_inception(x, ws, layout), groups="all")
+    fast = jaxcnn.optimize.optimize_fused(lambda x, ws: _lax_inception(x, ws, layout), groups="all")
     assert [g.kind for g, _, _ in fast.decisions(x, ws)] == ["inception"]
     assert count_in_jaxpr(fast, x, ws, name="jaxcnn_weight_relayout") == 1  # OIHW -> HWIO, once
     assert_close(fast(x, ws), _lax_inception(x, ws, layout))
-    leaky = jaxcnn.fusion.optimize(lambda x, ws: _lax_inception(x, ws, layout, leak=True), groups="all")
+    leaky = jaxcnn.optimize.optimize_fused(lambda x, ws: _lax_inception(x, ws, layout, leak=True), groups="all")
     assert leaky.decisions(x, ws) == []
 
 

@@ -1,13 +1,13 @@
-"""Cross-layer fusion planning for the model zoo: find fusable groups (fire modules,
-inception blocks, straight conv->ReLU->max pool, MobileNetV2's expand->depthwise), decide
-each from a cost model checked by on-device autotuning, explain the decision and run the
-model with the chosen fused kernels.
+"""Cross-layer fusion for the model zoo: find fusable groups (fire modules, inception blocks,
+straight conv->ReLU->max pool, MobileNetV2's expand->depthwise), decide each from a cost model
+checked by on-device autotuning, explain the decision and run the model with the chosen fused
+kernels. (Groups in a plain JAX function: jaxcnn.optimize(fn, fuse=...), which decides them
+with decide_groups here.)
 
     from jaxcnn import fusion
     plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bfloat16")
     print(plan.explain())
     logits = jax.jit(plan.apply)(params, x)
-    fast = fusion.optimize(user_fn)      # jaxcnn.optimize + one jaxcnn.fire per fire-shaped group
 """
 
 from jaxcnn.fusion.cost import fused_cost, unfused_cost
@@ -22,11 +22,9 @@ from jaxcnn.fusion.planner import (
     group_params,
     plan_fusion,
 )
-from jaxcnn.fusion.user import FusedOptimized, JaxprGroup, find_jaxpr_groups, optimize
 
 __all__ = [
-    "CANDIDATES", "KINDS", "Candidate", "FusedOptimized", "FusionGroup", "FusionPlan",
-    "GroupDecision", "JaxprGroup", "conv_pool_available", "decide_groups", "find_groups",
-    "find_jaxpr_groups", "fused_cost", "group_fn", "group_params", "optimize", "plan_fusion",
-    "unfused_cost",
+    "CANDIDATES", "KINDS", "Candidate", "FusionGroup", "FusionPlan", "GroupDecision",
+    "conv_pool_available", "decide_groups", "find_groups", "fused_cost", "group_fn", "group_params",
+    "plan_fusion", "unfused_cost",
 ]

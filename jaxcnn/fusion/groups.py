@@ -1,4 +1,4 @@
-"""Fusable groups of a zoo model, from its layer table (user functions: jaxcnn.fusion.user).
+"""Fusable groups of a zoo model, from its layer table (user functions: jaxcnn.optimize.fused_groups).
 
 Kinds:
   "fire"       SqueezeNet fire module: squeeze 1x1 -> (expand 1x1, expand 3x3) -> concat

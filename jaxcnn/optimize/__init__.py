@@ -1,5 +1,6 @@
 """`jaxcnn.optimize(fn)`: fn with the lax convolutions, pools and softmaxes it traces to replaced
-by jaxcnn kernels (a jaxpr rewriter; see rewrite.optimize for what is recognised).
+by jaxcnn kernels (a jaxpr rewriter; see api.optimize for what is recognised), and with
+`fuse=` or `optimize_fused` its fire / inception / conv->max-pool groups fused (fused_groups.py).
 
 The module itself is callable, so `jaxcnn.optimize(fn)` works whether `jaxcnn.optimize` was
 reached through the package's lazy table or by importing a submodule first (which binds the
@@ -9,10 +10,13 @@ module, not the function, to that attribute).
 import sys
 import types
 
+from jaxcnn.optimize.api import optimize
+from jaxcnn.optimize.fused_groups import FusedOptimized, JaxprGroup, find_jaxpr_groups, optimize_fused
 from jaxcnn.optimize.patterns import Site
-from jaxcnn.optimize.rewrite import Optimized, Rewrite, optimize
+from jaxcnn.optimize.rewrite import Optimized, Rewrite
 
-__all__ = ["Optimized", "Rewrite", "Site", "optimize"]
+__all__ = ["FusedOptimized", "JaxprGroup", "Optimized", "Rewrite", "Site", "find_jaxpr_groups", "optimize",
+           "optimize_fused"]
 
 
 class _CallableModule(types.ModuleType):

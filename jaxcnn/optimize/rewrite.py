@@ -18,14 +18,15 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import AxisType
 
+from jaxcnn import sparse_dispatch
+from jaxcnn.ops.sparse_conv2d import sparse_conv2d
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
 from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
+from jaxcnn.optimize.policy import auto_policy, choose_algorithm
 from jaxcnn.tuning.decision import BASELINE, Candidate, can_measure, decide_all, fingerprint
 from jaxcnn.tuning.decision import Site as DecisionSite
 
 PROGRAM = "jaxcnn"  # the whole rewritten program, as a decision candidate
-from jaxcnn.optimize.policy import auto_policy, choose_algorithm
-
 POLICIES = ("auto", "all", "xla", "autotune")
 SPARSE = ("none", "auto")
 
@@ -60,13 +61,13 @@ class Rewrite:
 
 
 @dataclass
-class Plan:
+class RewritePlan:
     """The matches of one jaxpr and the plans of its call equations' bodies."""
 
     jaxpr: Any
     matches: dict[int, Match] = field(default_factory=dict)  # keyed by the last equation index
     skipped: set[int] = field(default_factory=set)
-    calls: dict[int, "Plan"] = field(default_factory=dict)  # only bodies holding a rewrite
+    calls: dict[int, "RewritePlan"] = field(default_factory=dict)  # only bodies holding a rewrite
     # Run once the inputs are bound, before any equation: each puts values the matches read
     # into the environment (e.g. all weights relaid out in one op rather than one per match).
     prologue: list[Callable[[dict], None]] = field(default_factory=list)
@@ -165,9 +166,9 @@ def _rule(site: Site) -> tuple[str, str]:
     return OURS + algorithm, f"{how} pick {algorithm!r}"
 
 
-def assemble(found: Found) -> Plan:
-    """The Plan of the matches whose algorithm is set."""
-    plan = Plan(found.jaxpr)
+def assemble(found: Found) -> RewritePlan:
+    """The plan of the matches whose algorithm is set."""
+    plan = RewritePlan(found.jaxpr)
     plan.found = found
     for m in found.matches:
         if m.algorithm is None:
@@ -183,13 +184,13 @@ def assemble(found: Found) -> Plan:
     return plan
 
 
-def build_plan(jaxpr, policy) -> Plan:
+def build_plan(jaxpr, policy) -> RewritePlan:
     found = find_matches(jaxpr)
     decide_matches(found, policy)
     return assemble(found)
 
 
-def declined_convs(plan: Plan, uses: Uses | None = None) -> list[Match]:
+def declined_convs(plan: RewritePlan, uses: Uses | None = None) -> list[Match]:
     """The conv patterns of plan.jaxpr (not its call bodies) the policy left to XLA: fuse= and
     sparse="auto" still offer them to a fused group or the sparse kernel, decided by a
     measurement (or the fusion cost model) against XLA."""
@@ -208,7 +209,7 @@ def declined_convs(plan: Plan, uses: Uses | None = None) -> list[Match]:
     return out
 
 
-def evaluate(plan: Plan, consts, args) -> list:
+def evaluate(plan: RewritePlan, consts, args) -> list:
     """Evaluates plan.jaxpr on `args` with the planned replacements."""
     jaxpr = plan.jaxpr
     env: dict = {}
@@ -269,7 +270,7 @@ def _explicit_sharding(aval):
 class _Traced:
     closed: Any
     out_tree: Any
-    plan: Plan | None
+    plan: RewritePlan | None
     sparse: list = field(default_factory=list)  # (Match, sparse_dispatch.Decision) per conv site
     program: Any = None  # the whole-program Decision (policy="auto" on a GPU), once made
     program_checked: bool = False
@@ -280,23 +281,19 @@ def _sparse_build(m: Match):
     kwargs, k = m.site.kwargs, m.site.w_shape[3]
 
     def build(x, w, *b):
-        from jaxcnn.ops.sparse_conv2d import sparse_conv2d
-
         return sparse_conv2d(x, m.weight_hwio(w), b[0].reshape(k) if b else None, stride=kwargs["stride"],
                              padding=kwargs["padding"], dilation=kwargs["dilation"],
                              activation=kwargs["activation"], precision=kwargs["precision"])
     return build
 
 
-def plan_sparse(plan: Plan, closed, leaves) -> list:
+def plan_sparse(plan: RewritePlan, closed, leaves) -> list:
     """sparse="auto": for each top-level NHWC conv (groups 1, undilated; matched by the policy
     or left to XLA by it), the fraction of zeros of its input on these concrete arguments, and
     jaxcnn.sparse_dispatch's pick at that sparsity from the crossover measured for the layer on
     this GPU (none measured: dense). A sparse pick swaps the match's build for
     jaxcnn.sparse_conv2d (a conv the policy left to XLA joins the plan); a dense pick leaves
     the conv as the policy had it. Returns (match, Decision)s."""
-    from jaxcnn import sparse_dispatch
-
     convs = sorted([*plan.matches.values(), *declined_convs(plan)], key=lambda m: max(m.eqn_indices))
     sites = [m for m in convs
              if m.op == "conv2d" and m.site.layout == "NHWC" and m.site.kwargs["groups"] == 1
@@ -331,7 +328,7 @@ def plan_sparse(plan: Plan, closed, leaves) -> list:
 
 
 class Optimized:
-    """`fn` with jaxcnn kernels in place of the lax patterns it traces to (see `optimize`)."""
+    """`fn` with jaxcnn kernels in place of the lax patterns it traces to (see api.optimize)."""
 
     def __init__(self, fn: Callable, example_args, policy, sparse="none"):
         if not callable(fn):
@@ -455,74 +452,3 @@ class Optimized:
                 shapes = f"x{list(m.site.x_shape)} w(HWIO){list(m.site.w_shape)}"
                 lines.append(f"  {shapes}: " + decision.explain().replace("\n", "\n    "))
         return "\n".join(lines)
-
-
-def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", sparse="none") -> Optimized:
-    """`fn` with the lax patterns it traces to replaced by jaxcnn kernels.
-
-    Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
-      * conv_general_dilated with 2 spatial dims, activations NHWC/NCHW/CHWN, any weight order
-        (transposed to HWIO), strides, padding, rhs_dilation, feature groups, DEFAULT/HIGH/HIGHEST
-        precision, then its epilogue (optimize/epilogue_patterns.py): per-channel affine steps
-        (a bias; inference BatchNorm as Keras, Flax and Equinox trace it, folded into the
-        weights and bias on every call), a residual add, and an activation recognised by what it
-        computes (relu, relu6, silu, hard_swish, gelu, sigmoid, leaky_relu) -> jaxcnn.conv2d;
-      * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
-        f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
-      * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
-      * with `fuse`: fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] -> concatenate, as
-        three of the conv matches above) -> one fused jaxcnn.fire, and NHWC conv + ReLU read
-        only by a max pool -> jaxcnn.conv2d_pool (jaxcnn.fusion.optimize; also for convs the
-        policy leaves to XLA).
-    A bias or ReLU is fused only when nothing else reads the value before it. Everything else
-    (lhs_dilation, batch groups, a preferred_element_type that changes the dtype, ...) runs as
-    traced. The result works under jax.jit, jax.grad and jax.vmap.
-
-    Args:
-      fn: the function to optimize (array pytrees in, array pytrees out).
-      example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
-      policy: "auto" (each conv site decided by jaxcnn.tuning.decision: where the kernels run,
-        XLA's own subgraph, XLA's conv with the epilogue folded and jaxcnn's kernels are measured
-        on first use and cached per GPU, and a rewrite is kept only if it is faster; then the whole
-        rewritten program is measured once against fn and runs only if faster; elsewhere
-        auto_policy's rules decide; pools and softmax stay XLA's), "all"
-        (every recognised pattern, conv2d picking its kernel), "xla" (nothing is rewritten),
-        "autotune" (each conv takes jaxcnn.layouts.autotune_conv's winner among its layout's
-        kernels and XLA's conv, see autotune_policy), or a
-        callable(Site) -> algorithm name ("auto", "tensor_core", "direct", "depthwise"; "xla" or
-        None keeps that op as lax). Off CUDA the rewritten ops run their lax reference. Plugging
-        in the autotuner (it measures on a GPU, and falls back to a model estimate elsewhere):
-
-            import jaxcnn.layouts as L
-            def tuned(site):
-                if site.op != "conv2d":
-                    return "auto"
-                k = site.kwargs
-                return L.autotune_conv(site.logical_x_shape(), site.w_shape, site.dtype,
-                                       stride=k["stride"], padding=k["padding"],
-                                       dilation=k["dilation"], groups=k["groups"],
-                                       activation=k["activation"], bias=site.bias).algorithm
-            fast = jaxcnn.optimize(model_fn, policy=tuned)
-
-      fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group and each NHWC
-        conv+ReLU read only by a max pool fused, into jaxcnn.fire / jaxcnn.conv2d_pool, where the
-        fusion planner measures the fused kernel faster on this GPU, or its cost model says so
-        off GPU), "all", or a callable(jaxcnn.fusion.JaxprGroup) -> bool.
-      sparse: "none" (dense convs) or "auto": each top-level NHWC conv (groups 1, undilated)
-        runs jaxcnn.sparse_conv2d where jaxcnn.sparse_dispatch's crossover, measured for that
-        layer on this GPU (sparse_dispatch.measure_crossover), says so at the fraction of zeros
-        its input has on the concrete arguments traced (example_args, or the first call outside
-        jit); no crossover measured means dense. explain() lists each pick and why. A conv
-        that fusion takes (fuse=) runs fused whatever its pick.
-
-    Returns:
-      An `Optimized` callable with `.explain(*args)` (text) and `.rewrites(*args)` (Rewrite list);
-      the trace is cached per argument structure, shapes and dtypes.
-    """
-    if fuse != "none":
-        from jaxcnn.fusion.user import GROUPS, optimize as fused_optimize  # imports this module
-
-        if not (callable(fuse) or fuse in GROUPS):
-            raise ValueError(f"fuse must be one of {GROUPS} or a callable(group) -> bool, got {fuse!r}")
-        return fused_optimize(fn, example_args=example_args, policy=policy, groups=fuse, sparse=sparse)
-    return Optimized(fn, example_args, policy, sparse)

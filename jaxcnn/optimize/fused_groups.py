@@ -2,7 +2,7 @@
 the jaxpr that jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one
 `jaxcnn.fire` / `jaxcnn.inception` / `jaxcnn.conv2d_pool` each.
 
-    fast = fusion.optimize(model_fn)                 # jaxcnn.optimize + fused fire modules
+    fast = jaxcnn.optimize(model_fn, fuse="auto")   # or optimize_fused(model_fn, kinds=...)
     y = jax.jit(fast)(params, x)
     print(fast.explain(params, x))                   # the group decisions, then every rewrite
 
@@ -37,9 +37,13 @@ import numpy as np
 from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.planner import GroupDecision, decide_groups
 from jaxcnn.models.layers import LayerInfo
+from jaxcnn.ops.conv2d_pool import conv2d_pool
 from jaxcnn.ops.conv_args import conv2d_flops
+from jaxcnn.ops.fire import fire
+from jaxcnn.ops.inception import inception
+from jaxcnn.ops.weight_relayout import relayout_weights
 from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, is_unit_reshape, match_pool
-from jaxcnn.optimize.rewrite import Optimized, Plan, build_plan, declined_convs
+from jaxcnn.optimize.rewrite import Optimized, RewritePlan, build_plan, declined_convs
 from jaxcnn.tuning.text_table import fmt_ms, text_table
 
 GROUPS = ("auto", "all", "none")
@@ -147,7 +151,7 @@ class JaxprGroup:
 
 @dataclass
 class _FireSite:
-    plan: Plan
+    plan: RewritePlan
     concat: int
     x: Any  # what the fused call reads: the squeeze's input, or the value it is a view of
     sq: Match
@@ -200,7 +204,7 @@ def _max_pools(uses: Uses) -> list[Match]:
     return [p for p in pools if p is not None and p.op == "max_pool2d"]
 
 
-def _open_calls(plan: Plan) -> None:
+def _open_calls(plan: RewritePlan) -> None:
     """Gives every call body a (possibly empty) child plan, so that groups of convs the policy
     left to XLA are found in call bodies too (build_plan keeps only bodies with a rewrite)."""
     for i, eqn in enumerate(plan.jaxpr.eqns):
@@ -208,13 +212,13 @@ def _open_calls(plan: Plan) -> None:
             continue
         body = _inner_jaxpr(eqn)
         if body is not None:
-            child = plan.calls.setdefault(i, Plan(body))
+            child = plan.calls.setdefault(i, RewritePlan(body))
             if child.found is None and plan.found is not None:
                 child.found = plan.found.calls.get(i)  # its sites, as decided
             _open_calls(child)
 
 
-def _prune_calls(plan: Plan) -> None:
+def _prune_calls(plan: RewritePlan) -> None:
     """Drops the child plans that hold no rewrite again (undoes _open_calls where nothing fused):
     a body in plan.calls is inlined, which only a rewrite inside should cause."""
     for i, child in list(plan.calls.items()):
@@ -223,7 +227,7 @@ def _prune_calls(plan: Plan) -> None:
             del plan.calls[i]
 
 
-def _call_bodies(plan: Plan, path: str):
+def _call_bodies(plan: RewritePlan, path: str):
     """(plan of a call body holding a rewrite, its call path) for each such body."""
     for i, child in plan.calls.items():
         eqn = plan.jaxpr.eqns[i]
@@ -264,7 +268,7 @@ def _view_source(uses: Uses, var, sources) -> tuple[Any, list[int]] | None:
     return None if chain is None else (base, chain)
 
 
-def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
+def _fire_sites(plan: RewritePlan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
     convs = {m.out_var: m for m in [*plan.matches.values(), *declined_convs(plan, uses)]
@@ -306,7 +310,7 @@ def _fire_sites(plan: Plan, path: str = "") -> list[_FireSite]:
 
 @dataclass
 class _InceptionSite:
-    plan: Plan
+    plan: RewritePlan
     concat: int
     x: Any
     convs: tuple[Match, ...]  # in INCEPTION_CONVS order
@@ -314,7 +318,7 @@ class _InceptionSite:
     group: JaxprGroup
 
 
-def _inception_sites(plan: Plan, path: str = "") -> list[_InceptionSite]:
+def _inception_sites(plan: RewritePlan, path: str = "") -> list[_InceptionSite]:
     """GoogLeNet blocks: a channel concatenate of [1x1(x), KxK(1x1(x)), KxK(1x1(x)),
     1x1(maxpool3x3/1(x))], every conv + ReLU, stride 1, "same" padding, the branch convs 3x3
     and 5x5 (the zoo block the planner measures), each intermediate read by its branch alone.
@@ -394,8 +398,6 @@ def _replace_inception(site: _InceptionSite, weights: "_WeightRelayouts") -> Non
     precision = site.convs[0].site.kwargs["precision"]
 
     def build(x, *vals):
-        from jaxcnn.ops.inception import inception
-
         it = iter(vals)
         ws, bs = [], []
         for m, (_, w_is_hwio), bias in zip(site.convs, operands, has_bias):
@@ -418,7 +420,7 @@ def _replace_inception(site: _InceptionSite, weights: "_WeightRelayouts") -> Non
 
 @dataclass
 class _ConvPoolSite:
-    plan: Plan
+    plan: RewritePlan
     x: Any  # as _FireSite.x
     conv: Match
     pool: Match
@@ -429,8 +431,6 @@ def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
     conv_kw = conv.site.kwargs
 
     def build(x, w, *rest):
-        from jaxcnn.ops.conv2d_pool import conv2d_pool
-
         if conv.plain:
             w_hwio, b = (w if w_is_hwio else conv.weight_hwio(w)), (rest[0].reshape(-1) if rest else None)
         else:  # e.g. BatchNorm folded into the weights and bias (the conv's match builds them)
@@ -442,7 +442,7 @@ def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
     return _as_nhwc_op(conv.site.layout, build)
 
 
-def _conv_pool_sites(plan: Plan, path: str = "") -> list[_ConvPoolSite]:
+def _conv_pool_sites(plan: RewritePlan, path: str = "") -> list[_ConvPoolSite]:
     uses = Uses(plan.jaxpr)
     pools = {p.in_vars[0]: p for p in _max_pools(uses)}
     found = []
@@ -518,8 +518,6 @@ def _replace(site: _FireSite, weights: "_WeightRelayouts") -> None:
     operands = [weights.operand(plan, m) for m in parts]  # (w or its HWIO stand-in, is HWIO)
 
     def build(x, *vals):
-        from jaxcnn.ops.fire import fire
-
         it = iter(vals)
         ws, bs = [], []
         for m, count, (_, w_is_hwio) in zip(parts, counts, operands):
@@ -557,12 +555,12 @@ class _WeightRelayouts:
     (OIHW in an NCHW model), relaid out to HWIO by one relayout_weights in the plan's prologue
     rather than by one transpose kernel per weight on every call."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: RewritePlan):
         self.plan = plan
         self.inputs = {id(v) for v in (*plan.jaxpr.invars, *plan.jaxpr.constvars)}
         self.hoisted: dict[tuple, _HoistedWeight] = {}
 
-    def operand(self, plan: Plan, conv: Match):
+    def operand(self, plan: RewritePlan, conv: Match):
         """(what the fused call reads for `conv`'s weight, whether that is HWIO already)."""
         w, perm = conv.in_vars[1], conv.w_to_hwio
         if plan is not self.plan or perm in (None, (0, 1, 2, 3)) or id(w) not in self.inputs:
@@ -575,8 +573,6 @@ class _WeightRelayouts:
         hoisted = list(self.hoisted.values())
 
         def relayout(env):
-            from jaxcnn.ops.weight_relayout import relayout_weights
-
             env.update(zip(hoisted, relayout_weights([env[h.var] for h in hoisted], [h.perm for h in hoisted])))
         self.plan.prologue.append(relayout)
 
@@ -639,9 +635,9 @@ class FusedOptimized(Optimized):
         return head + "\n" + super().explain(*args, **kwargs)
 
 
-def optimize(fn: Callable, *, example_args=None, policy="auto", groups: Any = "auto",
-             costs: str = "auto", cache: Any = None, iters: int = 20, warmup: int = 3,
-             kinds=USER_KINDS, sparse="none") -> FusedOptimized:
+def optimize_fused(fn: Callable, *, example_args=None, policy="auto", groups: Any = "auto",
+                   costs: str = "auto", cache: Any = None, iters: int = 20, warmup: int = 3,
+                   kinds=USER_KINDS, sparse="none") -> FusedOptimized:
     """`jaxcnn.optimize(fn, policy=policy)` plus fused fire modules and conv->max-pool pairs.
 
     groups: "auto" (each group decided like a zoo model's: measured where the CUDA kernels run,
