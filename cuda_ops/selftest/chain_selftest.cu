@@ -38,7 +38,6 @@ using jaxcnn::Conv1x1DepthwiseParams;
 using jaxcnn::Conv3x3Conv1x1Params;
 using selftest::DTypeOf;
 
-constexpr size_t kGuardBytes = 256;
 // At most this fraction of the unclamped y may differ from the reference rounded to T (on
 // cases with at least kMissMinOutputs of them, where the rate is a stable statistic).
 constexpr double kMissMaxFraction = 0.2;
@@ -107,41 +106,18 @@ struct Terms {
   }
 };
 
-// Device output with guard regions on both sides, all poisoned.
-template <typename T>
-struct Output {
-  unsigned char* raw = nullptr;
-  size_t bytes;
-  explicit Output(int64_t count) : bytes(count * sizeof(T)) {
-    CHECK_CUDA(cudaMalloc(&raw, bytes + 2 * kGuardBytes));
-    CHECK_CUDA(cudaMemset(raw, 0xFF, bytes + 2 * kGuardBytes));
-  }
-  ~Output() { cudaFree(raw); }
-  T* y() const { return reinterpret_cast<T*>(raw + kGuardBytes); }
-  // Copies y back; false if a guard byte changed.
-  bool Read(std::vector<T>& got) const {
-    std::vector<unsigned char> host(bytes + 2 * kGuardBytes);
-    CHECK_CUDA(cudaMemcpy(host.data(), raw, host.size(), cudaMemcpyDeviceToHost));
-    got.resize(bytes / sizeof(T));
-    std::memcpy(got.data(), host.data() + kGuardBytes, bytes);
-    for (size_t i = 0; i < kGuardBytes; ++i)
-      if (host[i] != 0xFF || host[kGuardBytes + bytes + i] != 0xFF) return false;
-    return true;
-  }
-};
-
 // Launches into a poisoned output, compares with the reference, prints the case line.
 template <typename T>
 bool Check(const char* desc, const Reference& ref,
            const std::function<cudaError_t(T*)>& launch, const char* unsupported) {
-  Output<T> out(ref.y.size());
+  const selftest::PoisonedOutput<T> out(ref.y.size());
   bool pass = unsupported == nullptr;
   if (pass) {
     CHECK_CUDA(launch(out.y()));
     CHECK_CUDA(cudaStreamSynchronize(g_stream));
   }
   std::vector<T> got;
-  const bool guard_ok = out.Read(got);
+  const bool guard_ok = out.Read(&got);
   double rms = 0.0, max_ref = 0.0, max_err = 0.0, worst = 0.0;
   for (double v : ref.y) rms += v * v, max_ref = std::fmax(max_ref, std::fabs(v));
   rms = std::sqrt(rms / std::max<size_t>(ref.y.size(), 1));
@@ -313,12 +289,12 @@ T* Zeros(int64_t n) {
 template <typename T>
 bool CheckLaunchResult(const char* desc, int64_t y_count, const char* reason, bool want_reason,
                        cudaError_t want, const std::function<cudaError_t(T*)>& launch) {
-  Output<T> out(y_count);
+  const selftest::PoisonedOutput<T> out(y_count);
   const cudaError_t got = launch(out.y());
   CHECK_CUDA(cudaStreamSynchronize(g_stream));
   const cudaError_t sticky = cudaGetLastError();
   std::vector<T> y;
-  bool untouched = out.Read(y);
+  bool untouched = out.Read(&y);
   for (const T& v : y) untouched = untouched && std::isnan(selftest::ToFloat(v));
   const bool pass = got == want && sticky == cudaSuccess && untouched &&
                     (reason != nullptr) == want_reason;
@@ -436,12 +412,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int device_count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&device_count));
-  if (device_count < 1) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
   CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   int cases = 0, passed = 0;
   RunAll<__nv_bfloat16>(small, cases, passed);

@@ -19,14 +19,7 @@
 namespace {
 
 using selftest::DType;
-using selftest::DTypeName;
-using selftest::LayoutName;
 using selftest::LayoutOffset;
-using selftest::Tolerance;
-using selftest::ToFloat;
-using selftest::FromFloat;
-using selftest::Lcg;
-using selftest::OutSize;
 
 using jaxcnn::Conv2dParams;
 using jaxcnn::TensorLayout;
@@ -57,42 +50,13 @@ struct Case {
   bool relu;
 };
 
-// Float64 reference on the already-rounded T inputs.
-void Reference(const std::vector<float>& x, const std::vector<float>& w,
-               const std::vector<float>& bias, const Conv2dParams& p,
-               bool has_bias, std::vector<double>* y) {
-  const int64_t Cg = p.C / p.groups, Kg = p.K / p.groups;
-  y->assign(p.N * p.P * p.Q * p.K, 0.0);
-  for (int64_t n = 0; n < p.N; ++n)
-    for (int64_t oh = 0; oh < p.P; ++oh)
-      for (int64_t ow = 0; ow < p.Q; ++ow)
-        for (int64_t k = 0; k < p.K; ++k) {
-          const int64_t g = k / Kg;
-          double acc = has_bias ? bias[k] : 0.0;
-          for (int64_t r = 0; r < p.R; ++r) {
-            const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dil_h;
-            if (ih < 0 || ih >= p.H) continue;
-            for (int64_t s = 0; s < p.S; ++s) {
-              const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dil_w;
-              if (iw < 0 || iw >= p.W) continue;
-              for (int64_t c = 0; c < Cg; ++c)
-                acc += static_cast<double>(
-                           x[((n * p.H + ih) * p.W + iw) * p.C + g * Cg + c]) *
-                       w[((r * p.S + s) * Cg + c) * p.K + k];
-            }
-          }
-          if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;
-          (*y)[((n * p.P + oh) * p.Q + ow) * p.K + k] = acc;
-        }
-}
-
 template <typename T>
 bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
   Conv2dParams p{};
   p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
   p.R = tc.R; p.S = tc.S; p.K = tc.K;
-  p.P = OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
+  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
+  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
   p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
@@ -104,21 +68,12 @@ bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
   const size_t w_count = p.R * p.S * (p.C / p.groups) * p.K;
   const size_t y_count = p.N * p.P * p.Q * p.K;
 
-  Lcg rng{seed};
-  std::vector<T> x_host(x_count), w_host(w_count), b_host(p.K);
-  std::vector<float> x_ref(x_count), w_ref(w_count), b_ref(p.K);
-  for (size_t i = 0; i < x_count; ++i) {
-    x_host[i] = FromFloat<T>(rng.next());
-    x_ref[i] = ToFloat(x_host[i]);
-  }
-  for (size_t i = 0; i < w_count; ++i) {
-    w_host[i] = FromFloat<T>(rng.next());
-    w_ref[i] = ToFloat(w_host[i]);
-  }
-  for (int64_t i = 0; i < p.K; ++i) {
-    b_host[i] = FromFloat<T>(rng.next());
-    b_ref[i] = ToFloat(b_host[i]);
-  }
+  selftest::Lcg rng{seed};
+  std::vector<T> x_host, w_host, b_host;
+  std::vector<float> x_ref, w_ref, b_ref;
+  selftest::RandomFill(&rng, x_count, &x_host, &x_ref);
+  selftest::RandomFill(&rng, w_count, &w_host, &w_ref);
+  selftest::RandomFill(&rng, p.K, &b_host, &b_ref);
 
   T *x_dev = nullptr, *w_dev = nullptr, *b_dev = nullptr, *y_dev = nullptr;
   CHECK_CUDA(cudaMalloc(&x_dev, x_count * sizeof(T)));
@@ -153,30 +108,22 @@ bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
   CHECK_CUDA(cudaFree(b_dev));
   CHECK_CUDA(cudaFree(y_dev));
 
+  // The reference runs in NHWC (x_host's layout; y_host was converted back).
   std::vector<double> y_ref;
-  Reference(x_ref, w_ref, b_ref, p, tc.bias, &y_ref);
-  double max_ref = 0.0, max_abs_err = 0.0;
-  size_t nan_count = 0;
-  for (size_t i = 0; i < y_count; ++i) {
-    const double got = ToFloat(y_host[i]);
-    if (std::isnan(got)) {
-      ++nan_count;
-      continue;
-    }
-    max_ref = std::fmax(max_ref, std::fabs(y_ref[i]));
-    max_abs_err = std::fmax(max_abs_err, std::fabs(got - y_ref[i]));
-  }
-  const double rel_err = max_abs_err / std::fmax(max_ref, 1e-30);
-  const bool pass = nan_count == 0 && rel_err <= Tolerance(tc.dtype);
+  selftest::ConvReference(x_ref, w_ref, b_ref, p, tc.bias, TensorLayout::kNHWC, &y_ref);
+  selftest::RelError err;
+  for (size_t i = 0; i < y_count; ++i) err.Add(selftest::ToFloat(y_host[i]), y_ref[i]);
+  const double rel_err = err.rel();
+  const bool pass = err.nonfinite == 0 && rel_err <= selftest::Tolerance(tc.dtype);
   std::printf(
       "%-4s %-5s %s N=%lld H=%lld W=%lld C=%lld RxS=%lldx%lld K=%lld s=%d,%d "
       "pad=%d/%d,%d/%d d=%d,%d G=%d bias=%d relu=%d -> P=%lld Q=%lld  "
-      "max_rel_err=%.3e nan=%zu  %s\n",
-      tc.name, DTypeName(tc.dtype), LayoutName(layout), (long long)p.N, (long long)p.H,
+      "max_rel_err=%.3e nonfinite=%lld  %s\n",
+      tc.name, selftest::DTypeName(tc.dtype), selftest::LayoutName(layout), (long long)p.N, (long long)p.H,
       (long long)p.W, (long long)p.C, (long long)p.R, (long long)p.S,
       (long long)p.K, tc.stride_h, tc.stride_w, tc.pad_top, tc.pad_bottom,
       tc.pad_left, tc.pad_right, tc.dil_h, tc.dil_w, tc.groups, tc.bias,
-      tc.relu, (long long)p.P, (long long)p.Q, rel_err, nan_count,
+      tc.relu, (long long)p.P, (long long)p.Q, rel_err, (long long)err.nonfinite,
       pass ? "PASS" : "FAIL");
   return pass;
 }
@@ -200,12 +147,7 @@ bool CheckRejectsBadParams() {
 }  // namespace
 
 int main() {
-  int device_count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&device_count));
-  if (device_count < 1) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
 
   // name, dtype, N,H,W,C,R,S,K, stride, pads t/b/l/r, dil, groups, bias, relu
   const Case cases[] = {
@@ -239,19 +181,14 @@ int main() {
   uint64_t seed = 12345;
   for (const Case& tc : cases) {
     for (TensorLayout layout : layouts) {
-      bool pass = false;
-      switch (tc.dtype) {
-        case DType::kF32: pass = RunCase<float>(tc, layout, seed); break;
-        case DType::kBF16: pass = RunCase<__nv_bfloat16>(tc, layout, seed); break;
-        case DType::kF16: pass = RunCase<__half>(tc, layout, seed); break;
-      }
+      const bool pass = selftest::WithStorageType(tc.dtype, [&](auto t) {
+        return RunCase<decltype(t)>(tc, layout, seed);
+      });
       if (!pass) ++failures;
     }
     seed += 7919;
   }
   if (!CheckRejectsBadParams()) ++failures;
 
-  std::printf("%s: %d failure(s)\n", failures == 0 ? "ALL PASS" : "FAILED",
-              failures);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures);
 }

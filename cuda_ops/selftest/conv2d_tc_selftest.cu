@@ -28,11 +28,6 @@
 
 namespace {
 
-using selftest::ToFloat;
-using selftest::FromFloat;
-using selftest::Lcg;
-using selftest::OutSize;
-
 using jaxcnn::Conv2dParams;
 using jaxcnn::MathPrecision;
 using jaxcnn::TcDType;
@@ -84,8 +79,8 @@ Conv2dParams MakeParams(const Case& tc, Mode mode) {
   Conv2dParams p{};
   p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
   p.R = tc.R; p.S = tc.S; p.K = tc.K;
-  p.P = OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
+  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
+  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
   p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
@@ -101,19 +96,15 @@ Conv2dParams MakeParams(const Case& tc, Mode mode) {
 double RefPoint(const std::vector<float>& x, const std::vector<float>& w,
                 const std::vector<float>& bias, const Conv2dParams& p,
                 bool has_bias, int64_t n, int64_t oh, int64_t ow, int64_t k) {
+  const selftest::ConvWindow win{p.H, p.W, p.R, p.S, p.stride_h, p.stride_w,
+                                 p.pad_h, p.pad_w, p.dil_h, p.dil_w};
   double acc = has_bias ? bias[k] : 0.0;
-  for (int64_t r = 0; r < p.R; ++r) {
-    const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dil_h;
-    if (ih < 0 || ih >= p.H) continue;
-    for (int64_t s = 0; s < p.S; ++s) {
-      const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dil_w;
-      if (iw < 0 || iw >= p.W) continue;
-      const float* xr = &x[((n * p.H + ih) * p.W + iw) * p.C];
-      const float* wr = &w[(r * p.S + s) * p.C * p.K + k];
-      for (int64_t c = 0; c < p.C; ++c)
-        acc += static_cast<double>(xr[c]) * static_cast<double>(wr[c * p.K]);
-    }
-  }
+  selftest::ForEachTap(win, oh, ow, [&](int64_t r, int64_t s, int64_t ih, int64_t iw) {
+    const float* xr = &x[((n * p.H + ih) * p.W + iw) * p.C];
+    const float* wr = &w[(r * p.S + s) * p.C * p.K + k];
+    for (int64_t c = 0; c < p.C; ++c)
+      acc += static_cast<double>(xr[c]) * static_cast<double>(wr[c * p.K]);
+  });
   if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;  // keeps NaN, like jnp.maximum
   return acc;
 }
@@ -133,26 +124,14 @@ struct DeviceCase {
     x_count = p.N * p.H * p.W * p.C;
     w_count = p.R * p.S * p.C * p.K;
     y_count = p.N * p.P * p.Q * p.K;
-    Lcg rng{seed};
-    x_host.resize(x_count); x_ref.resize(x_count);
-    w_host.resize(w_count); w_ref.resize(w_count);
-    b_host.resize(p.K); b_ref.resize(p.K);
-    for (size_t i = 0; i < x_count; ++i) {
-      x_host[i] = FromFloat<T>(rng.next());
-      x_ref[i] = ToFloat(x_host[i]);
-    }
-    for (size_t i = 0; i < w_count; ++i) {
-      w_host[i] = FromFloat<T>(rng.next());
-      w_ref[i] = ToFloat(w_host[i]);
-    }
-    for (int64_t i = 0; i < p.K; ++i) {
-      b_host[i] = FromFloat<T>(rng.next());
-      b_ref[i] = ToFloat(b_host[i]);
-    }
+    selftest::Lcg rng{seed};
+    selftest::RandomFill(&rng, x_count, &x_host, &x_ref);
+    selftest::RandomFill(&rng, w_count, &w_host, &w_ref);
+    selftest::RandomFill(&rng, p.K, &b_host, &b_ref);
     if (tc.nan_input) {
       // Pixel (0, H/2, W/2), channel 1.
       const size_t i = ((0 * p.H + p.H / 2) * p.W + p.W / 2) * p.C + 1;
-      x_host[i] = FromFloat<T>(std::numeric_limits<float>::quiet_NaN());
+      x_host[i] = selftest::FromFloat<T>(std::numeric_limits<float>::quiet_NaN());
       x_ref[i] = std::numeric_limits<float>::quiet_NaN();
     }
     CHECK_CUDA(cudaMalloc(&x, x_count * sizeof(T)));
@@ -181,21 +160,16 @@ CheckResult Check(const DeviceCase<T>& dc, const Case& tc,
                   const std::vector<T>& y_host, uint64_t seed) {
   const Conv2dParams& p = dc.p;
   CheckResult r;
-  double max_ref = 0.0, max_abs_err = 0.0;
+  selftest::RelError err;
   auto check_point = [&](int64_t n, int64_t oh, int64_t ow, int64_t k) {
     const double ref = RefPoint(dc.x_ref, dc.w_ref, dc.b_ref, p, tc.bias, n, oh, ow, k);
-    const double got = ToFloat(y_host[((n * p.P + oh) * p.Q + ow) * p.K + k]);
+    const double got = selftest::ToFloat(y_host[((n * p.P + oh) * p.Q + ow) * p.K + k]);
     ++r.checked;
     if (std::isnan(ref)) {
       if (!std::isnan(got)) ++r.missing_nan;
       return;
     }
-    if (!std::isfinite(got)) {
-      ++r.bad_nan;
-      return;
-    }
-    max_ref = std::fmax(max_ref, std::fabs(ref));
-    max_abs_err = std::fmax(max_abs_err, std::fabs(got - ref));
+    err.Add(got, ref);
   };
   if (!tc.large) {
     for (int64_t n = 0; n < p.N; ++n)
@@ -205,12 +179,12 @@ CheckResult Check(const DeviceCase<T>& dc, const Case& tc,
   } else {
     // Every element must have been written (no NaN from the poison).
     for (size_t i = 0; i < y_host.size(); ++i)
-      if (!std::isfinite(ToFloat(y_host[i]))) ++r.bad_nan;
+      if (!std::isfinite(selftest::ToFloat(y_host[i]))) ++r.bad_nan;
     // Image corners (all padding cases) for every channel, then random points.
     const int64_t corners[4][2] = {{0, 0}, {0, p.Q - 1}, {p.P - 1, 0}, {p.P - 1, p.Q - 1}};
     for (const auto& cn : corners)
       for (int64_t k = 0; k < p.K; ++k) check_point(p.N - 1, cn[0], cn[1], k);
-    Lcg rng{seed ^ 0x9e3779b97f4a7c15ULL};
+    selftest::Lcg rng{seed ^ 0x9e3779b97f4a7c15ULL};
     for (int i = 0; i < 20000; ++i) {
       const uint64_t u = rng.next_u64() >> 11;
       const int64_t idx = static_cast<int64_t>(u % dc.y_count);
@@ -219,7 +193,8 @@ CheckResult Check(const DeviceCase<T>& dc, const Case& tc,
       check_point(n, oh, ow, k);
     }
   }
-  r.rel_err = max_abs_err / std::fmax(max_ref, 1e-30);
+  r.bad_nan += err.nonfinite;
+  r.rel_err = err.rel();
   return r;
 }
 
@@ -442,6 +417,5 @@ int main(int argc, char** argv) {
     seed += 7919;
   }
 
-  std::printf("%s: %d failure(s)\n", failures == 0 ? "ALL PASS" : "FAILED", failures);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures);
 }

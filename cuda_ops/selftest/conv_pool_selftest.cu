@@ -34,8 +34,6 @@ using jaxcnn::ConvPoolBuffers;
 using jaxcnn::ConvPoolParams;
 using selftest::DType;
 
-constexpr size_t kGuardBytes = 256;
-
 const char* AlgoName(ConvPoolAlgorithm a) {
   switch (a) {
     case ConvPoolAlgorithm::kAuto: return "auto";
@@ -81,25 +79,14 @@ struct Case {
 };
 
 template <typename T>
-void Fill(std::vector<T>& v, std::vector<float>& f, int64_t n, float scale, float shift,
-          selftest::Lcg& rng) {
-  v.resize(n);
-  f.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = selftest::FromFloat<T>(rng.next() * scale + shift);
-    f[i] = selftest::ToFloat(v[i]);
-  }
-}
-
-template <typename T>
 Case<T> MakeCase(const ConvPoolParams& p, uint64_t seed) {
   Case<T> c;
   c.p = p;
   selftest::Lcg rng{seed};
   // Uniform scales that keep activations O(1); a bias around -0.1 leaves many ReLU zeros.
-  Fill(c.x, c.xf, p.N * p.H * p.W * p.C, 1.0f, 0.0f, rng);
-  Fill(c.w, c.wf, p.R * p.S * p.C * p.K, std::sqrt(6.0f / (p.R * p.S * p.C)), 0.0f, rng);
-  Fill(c.b, c.bf, p.K, 0.3f, -0.1f, rng);
+  selftest::RandomFill(&rng, p.N * p.H * p.W * p.C, &c.x, &c.xf);
+  selftest::RandomFill(&rng, p.R * p.S * p.C * p.K, &c.w, &c.wf, std::sqrt(6.0f / (p.R * p.S * p.C)));
+  selftest::RandomFill(&rng, p.K, &c.b, &c.bf, 0.3f, -0.1f);
   return c;
 }
 
@@ -109,23 +96,19 @@ std::vector<double> Reference(const Case<T>& c, int64_t n) {
   const ConvPoolParams& p = c.p;
   std::vector<double> conv(p.P * p.Q * p.K);
   std::vector<double> acc(p.K);
+  const selftest::ConvWindow win{p.H, p.W, p.R, p.S, p.stride_h, p.stride_w,
+                                 p.pad_top, p.pad_left, p.dilation_h, p.dilation_w};
   for (int64_t oh = 0; oh < p.P; ++oh)
     for (int64_t ow = 0; ow < p.Q; ++ow) {
       for (int64_t k = 0; k < p.K; ++k) acc[k] = c.bf[k];
-      for (int64_t r = 0; r < p.R; ++r) {
-        const int64_t ih = oh * p.stride_h - p.pad_top + r * p.dilation_h;
-        if (ih < 0 || ih >= p.H) continue;
-        for (int64_t s = 0; s < p.S; ++s) {
-          const int64_t iw = ow * p.stride_w - p.pad_left + s * p.dilation_w;
-          if (iw < 0 || iw >= p.W) continue;
-          const float* xp = &c.xf[((n * p.H + ih) * p.W + iw) * p.C];
-          for (int64_t ci = 0; ci < p.C; ++ci) {
-            const double xv = xp[ci];
-            const float* wp = &c.wf[((r * p.S + s) * p.C + ci) * p.K];
-            for (int64_t k = 0; k < p.K; ++k) acc[k] += xv * wp[k];
-          }
+      selftest::ForEachTap(win, oh, ow, [&](int64_t r, int64_t s, int64_t ih, int64_t iw) {
+        const float* xp = &c.xf[((n * p.H + ih) * p.W + iw) * p.C];
+        for (int64_t ci = 0; ci < p.C; ++ci) {
+          const double xv = xp[ci];
+          const float* wp = &c.wf[((r * p.S + s) * p.C + ci) * p.K];
+          for (int64_t k = 0; k < p.K; ++k) acc[k] += xv * wp[k];
         }
-      }
+      });
       for (int64_t k = 0; k < p.K; ++k)
         conv[(oh * p.Q + ow) * p.K + k] = acc[k] > 0 ? acc[k] : 0.0;
     }
@@ -144,15 +127,6 @@ std::vector<double> Reference(const Case<T>& c, int64_t n) {
         }
       }
   return y;
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& v, int misalign = 0) {
-  T* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, (v.size() + misalign + 1) * sizeof(T)));
-  if (!v.empty())
-    CHECK_CUDA(cudaMemcpy(d + misalign, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d + misalign;
 }
 
 // Elements by which x and y start past a 16-byte boundary; a plain int misaligns both.
@@ -191,15 +165,11 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
   const Case<T> c = MakeCase<T>(p, 0x5EED0000ULL + p.N * 7 + p.H * 131 + p.C * 31 + p.K);
   const int64_t y_count = p.N * p.PH * p.PW * p.K;
   ConvPoolBuffers<T> b;
-  b.x = Upload(c.x, misalign.x);
-  b.w = Upload(c.w);
-  b.bias = Upload(c.b);
-  unsigned char* y_raw = nullptr;
-  const size_t y_bytes = y_count * sizeof(T);
-  const size_t lead = misalign.y * sizeof(T);
-  CHECK_CUDA(cudaMalloc(&y_raw, y_bytes + kGuardBytes + lead));
-  b.y = reinterpret_cast<T*>(y_raw + lead);
-  CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + lead));
+  b.x = selftest::Upload(c.x, misalign.x);
+  b.w = selftest::Upload(c.w);
+  b.bias = selftest::Upload(c.b);
+  const selftest::PoisonedOutput<T> out(y_count, misalign.y * sizeof(T));
+  b.y = out.y();
 
   const jaxcnn::ConvPoolPlan plan = jaxcnn::plan_conv_pool<T>(p, b, algo);
   bool pass;
@@ -214,30 +184,22 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
       CHECK_CUDA(Launch<T>(p, b, algo));
       CHECK_CUDA(cudaDeviceSynchronize());
     }
-    std::vector<T> got(y_count);
-    std::vector<unsigned char> guard(kGuardBytes);
-    CHECK_CUDA(cudaMemcpy(got.data(), b.y, y_bytes, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(guard.data(), y_raw + lead + y_bytes, kGuardBytes,
-                          cudaMemcpyDeviceToHost));
-    for (unsigned char g : guard) pass = pass && g == 0xFF;
+    std::vector<T> got;
+    pass = out.Read(&got) && pass;
     // Every element must be written (no poison left), checked images or not.
     for (int64_t i = 0; pass && i < y_count; ++i)
       if (!std::isfinite(selftest::ToFloat(got[i]))) ++bad;
-    double max_err = 0.0, max_ref = 0.0;
+    selftest::RelError err;
     if (check.empty())
       for (int64_t n = 0; n < p.N; ++n) check.push_back(n);
     if (pass && bad == 0) {
       for (int64_t n : check) {
         const std::vector<double> want = Reference(c, n);
         const T* g = got.data() + n * p.PH * p.PW * p.K;
-        for (size_t i = 0; i < want.size(); ++i) {
-          const double v = selftest::ToFloat(g[i]);
-          max_err = std::fmax(max_err, std::fabs(v - want[i]));
-          max_ref = std::fmax(max_ref, std::fabs(want[i]));
-        }
+        for (size_t i = 0; i < want.size(); ++i) err.Add(selftest::ToFloat(g[i]), want[i]);
       }
     }
-    rel = max_err / std::fmax(max_ref, 1e-30);
+    rel = err.rel();
     // TF32 rounds every input to 10 mantissa bits (XLA's DEFAULT for fp32 does the same).
     const double tolerance = tf32 ? 5e-3 : selftest::Tolerance(DTypeOf<T>());
     pass = pass && bad == 0 && rel <= tolerance;
@@ -285,7 +247,6 @@ bool RunCase(const Layer& layer, ConvPoolAlgorithm algo, Misalign misalign = {},
   CHECK_CUDA(cudaFree(const_cast<T*>(b.x) - misalign.x));
   CHECK_CUDA(cudaFree(const_cast<T*>(b.w)));
   CHECK_CUDA(cudaFree(const_cast<T*>(b.bias)));
-  CHECK_CUDA(cudaFree(y_raw));
   return pass;
 }
 
@@ -415,11 +376,7 @@ int RunFlatK(const Layer& layer, bool tf32, Misalign misalign = {}) {
 
 int main(int argc, char** argv) {
   const bool skip_large = argc > 1 && std::strcmp(argv[1], "--skip-large") == 0;
-  int device_count = 0;
-  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
   int failures = 0;
   const ConvPoolAlgorithm algos[] = {ConvPoolAlgorithm::kAuto, ConvPoolAlgorithm::kTensorCore,
                                      ConvPoolAlgorithm::kDirect};
@@ -529,6 +486,5 @@ int main(int argc, char** argv) {
       failures += !RunCase<__nv_bfloat16>(one, ConvPoolAlgorithm::kTensorCore, 0, false, {0}, 50);
     }
   }
-  std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures);
 }

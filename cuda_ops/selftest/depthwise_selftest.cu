@@ -20,14 +20,6 @@
 namespace {
 
 using selftest::DType;
-using selftest::DTypeName;
-using selftest::LayoutName;
-using selftest::LayoutOffset;
-using selftest::Tolerance;
-using selftest::ToFloat;
-using selftest::FromFloat;
-using selftest::Lcg;
-using selftest::OutSize;
 
 using jaxcnn::Conv2dParams;
 using jaxcnn::TensorLayout;
@@ -50,42 +42,13 @@ struct Case {
   int nan_inputs;  // number of input elements set to NaN
 };
 
-// Float64 reference on the already-rounded T inputs; NaN propagates, and
-// ReLU keeps NaN (like jnp.maximum).
-void Reference(const std::vector<float>& x, const std::vector<float>& w,
-               const std::vector<float>& bias, const Conv2dParams& p,
-               bool has_bias, std::vector<double>* y) {
-  const int64_t mult = p.K / p.C;
-  y->assign(p.N * p.P * p.Q * p.K, 0.0);
-  for (int64_t n = 0; n < p.N; ++n)
-    for (int64_t oh = 0; oh < p.P; ++oh)
-      for (int64_t ow = 0; ow < p.Q; ++ow)
-        for (int64_t k = 0; k < p.K; ++k) {
-          const int64_t c = k / mult;
-          double acc = has_bias ? bias[k] : 0.0;
-          for (int64_t r = 0; r < p.R; ++r) {
-            const int64_t ih = oh * p.stride_h - p.pad_h + r * p.dil_h;
-            if (ih < 0 || ih >= p.H) continue;
-            for (int64_t s = 0; s < p.S; ++s) {
-              const int64_t iw = ow * p.stride_w - p.pad_w + s * p.dil_w;
-              if (iw < 0 || iw >= p.W) continue;
-              acc += static_cast<double>(
-                         x[LayoutOffset(p.layout, p.N, p.C, p.H, p.W, n, c, ih, iw)]) *
-                     w[(r * p.S + s) * p.K + k];
-            }
-          }
-          if (p.epilogue.act == jaxcnn::Activation::kRelu && acc < 0.0) acc = 0.0;
-          (*y)[LayoutOffset(p.layout, p.N, p.K, p.P, p.Q, n, k, oh, ow)] = acc;
-        }
-}
-
 template <typename T>
 bool RunCase(const Case& tc, uint64_t seed) {
   Conv2dParams p{};
   p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
   p.R = tc.R; p.S = tc.S; p.K = tc.C * tc.mult;
-  p.P = OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
+  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
+  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
   p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
   p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
   p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
@@ -104,26 +67,17 @@ bool RunCase(const Case& tc, uint64_t seed) {
   const size_t y_count = p.N * p.P * p.Q * p.K;
   const size_t shift = tc.misalign ? 1 : 0;
 
-  Lcg rng{seed};
-  std::vector<T> x_host(x_count), w_host(w_count), b_host(p.K);
-  std::vector<float> x_ref(x_count), w_ref(w_count), b_ref(p.K);
-  for (size_t i = 0; i < x_count; ++i) {
-    x_host[i] = FromFloat<T>(rng.next());
-    x_ref[i] = ToFloat(x_host[i]);
-  }
+  selftest::Lcg rng{seed};
+  std::vector<T> x_host, w_host, b_host;
+  std::vector<float> x_ref, w_ref, b_ref;
+  selftest::RandomFill(&rng, x_count, &x_host, &x_ref);
   for (int i = 0; i < tc.nan_inputs; ++i) {
     const size_t at = static_cast<size_t>((rng.next() + 1.0f) * 0.5f * x_count) % x_count;
-    x_host[at] = FromFloat<T>(NAN);
+    x_host[at] = selftest::FromFloat<T>(NAN);
     x_ref[at] = NAN;
   }
-  for (size_t i = 0; i < w_count; ++i) {
-    w_host[i] = FromFloat<T>(rng.next());
-    w_ref[i] = ToFloat(w_host[i]);
-  }
-  for (int64_t i = 0; i < p.K; ++i) {
-    b_host[i] = FromFloat<T>(rng.next());
-    b_ref[i] = ToFloat(b_host[i]);
-  }
+  selftest::RandomFill(&rng, w_count, &w_host, &w_ref);
+  selftest::RandomFill(&rng, p.K, &b_host, &b_ref);
 
   T *x_alloc = nullptr, *w_dev = nullptr, *b_dev = nullptr, *y_alloc = nullptr;
   CHECK_CUDA(cudaMalloc(&x_alloc, (x_count + shift) * sizeof(T)));
@@ -158,29 +112,28 @@ bool RunCase(const Case& tc, uint64_t seed) {
   CHECK_CUDA(cudaFree(y_alloc));
 
   std::vector<double> y_ref;
-  Reference(x_ref, w_ref, b_ref, p, tc.bias, &y_ref);
-  double max_ref = 0.0, max_abs_err = 0.0;
-  size_t nan_mismatch = 0, nan_expected = 0;
+  selftest::ConvReference(x_ref, w_ref, b_ref, p, tc.bias, p.layout, &y_ref);
+  // NaN must reach exactly the outputs the reference's NaN reaches.
+  selftest::RelError err;
+  size_t nan_missing = 0, nan_expected = 0;
   for (size_t i = 0; i < y_count; ++i) {
-    const double got = ToFloat(y_host[i]);
-    const bool ref_nan = std::isnan(y_ref[i]);
-    nan_expected += ref_nan;
-    if (std::isnan(got) != ref_nan) {
-      ++nan_mismatch;
-      continue;
+    const double got = selftest::ToFloat(y_host[i]);
+    if (std::isnan(y_ref[i])) {
+      ++nan_expected;
+      nan_missing += !std::isnan(got);
+    } else {
+      err.Add(got, y_ref[i]);
     }
-    if (ref_nan) continue;
-    max_ref = std::fmax(max_ref, std::fabs(y_ref[i]));
-    max_abs_err = std::fmax(max_abs_err, std::fabs(got - y_ref[i]));
   }
-  const double rel_err = max_abs_err / std::fmax(max_ref, 1e-30);
-  const bool pass = nan_mismatch == 0 && rel_err <= Tolerance(tc.dtype) &&
+  const size_t nan_mismatch = nan_missing + err.nonfinite;
+  const double rel_err = err.rel();
+  const bool pass = nan_mismatch == 0 && rel_err <= selftest::Tolerance(tc.dtype) &&
                     (tc.nan_inputs == 0 || nan_expected > 0);
   std::printf(
       "%-4s %-4s %-4s N=%lld H=%lld W=%lld C=%lld K=%lld RxS=%lldx%lld s=%d,%d "
       "pad=%d/%d,%d/%d d=%d,%d bias=%d relu=%d misalign=%d -> P=%lld Q=%lld  "
       "max_rel_err=%.3e nan_expected=%zu nan_mismatch=%zu  %s\n",
-      tc.name, DTypeName(tc.dtype), LayoutName(tc.layout), (long long)p.N,
+      tc.name, selftest::DTypeName(tc.dtype), selftest::LayoutName(tc.layout), (long long)p.N,
       (long long)p.H, (long long)p.W, (long long)p.C, (long long)p.K,
       (long long)p.R, (long long)p.S, tc.stride_h, tc.stride_w, tc.pad_top,
       tc.pad_bottom, tc.pad_left, tc.pad_right, tc.dil_h, tc.dil_w, tc.bias,
@@ -216,12 +169,7 @@ bool CheckRejectsBadParams() {
 }  // namespace
 
 int main() {
-  int device_count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&device_count));
-  if (device_count < 1) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
 
   using D = DType;
   // name, dtype, layout, N,H,W,C,mult,R,S, stride h/w, pads t/b/l/r, dil h/w,
@@ -266,18 +214,12 @@ int main() {
   int failures = 0;
   uint64_t seed = 4242;
   for (const Case& tc : cases) {
-    bool pass = false;
-    switch (tc.dtype) {
-      case DType::kF32: pass = RunCase<float>(tc, seed); break;
-      case DType::kBF16: pass = RunCase<__nv_bfloat16>(tc, seed); break;
-      case DType::kF16: pass = RunCase<__half>(tc, seed); break;
-    }
+    const bool pass = selftest::WithStorageType(
+        tc.dtype, [&](auto t) { return RunCase<decltype(t)>(tc, seed); });
     if (!pass) ++failures;
     seed += 7919;
   }
   if (!CheckRejectsBadParams()) ++failures;
 
-  std::printf("%s: %d failure(s)\n", failures == 0 ? "ALL PASS" : "FAILED",
-              failures);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures);
 }

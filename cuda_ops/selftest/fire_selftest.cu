@@ -31,8 +31,6 @@ using jaxcnn::FireBuffers;
 using jaxcnn::FireParams;
 using selftest::DType;
 
-constexpr size_t kGuardBytes = 256;
-
 const char* AlgoName(FireAlgorithm a) {
   switch (a) {
     case FireAlgorithm::kAuto: return "auto";
@@ -60,28 +58,18 @@ struct Case {
 };
 
 template <typename T>
-void Fill(std::vector<T>& v, std::vector<float>& f, int64_t n, float scale, selftest::Lcg& rng) {
-  v.resize(n);
-  f.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = selftest::FromFloat<T>(rng.next() * scale);
-    f[i] = selftest::ToFloat(v[i]);
-  }
-}
-
-template <typename T>
 Case<T> MakeCase(const FireParams& p, uint64_t seed) {
   Case<T> c;
   c.p = p;
   selftest::Lcg rng{seed};
   // Uniform scales that keep activations O(1) (variance-preserving for ReLU nets).
-  Fill(c.x, c.xf, p.N * p.H * p.W * p.C, 1.0f, rng);
-  Fill(c.wsq, c.wsqf, p.C * p.S, std::sqrt(6.0f / p.C), rng);
-  Fill(c.bsq, c.bsqf, p.S, 0.2f, rng);
-  Fill(c.we1, c.we1f, p.S * p.E1, std::sqrt(6.0f / p.S), rng);
-  Fill(c.be1, c.be1f, p.E1, 0.2f, rng);
-  Fill(c.we3, c.we3f, 9 * p.S * p.E3, std::sqrt(6.0f / (9 * p.S)), rng);
-  Fill(c.be3, c.be3f, p.E3, 0.2f, rng);
+  selftest::RandomFill(&rng, p.N * p.H * p.W * p.C, &c.x, &c.xf);
+  selftest::RandomFill(&rng, p.C * p.S, &c.wsq, &c.wsqf, std::sqrt(6.0f / p.C));
+  selftest::RandomFill(&rng, p.S, &c.bsq, &c.bsqf, 0.2f);
+  selftest::RandomFill(&rng, p.S * p.E1, &c.we1, &c.we1f, std::sqrt(6.0f / p.S));
+  selftest::RandomFill(&rng, p.E1, &c.be1, &c.be1f, 0.2f);
+  selftest::RandomFill(&rng, 9 * p.S * p.E3, &c.we3, &c.we3f, std::sqrt(6.0f / (9 * p.S)));
+  selftest::RandomFill(&rng, p.E3, &c.be3, &c.be3f, 0.2f);
   return c;
 }
 
@@ -125,15 +113,6 @@ std::vector<double> Reference(const Case<T>& c, int64_t n) {
   return y;
 }
 
-template <typename T>
-T* Upload(const std::vector<T>& v, int misalign = 0) {
-  T* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, (v.size() + misalign + 1) * sizeof(T)));
-  if (!v.empty())
-    CHECK_CUDA(cudaMemcpy(d + misalign, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d + misalign;
-}
-
 // Runs one case: poison, launch, compare images `check` (all when empty) with the float64
 // reference; returns pass. With time_iters > 0 it also prints the mean cudaEvent time.
 template <typename T>
@@ -143,15 +122,12 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   const int64_t E = p.E1 + p.E3;
   const int64_t y_count = p.N * p.H * p.W * E;
   FireBuffers<T> b;
-  b.x = Upload(c.x, misalign);
-  b.w_sq = Upload(c.wsq), b.b_sq = Upload(c.bsq);
-  b.w_e1 = Upload(c.we1), b.b_e1 = Upload(c.be1);
-  b.w_e3 = Upload(c.we3), b.b_e3 = Upload(c.be3);
-  unsigned char* y_raw = nullptr;
-  const size_t y_bytes = y_count * sizeof(T);
-  CHECK_CUDA(cudaMalloc(&y_raw, y_bytes + kGuardBytes + misalign * sizeof(T)));
-  b.y = reinterpret_cast<T*>(y_raw + misalign * sizeof(T));
-  CHECK_CUDA(cudaMemset(y_raw, 0xFF, y_bytes + kGuardBytes + misalign * sizeof(T)));
+  b.x = selftest::Upload(c.x, misalign);
+  b.w_sq = selftest::Upload(c.wsq), b.b_sq = selftest::Upload(c.bsq);
+  b.w_e1 = selftest::Upload(c.we1), b.b_e1 = selftest::Upload(c.be1);
+  b.w_e3 = selftest::Upload(c.we3), b.b_e3 = selftest::Upload(c.be3);
+  const selftest::PoisonedOutput<T> out(y_count, misalign * sizeof(T));
+  b.y = out.y();
   // The wgmma path's squeeze output (cudaMalloc is 256-byte aligned); poisoned too.
   b.workspace_bytes = std::max<size_t>(256, (p.N * p.H * p.W * p.S * sizeof(T) + 255) / 256 * 256);
   CHECK_CUDA(cudaMalloc(&b.workspace, b.workspace_bytes));
@@ -163,14 +139,10 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
     CHECK_CUDA(jaxcnn::launch_fire<T>(p, b, algo, 0));
     CHECK_CUDA(cudaDeviceSynchronize());
   }
-  std::vector<T> got(y_count);
-  std::vector<unsigned char> guard(kGuardBytes);
-  CHECK_CUDA(cudaMemcpy(got.data(), b.y, y_bytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(guard.data(), y_raw + misalign * sizeof(T) + y_bytes, kGuardBytes,
-                        cudaMemcpyDeviceToHost));
-  for (unsigned char g : guard) pass = pass && g == 0xFF;
+  std::vector<T> got;
+  pass = out.Read(&got) && pass;
 
-  double max_err = 0.0, max_ref = 0.0;
+  selftest::RelError err;
   int64_t bad = 0;
   if (check.empty())
     for (int64_t n = 0; n < p.N; ++n) check.push_back(n);
@@ -181,18 +153,11 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
     for (int64_t n : check) {
       const std::vector<double> want = Reference(c, n);
       const T* g = got.data() + n * p.H * p.W * E;
-      for (size_t i = 0; i < want.size(); ++i) {
-        const double v = selftest::ToFloat(g[i]);
-        if (!std::isfinite(v)) {
-          ++bad;
-          continue;
-        }
-        max_err = std::fmax(max_err, std::fabs(v - want[i]));
-        max_ref = std::fmax(max_ref, std::fabs(want[i]));
-      }
+      for (size_t i = 0; i < want.size(); ++i) err.Add(selftest::ToFloat(g[i]), want[i]);
     }
   }
-  const double rel = max_err / std::fmax(max_ref, 1e-30);
+  bad += err.nonfinite;
+  const double rel = err.rel();
   pass = pass && bad == 0 && rel <= selftest::Tolerance(DTypeOf<T>());
 
   double ms = 0.0;
@@ -249,7 +214,6 @@ bool RunCase(const FireParams& p, FireAlgorithm algo, int misalign, const char* 
   CHECK_CUDA(cudaFree(const_cast<T*>(b.x) - misalign));
   const T* weights[] = {b.w_sq, b.b_sq, b.w_e1, b.b_e1, b.w_e3, b.b_e3};
   for (const T* d : weights) CHECK_CUDA(cudaFree(const_cast<T*>(d)));
-  CHECK_CUDA(cudaFree(y_raw));
   CHECK_CUDA(cudaFree(b.workspace));
   return pass;
 }
@@ -275,12 +239,7 @@ const Fire kSqueezeNetFires[] = {
 
 int main(int argc, char** argv) {
   const bool skip_large = argc > 1 && std::strcmp(argv[1], "--skip-large") == 0;
-  int device_count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&device_count));
-  if (device_count < 1) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
   int failures = 0, cases = 0;
   auto count = [&](bool pass) {
     ++cases;
@@ -387,7 +346,5 @@ int main(int argc, char** argv) {
                                      200));
     }
   }
-  std::printf("%s: %d of %d case(s) failed\n", failures == 0 ? "ALL PASS" : "FAILED", failures,
-              cases);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures, cases);
 }

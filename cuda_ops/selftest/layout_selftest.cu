@@ -16,30 +16,11 @@
 #include "layout/layout_transform.h"
 #include "selftest/selftest_util.h"
 
-
 namespace {
 
-
 using jaxcnn::TensorLayout;
-
-const char* Name(TensorLayout layout) {
-  switch (layout) {
-    case TensorLayout::kNHWC: return "NHWC";
-    case TensorLayout::kNCHW: return "NCHW";
-    case TensorLayout::kCHWN: return "CHWN";
-  }
-  return "?";
-}
-
-int64_t Offset(TensorLayout layout, int64_t N, int64_t C, int64_t H, int64_t W,
-               int64_t n, int64_t c, int64_t h, int64_t w) {
-  switch (layout) {
-    case TensorLayout::kNHWC: return ((n * H + h) * W + w) * C + c;
-    case TensorLayout::kNCHW: return ((n * C + c) * H + h) * W + w;
-    case TensorLayout::kCHWN: return ((c * H + h) * W + w) * N + n;
-  }
-  return 0;
-}
+using selftest::LayoutName;
+using selftest::LayoutOffset;
 
 const char* KindName(jaxcnn::LayoutTransformPlan::Kind kind) {
   using Kind = jaxcnn::LayoutTransformPlan::Kind;
@@ -66,8 +47,8 @@ bool RunCase(TensorLayout src, TensorLayout dst, size_t bytes, int64_t N,
     for (int64_t c = 0; c < C; ++c)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t w = 0; w < W; ++w)
-          std::memcpy(&want[Offset(dst, N, C, H, W, n, c, h, w) * bytes],
-                      &x[Offset(src, N, C, H, W, n, c, h, w) * bytes], bytes);
+          std::memcpy(&want[LayoutOffset(dst, N, C, H, W, n, c, h, w) * bytes],
+                      &x[LayoutOffset(src, N, C, H, W, n, c, h, w) * bytes], bytes);
 
   const size_t pad = misalign * bytes;
   uint8_t *x_dev = nullptr, *y_dev = nullptr;
@@ -91,7 +72,7 @@ bool RunCase(TensorLayout src, TensorLayout dst, size_t bytes, int64_t N,
   CHECK_CUDA(cudaFree(y_dev));
   const auto plan = jaxcnn::plan_layout_transform(src, dst, N, C, H, W);
   std::printf("%s->%s %zuB N=%lld C=%lld H=%lld W=%lld misalign=%d  %s B=%lld I=%lld J=%lld%s  %s\n",
-              Name(src), Name(dst), bytes, (long long)N, (long long)C,
+              LayoutName(src), LayoutName(dst), bytes, (long long)N, (long long)C,
               (long long)H, (long long)W, misalign, KindName(plan.kind),
               (long long)plan.B, (long long)plan.I, (long long)plan.J,
               plan.batch_middle ? " (batch middle)" : "", pass ? "PASS" : "FAIL");
@@ -101,12 +82,7 @@ bool RunCase(TensorLayout src, TensorLayout dst, size_t bytes, int64_t N,
 }  // namespace
 
 int main() {
-  int device_count = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&device_count));
-  if (device_count < 1) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 2;
-  }
+  selftest::RequireCudaDevice();
   const TensorLayout layouts[] = {TensorLayout::kNHWC, TensorLayout::kNCHW,
                                   TensorLayout::kCHWN};
   // Logical N, C, H, W.
@@ -136,7 +112,5 @@ int main() {
       cudaErrorInvalidValue;
   std::printf("3-byte elements refused: %s\n", refused ? "PASS" : "FAIL");
   if (!refused) ++failures;
-  std::printf("%s: %d of %d case(s) failed\n", failures == 0 ? "ALL PASS" : "FAILED",
-              failures, cases + 1);
-  return failures == 0 ? 0 : 1;
+  return selftest::Finish(failures, cases + 1);
 }

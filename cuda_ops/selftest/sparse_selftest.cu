@@ -31,8 +31,7 @@ namespace {
 using jaxcnn::SparseConvParams;
 using selftest::DType;
 
-constexpr size_t kGuardBytes = 256;
-constexpr unsigned char kPoison = 0xFF;
+constexpr unsigned char kPoison = 0xFF;  // the scratch's: NaN bytes, as the output's
 
 using selftest::DTypeOf;
 
@@ -68,27 +67,23 @@ SparseConvParams MakeParams(const Shape& s, int64_t elem_bytes = 4) {
 void Reference(const SparseConvParams& p, const std::vector<float>& x, const std::vector<float>& w,
                const std::vector<float>& b, std::vector<double>& out, std::vector<double>& scale) {
   std::vector<double> conv(p.N * p.P * p.Q * p.K), conv_scale(conv.size());
+  const selftest::ConvWindow win{p.H, p.W, p.R, p.S, p.stride_h, p.stride_w,
+                                 p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
   for (int64_t n = 0; n < p.N; ++n)
     for (int64_t oh = 0; oh < p.P; ++oh)
       for (int64_t ow = 0; ow < p.Q; ++ow)
         for (int64_t k = 0; k < p.K; ++k) {
           double acc = b[k], mag = std::fabs(b[k]);
-          for (int64_t r = 0; r < p.R; ++r) {
-            const int64_t h = oh * p.stride_h - p.pad_h + r * p.dilation_h;
-            if (h < 0 || h >= p.H) continue;
-            for (int64_t s = 0; s < p.S; ++s) {
-              const int64_t wx = ow * p.stride_w - p.pad_w + s * p.dilation_w;
-              if (wx < 0 || wx >= p.W) continue;
-              const float* xp = &x[((n * p.H + h) * p.W + wx) * p.C];
-              const float* wp = &w[(r * p.S + s) * p.C * p.K + k];
-              for (int64_t c = 0; c < p.C; ++c) {
-                if (xp[c] == 0.0f) continue;  // exact: a zero adds nothing (inputs are finite)
-                const double prod = static_cast<double>(xp[c]) * wp[c * p.K];
-                acc += prod;
-                mag += std::fabs(prod);
-              }
+          selftest::ForEachTap(win, oh, ow, [&](int64_t r, int64_t s, int64_t h, int64_t wx) {
+            const float* xp = &x[((n * p.H + h) * p.W + wx) * p.C];
+            const float* wp = &w[(r * p.S + s) * p.C * p.K + k];
+            for (int64_t c = 0; c < p.C; ++c) {
+              if (xp[c] == 0.0f) continue;  // exact: a zero adds nothing (inputs are finite)
+              const double prod = static_cast<double>(xp[c]) * wp[c * p.K];
+              acc += prod;
+              mag += std::fabs(prod);
             }
-          }
+          });
           const bool relu = p.pooled() || p.activation == 1;
           const int64_t i = ((n * p.P + oh) * p.Q + ow) * p.K + k;
           conv[i] = relu ? std::max(acc, 0.0) : acc;
@@ -180,27 +175,22 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
 
   DeviceCase<T> d;
   d.y_elems = p.pooled() ? p.N * p.PP * p.PQ * p.K : p.N * p.P * p.Q * p.K;
-  const size_t y_bytes = d.y_elems * sizeof(T);
   CHECK_CUDA(cudaMalloc(&d.x, x.size() * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&d.w, w.size() * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&d.b, b.size() * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(&d.y, y_bytes + kGuardBytes));
+  const selftest::PoisonedOutput<T> out(d.y_elems);
   d.scratch_bytes = scratch_bytes;
   CHECK_CUDA(cudaMalloc(&d.scratch, std::max<int64_t>(scratch_bytes, 16)));
   CHECK_CUDA(cudaMemcpy(d.x, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d.w, w.data(), w.size() * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d.b, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemset(d.y, kPoison, y_bytes + kGuardBytes));
   CHECK_CUDA(cudaMemset(d.scratch, kPoison, std::max<int64_t>(scratch_bytes, 16)));
-  CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, with_bias ? d.b : nullptr, d.y, d.scratch,
+  CHECK_CUDA(jaxcnn::launch_sparse_conv<T>(p, d.x, d.w, with_bias ? d.b : nullptr, out.y(), d.scratch,
                                            d.scratch_bytes, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
 
-  std::vector<T> y(d.y_elems);
-  std::vector<unsigned char> guard(kGuardBytes);
-  CHECK_CUDA(cudaMemcpy(y.data(), d.y, y_bytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(guard.data(), reinterpret_cast<char*>(d.y) + y_bytes, kGuardBytes,
-                        cudaMemcpyDeviceToHost));
+  std::vector<T> y;
+  const bool guard_ok = out.Read(&y);
   std::vector<double> ref, scale;
   Reference(p, xf, wf, bf, ref, scale);
 
@@ -219,7 +209,6 @@ bool RunCase(const Shape& shape, double sparsity, bool with_bias, uint64_t seed,
     }
     if (std::isfinite(got)) worst = std::max(worst, err / (std::fabs(ref[i]) + scale[i] + 1e-30));
   }
-  const bool guard_ok = std::all_of(guard.begin(), guard.end(), [](unsigned char v) { return v == kPoison; });
   const bool pass = bad == 0 && guard_ok;
   std::printf("%s %-14s %-4s sparsity %.2f bias %d: plan %s kpl=%d ppw=%d taps=%d tile=%dx%d "
               "splits=%d grid=%lldx%lld  max scaled err %.2e (tol %.0e)%s\n",
