@@ -20,16 +20,26 @@ Three steps, each usable alone:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxcnn.models import XLA_OPS, get_model
+from jaxcnn.models.layers import Net
+from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.ops.conv_args import make_config, normalize_precision
+from jaxcnn.ops.sparse_conv2d import sparse_conv2d
+from jaxcnn.profile.device_time import device_time
 from jaxcnn.tuning import cache_file
 from jaxcnn.tuning.autotune_cache import AutotuneCache
+from jaxcnn.tuning.measure import device_kind
 
 CACHE_ENV = "JAXCNN_SPARSE_CACHE"
 MARGIN = 0.05
@@ -44,9 +54,6 @@ SPARSE_MODES = ("auto", True, False)
 def sparse_input(key, shape, sparsity: float, dtype="float32"):
     """A ReLU-like activation with exactly round(sparsity * size) zeros (at random places) and
     positive, half-normal nonzeros."""
-    import jax
-    import jax.numpy as jnp
-
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
     k1, k2 = jax.random.split(key)
@@ -62,9 +69,6 @@ def realistic_images(key, batch: int, size: int, channels: int = 3, dtype="float
     """Smooth random images (noise at 4 spatial scales, summed), normalized per channel to mean
     0 / std 1 as ImageNet preprocessing leaves real photos: large uniform regions and edges,
     unlike white noise."""
-    import jax
-    import jax.numpy as jnp
-
     total = jnp.zeros((batch, size, size, channels), jnp.float32)
     for i, cells in enumerate((4, 8, 16, size)):
         cells = min(cells, size)
@@ -95,12 +99,6 @@ def measure_sparsity(model: str, *, batch: int = 1, dtype="float32", seed: int =
                      images=None) -> list[LayerSparsity]:
     """Input sparsity of each conv layer of zoo `model` on `images` (default: realistic_images
     of `batch`) with `params` (default: the zoo's He init from `seed`); one jitted run."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxcnn.models import XLA_OPS, get_model
-    from jaxcnn.models.layers import Net
-
     spec = get_model(model)
     if params is None:
         params = spec.init(seed, dtype)
@@ -261,12 +259,6 @@ class CrossoverTable:
         return [Crossover.from_record(r) for k, r in sorted(records.items()) if k.startswith("sparse|")]
 
 
-def device_kind() -> str:
-    import jax
-
-    return jax.devices()[0].device_kind
-
-
 def measure_crossover(x_shape, w_shape, dtype="float32", *, stride=1, padding="SAME",
                       precision=None, sparsities: Sequence[float] = DEFAULT_GRID, iters: int = 20,
                       warmup: int = 3, table: CrossoverTable | None = None, seed: int = 0,
@@ -274,14 +266,7 @@ def measure_crossover(x_shape, w_shape, dtype="float32", *, stride=1, padding="S
     """Times dense (jaxcnn.conv2d "auto" and XLA, the better counts) and sparse_conv2d on
     inputs of each sparsity in `sparsities`, on this process's first device; stores the record
     in `table` when given. `timer(fn, *args) -> ms` defaults to device time (profiler trace)."""
-    import jax
-
-    import jaxcnn
-    from jaxcnn.ops.conv_args import make_config, normalize_precision
-
     if timer is None:
-        from jaxcnn.profile.device_time import device_time
-
         def timer(fn, *args):
             return device_time(fn, *args, iters=iters, warmup=warmup).median_ms
 
@@ -293,15 +278,15 @@ def measure_crossover(x_shape, w_shape, dtype="float32", *, stride=1, padding="S
     kw = dict(stride=cfg.stride, padding=cfg.padding, activation="relu")
     x_dense = sparse_input(jax.random.fold_in(key, 2), x_shape, 0.5, dtype)
     dense = {
-        "jaxcnn": timer(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision=prec, algorithm="jaxcnn", **kw),
+        "jaxcnn": timer(lambda x, w, b: conv2d(x, w, b, precision=prec, algorithm="jaxcnn", **kw),
                         x_dense, w, b),
-        "xla": timer(lambda x, w, b: jaxcnn.conv2d(x, w, b, precision=prec, algorithm="xla", **kw),
+        "xla": timer(lambda x, w, b: conv2d(x, w, b, precision=prec, algorithm="xla", **kw),
                      x_dense, w, b),
     }
     path = min(dense, key=dense.get)
     grid = tuple(sorted(float(s) for s in sparsities))
     sparse_ms = tuple(
-        float(timer(lambda x, w, b: jaxcnn.sparse_conv2d(x, w, b, **kw),
+        float(timer(lambda x, w, b: sparse_conv2d(x, w, b, **kw),
                     sparse_input(jax.random.fold_in(key, 3 + i), x_shape, s, dtype), w, b))
         for i, s in enumerate(grid)
     )
@@ -370,8 +355,6 @@ def choose(x_shape, w_shape, dtype, sparsity: float, *, stride=1, padding="SAME"
            table: CrossoverTable | None = None, device: str | None = None,
            margin: float = MARGIN) -> Decision:
     """The pick for a layer (NHWC x_shape, HWIO w_shape) at a measured input `sparsity`."""
-    from jaxcnn.ops.conv_args import make_config, normalize_precision
-
     cfg = make_config(x_shape, w_shape, stride=stride, padding=padding, precision=precision)
     table = CrossoverTable() if table is None else table
     device = device_kind() if device is None else device
@@ -390,10 +373,6 @@ def conv2d_auto_sparse(x, w, bias=None, *, sparse: Any = "auto", sparsity: float
       the choice is made at trace time, so it must be a Python float, e.g. from
       `measure_sparsity`).
     """
-    import jax.numpy as jnp
-
-    import jaxcnn
-
     if not (sparse is True or sparse is False or (isinstance(sparse, str) and sparse == "auto")):
         raise ValueError(f"sparse must be one of {SPARSE_MODES}, got {sparse!r}")
     kw = dict(stride=stride, padding=padding, dilation=dilation, activation=activation,
@@ -409,8 +388,8 @@ def conv2d_auto_sparse(x, w, bias=None, *, sparse: Any = "auto", sparsity: float
             sparse = choose(x.shape, np.shape(w), x.dtype, float(sparsity), stride=stride, padding=padding, precision=precision,
                             table=table, device=device).sparse
     if sparse:
-        return jaxcnn.sparse_conv2d(x, w, bias, **kw)
-    return jaxcnn.conv2d(x, w, bias, **kw)
+        return sparse_conv2d(x, w, bias, **kw)
+    return conv2d(x, w, bias, **kw)
 
 
 def plan_model(model: str, *, batch: int = 1, dtype="float32", table: CrossoverTable | None = None,
@@ -469,8 +448,6 @@ def record_crossover(store, crossover: Crossover, *, name: str = "layer") -> int
     """Writes one crossover measurement into a `jaxcnn.store.Store`: a run of kind
     "sparse_crossover" with the layer, one device_time_ms measurement per dense path and per
     sparsity of the sparse kernel (variant "sparsity=0.9"), and the crossover in the run's extra."""
-    import json
-
     fields = json.loads(crossover.key)
     run = store.add_run("sparse_crossover", batch=fields["x"][0], dtype=fields["dtype"],
                         device=_store_device(crossover.device),
