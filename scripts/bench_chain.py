@@ -35,9 +35,7 @@ and timed, 2 when some row failed, 1 on a crash.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
 import sys
 import zlib
@@ -45,31 +43,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_parser, environment, fmt,
+                          kernel_table, report_header, report_name, run_rows, status, table_row, timed,
+                          us, write_report)
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jaxcnn
+from jaxcnn.models.backends import xla_conv2d
+from jaxcnn.ops.chain_args import conv1x1_depthwise_fused, conv3x3_conv1x1_fused
+from jaxcnn.ops.chain_reference import chain_layer
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec, precision_class
 
-sys.path.insert(0, str(SCRIPTS))
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report cells)
-
-from jaxcnn.models.backends import xla_conv2d  # noqa: E402
-from jaxcnn.ops.chain_args import conv1x1_depthwise_fused, conv3x3_conv1x1_fused  # noqa: E402
-from jaxcnn.ops.chain_reference import chain_layer  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec, precision_class  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
-FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the issue's floor (H200)
 # max |jaxcnn - xla| relative to max |xla|: both round t once, so a few ulps of the dtype
 # (an intermediate rounded the other way, different fp32 summation orders).
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-4}
@@ -207,11 +194,7 @@ def chain_row(case: ChainCase, n: int, dtype: str, *, spec, iters: int, warmup: 
         accuracy = _accuracy(jax.jit(fns["jaxcnn"])(*ops), jax.jit(fns["xla"])(*ops), dtype)
     except Exception as exc:  # record and go on: one broken config must not stop the suite
         accuracy = dict(ok=False, max_abs_diff=None, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
-    try:
-        timings = device_times([(k, fns[k], ops) for k in VARIANTS], iters=iters, warmup=warmup)
-        timings = {k: t.to_dict() for k, t in timings.items()}
-    except Exception as exc:
-        timings = {k: dict(error=f"{type(exc).__name__}: {exc}") for k in VARIANTS}
+    timings = timed([(k, fns[k], ops) for k in VARIANTS], iters, warmup)
     med = {k: t.get("median_ms") for k, t in timings.items()}
     ours = med.get("jaxcnn")
     xla_best = min((med[k] for k in VARIANTS[1:] if med.get(k)), default=None)
@@ -233,7 +216,7 @@ def chain_row(case: ChainCase, n: int, dtype: str, *, spec, iters: int, warmup: 
 def _spread(t: dict) -> str:
     """median [p10-p90] in us."""
     if "median_ms" not in t:
-        return _us(t)
+        return us(t)
     return f"{t['median_ms'] * 1e3:.1f} [{t['p10_ms'] * 1e3:.1f}-{t['p90_ms'] * 1e3:.1f}]"
 
 
@@ -251,31 +234,18 @@ def summary_table(rows: list[dict]) -> list[str]:
              "|" + "---|" * 23]
     for r in rows:
         t = r["timings"]
-        kernels = "/".join(_fmt(t.get(v, {}).get("kernels_per_call"), ".0f") for v in VARIANTS)
+        kernels = "/".join(fmt(t.get(v, {}).get("kernels_per_call"), ".0f") for v in VARIANTS)
         cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}", _channels(r),
                  ",".join(str(a) for a in r["acts"]), "yes" if r["fused"] else "no",
                  f"{r['bytes_moved'] / 2**20:.2f}", f"{r['t_bytes_saved'] / 2**20:.2f}",
                  f"{r['gflop']:.2f}", f"{r['memory_floor_ms'] * 1e3:.1f}",
-                 _fmt(r["compute_floor_ms"] and r["compute_floor_ms"] * 1e3, ".1f"),
-                 _spread(t.get("jaxcnn", {})), _spread(t.get("xla", {})), _us(t.get("xla_plain", {})),
-                 _fmt(r["speedup_vs_xla"], ".2f"), _fmt(r["speedup_by_variant"]["xla"], ".2f"), kernels,
-                 _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"), _fmt(r["pct_of_floor"].get("xla_best"), ".0f"),
-                 _fmt(r["accuracy"].get("max_abs_diff"), ".1e"),
-                 _fmt(r["accuracy"].get("max_rel_diff"), ".1e"), _status(r)]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
-
-
-def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
-    lines = ["| case | N | dtype | variant | kernels per call | top kernels (us per call) |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        for variant, t in r["timings"].items():
-            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
-                               for k in (t.get("kernels") or [])[:4])
-            cells = [r["case"], str(r["n"]), r["dtype"], variant,
-                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-"]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                 fmt(r["compute_floor_ms"] and r["compute_floor_ms"] * 1e3, ".1f"),
+                 _spread(t.get("jaxcnn", {})), _spread(t.get("xla", {})), us(t.get("xla_plain", {})),
+                 fmt(r["speedup_vs_xla"], ".2f"), fmt(r["speedup_by_variant"]["xla"], ".2f"), kernels,
+                 fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"), fmt(r["pct_of_floor"].get("xla_best"), ".0f"),
+                 fmt(r["accuracy"].get("max_abs_diff"), ".1e"),
+                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
+        lines.append(table_row(cells))
     return lines
 
 
@@ -291,29 +261,17 @@ def speedup_summary(rows: list[dict]) -> list[str]:
             floor = [r["pct_of_floor"]["jaxcnn"] for r in sel if r["pct_of_floor"].get("jaxcnn")]
             lines.append(f"- {op}, N={n}: {len(spd)} rows; XLA/jaxcnn median {np.median(spd):.2f} "
                          f"(min {spd.min():.2f}, max {spd.max():.2f}); jaxcnn % floor median "
-                         f"{_fmt(float(np.median(floor)) if floor else None, '.0f')}")
+                         f"{fmt(float(np.median(floor)) if floor else None, '.0f')}")
     return lines
 
 
 def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
-    git = env["git"] or {}
-    warn = []
-    if not env["jaxcnn_cuda_available"]:
-        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
-                    "the jaxcnn column is its XLA fallback.")
-    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
-        warn.append("some times are host wall time (no GPU trace), not device time.")
-    if any(not r["fused"] for r in rows):
-        warn.append("rows with fused = no run XLA's unfused convs inside jaxcnn too.")
+    unfused = ["rows with fused = no run XLA's unfused convs inside jaxcnn too."] if any(
+        not r["fused"] for r in rows) else []
     spec = env.get("gpu_spec")
     header = [
-        f"# jaxcnn straight conv chains (3x3->1x1, 1x1->depthwise) vs XLA{f' ({label})' if label else ''}",
-        "",
-        *[f"> **WARNING: {w}**" for w in warn],
-        "",
-        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
-        f"jaxlib {env['jaxlib']}",
-        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        *report_header(f"# jaxcnn straight conv chains (3x3->1x1, 1x1->depthwise) vs XLA"
+                       f"{f' ({label})' if label else ''}", env, rows, more_warnings=unfused),
         f"- times: per-call device time over {iters} synced calls (sum of GPU kernel durations in "
         "a profiler trace), us: median [p10-p90].",
         f"- MB = x + y + weights; mem floor = MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s; compute floor "
@@ -332,72 +290,37 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         *speedup_summary(rows),
         "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "case")) + "\n"
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_chain_{label}" if label else "bench_chain"
-    (out_dir / f"{stem}.json").write_text(json.dumps(
-        _json_safe(dict(environment=env, label=label, rows=rows)), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters, label)
-    (out_dir / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out_dir, report_name("bench_chain", label), dict(environment=env, label=label, rows=rows),
+                        render_markdown(env, rows, iters, label))
 
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['case']:<26} N={r['n']:<3} {r['dtype']:<5} jaxcnn {_us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {_us(t.get('xla', {})):>8} us  plain {_us(t.get('xla_plain', {})):>8} us  "
-            f"XLA/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  "
-            f"% floor {_fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  "
-            f"rel diff {_fmt(r['accuracy'].get('max_rel_diff'), '.1e')}  {_status(r)}")
+    return (f"{r['case']:<26} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
+            f"xla {us(t.get('xla', {})):>8} us  plain {us(t.get('xla_plain', {})):>8} us  "
+            f"XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  "
+            f"% floor {fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  "
+            f"rel diff {fmt(r['accuracy'].get('max_rel_diff'), '.1e')}  {status(r)}")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
-    p.add_argument("--label", default="", help="names the reports (bench_chain_LABEL.*)")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16"])
-    p.add_argument("--cases", type=lambda s: s.split(","), help="case names (prefix match)")
-    p.add_argument("--iters", type=int, help="timed calls per variant (default 20; --quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny cases, few iterations: a smoke test")
-    args = p.parse_args(argv)
-    bad = [d for d in args.dtypes if d not in DTYPES]
-    if bad:
-        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
-    cases = QUICK_CASES if args.quick else CHAIN_CASES
-    if args.cases:
-        cases = [c for c in CHAIN_CASES + QUICK_CASES if any(c.name.startswith(k) for k in args.cases)]
-        if not cases:
-            p.error(f"no case matches {args.cases}")
-    args.chain_cases = cases
-    args.iters = args.iters or (3 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    return args
+    return case_sweep_args(case_sweep_parser(__doc__, "bench_chain", quick="tiny cases"), argv,
+                           CHAIN_CASES, QUICK_CASES)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     spec = lookup_gpu_spec()
     env = environment(spec)
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters, args.label)  # fail early on a bad --out
     common = dict(spec=spec, iters=args.iters, warmup=args.warmup, seed=args.seed)
     jobs = [functools.partial(chain_row, case, n, dtype, **common)
-            for case in args.chain_cases for dtype in args.dtypes
+            for case in args.cases for dtype in args.dtypes
             for n in ([case.batch] if case.batch else args.batches)]
-    for job in jobs:
-        row = job()
-        rows.append(row)
-        print(progress_line(row), flush=True)
-        markdown = write_reports(args.out, env, rows, args.iters, args.label)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, args.label))
 
 
 if __name__ == "__main__":

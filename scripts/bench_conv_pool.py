@@ -34,40 +34,27 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import sys
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, add_timing_options, check_dtypes, environment,
+                          failed_accuracy, fmt, int_list, kernel_table, relative_accuracy, report_header,
+                          run_rows, status, str_list, table_row, timed, timing_defaults, us, write_report)
+from gpu_check_report import gpu_slug
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jaxcnn
+from jaxcnn import _ffi
+from jaxcnn.ops.conv_pool_args import make_conv_pool_config
+from jaxcnn.ops.conv_pool_reference import xla_conv_pool
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-sys.path.insert(0, str(SCRIPTS))
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report cells)
-from gpu_check_report import gpu_slug  # noqa: E402
-
-from jaxcnn import _ffi  # noqa: E402
-from jaxcnn.ops.conv_pool_args import make_conv_pool_config  # noqa: E402
-from jaxcnn.ops.conv_pool_reference import xla_conv_pool  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
-FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the floor (H200 HBM3e)
 # Peak class of gpu_specs per dtype: tensor cores (fp32 at precision "default" runs TF32).
 PEAK_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
 GOAL_HEADLINE, GOAL_VGG = 1.5, 1.3
@@ -106,6 +93,7 @@ SMOKE_LAYERS = (Layer("tiny", 9, 16, 16, pool=3),)
 # --quick: the headline layer and one of each family, bf16, N=64 (+ the headline at N=1).
 QUICK = (("vgg19/c1_2", 64, "bf16"), ("vgg19/c1_2", 1, "bf16"), ("vgg19/c4_4", 64, "bf16"),
          ("alexnet/conv2", 64, "bf16"), ("vgg19/c3_4", 64, "fp32"))
+QUICK_ITERS, QUICK_WARMUP = 10, 2  # --quick's timed and untimed calls (--smoke: 2 and 1)
 
 
 def layer_kwargs(layer: Layer) -> dict:
@@ -155,19 +143,6 @@ def variants(layer: Layer, dtype: str):
     return out + [("unfused", unfused)]
 
 
-def _accuracy(ours, theirs, dtype: str) -> dict[str, Any]:
-    a = np.asarray(ours.astype(jnp.float32), np.float64)
-    b = np.asarray(theirs.astype(jnp.float32), np.float64)
-    if a.shape != b.shape:
-        return dict(ok=False, max_rel_diff=None, error=f"shape {a.shape} != {b.shape}")
-    if not np.isfinite(a).all():
-        return dict(ok=False, max_rel_diff=None, error="non-finite output")
-    diff = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-    ok = diff <= TOLERANCE[dtype]
-    return dict(ok=ok, max_rel_diff=diff, tolerance=TOLERANCE[dtype],
-                error=None if ok else f"max rel diff {diff:.2e} > {TOLERANCE[dtype]:.0e}")
-
-
 def layer_row(layer: Layer, n: int, dtype: str, *, spec, iters: int, warmup: int, seed: int):
     x, w, b = operands(layer, n, dtype, seed)
     cfg = make_conv_pool_config(x.shape, w.shape, **layer_kwargs(layer))
@@ -179,16 +154,10 @@ def layer_row(layer: Layer, n: int, dtype: str, *, spec, iters: int, warmup: int
     flops = 2 * n * p * p * layer.k * layer.r * layer.r * layer.c
     fns = variants(layer, dtype)
     try:
-        accuracy = _accuracy(jax.jit(fns[0][1])(x, w, b), jax.jit(fns[1][1])(x, w, b), dtype)
+        accuracy = relative_accuracy(jax.jit(fns[0][1])(x, w, b), jax.jit(fns[1][1])(x, w, b), TOLERANCE[dtype])
     except Exception as exc:  # record and go on: one broken config must not stop the suite
-        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
-    try:
-        timings = device_times([(name, fn, (x, w, b)) for name, fn in fns],
-                               iters=iters, warmup=warmup)
-        timings = {k: {**t.to_dict(), "kernels": [asdict(s) for s in t.kernels]}
-                   for k, t in timings.items()}
-    except Exception as exc:
-        timings = {name: dict(error=f"{type(exc).__name__}: {exc}") for name, _ in fns}
+        accuracy = failed_accuracy(exc)
+    timings = timed([(name, fn, (x, w, b)) for name, fn in fns], iters, warmup)
     med = {k: t.get("median_ms") for k, t in timings.items()}
     peak = spec.compute.get(PEAK_CLASS[dtype]) if spec is not None else None
     bytes_floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
@@ -227,30 +196,15 @@ def summary_table(rows: list[dict]) -> list[str]:
         conv = f"{r['hw']}x{r['hw']} {r['c']}->{r['k']} {r['r']}x{r['r']}/{r['stride']} p{r['padding']}"
         cells = [r["layer"], str(r["n"]), r["dtype"], conv, f"{r['pool']}x{r['pool']}/{r['pool_stride']}",
                  f"{r['bytes_moved'] / 2**20:.1f}", f"{r['gflop']:.1f}", f"{r['floor_ms'] * 1e3:.1f}",
-                 f"{_us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
-                 f"{_us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
-                 (f"{_us(t['jaxcnn_highest'])} / {_us(t['xla_highest'])}"
+                 f"{us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
+                 f"{us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
+                 (f"{us(t['jaxcnn_highest'])} / {us(t['xla_highest'])}"
                   if "xla_highest" in t else "-"),
-                 _us(t.get("unfused", {})), _fmt(r["speedup_vs_xla"], ".2f"),
-                 _fmt(r["speedup_vs_unfused"], ".2f"), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
-                 _fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 _fmt(r["accuracy"].get("max_rel_diff"), ".1e"), _status(r)]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
-
-
-def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
-    lines = ["| layer | N | dtype | variant | kernels per call | top kernels (us per call) "
-             "| launch config |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        for variant, t in r["timings"].items():
-            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
-                               for k in (t.get("kernels") or [])[:4])
-            cells = [r["layer"], str(r["n"]), r["dtype"], variant,
-                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-",
-                     (r.get("config") or "-") if variant == "jaxcnn" else "-"]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                 us(t.get("unfused", {})), fmt(r["speedup_vs_xla"], ".2f"),
+                 fmt(r["speedup_vs_unfused"], ".2f"), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+                 fmt(r["tflops"].get("jaxcnn"), ".0f"),
+                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
+        lines.append(table_row(cells))
     return lines
 
 
@@ -288,21 +242,9 @@ def goal_summary(rows: list[dict]) -> list[str]:
 
 
 def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
-    git = env["git"] or {}
-    warn = []
-    if not env["jaxcnn_cuda_available"]:
-        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
-                    "the jaxcnn column is its XLA fallback.")
-    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
-        warn.append("some times are host wall time (no GPU trace), not device time.")
     header = [
-        f"# jaxcnn fused conv + bias + ReLU + max-pool vs XLA{f' ({label})' if label else ''}",
-        "",
-        *[f"> **WARNING: {w}**" for w in warn],
-        "",
-        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
-        f"jaxlib {env['jaxlib']}",
-        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        *report_header(f"# jaxcnn fused conv + bias + ReLU + max-pool vs XLA{f' ({label})' if label else ''}",
+                       env, rows),
         f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
         "durations in a profiler trace), us, with the p10-p90 spread. MB = x + w + pooled y.",
         f"- floor = max(MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s, GFLOP / peak) with the GPU's "
@@ -318,7 +260,7 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         *goal_summary(rows),
         "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "layer", launch_config=True)) + "\n"
 
 
 def report_stem(env: dict, label: str) -> str:
@@ -327,39 +269,30 @@ def report_stem(env: dict, label: str) -> str:
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = report_stem(env, label)
-    (out_dir / f"{stem}.json").write_text(json.dumps(
-        _json_safe(dict(environment=env, label=label, rows=rows)), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters, label)
-    (out_dir / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out_dir, report_stem(env, label), dict(environment=env, label=label, rows=rows),
+                        render_markdown(env, rows, iters, label))
 
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['layer']:<14} N={r['n']:<3} {r['dtype']:<5} jaxcnn {_us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {_us(t.get('xla', {})):>8} us  unfused {_us(t.get('unfused', {})):>8} us  "
-            f"XLA/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  {_status(r)}")
+    return (f"{r['layer']:<14} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
+            f"xla {us(t.get('xla', {})):>8} us  unfused {us(t.get('unfused', {})):>8} us  "
+            f"XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  {status(r)}")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
     p.add_argument("--label", default="", help="suffix of the report names")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp32"])
-    p.add_argument("--layers", type=lambda s: s.split(","), help="layer names (prefix match)")
-    p.add_argument("--iters", type=int, help="timed calls per variant (default 20; --quick 10)")
-    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batches", type=int_list, default=[1, 64])
+    p.add_argument("--dtypes", type=str_list, default=["bf16", "fp32"])
+    p.add_argument("--layers", type=str_list, help="layer names (prefix match)")
+    add_timing_options(p, quick_iters=QUICK_ITERS, quick_warmup=QUICK_WARMUP)
     p.add_argument("--quick", action="store_true",
                    help="headline layer + one layer of each family (~2 minutes on an H200)")
     p.add_argument("--smoke", action="store_true", help="one tiny layer, 2 iterations: any machine")
     args = p.parse_args(argv)
-    bad = [d for d in args.dtypes if d not in DTYPES]
-    if bad:
-        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
+    check_dtypes(p, args.dtypes)
     by_name = {layer.name: layer for layer in LAYERS + SMOKE_LAYERS}
     if args.smoke:
         args.jobs = [(SMOKE_LAYERS[0], 2, d) for d in args.dtypes]
@@ -370,8 +303,10 @@ def parse_args(argv=None):
         if args.layers:
             layers = [la for la in LAYERS if any(la.name.startswith(k) for k in args.layers)]
         args.jobs = [(la, n, d) for la in layers for d in args.dtypes for n in args.batches]
-    args.iters = args.iters or (2 if args.smoke else 10 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 2 if args.quick else 3)
+    if args.smoke:
+        timing_defaults(args, True, quick_iters=2, quick_warmup=1)
+    else:
+        timing_defaults(args, args.quick, quick_iters=QUICK_ITERS, quick_warmup=QUICK_WARMUP)
     return args
 
 
@@ -379,17 +314,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spec = lookup_gpu_spec()
     env = environment(spec)
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters, args.label)  # fail early on a bad --out
     common = dict(spec=spec, iters=args.iters, warmup=args.warmup, seed=args.seed)
-    for layer, n, dtype in args.jobs:
-        row = functools.partial(layer_row, layer, n, dtype, **common)()
-        rows.append(row)
-        print(progress_line(row), flush=True)
-        markdown = write_reports(args.out, env, rows, args.iters, args.label)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    jobs = [functools.partial(layer_row, layer, n, dtype, **common) for layer, n, dtype in args.jobs]
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, args.label))
 
 
 if __name__ == "__main__":

@@ -29,42 +29,28 @@ accuracy check and timed, 2 when some row failed, 1 on a crash.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
 import sys
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_parser, environment,
+                          failed_accuracy, fmt, kernel_table, relative_accuracy, report_header, report_name,
+                          run_rows, status, table_row, timed, us, write_report)
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jaxcnn
+from jaxcnn import _ffi
+from jaxcnn.models.backends import XLA_OPS
+from jaxcnn.models.layers import Net
+from jaxcnn.models.squeezenet import fire as zoo_fire
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-sys.path.insert(0, str(SCRIPTS))
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt, _status, _us  # noqa: E402  (same report cells)
-
-from jaxcnn import _ffi  # noqa: E402
-from jaxcnn.models.backends import XLA_OPS  # noqa: E402
-from jaxcnn.models.layers import Net  # noqa: E402
-from jaxcnn.models.squeezenet import fire as zoo_fire  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
-FLOOR_BANDWIDTH = 3.97e12  # bytes/s: the floor (H200)
 GOAL_SPEEDUP = 2.5
 # Forced algorithms timed next to "auto" (report column -> jaxcnn.fire algorithm).
 FORCED_VARIANTS = (("fused", "tensor_core"), ("wgmma", "wgmma"), ("two_phase", "two_phase"))
@@ -124,19 +110,6 @@ def xla_fire(x, wsq, we1, we3, bsq, be1, be3):
                     expand1x1=we1.shape[3], expand3x3=we3.shape[3])
 
 
-def _accuracy(ours, theirs, dtype: str) -> dict[str, Any]:
-    a = np.asarray(ours.astype(jnp.float32), np.float64)
-    b = np.asarray(theirs.astype(jnp.float32), np.float64)
-    if a.shape != b.shape:
-        return dict(ok=False, max_rel_diff=None, error=f"shape {a.shape} != {b.shape}")
-    if not np.isfinite(a).all():
-        return dict(ok=False, max_rel_diff=None, error="non-finite output")
-    diff = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-    ok = diff <= TOLERANCE[dtype]
-    return dict(ok=ok, max_rel_diff=diff, tolerance=TOLERANCE[dtype],
-                error=None if ok else f"max rel diff {diff:.2e} > {TOLERANCE[dtype]:.0e}")
-
-
 def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, seed: int):
     ops = operands(case, n, dtype, seed)
     itemsize = jnp.dtype(DTYPES[dtype]).itemsize
@@ -155,9 +128,9 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
     per_variant = {}
     for name, fn in variants:
         try:
-            per_variant[name] = _accuracy(jax.jit(fn)(*ops), want, dtype)
+            per_variant[name] = relative_accuracy(jax.jit(fn)(*ops), want, TOLERANCE[dtype])
         except Exception as exc:  # record and go on: one broken config must not stop the suite
-            per_variant[name] = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+            per_variant[name] = failed_accuracy(exc)
     # The row's accuracy: the first failing variant, else the worst difference of them all.
     failed = [(name, acc) for name, acc in per_variant.items() if not acc["ok"]]
     if failed:
@@ -166,14 +139,7 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
     else:
         accuracy = dict(ok=True, error=None, tolerance=TOLERANCE[dtype],
                         max_rel_diff=max(acc["max_rel_diff"] for acc in per_variant.values()))
-    try:
-        timings = device_times([*((k, f, ops) for k, f in variants), ("xla", xla_fire, ops)],
-                               iters=iters, warmup=warmup)
-        timings = {k: {**t.to_dict(), "kernels": [asdict(s) for s in t.kernels]}
-                   for k, t in timings.items()}
-    except Exception as exc:
-        timings = {k: dict(error=f"{type(exc).__name__}: {exc}")
-                   for k in [*(k for k, _ in variants), "xla"]}
+    timings = timed([*((k, f, ops) for k, f in variants), ("xla", xla_fire, ops)], iters, warmup)
     # The fused kernel's launch configuration (tile, channel split, weight residency).
     config = _ffi.fire_plan(*shape)
     med = {k: t.get("median_ms") for k, t in timings.items()}
@@ -200,28 +166,13 @@ def summary_table(rows: list[dict]) -> list[str]:
         t = r["timings"]
         cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
                  f"{r['c']}->{r['s']}->({r['e']},{r['e']})", f"{r['bytes_moved'] / 2**20:.1f}",
-                 f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", _us(t.get("jaxcnn", {})),
-                 _us(t.get("xla", {})), _fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
-                 _fmt(r["pct_of_floor"].get("xla"), ".0f"), _fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 _fmt(r["speedup_vs_xla"], ".2f"), *(_us(t[v]) if v in t else "-" for v, _ in FORCED_VARIANTS),
-                 _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
-                 _status(r)]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
-
-
-def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
-    lines = ["| case | N | dtype | variant | kernels per call | top kernels (us per call) "
-             "| launch config |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        for variant, t in r["timings"].items():
-            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
-                               for k in (t.get("kernels") or [])[:4])
-            cells = [r["case"], str(r["n"]), r["dtype"], variant,
-                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-",
-                     (r.get("config") or "-") if variant == "jaxcnn" else "-"]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                 f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", us(t.get("jaxcnn", {})),
+                 us(t.get("xla", {})), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+                 fmt(r["pct_of_floor"].get("xla"), ".0f"), fmt(r["tflops"].get("jaxcnn"), ".0f"),
+                 fmt(r["speedup_vs_xla"], ".2f"), *(us(t[v]) if v in t else "-" for v, _ in FORCED_VARIANTS),
+                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
+                 status(r)]
+        lines.append(table_row(cells))
     return lines
 
 
@@ -246,21 +197,8 @@ def goal_summary(rows: list[dict]) -> list[str]:
 
 
 def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
-    git = env["git"] or {}
-    warn = []
-    if not env["jaxcnn_cuda_available"]:
-        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
-                    "the jaxcnn column is its XLA fallback.")
-    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
-        warn.append("some times are host wall time (no GPU trace), not device time.")
     header = [
-        f"# jaxcnn fused fire module vs XLA{f' ({label})' if label else ''}",
-        "",
-        *[f"> **WARNING: {w}**" for w in warn],
-        "",
-        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
-        f"jaxlib {env['jaxlib']}",
-        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        *report_header(f"# jaxcnn fused fire module vs XLA{f' ({label})' if label else ''}", env, rows),
         f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
         "durations in a profiler trace), us. MB = x + y bytes.",
         f"- floor = MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s; % floor = floor / time. XLA: the zoo's "
@@ -272,67 +210,34 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         *goal_summary(rows),
         "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "case", launch_config=True)) + "\n"
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_fusion_{label}" if label else "bench_fusion"
-    (out_dir / f"{stem}.json").write_text(json.dumps(
-        _json_safe(dict(environment=env, label=label, rows=rows)), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters, label)
-    (out_dir / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out_dir, report_name("bench_fusion", label), dict(environment=env, label=label, rows=rows),
+                        render_markdown(env, rows, iters, label))
 
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['case']:<24} N={r['n']:<3} {r['dtype']:<5} jaxcnn {_us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {_us(t.get('xla', {})):>8} us  XLA/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  "
-            f"% floor {_fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  {_status(r)}")
+    return (f"{r['case']:<24} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
+            f"xla {us(t.get('xla', {})):>8} us  XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  "
+            f"% floor {fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  {status(r)}")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
-    p.add_argument("--label", default="", help="names the reports (bench_fusion_LABEL.*)")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16"])
-    p.add_argument("--cases", type=lambda s: s.split(","), help="case names (prefix match)")
-    p.add_argument("--iters", type=int, help="timed calls per variant (default 20; --quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny case, few iterations: a smoke test")
-    args = p.parse_args(argv)
-    bad = [d for d in args.dtypes if d not in DTYPES]
-    if bad:
-        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
-    cases = QUICK_CASES if args.quick else FIRE_CASES
-    if args.cases:
-        cases = [c for c in FIRE_CASES + QUICK_CASES if any(c.name.startswith(k) for k in args.cases)]
-    args.fire_cases = cases
-    args.iters = args.iters or (3 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    return args
+    return case_sweep_args(case_sweep_parser(__doc__, "bench_fusion", quick="tiny case"), argv,
+                           FIRE_CASES, QUICK_CASES)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters, args.label)  # fail early on a bad --out
     common = dict(iters=args.iters, warmup=args.warmup, seed=args.seed)
     jobs = [functools.partial(fire_row, case, n, dtype, **common)
-            for case in args.fire_cases for dtype in args.dtypes
+            for case in args.cases for dtype in args.dtypes
             for n in ([case.batch] if case.batch else args.batches)]
-    for job in jobs:
-        row = job()
-        rows.append(row)
-        print(progress_line(row), flush=True)
-        markdown = write_reports(args.out, env, rows, args.iters, args.label)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, args.label))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import sys
 import zlib
@@ -32,38 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+from bench_common import (DTYPES, add_timing_options, csv_of, environment, fmt, run_rows, status,
+                          timing_defaults, write_report)
+from bench_common import json_safe as _json_safe  # noqa: F401  (bench_conv_sweep.py imports it from here)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import jaxlib  # noqa: E402
 from jax import lax  # noqa: E402
 
+import jaxcnn  # noqa: E402
 from jaxcnn.ops.conv_args import conv2d_flops, padding_pairs  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
-from jaxcnn.profile.environment import collect_environment, command_output  # noqa: E402
-from jaxcnn.profile.gpu_specs import (  # noqa: E402
-    GpuSpec,
-    floor_ms,
-    lookup_gpu_spec,
-    precision_class,
-)
+from jaxcnn.profile.gpu_specs import GpuSpec, floor_ms, lookup_gpu_spec, precision_class  # noqa: E402
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 # Relative L2 error allowed against the float32 HIGHEST reference: a few output roundings in
 # the dtype (fp32 allows TF32, which XLA's DEFAULT uses too).
 TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 2e-3}
 # precision="highest" must be fp32-accurate (issue goal: rel err <= 1e-5).
 HIGHEST_TOLERANCE = 1e-5
 DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
-JSON_NAME = "bench_layers.json"
-MD_NAME = "bench_layers.md"
+REPORT = "bench_layers"  # bench_layers.json / .md
 
 
 @dataclass(frozen=True)
@@ -363,42 +350,6 @@ def bench_row(
     )
 
 
-# ---------------------------------------------------------------- environment
-
-
-def environment(spec: GpuSpec | None) -> dict[str, Any]:
-    device = jax.devices()[0]
-    env = collect_environment()
-    extra = env["extra"]
-    return dict(
-        date_utc=extra["date_utc"],
-        device_kind=device.device_kind,
-        platform=device.platform,
-        device_count=jax.device_count(),
-        nvidia_smi=command_output(
-            "nvidia-smi",
-            "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-            "--format=csv,noheader",
-        ),
-        jax=jax.__version__,
-        jaxlib=jaxlib.__version__,
-        packages=extra["packages"],
-        python=env["python"],
-        jaxcnn_version=env["jaxcnn_version"],
-        jaxcnn_cuda_available=extra["jaxcnn_cuda_available"],
-        jaxcnn_cuda_unavailable_reason=extra["jaxcnn_cuda_unavailable_reason"],
-        git=extra["git"],
-        gpu_spec=None
-        if spec is None
-        else dict(
-            name=spec.name,
-            memory=dataclasses.asdict(spec.memory),
-            compute={k: dataclasses.asdict(v) for k, v in spec.compute.items()},
-        ),
-        argv=sys.argv[1:],
-    )
-
-
 # ---------------------------------------------------------------- reports
 
 
@@ -429,29 +380,16 @@ def warnings_for(env: dict[str, Any], rows: list[dict]) -> list[str]:
     return found
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _time_cell(timing: dict[str, Any]) -> str:
     if "median_ms" not in timing:
         return "error" if timing else "-"
     return f"{timing['median_ms']:.4f} [{timing['p10_ms']:.4f}-{timing['p90_ms']:.4f}]"
 
 
-def _status_cell(row: dict[str, Any]) -> str:
-    if row["ok"]:
-        return "ok"
-    errors = [row["accuracy"]["error"]] + [
-        f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t
-    ]
-    return "FAIL: " + "; ".join(e for e in errors if e)[:120]
-
-
 def _highest_cell(timing: dict[str, Any], rel_err: float | None) -> str:
     if not timing:
         return "-"
-    return f"{_time_cell(timing)} ({_fmt(rel_err, '.1e')})"
+    return f"{_time_cell(timing)} ({fmt(rel_err, '.1e')})"
 
 
 def _md_escape(text: str) -> str:
@@ -468,7 +406,7 @@ def summary_table(rows: list[dict]) -> list[str]:
     for row in rows:
         acc, t, floor = row["accuracy"], row["timings"], row["floor"]
         ours = t.get("jaxcnn", {})
-        speedups = [_fmt(row["speedup_vs_xla_default"], ".2f")]
+        speedups = [fmt(row["speedup_vs_xla_default"], ".2f")]
         if row["speedup_vs_xla_highest"] is not None:
             speedups.append(f"{row['speedup_vs_xla_highest']:.2f} (HIGHEST)")
         floor_cell = "-" if floor is None else f"{floor['floor_ms']:.4f} ({floor['bound']})"
@@ -477,17 +415,17 @@ def summary_table(rows: list[dict]) -> list[str]:
             row["dtype"],
             _describe(row["config"]),
             f"{row['gflop']:.4g}",
-            f"{_fmt(acc['jaxcnn_rel_l2'], '.1e')} ({_fmt(acc['xla_default_rel_l2'], '.1e')})",
+            f"{fmt(acc['jaxcnn_rel_l2'], '.1e')} ({fmt(acc['xla_default_rel_l2'], '.1e')})",
             _time_cell(ours),
             _time_cell(t.get("xla_default", {})),
             _highest_cell(t.get("jaxcnn_highest", {}), acc.get("jaxcnn_highest_rel_l2")),
             _time_cell(t.get("xla_highest", {})),
             " / ".join(speedups),
-            _fmt(ours.get("tflops"), ".4g"),
-            _fmt(ours.get("gbps"), ".4g"),
+            fmt(ours.get("tflops"), ".4g"),
+            fmt(ours.get("gbps"), ".4g"),
             floor_cell,
-            _fmt(ours.get("pct_of_floor"), ".0f"),
-            _status_cell(row),
+            fmt(ours.get("pct_of_floor"), ".0f"),
+            status(row),
         ]
         lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
     return lines
@@ -514,7 +452,7 @@ def kernel_table(rows: list[dict], top: int = 3, name_chars: int = 70) -> list[s
                 row["layer"],
                 row["dtype"],
                 variant,
-                _fmt(timing.get("kernels_per_call"), ".1f"),
+                fmt(timing.get("kernels_per_call"), ".1f"),
                 listed or "-",
             ]
             lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
@@ -560,78 +498,43 @@ def render_markdown(env: dict[str, Any], rows: list[dict], iters: int) -> str:
     )
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf -> None, so the JSON stays standard."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
 def write_reports(out_dir: Path, env: dict[str, Any], rows: list[dict], iters: int) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = dict(environment=env, rows=rows)
-    (out_dir / JSON_NAME).write_text(
-        json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n"
-    )
-    markdown = render_markdown(env, rows, iters)
-    (out_dir / MD_NAME).write_text(markdown)
-    return markdown
+    return write_report(out_dir, REPORT, dict(environment=env, rows=rows), render_markdown(env, rows, iters))
 
 
 def progress_line(row: dict[str, Any]) -> str:
     t = row["timings"]
-    speedup = _fmt(row["speedup_vs_xla_default"], ".2f")
+    speedup = fmt(row["speedup_vs_xla_default"], ".2f")
     return (
         f"{row['layer']:<20} {row['dtype']:<5} jaxcnn {_time_cell(t['jaxcnn']):<28} "
         f"xla {_time_cell(t['xla_default']):<28} xla/jaxcnn {speedup:>5} "
-        f"err {_fmt(row['accuracy']['jaxcnn_rel_l2'], '.1e')} {_status_cell(row)}"
+        f"err {fmt(row['accuracy']['jaxcnn_rel_l2'], '.1e')} {status(row)}"
     )
 
 
 # ---------------------------------------------------------------- command line
 
 
-def _csv_choice(allowed: dict | set, what: str) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        unknown = [item for item in items if item not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(
-                f"unknown {what} {unknown}; known: {', '.join(allowed)}"
-            )
-        return items
-
-    return parse
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, required=True, help="directory for bench_layers.{json,md}"
+        "--out", type=Path, required=True, help=f"directory for {REPORT}.{{json,md}}"
     )
-    parser.add_argument("--dtypes", type=_csv_choice(DTYPES, "dtype"), default=["bf16", "fp32"])
+    parser.add_argument("--dtypes", type=csv_of(DTYPES, "dtype"), default=["bf16", "fp32"])
     parser.add_argument(
         "--layers",
-        type=_csv_choice(LAYERS_BY_NAME, "layer"),
+        type=csv_of(LAYERS_BY_NAME, "layer"),
         help="comma-separated layer names (default: the suite; --quick: tiny layers)",
     )
-    parser.add_argument(
-        "--iters", type=int, help="timed calls per measurement (default 20; --quick: 3)"
-    )
-    parser.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick: 1)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_timing_options(parser, "measurement")
     parser.add_argument(
         "--quick", action="store_true", help="tiny layers and few iterations: a smoke test"
     )
-    parser.add_argument("--extra-variants", type=_csv_choice(EXTRA_VARIANTS, "variant"),
+    parser.add_argument("--extra-variants", type=csv_of(EXTRA_VARIANTS, "variant"),
                         default=[], help="also time these (jaxcnn_direct: the CUDA-core kernel)")
     args = parser.parse_args(argv)
     args.layers = (
@@ -639,8 +542,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.layers
         else list(QUICK_LAYERS if args.quick else SUITE)
     )
-    args.iters = args.iters or (3 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    timing_defaults(args, args.quick)
     return args
 
 
@@ -650,20 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(spec)
     for warning in warnings_for(env, []):
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters)  # fail early on a bad --out
-    for layer in args.layers:
-        for dtype in args.dtypes:
-            row = bench_row(
-                layer, dtype, iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec,
-                extra=tuple(args.extra_variants),
-            )
-            rows.append(row)
-            print(progress_line(row), flush=True)
-            markdown = write_reports(args.out, env, rows, args.iters)
-    print()
-    print(markdown)
-    return 0 if all(row["ok"] for row in rows) else 2
+    common = dict(iters=args.iters, warmup=args.warmup, seed=args.seed, spec=spec,
+                  extra=tuple(args.extra_variants))
+    jobs = [functools.partial(bench_row, layer, dtype, **common)
+            for layer in args.layers for dtype in args.dtypes]
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters))
 
 
 if __name__ == "__main__":

@@ -30,22 +30,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench_common import exit_with
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from jaxcnn import layouts  # noqa: E402
-from jaxcnn.models import get_model  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.environment import collect_environment  # noqa: E402
+import jaxcnn
+from jaxcnn import layouts
+from jaxcnn.models import get_model
+from jaxcnn.profile import device_times
+from jaxcnn.profile.environment import collect_environment
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 JSON_NAME = "bench_layout_choice.json"
@@ -181,10 +176,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except SystemExit:
-        raise
-    except BaseException:
-        traceback.print_exc()
-        raise SystemExit(1)
+    exit_with(main)

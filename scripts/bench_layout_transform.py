@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import math
 import statistics
 import sys
 import zlib
@@ -29,26 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench_common import (DTYPES, add_timing_options, csv_of, fmt, int_list, table_row, timing_defaults,
+                          write_report)
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jaxcnn
+from jaxcnn.ops import layouts
+from jaxcnn.profile import device_times
+from jaxcnn.profile.environment import collect_environment
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-from jaxcnn.ops import layouts  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.environment import collect_environment  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 DIRECTIONS = [f"{s}->{d}" for s, d in itertools.permutations(layouts.LAYOUTS, 2)]
-JSON_NAME = "bench_layout_transform.json"
-MD_NAME = "bench_layout_transform.md"
+REPORT = "bench_layout_transform"  # bench_layout_transform.json / .md
 TARGET_PCT_OF_COPY = 80.0
 
 
@@ -172,10 +164,6 @@ def derived(row: dict) -> dict:
 # ---------------------------------------------------------------- reports
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _ms(timing: dict | None) -> str:
     return "-" if not timing else f"{timing['median_ms']:.4f}"
 
@@ -208,11 +196,11 @@ def table_lines(rows: list[dict]) -> list[str]:
         status = "ok" if r["ok"] else ("FAIL: " + (r["error"] or ("not exact" if not r["exact"] else "not timed")))[:100]
         cells = [
             r["activation"], str(r["n"]), r["dtype"], r["direction"], f"{r['bytes'] / 2**20:.1f}",
-            _ms(r["jaxcnn"]), _ms(r["xla"]), _fmt(r["best_copy_ms"], ".4f"), _fmt(r["jaxcnn_gbps"], ".0f"),
-            _fmt(r["pct_of_copy"], ".0f"), _fmt(r["xla_pct_of_copy"], ".0f"), _fmt(r["xla_over_jaxcnn"], ".2f"),
+            _ms(r["jaxcnn"]), _ms(r["xla"]), fmt(r["best_copy_ms"], ".4f"), fmt(r["jaxcnn_gbps"], ".0f"),
+            fmt(r["pct_of_copy"], ".0f"), fmt(r["xla_pct_of_copy"], ".0f"), fmt(r["xla_over_jaxcnn"], ".2f"),
             f"`{kernel}`", status,
         ]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append(table_row(cells))
     return lines
 
 
@@ -247,57 +235,29 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     return "\n".join(header + table_lines(rows)) + "\n"
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def write_reports(out: Path, env: dict, rows: list[dict], iters: int) -> str:
-    out.mkdir(parents=True, exist_ok=True)
     spec = lookup_gpu_spec()
     report = dict(environment=env, gpu_memory_ceiling_bytes_per_s=None if spec is None else spec.memory.per_s,
                   target_pct_of_copy=TARGET_PCT_OF_COPY, rows=rows)
-    (out / JSON_NAME).write_text(json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters)
-    (out / MD_NAME).write_text(markdown)
-    return markdown
+    return write_report(out, REPORT, report, render_markdown(env, rows, iters))
 
 
 # ---------------------------------------------------------------- command line
 
 
-def _csv(allowed, what: str):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        unknown = [t for t in items if t not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(allowed)}")
-        return items
-
-    return parse
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for the .json and .md reports")
-    parser.add_argument("--shapes", type=_csv(BY_NAME, "shape"), help="activation names (default: the suite)")
-    parser.add_argument("--batches", type=lambda t: [int(v) for v in t.split(",")], help="default 1,64 (--quick: 2)")
-    parser.add_argument("--dtypes", type=_csv(DTYPES, "dtype"), default=["bf16", "fp32"])
-    parser.add_argument("--directions", type=_csv(DIRECTIONS, "direction"), default=DIRECTIONS)
-    parser.add_argument("--iters", type=int, help="timed calls per case (default 20; --quick: 3)")
-    parser.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick: 1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes", type=csv_of(BY_NAME, "shape"), help="activation names (default: the suite)")
+    parser.add_argument("--batches", type=int_list, help="default 1,64 (--quick: 2)")
+    parser.add_argument("--dtypes", type=csv_of(DTYPES, "dtype"), default=["bf16", "fp32"])
+    parser.add_argument("--directions", type=csv_of(DIRECTIONS, "direction"), default=DIRECTIONS)
+    add_timing_options(parser, "case")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations: a smoke test")
     args = parser.parse_args(argv)
     args.shapes = [BY_NAME[s] for s in args.shapes] if args.shapes else list(QUICK if args.quick else SUITE)
     args.batches = args.batches or ([2] if args.quick else [1, 64])
-    args.iters = args.iters or (3 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    timing_defaults(args, args.quick)
     return args
 
 
@@ -315,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows += group
                 for r in group:
                     print(f"{r['activation']:<18} N={r['n']:<3} {r['dtype']:<5} {r['direction']:<11} "
-                          f"jaxcnn {_ms(r['jaxcnn']):>9} xla {_ms(r['xla']):>9} copy {_fmt(r['best_copy_ms'], '.4f'):>9} "
-                          f"%copy {_fmt(r['pct_of_copy'], '.0f'):>4} xla/jaxcnn {_fmt(r['xla_over_jaxcnn'], '.2f'):>5} "
+                          f"jaxcnn {_ms(r['jaxcnn']):>9} xla {_ms(r['xla']):>9} copy {fmt(r['best_copy_ms'], '.4f'):>9} "
+                          f"%copy {fmt(r['pct_of_copy'], '.0f'):>4} xla/jaxcnn {fmt(r['xla_over_jaxcnn'], '.2f'):>5} "
                           f"{'ok' if r['ok'] else 'FAIL'}", flush=True)
                 markdown = write_reports(args.out, env, rows, args.iters)
     print()

@@ -27,23 +27,19 @@ every row ran, had no all-gather and matched; 2 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
+
+from bench_common import (DTYPES, dated_stem, environment, fmt, int_list, str_list, timing_defaults,  # noqa: E402
+                          write_report)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -52,15 +48,9 @@ from benchmarks import thirdparty_models as tm  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-3}  # k GPUs vs 1 GPU, max rel diff
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
 GOAL_2GPU = 1.9
-
-
-def gpu_slug() -> str:
-    kind = jax.devices()[0].device_kind.lower().replace("nvidia", "")
-    return re.sub("[^a-z0-9]+", "", kind) or "device"
 
 
 def run_config(name, dtype, n_devices, batch, iters, warmup, hw, policy="auto", fuse="auto",
@@ -124,39 +114,34 @@ def render_markdown(env, rows, args) -> str:
         status = "ok" if r["ok"] else ("FAIL: " + r.get("error", "all-gather or mismatch"))[:100]
         lines.append(
             f"| {r['model']} | {r['dtype']} | {r['kind']} | {r['gpus']} | {r['batch']} | "
-            f"{_fmt(r.get('per_gpu_busy_ms'), '.3f')} | {_fmt(r.get('images_per_s_device'), '.0f')} | "
-            f"{_fmt(r.get('images_per_s_wall'), '.0f')} | {_fmt(r.get('scaling_device'), '.2f')} | "
-            f"{_fmt(r.get('scaling_wall'), '.2f')} | {coll} | {_fmt(r.get('max_rel_diff'), '.1e')} | {status} |")
+            f"{fmt(r.get('per_gpu_busy_ms'), '.3f')} | {fmt(r.get('images_per_s_device'), '.0f')} | "
+            f"{fmt(r.get('images_per_s_wall'), '.0f')} | {fmt(r.get('scaling_device'), '.2f')} | "
+            f"{fmt(r.get('scaling_wall'), '.2f')} | {coll} | {fmt(r.get('max_rel_diff'), '.1e')} | {status} |")
     lines += ["", "## Goal", ""]
     for r in rows:
         if r["kind"] == "weak" and r["gpus"] == 2 and "scaling_device" in r:
             met = min(r["scaling_device"], r.get("scaling_wall", 0.0)) >= GOAL_2GPU
             verdict = ("met" if met else "MISSED") if r.get("is_device_time") else "n/a (no GPU trace)"
             lines.append(f"- {r['model']} {r['dtype']} 2 GPUs: {r['scaling_device']:.2f}x device, "
-                         f"{_fmt(r.get('scaling_wall'), '.2f')}x wall (goal {GOAL_2GPU}x): {verdict}")
+                         f"{fmt(r.get('scaling_wall'), '.2f')}x wall (goal {GOAL_2GPU}x): {verdict}")
     if not any(r["gpus"] == 2 for r in rows):
         lines.append(f"- no 2-GPU row ({jax.device_count()} device(s) visible)")
     return "\n".join(lines) + "\n"
 
 
 def write_reports(out: Path, stem: str, env, rows, args) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(_json_safe(dict(environment=env, rows=rows)), indent=1,
-                                                 allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, args)
-    (out / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out, stem, dict(environment=env, rows=rows), render_markdown(env, rows, args))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--name", default="multigpu", help="report name: <gpu>-<date>-NAME.{md,json}")
-    p.add_argument("--models", type=lambda s: s.split(","), default=["linen_squeezenet1_1", "linen_vgg19"])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16"])
+    p.add_argument("--models", type=str_list, default=["linen_squeezenet1_1", "linen_vgg19"])
+    p.add_argument("--dtypes", type=str_list, default=["bf16"])
     p.add_argument("--per-gpu", type=int, help="weak scaling: batch per GPU (default 64; --quick 16)")
     p.add_argument("--global-batch", type=int, help="strong scaling: global batch (default 128; --quick 32)")
-    p.add_argument("--gpus", type=lambda s: [int(v) for v in s.split(",")],
+    p.add_argument("--gpus", type=int_list,
                    help="GPU counts (default: 1 and every power of two up to all visible, and all)")
     p.add_argument("--hw", type=int, default=224)
     p.add_argument("--iters", type=int, help="default 20; --quick 5")
@@ -180,16 +165,15 @@ def parse_args(argv=None):
         p.error(f"--gpus must be within 1..{total}")
     args.per_gpu = args.per_gpu or (16 if args.quick else 64)
     args.global_batch = args.global_batch or (32 if args.quick else 128)
-    args.iters = args.iters or (5 if args.quick else 20)
+    timing_defaults(args, args.quick, quick_iters=5)
     args.wall_iters = args.wall_iters or (10 if args.quick else 200)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
-    stem = f"{gpu_slug()}-{time.strftime('%Y-%m-%d', time.gmtime())}-{args.name}"
+    stem = dated_stem(args.name)
     rows: list[dict] = []
     for name in args.models:
         for dtype in args.dtypes:
@@ -211,8 +195,8 @@ def main(argv=None) -> int:
                                 row[f"scaling_{key}"] = row[f"images_per_s_{key}"] / base[f"images_per_s_{key}"]
                     rows.append(row)
                     print(f"{name:<22} {dtype} {kind:<6} GPUs={g} batch={batch:<4} device img/s "
-                          f"{_fmt(row.get('images_per_s_device'), '.0f')} wall img/s {_fmt(row.get('images_per_s_wall'), '.0f')}"
-                          f" scaling {_fmt(row.get('scaling_device'), '.2f')}/{_fmt(row.get('scaling_wall'), '.2f')} "
+                          f"{fmt(row.get('images_per_s_device'), '.0f')} wall img/s {fmt(row.get('images_per_s_wall'), '.0f')}"
+                          f" scaling {fmt(row.get('scaling_device'), '.2f')}/{fmt(row.get('scaling_wall'), '.2f')} "
                           f"{'ok' if row['ok'] else 'FAIL ' + row.get('error', '')} ({time.time() - t0:.0f} s)", flush=True)
                     write_reports(args.out, stem, env, rows, args)
     markdown = write_reports(args.out, stem, env, rows, args)

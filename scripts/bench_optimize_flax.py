@@ -23,41 +23,33 @@ Exit status: 0 when every row ran and passed its accuracy check, 2 otherwise, 1 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
-sys.path.insert(0, str(SCRIPTS))
+
+from bench_common import (DTYPES, dated_stem, environment, int_list, str_list, timing_defaults,  # noqa: E402
+                          write_report)
+from bench_common import device_slug as gpu_slug  # noqa: E402,F401  (bench_conv_sweep.py imports it from here)
+from bench_common import fmt as _fmt  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt  # noqa: E402
 
 import jaxcnn  # noqa: E402
 from benchmarks import thirdparty_models as tm  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 # max |opt - orig| / max |orig| allowed: the kernels accumulate in fp32 and round once (fp32:
 # TF32 tensor cores on both sides).
 TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-2}
 GOALS = {"squeezenet1_1": 1.5, "vgg19": 1.2}  # by architecture; every other model: >= 1.0
 DEFAULT_MODELS = [n for n, entry in tm.MODELS.items() if entry[0] != "keras"]  # Keras: bench_thirdparty.py
 QUICK_MODELS = ["linen_squeezenet1_1", "linen_vgg19", "equinox_cnn"]
-
-
-def gpu_slug() -> str:
-    kind = jax.devices()[0].device_kind.lower().replace("nvidia", "")
-    return re.sub("[^a-z0-9]+", "", kind) or "device"
 
 
 def goal_for(name: str) -> float:
@@ -171,21 +163,16 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
 
 
 def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(_json_safe(dict(environment=env, rows=rows)), indent=1,
-                                                 allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters)
-    (out / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out, stem, dict(environment=env, rows=rows), render_markdown(env, rows, iters))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for the reports")
     p.add_argument("--name", default="optimize_flax", help="report name: <gpu>-<date>-NAME.{md,json}")
-    p.add_argument("--models", type=lambda s: s.split(","), help=f"among {DEFAULT_MODELS}")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=None)
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16"])
+    p.add_argument("--models", type=str_list, help=f"among {DEFAULT_MODELS}")
+    p.add_argument("--batches", type=int_list, default=None)
+    p.add_argument("--dtypes", type=str_list, default=["bf16"])
     p.add_argument("--hw", type=int, help="image size of the ImageNet models (default 224; a CPU smoke test: 64)")
     p.add_argument("--iters", type=int, help="timed calls (default 20; --quick 5)")
     p.add_argument("--warmup", type=int, help="untimed calls (default 3; --quick 1)")
@@ -201,15 +188,14 @@ def parse_args(argv=None):
     if bad:
         p.error(f"unknown models/dtypes {bad}: models {DEFAULT_MODELS}, dtypes {list(DTYPES)}")
     args.batches = args.batches or ([1, 8] if args.quick else [1, 64])
-    args.iters = args.iters or (5 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    timing_defaults(args, args.quick, quick_iters=5)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
-    stem = f"{gpu_slug()}-{time.strftime('%Y-%m-%d', time.gmtime())}-{args.name}"
+    stem = dated_stem(args.name)
     rows: list[dict] = []
     markdown = write_reports(args.out, env, rows, args.iters, stem)
     for name in args.models:

@@ -25,39 +25,29 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import sys
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+from bench_common import (DTYPES, add_timing_options, csv_of, environment, failed_accuracy, fmt, int_list,
+                          relative_accuracy, report_header, run_rows, status, table_row, timed,
+                          timing_defaults, top_kernels, us, write_report)
+from bench_common import fmt as _fmt  # noqa: F401  (bench_conv_sweep.py imports it from here)
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
+import jaxcnn
+from jaxcnn.ops.pool_args import make_pool_config, pool2d_output_shape
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-sys.path.insert(0, str(SCRIPTS))
-from bench_layers import _json_safe, environment  # noqa: E402
-
-from jaxcnn.ops.pool_args import make_pool_config, pool2d_output_shape  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 LAYOUTS = ("NHWC", "NCHW", "CHWN")
-JSON_NAME = "bench_pool_softmax.json"
-MD_NAME = "bench_pool_softmax.md"
+REPORT = "bench_pool_softmax"  # bench_pool_softmax.json / .md
 GOAL_PCT_COPY = 80.0
 GOAL_SPEEDUP = 1.3
 # avg pooling / softmax: allowed max |jaxcnn - xla| relative to max |xla| (a few roundings of
@@ -158,30 +148,12 @@ def random_input(shape, dtype: str, key_text: str, seed: int):
 
 
 def _accuracy(ours, theirs, exact: bool, dtype: str) -> dict[str, Any]:
-    a = np.asarray(ours.astype(jnp.float32), np.float64)
-    b = np.asarray(theirs.astype(jnp.float32), np.float64)
-    if a.shape != b.shape:
-        return dict(ok=False, max_rel_diff=None, error=f"shape {a.shape} != {b.shape}")
-    if not np.isfinite(a).all():
-        return dict(ok=False, max_rel_diff=None, error="non-finite output")
-    diff = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-    tol = 0.0 if exact else TOLERANCE[dtype]
-    ok = diff <= tol
-    return dict(ok=ok, max_rel_diff=diff, tolerance=tol,
-                error=None if ok else f"max rel diff {diff:.2e} > {tol:.0e}")
+    """Max pooling is exact in every dtype; avg pooling and softmax within TOLERANCE."""
+    return relative_accuracy(ours, theirs, 0.0 if exact else TOLERANCE[dtype])
 
 
 def _timed(fns: dict[str, tuple[Callable, tuple]], iters: int, warmup: int) -> dict[str, dict]:
-    try:
-        timings = device_times([(k, f, a) for k, (f, a) in fns.items()], iters=iters, warmup=warmup)
-    except Exception as exc:  # record and go on: one broken config must not stop the suite
-        return {k: dict(error=f"{type(exc).__name__}: {exc}") for k in fns}
-    out = {}
-    for key, t in timings.items():
-        d = t.to_dict()
-        d["kernels"] = [asdict(k) for k in t.kernels]
-        out[key] = d
-    return out
+    return timed([(k, f, a) for k, (f, a) in fns.items()], iters, warmup)
 
 
 def _row(op: str, name: str, layout: str | None, dtype: str, shape, out_shape, bytes_moved,
@@ -220,7 +192,7 @@ def pool_row(case: PoolCase, n: int, layout: str, dtype: str, *, iters, warmup, 
     try:
         accuracy = _accuracy(jax.jit(ours)(x), jax.jit(theirs)(x), case.mode == "max", dtype)
     except Exception as exc:
-        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+        accuracy = failed_accuracy(exc)
     timings = _timed(dict(jaxcnn=(ours, (x,)), xla=(theirs, (x,)),
                           copy=(copy_op, (copy_input(bytes_moved, dtype),))), iters, warmup)
     name = f"{case.name}_n{n}"
@@ -239,7 +211,7 @@ def softmax_row(case: SoftmaxCase, dtype: str, *, iters, warmup, seed):
         want = jax.jit(lambda x: theirs(x.astype(jnp.float32)))(x)  # fp32 oracle on the device
         accuracy = _accuracy(jax.jit(ours)(x), want, False, dtype)
     except Exception as exc:
-        accuracy = dict(ok=False, max_rel_diff=None, error=f"{type(exc).__name__}: {exc}")
+        accuracy = failed_accuracy(exc)
     timings = _timed(dict(jaxcnn=(ours, (x,)), xla=(theirs, (x,)),
                           copy=(copy_op, (copy_input(bytes_moved, dtype),))), iters, warmup)
     op = "log_softmax" if case.log else "softmax"
@@ -247,23 +219,6 @@ def softmax_row(case: SoftmaxCase, dtype: str, *, iters, warmup, seed):
 
 
 # ---------------------------------------------------------------- reports
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _us(timing: dict) -> str:
-    return "error" if "median_ms" not in timing else f"{timing['median_ms'] * 1e3:.1f}"
-
-
-def _status(row: dict) -> str:
-    if row["ok"]:
-        return "ok"
-    errors = [row["accuracy"].get("error")] + [
-        f"{k}: {t['error']}" for k, t in row["timings"].items() if "error" in t
-    ]
-    return "FAIL: " + "; ".join(e for e in errors if e)[:120]
 
 
 def summary_table(rows: list[dict]) -> list[str]:
@@ -278,27 +233,24 @@ def summary_table(rows: list[dict]) -> list[str]:
         out = "x".join(map(str, r["out_shape"]))
         cells = [
             r["op"], r["case"], r["layout"] or "-", r["dtype"], f"{shape} -> {out}",
-            f"{r['bytes_moved'] / 2**20:.1f}", _us(t.get("jaxcnn", {})), _us(t.get("xla", {})),
-            _us(t.get("copy", {})), _fmt(r["gbps"].get("jaxcnn"), ".0f"),
-            _fmt(r["gbps"].get("copy"), ".0f"), _fmt(r["pct_of_copy"].get("jaxcnn"), ".0f"),
-            _fmt(r["pct_of_copy"].get("xla"), ".0f"), _fmt(r["speedup_vs_xla"], ".2f"),
-            "yes" if r["meets_goal"] else "no", _fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
-            _status(r),
+            f"{r['bytes_moved'] / 2**20:.1f}", us(t.get("jaxcnn", {})), us(t.get("xla", {})),
+            us(t.get("copy", {})), fmt(r["gbps"].get("jaxcnn"), ".0f"),
+            fmt(r["gbps"].get("copy"), ".0f"), fmt(r["pct_of_copy"].get("jaxcnn"), ".0f"),
+            fmt(r["pct_of_copy"].get("xla"), ".0f"), fmt(r["speedup_vs_xla"], ".2f"),
+            "yes" if r["meets_goal"] else "no", fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
+            status(r),
         ]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append(table_row(cells))
     return lines
 
 
-def kernel_table(rows: list[dict], name_chars: int = 70) -> list[str]:
+def kernel_table(rows: list[dict]) -> list[str]:
     lines = ["| op | case | layout | dtype | variant | kernels per call | top kernels (us per call) |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         for variant, t in r["timings"].items():
-            listed = "; ".join(f"`{k['name'][:name_chars]}` {k['us_per_call']:.1f}"
-                               for k in (t.get("kernels") or [])[:3])
-            cells = [r["op"], r["case"], r["layout"] or "-", r["dtype"], variant,
-                     _fmt(t.get("kernels_per_call"), ".1f"), listed or "-"]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            lines.append(table_row([r["op"], r["case"], r["layout"] or "-", r["dtype"], variant,
+                                    fmt(t.get("kernels_per_call"), ".1f"), top_kernels(t, 3)]))
     return lines
 
 
@@ -320,21 +272,8 @@ def goal_summary(rows: list[dict]) -> list[str]:
 
 
 def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
-    git = env["git"] or {}
-    warn = []
-    if not env["jaxcnn_cuda_available"]:
-        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
-                    "the jaxcnn column is its XLA fallback.")
-    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
-        warn.append("some times are host wall time (no GPU trace), not device time.")
     header = [
-        "# jaxcnn pooling and softmax vs XLA",
-        "",
-        *[f"> **WARNING: {w}**" for w in warn],
-        "",
-        f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}, "
-        f"jaxlib {env['jaxlib']}",
-        f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+        *report_header("# jaxcnn pooling and softmax vs XLA", env, rows),
         f"- times: median per-call device time over {iters} synced calls (sum of GPU kernel "
         "durations in a profiler trace), us. MB = bytes in + bytes out.",
         "- copy: jitted `-a` over (in + out) / 2 bytes (same bytes read + written) on the same GPU; "
@@ -351,49 +290,31 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / JSON_NAME).write_text(
-        json.dumps(_json_safe(dict(environment=env, rows=rows)), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters)
-    (out_dir / MD_NAME).write_text(markdown)
-    return markdown
+    return write_report(out_dir, REPORT, dict(environment=env, rows=rows), render_markdown(env, rows, iters))
 
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
     return (f"{r['op']:<12} {r['case']:<26} {r['layout'] or '-':<5} {r['dtype']:<5} "
-            f"jaxcnn {_us(t.get('jaxcnn', {})):>9} us  xla {_us(t.get('xla', {})):>9} us  "
-            f"copy {_us(t.get('copy', {})):>9} us  %copy {_fmt(r['pct_of_copy'].get('jaxcnn'), '.0f'):>4}  "
-            f"xla/jaxcnn {_fmt(r['speedup_vs_xla'], '.2f'):>5}  {_status(r)}")
+            f"jaxcnn {us(t.get('jaxcnn', {})):>9} us  xla {us(t.get('xla', {})):>9} us  "
+            f"copy {us(t.get('copy', {})):>9} us  %copy {fmt(r['pct_of_copy'].get('jaxcnn'), '.0f'):>4}  "
+            f"xla/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  {status(r)}")
 
 
 # ---------------------------------------------------------------- command line
 
 
-def _csv(allowed, what: str) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [i.strip() for i in text.split(",") if i.strip()]
-        unknown = [i for i in items if i not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {', '.join(allowed)}")
-        return items
-
-    return parse
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help=f"directory for {JSON_NAME} / {MD_NAME}")
-    p.add_argument("--ops", type=_csv(("pool", "softmax"), "op"), default=["pool", "softmax"])
-    p.add_argument("--dtypes", type=_csv(DTYPES, "dtype"), default=["bf16", "fp32"])
-    p.add_argument("--layouts", type=_csv(LAYOUTS, "layout"), default=list(LAYOUTS))
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64],
+    p.add_argument("--out", type=Path, required=True, help=f"directory for {REPORT}.json / {REPORT}.md")
+    p.add_argument("--ops", type=csv_of(("pool", "softmax"), "op"), default=["pool", "softmax"])
+    p.add_argument("--dtypes", type=csv_of(DTYPES, "dtype"), default=["bf16", "fp32"])
+    p.add_argument("--layouts", type=csv_of(LAYOUTS, "layout"), default=list(LAYOUTS))
+    p.add_argument("--batches", type=int_list, default=[1, 64],
                    help="pooling batch sizes (default 1,64)")
     all_names = [c.name for c in POOL_CASES + SOFTMAX_CASES + QUICK_POOL + QUICK_SOFTMAX]
-    p.add_argument("--cases", type=_csv(all_names, "case"), help="case names (default: all)")
-    p.add_argument("--iters", type=int, help="timed calls per measurement (default 20; --quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", type=csv_of(all_names, "case"), help="case names (default: all)")
+    add_timing_options(p, "measurement")
     p.add_argument("--quick", action="store_true", help="tiny cases, few iterations: a smoke test")
     args = p.parse_args(argv)
     pools, softmaxes = (QUICK_POOL, QUICK_SOFTMAX) if args.quick else (POOL_CASES, SOFTMAX_CASES)
@@ -404,30 +325,20 @@ def parse_args(argv):
     args.softmax_cases = softmaxes if "softmax" in args.ops else []
     if args.quick:
         args.batches = [2]
-    args.iters = args.iters or (3 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    timing_defaults(args, args.quick)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters)  # fail early on a bad --out
     common = dict(iters=args.iters, warmup=args.warmup, seed=args.seed)
     jobs = [functools.partial(softmax_row, case, dtype, **common)
             for case in args.softmax_cases for dtype in args.dtypes]
     jobs += [functools.partial(pool_row, case, n, layout, dtype, **common)
              for case in args.pool_cases for n in args.batches
              for dtype in args.dtypes for layout in args.layouts]
-    for job in jobs:
-        row = job()
-        rows.append(row)
-        print(progress_line(row), flush=True)
-        markdown = write_reports(args.out, env, rows, args.iters)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters))
 
 
 if __name__ == "__main__":

@@ -33,40 +33,28 @@ each synthetic layer's crossover into the dispatch table (jaxcnn.sparse_dispatch
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import re
 import sys
 from pathlib import Path
 from typing import Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+from bench_common import (DTYPES, check_dtypes, dated_stem, environment, int_list, report_header, str_list,
+                          timing_defaults, write_report)
 
-try:
-    import jaxcnn
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
+import jaxcnn
+from jaxcnn import _ffi, sparse_dispatch
+from jaxcnn.ops.conv_args import make_config
+from jaxcnn.ops.sparse_args import SparseConfig, kernel_params
+from jaxcnn.models import XLA_OPS, get_model, layer_table
+from jaxcnn.models.layers import Net
+from jaxcnn.profile import device_times
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-sys.path.insert(0, str(SCRIPTS))
-from bench_layers import _json_safe, environment  # noqa: E402
-
-from jaxcnn import _ffi, sparse_dispatch  # noqa: E402
-from jaxcnn.ops.conv_args import make_config  # noqa: E402
-from jaxcnn.ops.sparse_args import SparseConfig, kernel_params  # noqa: E402
-from jaxcnn.models import XLA_OPS, get_model, layer_table  # noqa: E402
-from jaxcnn.models.layers import Net  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
-
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 DEFAULT_SPARSITIES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 QUICK_SPARSITIES = (0.0, 0.5, 0.9, 0.99)
 QUICK_LAYERS = ("vgg19/conv3_2", "alexnet/conv3")
@@ -377,17 +365,8 @@ def _t(t: dict) -> str:
 
 
 def render(env: dict, rows: list[dict], args) -> str:
-    git = env["git"] or {}
-    warn = []
-    if not env["jaxcnn_cuda_available"]:
-        warn.append(f"jaxcnn CUDA kernels are NOT available ({env['jaxcnn_cuda_unavailable_reason']}): "
-                    "the jaxcnn columns are the XLA fallback.")
-    if any(t.get("is_device_time") is False for r in rows for t in r["timings"].values()):
-        warn.append("some times are host wall time (no GPU trace), not device time.")
-    lines = [f"# jaxcnn zero-skipping conv vs dense vs XLA ({args.label})", "",
-             *[f"> **WARNING: {w}**" for w in warn], "",
-             f"- device: {env['device_kind']} ({env['nvidia_smi'] or 'no nvidia-smi'}); jax {env['jax']}",
-             f"- commit {git.get('commit', 'unknown')}{' (dirty)' if git.get('dirty') else ''}; {env['date_utc']}",
+    lines = [*report_header(f"# jaxcnn zero-skipping conv vs dense vs XLA ({args.label})", env, rows,
+                            fallback="the jaxcnn columns are the XLA fallback.", jaxlib=False),
              f"- times: median (p10-p90) per-call device time over {args.iters} calls, us. Sparse = the "
              "whole op (the tile kernel and its split sum, or the encode + walk kernels). fp32 dense: `_highest` fp32-accurate, `_default` TF32.",
              "- crossover: lowest sparsity from which sparse beats the dense path (linear "
@@ -484,35 +463,27 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def write_reports(out: Path, stem: str, env: dict, rows: list[dict], args) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(_json_safe(dict(environment=env, rows=rows, args=vars_(args))),
-                                                 indent=1, allow_nan=False, default=str) + "\n")
-    markdown = render(env, rows, args)
-    (out / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out, stem, dict(environment=env, rows=rows, args=vars_(args)), render(env, rows, args),
+                        default=str)
 
 
 def vars_(args) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
-def gpu_slug(kind: str) -> str:
-    return re.sub("[^a-z0-9]+", "", kind.lower().replace("nvidia", "")) or "gpu"
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--label", default="sparse")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")])
-    p.add_argument("--dtypes", type=lambda s: s.split(","))
-    p.add_argument("--models", type=lambda s: s.split(","), help="synthetic layer shapes from (default vgg19,alexnet)")
-    p.add_argument("--real-models", type=lambda s: s.split(","), help="real ReLU inputs from (default vgg19,alexnet,resnet50)")
-    p.add_argument("--layers", type=lambda s: s.split(","), help="synthetic layer name prefixes, e.g. vgg19/conv3")
+    p.add_argument("--batches", type=int_list)
+    p.add_argument("--dtypes", type=str_list)
+    p.add_argument("--models", type=str_list, help="synthetic layer shapes from (default vgg19,alexnet)")
+    p.add_argument("--real-models", type=str_list, help="real ReLU inputs from (default vgg19,alexnet,resnet50)")
+    p.add_argument("--layers", type=str_list, help="synthetic layer name prefixes, e.g. vgg19/conv3")
     p.add_argument("--sparsities", type=lambda s: tuple(float(v) for v in s.split(",")))
-    p.add_argument("--sections", type=lambda s: s.split(","), default=["synthetic", "real", "pool"])
-    p.add_argument("--pool-layers", type=lambda s: s.split(","), help="pooled layer name prefixes")
-    p.add_argument("--pool-batches", type=lambda s: [int(v) for v in s.split(",")])
+    p.add_argument("--sections", type=str_list, default=["synthetic", "real", "pool"])
+    p.add_argument("--pool-layers", type=str_list, help="pooled layer name prefixes")
+    p.add_argument("--pool-batches", type=int_list)
     p.add_argument("--iters", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--seed", type=int, default=0)
@@ -524,17 +495,14 @@ def parse_args(argv=None):
     q = args.quick
     args.batches = args.batches or [1, 64]
     args.dtypes = args.dtypes or ["fp32", "bf16"]
-    bad = [d for d in args.dtypes if d not in DTYPES]
-    if bad:
-        p.error(f"--dtypes must be among {list(DTYPES)}, got {bad}")
+    check_dtypes(p, args.dtypes)
     args.models = args.models or ["vgg19", "alexnet"]
     args.real_models = args.real_models or (["vgg19"] if q else ["vgg19", "alexnet", "resnet50"])
     args.sparsities = args.sparsities or (QUICK_SPARSITIES if q else DEFAULT_SPARSITIES)
     if any(not 0 <= s <= 1 for s in args.sparsities):
         p.error("--sparsities must be in [0, 1]")
     args.layers = args.layers or (list(QUICK_LAYERS) if q else None)
-    args.iters = args.iters or (5 if q else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
+    timing_defaults(args, q, quick_iters=5)
     return args
 
 
@@ -542,7 +510,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spec = lookup_gpu_spec()
     env = environment(spec)
-    stem = f"{gpu_slug(env['device_kind'])}-{datetime.date.today().isoformat()}-{args.label}"
+    stem = dated_stem(args.label)
     rows: list[dict] = []
     write_reports(args.out, stem, env, rows, args)  # fail early on a bad --out
 

@@ -31,36 +31,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
-import re
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
+import bench_fusion  # fire rows: reused, not copied
+from bench_common import dated_stem, environment, exit_with, write_report
 
-try:
-    import jaxcnn  # noqa: F401
-except ImportError:  # run from a checkout that is not pip-installed
-    sys.path.append(str(REPO_ROOT))
-    import jaxcnn  # noqa: F401
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(SCRIPTS))
-import bench_fusion  # noqa: E402  (fire rows: reused, not copied)
-from bench_layers import _json_safe, environment  # noqa: E402
-
-from jaxcnn import fusion, layouts  # noqa: E402
-from jaxcnn.models import get_model  # noqa: E402
-from jaxcnn.profile import device_times  # noqa: E402
-from jaxcnn.profile.gpu_specs import lookup_gpu_spec  # noqa: E402
+from jaxcnn import fusion, layouts
+from jaxcnn.models import get_model
+from jaxcnn.profile import device_times
+from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 VARIANTS = ("xla", "fusion", "fused", "layouts", "fusion_layouts")
@@ -254,11 +241,6 @@ def markdown(env: dict, e2e: list[dict], fires: list[dict], incs: list[dict], ar
     return "\n".join(lines) + "\n"
 
 
-def gpu_slug() -> str:
-    kind = jax.devices()[0].device_kind
-    return re.sub("[^a-z0-9]+", "", kind.lower().replace("nvidia", "")) or "gpu"
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
@@ -295,16 +277,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(lookup_gpu_spec())
-    stem = f"{gpu_slug()}-{datetime.date.today().isoformat()}-squeezenet_e2e"
+    stem = dated_stem("squeezenet_e2e")
     e2e, fires, incs = [], [], []
 
     def write() -> str:
-        text = markdown(env, e2e, fires, incs, args)
-        (args.out / f"{stem}.md").write_text(text)
-        (args.out / f"{stem}.json").write_text(json.dumps(_json_safe(dict(
-            environment=env, label=args.label, end_to_end=e2e, fire_modules=fires,
-            inception_blocks=incs)), indent=1, default=str) + "\n")
-        return text
+        report = dict(environment=env, label=args.label, end_to_end=e2e, fire_modules=fires, inception_blocks=incs)
+        return write_report(args.out, stem, report, markdown(env, e2e, fires, incs, args), allow_nan=True,
+                            default=str)
 
     write()
     for model in args.models:
@@ -344,10 +323,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except SystemExit:
-        raise
-    except BaseException:
-        traceback.print_exc()
-        raise SystemExit(1)
+    exit_with(main)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import math
 import sys
 import time
@@ -44,16 +43,10 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 
 # bench_optimize_flax puts the repository root on sys.path (benchmarks.*, jaxcnn from a checkout)
-from bench_optimize_flax import (  # noqa: E402
-    DTYPES,
-    TOLERANCE,
-    cell_ms,
-    gpu_slug,
-    slower_beyond_spread,
-    timing_dict,
-)
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt  # noqa: E402
+from bench_optimize_flax import TOLERANCE, cell_ms, slower_beyond_spread, timing_dict  # noqa: E402
+from bench_common import (DTYPES, dated_stem, environment, int_list, str_list, timing_defaults,  # noqa: E402
+                          write_report)
+from bench_common import fmt as _fmt  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -351,22 +344,18 @@ def _where(row: dict) -> str:
 
 
 def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
     report = dict(environment=env, rows=rows, geomeans=geomeans(rows), goals={
         f"{dtype} N={'any' if n is None else n}": goal for (dtype, n), goal in GEOMEAN_GOALS.items()})
-    (out / f"{stem}.json").write_text(json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")
-    markdown = render_markdown(env, rows, iters)
-    (out / f"{stem}.md").write_text(markdown)
-    return markdown
+    return write_report(out, stem, report, render_markdown(env, rows, iters))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for the reports")
     p.add_argument("--name", default="thirdparty", help="report name: <gpu>-<date>-NAME.{md,json}")
-    p.add_argument("--models", type=lambda s: s.split(","), help=f"among {sorted(tm.MODELS)} (default {DEFAULT_MODELS})")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), help="among bf16, fp16, fp32 (default bf16,fp32)")
+    p.add_argument("--models", type=str_list, help=f"among {sorted(tm.MODELS)} (default {DEFAULT_MODELS})")
+    p.add_argument("--batches", type=int_list)
+    p.add_argument("--dtypes", type=str_list, help="among bf16, fp16, fp32 (default bf16,fp32)")
     p.add_argument("--hw", type=int, help="image side (default each model's own: 224, InceptionV3 299)")
     p.add_argument("--num-classes", type=int, help="classifier width (default each model's own: 1000)")
     p.add_argument("--iters", type=int, help="timed calls (default 20; --smoke 2)")
@@ -385,8 +374,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.hw = args.hw or SMOKE_HW
         args.num_classes = args.num_classes or SMOKE_CLASSES
-    args.iters = args.iters or (2 if args.smoke else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+    timing_defaults(args, args.smoke, quick_iters=2)
     return args
 
 
@@ -395,7 +383,7 @@ def main(argv=None) -> int:
     spec = lookup_gpu_spec()
     env = environment(spec)
     env["libraries"] = library_versions()
-    stem = f"{gpu_slug()}-{time.strftime('%Y-%m-%d', time.gmtime())}-{args.name}"
+    stem = dated_stem(args.name)
     rows: list[dict] = []
     markdown = write_reports(args.out, env, rows, args.iters, stem)
     for name in args.models:
