@@ -289,6 +289,18 @@ def _choose(path):
     return sd.choose(SPARSE_X, SPARSE_W, DTYPE, 0.9, table=sd.CrossoverTable(path), device=DEVICE)
 
 
+def _assert_crossover_ignored(path, fragment: str, message: str) -> None:
+    """The crossover table at path is read as empty (the dense path, twice alike) with one
+    warning naming the file, fragment and message, and a store then rewrites it whole."""
+    with cache_warnings() as got:
+        decision = _choose(path)
+        assert _choose(path) == decision and sd.CrossoverTable(path).entries() == []
+    assert not decision.sparse and "no crossover measured" in decision.reason
+    assert_one_warning(got, path, fragment)
+    assert message in got[0]
+    _assert_rewritten_by_a_store(path)
+
+
 def _assert_rewritten_by_a_store(path) -> None:
     with cache_warnings() as got:
         sd.CrossoverTable(path).put(_crossover())
@@ -305,13 +317,7 @@ SPARSE_FILES = _corrupt_files(_crossover_file(_crossover().to_record()))
 def test_crossover_cache_survives_a_corrupt_file(tmp_path, content, message):
     path = tmp_path / "cross.json"
     path.write_bytes(content)
-    with cache_warnings() as got:
-        decision = _choose(path)
-        assert _choose(path) == decision and sd.CrossoverTable(path).entries() == []
-    assert not decision.sparse and "no crossover measured" in decision.reason
-    assert_one_warning(got, path, "sparse crossover cache")
-    assert message in got[0]
-    _assert_rewritten_by_a_store(path)
+    _assert_crossover_ignored(path, "sparse crossover cache", message)
 
 
 CROSSOVER_ENTRIES = [
@@ -346,13 +352,7 @@ CROSSOVER_ENTRIES = [
 def test_crossover_cache_ignores_a_malformed_entry(tmp_path, change, message):
     path = tmp_path / "cross.json"
     path.write_bytes(_crossover_file(change(_crossover().to_record())))
-    with cache_warnings() as got:
-        decision = _choose(path)
-        assert _choose(path) == decision and sd.CrossoverTable(path).entries() == []
-    assert not decision.sparse and "no crossover measured" in decision.reason
-    assert_one_warning(got, path, "1 malformed entry ignored")
-    assert message in got[0]
-    _assert_rewritten_by_a_store(path)
+    _assert_crossover_ignored(path, "1 malformed entry ignored", message)
 
 
 @pytest.mark.parametrize("layer_key,message", [
