@@ -52,17 +52,7 @@ struct Case {
 
 template <typename T>
 bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
-  Conv2dParams p{};
-  p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
-  p.R = tc.R; p.S = tc.S; p.K = tc.K;
-  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
-  p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
-  p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
-  p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
-  p.groups = tc.groups;
-  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
-  p.layout = layout;
+  const Conv2dParams p = selftest::CaseParams(tc, tc.K, tc.groups, layout);
 
   const size_t x_count = p.N * p.H * p.W * p.C;
   const size_t w_count = p.R * p.S * (p.C / p.groups) * p.K;
@@ -130,12 +120,7 @@ bool RunCase(const Case& tc, TensorLayout layout, uint64_t seed) {
 
 // The launcher must refuse inconsistent params without launching.
 bool CheckRejectsBadParams() {
-  Conv2dParams p{};
-  p.N = 1; p.H = 4; p.W = 4; p.C = 6; p.R = 3; p.S = 3; p.K = 4;
-  p.P = 2; p.Q = 2;
-  p.stride_h = p.stride_w = 1;
-  p.dil_h = p.dil_w = 1;
-  p.groups = 4;  // does not divide C
+  const Conv2dParams p = selftest::ValidConvParams(1, 4, 4, 6, 3, 3, 4, /*groups=*/4);  // 4 !| C
   const cudaError_t status = jaxcnn::launch_conv2d_direct<float>(
       nullptr, nullptr, nullptr, nullptr, p, 0);
   (void)cudaGetLastError();

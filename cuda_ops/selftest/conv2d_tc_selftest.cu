@@ -76,17 +76,7 @@ struct Case {
 
 
 Conv2dParams MakeParams(const Case& tc, Mode mode) {
-  Conv2dParams p{};
-  p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
-  p.R = tc.R; p.S = tc.S; p.K = tc.K;
-  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
-  p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
-  p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
-  p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
-  p.groups = 1;
-  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
-  p.layout = jaxcnn::TensorLayout::kNHWC;
+  Conv2dParams p = selftest::CaseParams(tc, tc.K, /*groups=*/1, jaxcnn::TensorLayout::kNHWC);
   p.precision = mode == Mode::kF32Default ? MathPrecision::kDefault
                                           : MathPrecision::kHighest;
   return p;
@@ -288,12 +278,7 @@ bool CheckGraphCapture() {
 
 // Unsupported params are reported and refused without launching.
 bool CheckRejects() {
-  Conv2dParams p{};
-  p.N = 1; p.H = 8; p.W = 8; p.C = 16; p.R = 3; p.S = 3; p.K = 16;
-  p.P = 6; p.Q = 6;
-  p.stride_h = p.stride_w = 1;
-  p.dil_h = p.dil_w = 1;
-  p.groups = 2;
+  Conv2dParams p = selftest::ValidConvParams(1, 8, 8, 16, 3, 3, 16, /*groups=*/2);
   bool pass = jaxcnn::conv2d_tensorcore_unsupported_reason(p, TcDType::kBF16) != nullptr;
   pass &= jaxcnn::launch_conv2d_tensorcore<__nv_bfloat16>(
               nullptr, nullptr, nullptr, nullptr, p, nullptr, 0, 0, -1) ==

@@ -44,17 +44,8 @@ struct Case {
 
 template <typename T>
 bool RunCase(const Case& tc, uint64_t seed) {
-  Conv2dParams p{};
-  p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
-  p.R = tc.R; p.S = tc.S; p.K = tc.C * tc.mult;
-  p.P = selftest::OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
-  p.Q = selftest::OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
-  p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
-  p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
-  p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
-  p.groups = static_cast<int>(tc.C);
-  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
-  p.layout = tc.layout;
+  const Conv2dParams p =
+      selftest::CaseParams(tc, tc.C * tc.mult, static_cast<int>(tc.C), tc.layout);
 
   const char* reason = jaxcnn::conv2d_depthwise_unsupported_reason(p);
   if (reason != nullptr) {
@@ -145,12 +136,7 @@ bool RunCase(const Case& tc, uint64_t seed) {
 // Non-depthwise params must be refused, without launching.
 bool CheckRejectsBadParams() {
   bool pass = true;
-  Conv2dParams p{};
-  p.N = 1; p.H = 4; p.W = 4; p.C = 6; p.R = 3; p.S = 3; p.K = 6;
-  p.P = 2; p.Q = 2;
-  p.stride_h = p.stride_w = 1;
-  p.dil_h = p.dil_w = 1;
-  p.groups = 3;  // grouped, not depthwise
+  Conv2dParams p = selftest::ValidConvParams(1, 4, 4, 6, 3, 3, 6, /*groups=*/3);  // not depthwise
   pass &= jaxcnn::conv2d_depthwise_unsupported_reason(p) != nullptr;
   pass &= jaxcnn::launch_conv2d_depthwise<float>(nullptr, nullptr, nullptr,
                                                  nullptr, p, 0) ==

@@ -97,6 +97,38 @@ inline int64_t OutSize(int64_t in, int64_t window, int stride, int pad_lo,
   return (in + pad_lo + pad_hi - span) / stride + 1;
 }
 
+// Conv2dParams of a case-table row (fields N, H, W, C, R, S, stride_h/w,
+// pad_top/bottom/left/right, dil_h/w, relu) with K outputs in `groups` groups.
+template <typename Case>
+jaxcnn::Conv2dParams CaseParams(const Case& tc, int64_t K, int groups,
+                                jaxcnn::TensorLayout layout) {
+  jaxcnn::Conv2dParams p{};
+  p.N = tc.N; p.H = tc.H; p.W = tc.W; p.C = tc.C;
+  p.R = tc.R; p.S = tc.S; p.K = K;
+  p.P = OutSize(tc.H, tc.R, tc.stride_h, tc.pad_top, tc.pad_bottom, tc.dil_h);
+  p.Q = OutSize(tc.W, tc.S, tc.stride_w, tc.pad_left, tc.pad_right, tc.dil_w);
+  p.stride_h = tc.stride_h; p.stride_w = tc.stride_w;
+  p.pad_h = tc.pad_top; p.pad_w = tc.pad_left;
+  p.dil_h = tc.dil_h; p.dil_w = tc.dil_w;
+  p.groups = groups;
+  p.epilogue.act = tc.relu ? jaxcnn::Activation::kRelu : jaxcnn::Activation::kNone;
+  p.layout = layout;
+  return p;
+}
+
+// Conv2dParams of a stride-1, unpadded, undilated conv (the launchers' argument
+// checks).
+inline jaxcnn::Conv2dParams ValidConvParams(int64_t N, int64_t H, int64_t W, int64_t C,
+                                            int64_t R, int64_t S, int64_t K, int groups) {
+  jaxcnn::Conv2dParams p{};
+  p.N = N; p.H = H; p.W = W; p.C = C; p.R = R; p.S = S; p.K = K;
+  p.P = H - R + 1; p.Q = W - S + 1;
+  p.stride_h = p.stride_w = 1;
+  p.dil_h = p.dil_w = 1;
+  p.groups = groups;
+  return p;
+}
+
 // A conv's window over an H x W input: R x S taps, stride, leading (top, left)
 // padding and dilation.
 struct ConvWindow {
