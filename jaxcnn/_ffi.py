@@ -214,6 +214,7 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) 
     residual operand. Asks the library, so the size always matches the handler's own choice."""
     if not handlers_registered():
         return 0
+    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
     from jaxcnn.ops.conv_args import ALGORITHMS, LAYOUTS, PRECISIONS
     from jaxcnn.ops.epilogue import ACTIVATION_CODES
 
@@ -295,6 +296,7 @@ def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str
     is not loaded (or predates the query)."""
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_fire_plan"):
         return None
+    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
     from jaxcnn.ops.fire_args import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_fire_plan
@@ -314,6 +316,7 @@ def fire_workspace_bytes(x_nhwc, squeeze, expand1, expand3, dtype, algorithm) ->
     error to report, at run time."""
     if not handlers_registered():
         return 0
+    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
     from jaxcnn.ops.fire_args import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_fire_workspace_bytes
@@ -331,6 +334,7 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:
     handler will launch. None when the library is not loaded (or predates the query)."""
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_conv_pool_plan"):
         return None
+    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
     from jaxcnn.ops.conv_args import PRECISIONS
     from jaxcnn.ops.conv_pool_args import ALGORITHMS
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxcnn.models import get_model
 from jaxcnn.models.mobilenet import EXPAND_DEPTHWISE_LAYERS
 
 KINDS = ("fire", "inception", "conv_pool", "expand_depthwise")
@@ -192,8 +193,6 @@ def find_groups(model: str, batch: int = 1, dtype: Any = "bfloat16", *,
                 kinds: Sequence[str] = KINDS) -> tuple[list[FusionGroup], dict[str, str]]:
     """The fusable groups of zoo model `model` in program order, and {kind: why skipped} for
     requested kinds that cannot be fused here (conv_pool without its module)."""
-    from jaxcnn.models import get_model
-
     kinds = check_kinds(kinds)
     if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")

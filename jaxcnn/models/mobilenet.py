@@ -5,6 +5,10 @@ followed by a "relu6" layer that clamps at 6 (jnp.minimum); the layer table list
 `inverted_residual_block` is the block's fused entry for an op table (see Net.block).
 """
 
+from jaxcnn.models.backends import XLA_OPS
+from jaxcnn.models.layers import bind_layer
+from jaxcnn.ops.conv1x1_depthwise import conv1x1_depthwise
+
 # Inverted residual stages: expansion ratio, output channels, blocks, stride of the first block.
 INVERTED_RESIDUAL_STAGES = (
     (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
@@ -53,10 +57,8 @@ def expand_depthwise(x, expand, depthwise, stride):
     """expand 1x1 + ReLU6 -> depthwise 3x3 (pad 1) + ReLU6 as one jaxcnn.conv1x1_depthwise
     (`expand`, `depthwise`: {"w", "b"}). The layers' ReLU then clamp at 6 is ReLU6, and both
     round to x's dtype once after each conv."""
-    import jaxcnn
-
-    return jaxcnn.conv1x1_depthwise(x, expand["w"], depthwise["w"], expand["b"], depthwise["b"],
-                                    stride=stride, activations=("relu6", "relu6"))
+    return conv1x1_depthwise(x, expand["w"], depthwise["w"], expand["b"], depthwise["b"],
+                             stride=stride, activations=("relu6", "relu6"))
 
 
 def inverted_residual_block(layers, params, x, *, ops=None):
@@ -65,9 +67,6 @@ def inverted_residual_block(layers, params, x, *, ops=None):
     project conv and the residual add on `ops` (default: XLA's), as the unfused block runs
     them. A block without an expand conv runs layer by layer on `ops`. `params` are the
     block's {layer name: {"w", "b"}}; `layers` its LayerInfos."""
-    from jaxcnn.models.backends import XLA_OPS
-    from jaxcnn.models.layers import bind_layer
-
     ops = XLA_OPS if ops is None else ops
     prefix = len(layers[0].block) + 1
     y, rest = x, layers

@@ -32,6 +32,7 @@ from jaxcnn.ops.conv_pool_args import (
     nhwc_shape,
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
+from jaxcnn.ops.layout_transform import to_layout
 from jaxcnn.ops.layouts import convert_shape
 from jaxcnn.ops.operand_checks import as_array, check_int32_args, is_empty_batch, with_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
@@ -181,8 +182,6 @@ def conv2d_pool(
         return jnp.zeros(convert_shape(with_batch(out_shape, 0), "NHWC", layout), x.dtype)
 
     if layout != "NHWC":
-        from jaxcnn.ops.layout_transform import to_layout
-
         x = to_layout(x, src=layout, dst="NHWC")
     if sparse:
         y = sparse_conv2d_pool(
@@ -193,7 +192,5 @@ def conv2d_pool(
     else:
         y = _conv2d_pool(cfg, x, w, bias)
     if layout != "NHWC":
-        from jaxcnn.ops.layout_transform import to_layout
-
         y = to_layout(y, src="NHWC", dst=layout)
     return y

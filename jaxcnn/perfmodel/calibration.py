@@ -154,7 +154,7 @@ def calibrate(
     beyond about loss_scale (10%) linearly rather than squared, so the few kernels the model
     cannot explain do not drag every factor; "linear" is plain least squares.
     """
-    from scipy.optimize import least_squares  # scipy comes with jax
+    from scipy.optimize import least_squares  # kept here: slow to import, and only calibrating needs it
 
     if not measurements:
         raise ValueError("calibrate needs at least one measurement")

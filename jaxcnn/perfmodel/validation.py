@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import json
 import re
+import sqlite3
 import statistics
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from jaxcnn.perfmodel.model import BACKEND_IMPLS, predict
 from jaxcnn.perfmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
 from jaxcnn.perfmodel.traffic import ceil_div
 from jaxcnn.profile.gpu_specs import spec_by_name
+from jaxcnn.store import Store
 
 # Kernels XLA/cuDNN launch around the convolution itself.
 _GLUE = re.compile(
@@ -178,9 +180,7 @@ def measurements_from_baseline(
 def measurements_from_store(path: str | Path) -> list[Measurement]:
     """Per-layer device times of conv2d layers in a profile store (scripts/profile_zoo.py):
     backend "xla" -> XLA at default precision, "jaxcnn" -> our direct kernel."""
-    import pandas as pd  # the store's readers return DataFrames
-
-    from jaxcnn.store import Store
+    import pandas as pd  # kept here: a heavy import that only this reader of the store needs
 
     with Store(path, read_only=True) as store:  # a reader: never creates or migrates the file
         layers = store.layers()
@@ -572,8 +572,6 @@ def deduplicated_samples(measurements: Sequence[Measurement]) -> list[Sample]:
 
 def store_run_models(path: str | Path) -> dict[int, str]:
     """run id -> model name, from the profile store's runs table."""
-    import sqlite3
-
     with sqlite3.connect(str(path)) as connection:
         rows = connection.execute("SELECT id, model FROM runs").fetchall()
     return {int(run_id): model or f"run{run_id}" for run_id, model in rows}

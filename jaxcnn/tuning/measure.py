@@ -9,6 +9,8 @@ import functools
 import os
 from typing import Callable
 
+import jax
+
 from jaxcnn import _ffi
 
 # JAXCNN_MEASURE=0: automatic decisions (conv2d "auto", optimize's policy, the layout and fusion
@@ -17,8 +19,6 @@ MEASURE_ENV = "JAXCNN_MEASURE"
 
 
 def device_kind() -> str:
-    import jax
-
     return jax.devices()[0].device_kind
 
 
@@ -53,17 +53,13 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     """What a candidate that cannot run raises: ValueError/TypeError at lowering ("cannot
     run"), or the runtime error of a handler that refuses."""
     errors: list[type[BaseException]] = [ValueError, TypeError]
-    with contextlib.suppress(Exception):
-        import jax
-
+    with contextlib.suppress(AttributeError):  # jax versions without jax.errors.JaxRuntimeError
         errors.append(jax.errors.JaxRuntimeError)
     return tuple(errors)
 
 
 def try_run(fn: Callable, args: tuple) -> str:
     """'' if jit(fn)(*args) compiles and runs, else the error message."""
-    import jax
-
     try:
         jax.block_until_ready(jax.jit(fn)(*args))
     except runtime_errors() as err:
