@@ -32,6 +32,7 @@ and prints the markdown. Exit status: 0 when every row ran and its outputs match
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import math
 import sys
@@ -44,8 +45,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 # bench_optimize_flax puts the repository root on sys.path (benchmarks.*, jaxcnn from a checkout)
 from bench_optimize_flax import TOLERANCE, cell_ms, slower_beyond_spread, timing_dict  # noqa: E402
-from bench_common import (DTYPES, dated_stem, environment, int_list, str_list, timing_defaults,  # noqa: E402
-                          write_report)
+from bench_common import (DTYPES, dated_stem, environment, int_list, run_rows, str_list,  # noqa: E402
+                          timing_defaults, write_report)
 from bench_common import fmt as _fmt  # noqa: E402
 
 import jax  # noqa: E402
@@ -349,6 +350,14 @@ def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str)
     return write_report(out, stem, report, render_markdown(env, rows, iters))
 
 
+def progress_line(row: dict) -> str:
+    problem = row.get("error") or row.get("optimize_error") or ("" if row["ok"] else "inaccurate")
+    return (f"{row['model']:<20} N={row['n']:<3} {row['dtype']} ratio {_fmt(row.get('ratio'), '.3f'):>6} rel diff "
+            f"{_fmt(row.get('max_rel_diff'), '.1e')}{_vs_f32(row)} first call "
+            f"{_fmt(row['first_call_s'].get('optimized'), '.1f')} s "
+            f"{'ok' if row['ok'] else 'FAIL ' + problem[:200]} ({row['seconds']:.0f} s)")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for the reports")
@@ -384,21 +393,9 @@ def main(argv=None) -> int:
     env = environment(spec)
     env["libraries"] = library_versions()
     stem = dated_stem(args.name)
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters, stem)
-    for name in args.models:
-        for dtype in args.dtypes:
-            for n in args.batches:
-                row = run_row(name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec)
-                rows.append(row)
-                problem = row.get("error") or row.get("optimize_error") or ("" if row["ok"] else "inaccurate")
-                print(f"{name:<20} N={n:<3} {dtype} ratio {_fmt(row.get('ratio'), '.3f'):>6} rel diff "
-                      f"{_fmt(row.get('max_rel_diff'), '.1e')}{_vs_f32(row)} first call {_fmt(row['first_call_s'].get('optimized'), '.1f')} s "
-                      f"{'ok' if row['ok'] else 'FAIL ' + problem[:200]} ({row['seconds']:.0f} s)", flush=True)
-                markdown = write_reports(args.out, env, rows, args.iters, stem)
-    print()
-    print(markdown)
-    return 0 if rows and all(r["ok"] for r in rows) else 2
+    jobs = [functools.partial(run_row, name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec)
+            for name in args.models for dtype in args.dtypes for n in args.batches]
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, stem))
 
 
 if __name__ == "__main__":
