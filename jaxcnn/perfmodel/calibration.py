@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxcnn.perfmodel.factors import Factors
 from jaxcnn.perfmodel.layer import ConvLayer
-from jaxcnn.perfmodel.model import Plan, plan
+from jaxcnn.perfmodel.model import KernelSetup, kernel_setup
 from jaxcnn.perfmodel.tiling import Tiling
 from jaxcnn.perfmodel.timing import kernel_time
 from jaxcnn.profile.gpu_specs import GpuSpec
@@ -62,15 +62,15 @@ class Calibration:
 class _Prepared:
     """A sample with what does not depend on the factors worked out once."""
 
-    plan: Plan
+    setup: KernelSetup
     log_time: float
 
 
 def _prepare(spec: GpuSpec, sample: Sample | tuple) -> _Prepared:
     if not isinstance(sample, Sample):
         sample = Sample(*sample)
-    planned = plan(sample.layer, spec, sample.tiling, sample.impl, sample.precision)
-    return _Prepared(planned, math.log(sample.time_ms * 1e-3))
+    setup = kernel_setup(sample.layer, spec, sample.tiling, sample.impl, sample.precision)
+    return _Prepared(setup, math.log(sample.time_ms * 1e-3))
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _log_errors(
     spec: GpuSpec, prepared: Sequence[_Prepared], factors: Factors, smooth_p: float | None = None
 ) -> np.ndarray:
     predicted = [
-        kernel_time(p.plan.traffic, spec, p.plan.keys, factors, smooth_p).time_s for p in prepared
+        kernel_time(p.setup.traffic, spec, p.setup.keys, factors, smooth_p).time_s for p in prepared
     ]
     return np.log(predicted) - np.array([p.log_time for p in prepared])
 
@@ -161,8 +161,8 @@ def calibrate(
     base = initial or Factors()
     prepared = [_prepare(spec, sample) for sample in measurements]
     layout = _Layout(
-        compute_keys=tuple(sorted({p.plan.keys.efficiency for p in prepared})),
-        latency_keys=tuple(sorted({p.plan.keys.latency for p in prepared})),
+        compute_keys=tuple(sorted({p.setup.keys.efficiency for p in prepared})),
+        latency_keys=tuple(sorted({p.setup.keys.latency for p in prepared})),
     )
     start = layout.to_vector(base)
     low, high = layout.bounds()

@@ -74,21 +74,21 @@ def as_spec(gpu: str | GpuSpec) -> GpuSpec:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a prediction needs besides the factors: tiling, keys, traffic."""
+class KernelSetup:
+    """What a prediction needs besides the factors: the kernel's tiling, its timing keys, its traffic."""
 
     tiling: Tiling
     keys: Keys
     traffic: Traffic
 
 
-def plan(layer: ConvLayer, spec: GpuSpec, tiling: str | Tiling, impl: str, precision: str) -> Plan:
+def kernel_setup(layer: ConvLayer, spec: GpuSpec, tiling: str | Tiling, impl: str, precision: str) -> KernelSetup:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
     math = math_precision(layer.dtype, impl, precision)
     chosen = resolve_tiling(tiling, layer, impl, math, spec.sm_count)
     keys = kernel_keys(chosen, layer.dtype, impl, precision)
-    return Plan(chosen, keys, traffic(layer, chosen, spec))
+    return KernelSetup(chosen, keys, traffic(layer, chosen, spec))
 
 
 def predict(
@@ -105,11 +105,11 @@ def predict(
     default the calibration stored for the GPU (calibration/factors.json), else ideal ones.
     """
     spec = as_spec(gpu)
-    planned = plan(layer, spec, tiling, impl, precision)
+    setup = kernel_setup(layer, spec, tiling, impl, precision)
     used = factors if factors is not None else load_factors(spec.name)
-    times = kernel_time(planned.traffic, spec, planned.keys, used)
+    times = kernel_time(setup.traffic, spec, setup.keys, used)
     return Prediction(
-        layer, spec.name, impl, precision, planned.tiling, planned.keys, planned.traffic, times
+        layer, spec.name, impl, precision, setup.tiling, setup.keys, setup.traffic, times
     )
 
 
