@@ -16,7 +16,7 @@ import pytest
 
 import jaxcnn
 from jaxcnn import _ffi, cli, fusion, layouts as L
-from jaxcnn.fusion import cost, planner as P
+from jaxcnn.fusion import cost, fusion_plan as P
 from jaxcnn.models import get_model
 from jaxcnn.models.mobilenet import INVERTED_RESIDUAL_STAGES
 from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS

@@ -27,7 +27,7 @@ MODULES = (
     "jaxcnn.tuning.layout_rules",
     "jaxcnn.tuning.text_table",
     "jaxcnn.tuning.tuner_args",
-    "jaxcnn.fusion.planner",
+    "jaxcnn.fusion.fusion_plan",
     "jaxcnn.sparse_dispatch",
     "jaxcnn.optimize.policy",
 )

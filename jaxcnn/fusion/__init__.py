@@ -12,7 +12,7 @@ with decide_groups here.)
 
 from jaxcnn.fusion.cost import fused_cost, unfused_cost
 from jaxcnn.fusion.groups import KINDS, FusionGroup, conv_pool_available, find_groups
-from jaxcnn.fusion.planner import (
+from jaxcnn.fusion.fusion_plan import (
     CANDIDATES,
     Candidate,
     FusionPlan,

@@ -57,9 +57,9 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
             fast = jaxcnn.optimize(model_fn, policy=tuned)
 
       fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group and each NHWC
-        conv+ReLU read only by a max pool fused, into jaxcnn.fire / jaxcnn.conv2d_pool, where the
-        fusion planner measures the fused kernel faster on this GPU, or its cost model says so
-        off GPU), "all", or a callable(jaxcnn.optimize.JaxprGroup) -> bool.
+        conv+ReLU read only by a max pool fused, into jaxcnn.fire / jaxcnn.conv2d_pool, where
+        jaxcnn.fusion's decide_groups measures the fused kernel faster on this GPU, or its cost
+        model says so off GPU), "all", or a callable(jaxcnn.optimize.JaxprGroup) -> bool.
       sparse: "none" (dense convs) or "auto": each top-level NHWC conv (groups 1, undilated)
         runs jaxcnn.sparse_conv2d where jaxcnn.sparse_dispatch's crossover, measured for that
         layer on this GPU (sparse_dispatch.measure_crossover), says so at the fraction of zeros

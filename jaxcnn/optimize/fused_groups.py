@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup
-from jaxcnn.fusion.planner import GroupDecision, decide_groups
+from jaxcnn.fusion.fusion_plan import GroupDecision, decide_groups
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d_pool import conv2d_pool
 from jaxcnn.ops.conv_args import conv2d_flops
@@ -321,7 +321,7 @@ class _InceptionSite:
 def _inception_sites(plan: RewritePlan, path: str = "") -> list[_InceptionSite]:
     """GoogLeNet blocks: a channel concatenate of [1x1(x), KxK(1x1(x)), KxK(1x1(x)),
     1x1(maxpool3x3/1(x))], every conv + ReLU, stride 1, "same" padding, the branch convs 3x3
-    and 5x5 (the zoo block the planner measures), each intermediate read by its branch alone.
+    and 5x5 (the zoo block the fusion plan measures), each intermediate read by its branch alone.
     x itself may have other readers."""
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
@@ -620,7 +620,7 @@ class FusedOptimized(Optimized):
         return traced
 
     def decisions(self, *args, **kwargs) -> list[tuple[JaxprGroup, bool, GroupDecision | None]]:
-        """(group, fused?, the planner's decision or None) per group found."""
+        """(group, fused?, the fusion plan's decision or None) per group found."""
         traced = self._traced(*self._args(args, kwargs))
         return self._decisions[id(traced)]
 

@@ -1,5 +1,5 @@
-"""The fusion planner: which groups of a zoo model run fused, from a cost model checked by
-autotuning on the device.
+"""The fusion plan: which groups of a zoo model (or, through decide_groups, of a user jaxpr)
+run fused, from a cost model checked by autotuning on the device.
 
     from jaxcnn import fusion
     plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bfloat16")   # costs="auto"
