@@ -18,13 +18,8 @@ from jaxcnn.planner import Buffer, jaxpr_buffers, live_bytes_lower_bound
 from jaxcnn.profile.device_time import TimingStats, stats_fields
 from jaxcnn.profile.environment import git_state
 from jaxcnn.profile.function_profile import profile_function, site_inputs
-from jaxcnn.profile.profiler import (
-    LayerProfile,
-    ModelProfile,
-    activation_sparsity,
-    profile_model,
-    summarize,
-)
+from jaxcnn.profile.model_profile import LayerProfile, ModelProfile
+from jaxcnn.profile.profiler import activation_sparsity, profile_model, summarize
 from jaxcnn.store import Store
 
 

@@ -43,7 +43,7 @@ def synthetic_profile(label: str):
     """A ModelProfile with PROFILE_LAYERS made-up layers and timings (no model is run)."""
     from jaxcnn.models.layers import LayerInfo
     from jaxcnn.profile.device_time import TimingStats, stats_fields
-    from jaxcnn.profile.profiler import LayerProfile, ModelProfile
+    from jaxcnn.profile.model_profile import LayerProfile, ModelProfile
 
     def timing(base_ms):
         return TimingStats(**stats_fields([base_ms, 1.1 * base_ms, 1.3 * base_ms]))

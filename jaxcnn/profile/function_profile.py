@@ -35,10 +35,9 @@ from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
+from jaxcnn.profile.model_profile import LayerProfile, ModelProfile
 from jaxcnn.profile.profiler import (
     BACKENDS,
-    LayerProfile,
-    ModelProfile,
     check_count,
     timing_note,
     whole_model_timings,

@@ -9,9 +9,6 @@ so (`is_device_time=False`, run note).
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
@@ -23,55 +20,10 @@ from jaxcnn.models.layers import LayerInfo, Net
 from jaxcnn.profile.device_time import TimingStats, device_times, wall_time
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
+from jaxcnn.profile.model_profile import LayerProfile, ModelProfile
+from jaxcnn.profile.record import record_profile, writable_store
 
 BACKENDS = ("xla", "jaxcnn")
-
-
-@dataclass
-class LayerProfile:
-    info: LayerInfo
-    times: dict[str, TimingStats]  # backend -> timing of the layer alone
-    input_zero_fraction: float | None = None
-    output_zero_fraction: float | None = None
-    floor: dict[str, Any] | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # recorded with the layer's own (JSON-ready)
-
-
-@dataclass
-class ModelProfile:
-    model: str
-    batch: int
-    dtype: str
-    backends: tuple[str, ...]
-    is_device_time: bool
-    layers: list[LayerProfile]
-    end_to_end: dict[str, TimingStats]
-    wall: dict[str, TimingStats]
-    memory: dict[str, dict[str, int]]
-    environment: dict[str, Any]
-    note: str = ""
-    run_ids: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # the run's extra column (JSON-ready)
-
-    def layer_rows(self) -> list[dict[str, Any]]:
-        """One row per layer and backend, for pandas."""
-        rows = []
-        for index, layer in enumerate(self.layers):
-            for backend, timing in layer.times.items():
-                rows.append(dict(
-                    index=index, name=layer.info.name, op=layer.info.op, backend=backend,
-                    median_ms=timing.median_ms, p10_ms=timing.p10_ms, p90_ms=timing.p90_ms,
-                    gflop=layer.info.flops / 1e9, mbytes=layer.info.bytes / 2**20,
-                    pct_of_floor=_pct_of_floor(layer.floor, timing.median_ms),
-                    input_zero_fraction=layer.input_zero_fraction,
-                ))
-        return rows
-
-
-def _pct_of_floor(floor: dict | None, median_ms: float) -> float | None:
-    if not floor or not median_ms:
-        return None
-    return 100.0 * floor["floor_ms"] / median_ms
 
 
 def _layer_key(info: LayerInfo) -> tuple:
@@ -164,8 +116,6 @@ def profile_model(
     for backend in backends:
         get_ops(backend)  # unknown backend -> ValueError before any work
     spec = get_model(name)
-    from jaxcnn.profile.record import record_profile, writable_store
-
     with writable_store(store) as target:
         profile = _profile(spec, batch, dtype, backends, iters, warmup, seed, layer_ops, sparsity, note, progress)
         if target is not None:
@@ -224,17 +174,6 @@ def timing_note(note: str, is_device_time: bool) -> str:
     why = ("no GPU device time: CPU reference path, host wall time" if jax.default_backend() == "cpu"
            else "no GPU device time: profiler trace had no kernel events")
     return (note + " " if note else "") + why
-
-
-def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
-    """A measurements-table row from a timing (extra: method, kernels)."""
-    extra = {k: v for k, v in dataclasses.asdict(timing).items()
-             if k in ("method", "note", "is_device_time", "kernels_per_call", "median_span_ms")}
-    kernels = getattr(timing, "kernels", ())
-    extra["kernels"] = [dataclasses.asdict(k) for k in kernels]
-    return dict(median=timing.median_ms, p10=timing.p10_ms, p90=timing.p90_ms, min=timing.min_ms,
-                max=timing.max_ms, n=timing.n, unit="ms", extra=json.loads(json.dumps(extra, default=str)),
-                **columns)
 
 
 def summarize(profile: ModelProfile) -> list[str]:

@@ -4,12 +4,14 @@ memory stats, roofline floors and (when the perf model is available) traffic pre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from jaxcnn.profile.profiler import ModelProfile, timing_row
+from jaxcnn.profile.device_time import TimingStats
+from jaxcnn.profile.model_profile import ModelProfile
 from jaxcnn.store import Store, StoreError
 
 
@@ -60,6 +62,17 @@ def _predictions(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
             if row is not None:
                 rows.append((index, row))
     return rows
+
+
+def timing_row(timing: TimingStats, **columns) -> dict[str, Any]:
+    """A measurements-table row from a timing (extra: method, kernels)."""
+    extra = {k: v for k, v in dataclasses.asdict(timing).items()
+             if k in ("method", "note", "is_device_time", "kernels_per_call", "median_span_ms")}
+    kernels = getattr(timing, "kernels", ())
+    extra["kernels"] = [dataclasses.asdict(k) for k in kernels]
+    return dict(median=timing.median_ms, p10=timing.p10_ms, p90=timing.p90_ms, min=timing.min_ms,
+                max=timing.max_ms, n=timing.n, unit="ms", extra=json.loads(json.dumps(extra, default=str)),
+                **columns)
 
 
 def _measurements(profile: ModelProfile) -> list[tuple[int | None, dict[str, Any]]]:
