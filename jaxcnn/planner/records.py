@@ -30,8 +30,6 @@ remat (runs.batch = the batch), variant = policy name:
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 
 from jaxcnn.planner.batch import MaxBatch
