@@ -24,7 +24,7 @@ LAYERS = [
 @pytest.mark.parametrize("x_shape,w_shape,dtype,kw", LAYERS)
 def test_autotune_conv_measures_and_caches(tmp_path, x_shape, w_shape, dtype, kw):
     cache = L.AutotuneCache(tmp_path / "autotune.json")
-    choice = L.autotune_conv(x_shape, w_shape, dtype, cache=cache, iters=10, warmup=2, **kw)
+    choice = L.autotune_conv(x_shape, w_shape, dtype, cache=cache, iters=10, warmup=2, measure=True, **kw)
     assert choice.source == "measured" and not choice.cached
     assert choice.device == jax.devices()[0].device_kind
     ran = [c for c in choice.candidates if c.ok]
@@ -45,7 +45,7 @@ def test_autotune_conv_measures_and_caches(tmp_path, x_shape, w_shape, dtype, kw
     data = json.loads(cache.path.read_text())
     ops = [json.loads(k)["op"] for k in data["entries"]]
     assert ops.count("conv2d") == 1 and ops.count("to_layout") == 4
-    again = L.autotune_conv(x_shape, w_shape, dtype, cache=cache, iters=10, warmup=2, **kw)
+    again = L.autotune_conv(x_shape, w_shape, dtype, cache=cache, iters=10, warmup=2, measure=True, **kw)
     assert again.cached and again.time_ms == choice.time_ms
 
 
