@@ -19,13 +19,14 @@ SCRIPT = textwrap.dedent(
     w = jax.random.normal(kw, (3, 3, 3, 4)) * 0.2
     b = jax.random.normal(kb, (4,))
     xs = shard_batch(x, data_mesh())
-    conv = lambda x, w, b: jaxcnn.conv2d(x, w, b, stride=2, groups=2, activation="relu")
+    # algorithm="jaxcnn": the primitive's own sharding rule (auto may pick XLA's conv here).
+    conv = lambda x, w, b: jaxcnn.conv2d(x, w, b, stride=2, groups=2, activation="relu", algorithm="jaxcnn")
     check_forward(conv, x, xs, w, b, local="f32[2,6,5,4]")
 
     # The backward runs XLA's convolutions: XLA keeps the plain conv's grads batch-local
     # (only dw/db are all-reduced) but all-gathers for grouped strided transposed convs.
     w1 = jax.random.normal(kw, (3, 3, 6, 4)) * 0.2
-    plain = lambda x, w, b: jaxcnn.conv2d(x, w, b, activation="relu")
+    plain = lambda x, w, b: jaxcnn.conv2d(x, w, b, activation="relu", algorithm="jaxcnn")
     plain_grad = jax.grad(lambda x, w, b: jnp.sum(plain(x, w, b) ** 2), argnums=(0, 1, 2))
     ghlo = jax.jit(plain_grad).lower(xs, w1, b).compile().as_text()
     assert "all-gather" not in ghlo, ghlo
@@ -70,9 +71,9 @@ PRIMITIVES_SCRIPT = textwrap.dedent(
 
     ROWS = [
         # name, jaxcnn function it needs, fn, input shape, batch axis (input, output)
-        ("conv2d NHWC", "conv2d", lambda x: jaxcnn.conv2d(x, w3, bias, stride=2, activation="relu"), NHWC, 0),
-        ("conv2d NCHW", "conv2d", lambda x: jaxcnn.conv2d(x, w3, bias, padding="VALID", layout="NCHW"), NCHW, 0),
-        ("conv2d CHWN", "conv2d", lambda x: jaxcnn.conv2d(x, w3, None, dilation=2, layout="CHWN"), CHWN, 3),
+        ("conv2d NHWC", "conv2d", lambda x: jaxcnn.conv2d(x, w3, bias, stride=2, activation="relu", algorithm="jaxcnn"), NHWC, 0),
+        ("conv2d NCHW", "conv2d", lambda x: jaxcnn.conv2d(x, w3, bias, padding="VALID", layout="NCHW", algorithm="jaxcnn"), NCHW, 0),
+        ("conv2d CHWN", "conv2d", lambda x: jaxcnn.conv2d(x, w3, None, dilation=2, layout="CHWN", algorithm="jaxcnn"), CHWN, 3),
         ("max_pool2d NHWC", "max_pool2d", lambda x: jaxcnn.max_pool2d(x, 3, 2, padding=1), NHWC, 0),
         ("avg_pool2d NCHW", "avg_pool2d", lambda x: jaxcnn.avg_pool2d(x, 2, layout="NCHW"), NCHW, 0),
         ("avg_pool2d CHWN", "avg_pool2d", lambda x: jaxcnn.avg_pool2d(x, 3, 1, padding="SAME", layout="CHWN",
