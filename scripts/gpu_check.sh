@@ -6,7 +6,7 @@
 #   (BENCH_LAYERS_ARGS="--quick" for the smoke-test conv bench).
 #   SECTIONS (comma list, default tests,sanitizer,bench):
 #     tests      pytest -m gpu, then the default suite (its kernels run on the GPU too, slow tests
-#                included), each on GPU_TEST_WORKERS (default 4; 1 = serial) pytest-xdist workers
+#                included), each on GPU_TEST_WORKERS (default 8; 1 = serial) pytest-xdist workers
 #                sharing the GPU, with a persistent XLA compilation cache (JAX_COMPILATION_CACHE_DIR,
 #                default build/jax_compilation_cache); pytest-xdist from the image, else from
 #                .whl/ (pytest_xdist + execnet wheels), else serial
@@ -98,10 +98,10 @@ if has tests; then
       .whl/execnet-*.whl >>"$LOG" 2>&1 && export PYTHONPATH="$XDIST_SITE${PYTHONPATH:+:$PYTHONPATH}"
   fi
   WORKERS=()
-  if [ "${GPU_TEST_WORKERS:-4}" -gt 1 ] && $PY -c "import xdist" 2>/dev/null; then
-    WORKERS=(-n "${GPU_TEST_WORKERS:-4}" --dist worksteal)
+  if [ "${GPU_TEST_WORKERS:-8}" -gt 1 ] && $PY -c "import xdist" 2>/dev/null; then
+    WORKERS=(-n "${GPU_TEST_WORKERS:-8}" --dist worksteal)
   else
-    echo "note: pytest runs serially (pytest-xdist not importable or GPU_TEST_WORKERS=${GPU_TEST_WORKERS:-4})" | tee -a "$LOG"
+    echo "note: pytest runs serially (pytest-xdist not importable or GPU_TEST_WORKERS=${GPU_TEST_WORKERS:-8})" | tee -a "$LOG"
   fi
   step pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider "${WORKERS[@]}" --durations=30 \
     --junitxml="$RAW/pytest_gpu.xml" tests
