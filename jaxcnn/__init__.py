@@ -11,7 +11,7 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LAYOUTS": "jaxcnn.ops.layouts",
+    "LAYOUTS": "jaxcnn.ops.layout_axes",
     "conv2d": "jaxcnn.ops",
     "conv2d_pool": "jaxcnn.ops",
     "fire": "jaxcnn.ops",

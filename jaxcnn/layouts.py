@@ -9,7 +9,7 @@ disk cache, and an exact dynamic program over chains of layers.
     print(plan.explain())
     y = jax.jit(lambda p, x: L.apply_plan(plan, p, x))(params, x)      # run the plan
 
-Layouts are "NHWC", "NCHW" and "CHWN" (jaxcnn.ops.layouts); shapes given to this module are
+Layouts are "NHWC", "NCHW" and "CHWN" (jaxcnn.ops.layout_axes); shapes given to this module are
 always *logical* NHWC activations and HWIO weights, whatever layout a candidate runs in.
 
 Costs come from one of three sources, always labelled:
@@ -29,7 +29,7 @@ layout_rules, layer_autotune, layer_choice, layout_plan, layout_apply, autotune_
 jaxcnn.perfmodel.layout_cost (the model estimates).
 """
 
-from jaxcnn.ops.layouts import LAYOUTS
+from jaxcnn.ops.layout_axes import LAYOUTS
 from jaxcnn.tuning.autotune_cache import AutotuneCache, default_cache_path
 from jaxcnn.tuning.layer import Block, Layer, conv_layer, pool_layer
 from jaxcnn.tuning.layer_autotune import autotune_conv, autotune_pool, autotune_transforms, transform_ms

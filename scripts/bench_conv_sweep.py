@@ -72,7 +72,7 @@ import jaxcnn  # noqa: E402
 from jaxcnn.layouts import AutotuneCache  # noqa: E402
 from jaxcnn.models import layer_table, list_models  # noqa: E402
 from jaxcnn.ops.conv_args import conv2d_flops, conv2d_output_shape, make_config  # noqa: E402
-from jaxcnn.ops.layouts import LAYOUTS, convert_shape  # noqa: E402
+from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
 from jaxcnn.tuning.conv_choice import conv_site, decide_conv  # noqa: E402

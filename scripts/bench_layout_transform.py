@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 
 import jaxcnn
-from jaxcnn.ops import layouts
+from jaxcnn.ops import layout_axes
 from jaxcnn.profile import device_times
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
-DIRECTIONS = [f"{s}->{d}" for s, d in itertools.permutations(layouts.LAYOUTS, 2)]
+DIRECTIONS = [f"{s}->{d}" for s, d in itertools.permutations(layout_axes.LAYOUTS, 2)]
 REPORT = "bench_layout_transform"  # bench_layout_transform.json / .md
 TARGET_PCT_OF_COPY = 80.0
 
@@ -78,7 +78,7 @@ def make_logical(act: Activation, n: int, dtype: str, seed: int) -> jax.Array:
 
 
 def transform_fns(src: str, dst: str) -> dict[str, Callable]:
-    perm = layouts.permutation(src, dst)
+    perm = layout_axes.permutation(src, dst)
     return {
         "jaxcnn": lambda x: jaxcnn.to_layout(x, src, dst),
         "xla": lambda x: jnp.transpose(x, perm),
@@ -103,7 +103,7 @@ def _median(timing) -> float | None:
 def bench_group(act: Activation, n: int, dtype: str, *, directions, iters, warmup, seed) -> list[dict]:
     """All directions of one tensor, timed in one trace."""
     logical = make_logical(act, n, dtype, seed)
-    inputs = {lay: jax.block_until_ready(jnp.einsum("nchw->" + lay.lower(), logical)) for lay in layouts.LAYOUTS}
+    inputs = {lay: jax.block_until_ready(jnp.einsum("nchw->" + lay.lower(), logical)) for lay in layout_axes.LAYOUTS}
     del logical
     nbytes = inputs["NHWC"].size * inputs["NHWC"].dtype.itemsize
     cases: list[tuple[Any, Callable, tuple]] = [(("copy", k), f, (inputs["NHWC"],)) for k, f in COPY_FNS.items()]

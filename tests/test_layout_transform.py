@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn.ops import layouts
+from jaxcnn.ops import layout_axes
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
 
-PAIRS = list(itertools.permutations(layouts.LAYOUTS, 2))
+PAIRS = list(itertools.permutations(layout_axes.LAYOUTS, 2))
 
 
 def in_layout(logical, layout):
     """Logical [N, C, H, W] array laid out as `layout`, by index names (independent of
-    layouts.permutation)."""
+    layout_axes.permutation)."""
     return np.einsum("nchw->" + layout.lower(), logical)
 
 
@@ -36,20 +36,20 @@ def logical_array(n, c, h, w, dtype=np.float32, seed=0):
 
 def test_layouts_module():
     assert jaxcnn.LAYOUTS == ("NHWC", "NCHW", "CHWN")
-    assert layouts.LAYOUT_CODES == {"NHWC": 0, "NCHW": 1, "CHWN": 2}  # TensorLayout
-    assert [layouts.batch_axis(lay) for lay in layouts.LAYOUTS] == [0, 0, 3]
-    assert layouts.permutation("NHWC", "NCHW") == (0, 3, 1, 2)
-    assert layouts.permutation("NCHW", "NHWC") == (0, 2, 3, 1)
-    assert layouts.permutation("NHWC", "CHWN") == (3, 1, 2, 0)
-    assert layouts.permutation("CHWN", "NHWC") == (3, 1, 2, 0)
-    assert layouts.permutation("NCHW", "CHWN") == (1, 2, 3, 0)
-    assert layouts.permutation("CHWN", "NCHW") == (3, 0, 1, 2)
-    assert layouts.axis("CHWN", "W") == 2
-    assert layouts.shape_in("CHWN", N=2, C=3, H=4, W=5) == (3, 4, 5, 2)
-    assert layouts.convert_shape((2, 4, 5, 3), "NHWC", "NCHW") == (2, 3, 4, 5)
+    assert layout_axes.LAYOUT_CODES == {"NHWC": 0, "NCHW": 1, "CHWN": 2}  # TensorLayout
+    assert [layout_axes.batch_axis(lay) for lay in layout_axes.LAYOUTS] == [0, 0, 3]
+    assert layout_axes.permutation("NHWC", "NCHW") == (0, 3, 1, 2)
+    assert layout_axes.permutation("NCHW", "NHWC") == (0, 2, 3, 1)
+    assert layout_axes.permutation("NHWC", "CHWN") == (3, 1, 2, 0)
+    assert layout_axes.permutation("CHWN", "NHWC") == (3, 1, 2, 0)
+    assert layout_axes.permutation("NCHW", "CHWN") == (1, 2, 3, 0)
+    assert layout_axes.permutation("CHWN", "NCHW") == (3, 0, 1, 2)
+    assert layout_axes.axis("CHWN", "W") == 2
+    assert layout_axes.shape_in("CHWN", N=2, C=3, H=4, W=5) == (3, 4, 5, 2)
+    assert layout_axes.convert_shape((2, 4, 5, 3), "NHWC", "NCHW") == (2, 3, 4, 5)
     for src, dst in PAIRS:
-        perm = layouts.permutation(src, dst)
-        assert layouts.permutation(dst, src) == tuple(np.argsort(perm))
+        perm = layout_axes.permutation(src, dst)
+        assert layout_axes.permutation(dst, src) == tuple(np.argsort(perm))
 
 
 # ---------------------------------------------------------------- values
@@ -82,7 +82,7 @@ def test_round_trip_and_identity(src, dst):
 def test_empty(shape):
     x = jnp.zeros(shape, jnp.bfloat16)
     y = jaxcnn.to_layout(x, "NHWC", "CHWN")
-    assert y.shape == layouts.convert_shape(shape, "NHWC", "CHWN")
+    assert y.shape == layout_axes.convert_shape(shape, "NHWC", "CHWN")
 
 
 def test_default_direction_is_nhwc_to_nchw():
@@ -98,7 +98,7 @@ def test_grad_is_inverse_transform(src, dst):
     x = jnp.asarray(in_layout(logical_array(2, 3, 5, 4), src))
     cot = jnp.asarray(in_layout(logical_array(2, 3, 5, 4, seed=1), dst))
     g = jax.grad(lambda a: jnp.sum(jaxcnn.to_layout(a, src, dst) * cot))(x)
-    np.testing.assert_array_equal(g, jnp.transpose(cot, layouts.permutation(dst, src)))
+    np.testing.assert_array_equal(g, jnp.transpose(cot, layout_axes.permutation(dst, src)))
     check_grads(lambda a: jaxcnn.to_layout(a, src, dst), (x,), order=2, modes=("fwd", "rev"))
 
 
@@ -168,13 +168,13 @@ def test_validation_errors_name_the_argument(kwargs, error, match):
 @needs_library
 @pytest.mark.parametrize("src,dst", PAIRS)
 def test_cuda_lowering_is_ffi_custom_call(src, dst):
-    x = jax.ShapeDtypeStruct(layouts.shape_in(src, N=2, C=3, H=5, W=7), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct(layout_axes.shape_in(src, N=2, C=3, H=5, W=7), jnp.bfloat16)
     text = cuda_text(lambda a: jaxcnn.to_layout(a, src, dst), x)
     calls = custom_calls(text, "jaxcnn_layout_transform")
     assert len(calls) == 1, text
     attrs = dict(re.findall(r"(\w+_layout) = (\d+) : i64", calls[0]))
-    assert attrs == dict(src_layout=str(layouts.LAYOUT_CODES[src]), dst_layout=str(layouts.LAYOUT_CODES[dst]))
-    out_shape = "x".join(map(str, layouts.convert_shape(x.shape, src, dst)))
+    assert attrs == dict(src_layout=str(layout_axes.LAYOUT_CODES[src]), dst_layout=str(layout_axes.LAYOUT_CODES[dst]))
+    out_shape = "x".join(map(str, layout_axes.convert_shape(x.shape, src, dst)))
     assert f"tensor<{out_shape}xbf16>" in calls[0]
     assert "stablehlo.transpose" not in text
 
@@ -201,7 +201,7 @@ SHARDING_SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     import jaxcnn
-    from jaxcnn.ops import layouts
+    from jaxcnn.ops import layout_axes
     from batch_sharding import assert_no_gather, data_mesh
 
     mesh = data_mesh()
@@ -209,17 +209,17 @@ SHARDING_SCRIPT = textwrap.dedent(
 
     def spec(layout):
         entries = [None] * 4
-        entries[layouts.batch_axis(layout)] = "data"
+        entries[layout_axes.batch_axis(layout)] = "data"
         return P(*entries)
 
-    for src, dst in itertools.permutations(layouts.LAYOUTS, 2):
+    for src, dst in itertools.permutations(layout_axes.LAYOUTS, 2):
         x = np.einsum("nchw->" + src.lower(), logical)
         want = np.einsum("nchw->" + dst.lower(), logical)
         xs = jax.device_put(x, NamedSharding(mesh, spec(src)))
         fwd = jax.jit(lambda a: jaxcnn.to_layout(a, src, dst))
         hlo = fwd.lower(xs).compile().as_text()
         assert_no_gather(hlo, src, dst)
-        shard = layouts.shape_in(dst, N=2, C=5, H=3, W=7)
+        shard = layout_axes.shape_in(dst, N=2, C=5, H=3, W=7)
         assert "f32[" + ",".join(map(str, shard)) + "]" in hlo, (src, dst, "per-device 2-image shard", hlo)
         y = fwd(xs)
         assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec(dst)), 4), (src, dst, y.sharding)

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxcnn
-from jaxcnn.ops import layouts
+from jaxcnn.ops import layout_axes
 from poisoned_output import run_poisoned
 
 pytestmark = pytest.mark.gpu
 
-PAIRS = list(itertools.permutations(layouts.LAYOUTS, 2))
+PAIRS = list(itertools.permutations(layout_axes.LAYOUTS, 2))
 DTYPES = ["float32", "bfloat16", "float16", "int8", "int32"]
 # The kernel moves bytes: it sees only the element width, so the full shape x pair grid runs one
 # dtype per width (the random test below samples every dtype).
@@ -51,7 +51,7 @@ def random_logical(shape, dtype, seed=0):
 def check_exact(logical, src, dst):
     x = jnp.asarray(np.einsum("nchw->" + src.lower(), logical))
     got = run_poisoned(lambda a: jaxcnn.to_layout(a, src, dst), x, target="jaxcnn_layout_transform")
-    want = jnp.transpose(x, layouts.permutation(src, dst))
+    want = jnp.transpose(x, layout_axes.permutation(src, dst))
     assert got.shape == want.shape and got.dtype == want.dtype
     # Bit patterns: NaN payloads and -0.0 must survive too.
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
@@ -88,10 +88,10 @@ def test_offsets_past_int32():
     """2.2e9 one-byte elements: element offsets exceed int32 on both sides."""
     shape = (2, 1025, 1024, 1024)  # logical N, C, H, W
     x = jax.jit(lambda: (jnp.arange(np.prod(shape), dtype=jnp.uint32) % 251).astype(jnp.int8).reshape(
-        layouts.shape_in("NHWC", N=2, C=1025, H=1024, W=1024)))()
+        layout_axes.shape_in("NHWC", N=2, C=1025, H=1024, W=1024)))()
     for dst in ("NCHW", "CHWN"):
         got = jaxcnn.to_layout(x, "NHWC", dst)
-        same = jax.jit(lambda a, b: jnp.array_equal(a, jnp.transpose(b, layouts.permutation("NHWC", dst))))
+        same = jax.jit(lambda a, b: jnp.array_equal(a, jnp.transpose(b, layout_axes.permutation("NHWC", dst))))
         assert bool(same(got, x)), dst
         del got
 
@@ -99,13 +99,13 @@ def test_offsets_past_int32():
 @pytest.mark.parametrize("src,dst", PAIRS)
 def test_grad_and_vmap_on_gpu(src, dst):
     x = jnp.asarray(np.einsum("nchw->" + src.lower(), random_logical((3, 6, 5, 7), np.float32)))
-    cot = jax.random.normal(jax.random.PRNGKey(1), layouts.convert_shape(x.shape, src, dst))
+    cot = jax.random.normal(jax.random.PRNGKey(1), layout_axes.convert_shape(x.shape, src, dst))
     g = jax.jit(jax.grad(lambda a: jnp.sum(jaxcnn.to_layout(a, src, dst) * cot)))(x)
-    np.testing.assert_array_equal(g, jnp.transpose(cot, layouts.permutation(dst, src)))
+    np.testing.assert_array_equal(g, jnp.transpose(cot, layout_axes.permutation(dst, src)))
     xs = jnp.stack([x, x + 1, x * 2], axis=2)
     ys = jax.jit(jax.vmap(lambda a: jaxcnn.to_layout(a, src, dst), in_axes=2))(xs)
     for k in range(3):
-        np.testing.assert_array_equal(ys[k], jnp.transpose(xs[:, :, k], layouts.permutation(src, dst)))
+        np.testing.assert_array_equal(ys[k], jnp.transpose(xs[:, :, k], layout_axes.permutation(src, dst)))
 
 
 def test_handler_errors_become_python_exceptions():

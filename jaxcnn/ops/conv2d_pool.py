@@ -32,8 +32,8 @@ from jaxcnn.ops.conv_pool_args import (
     nhwc_shape,
 )
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
+from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.ops.layout_transform import to_layout
-from jaxcnn.ops.layouts import convert_shape
 from jaxcnn.ops.operand_checks import as_array, check_int32_args, is_empty_batch, with_batch
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool

@@ -31,7 +31,7 @@ from jaxcnn.ops.conv_reference import (
     linear_conv2d,
 )
 from jaxcnn.ops.epilogue import ACTIVATION_CODES, activation_grad
-from jaxcnn.ops.layouts import convert_shape
+from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
 # Activations whose gradient the output alone determines (the backward pass needs no recompute).

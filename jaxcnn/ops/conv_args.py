@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from jaxcnn.ops.epilogue import ACTIVATIONS, check_activation
-from jaxcnn.ops.layouts import LAYOUTS, convert_shape  # x and y memory orders; weights are HWIO
+from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape  # x and y memory orders; weights are HWIO
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is

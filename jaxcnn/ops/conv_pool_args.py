@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape, make_config
-from jaxcnn.ops.layouts import LAYOUTS, convert_shape
+from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape
 from jaxcnn.ops.operand_checks import check_int32, check_int32_extent, check_int32_shape
 from jaxcnn.ops.pool_args import normalize_pool_args, pool_output_hw
 

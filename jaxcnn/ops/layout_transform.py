@@ -13,7 +13,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad
 
-from jaxcnn.ops.layouts import (
+from jaxcnn.ops.layout_axes import (
     LAYOUT_CODES,
     LAYOUTS,
     batch_axis,

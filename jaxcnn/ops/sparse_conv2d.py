@@ -26,7 +26,7 @@ from jaxcnn import _ffi
 from jaxcnn.ops.conv_args import conv2d_output_shape, make_config
 from jaxcnn.ops.conv_reference import linear_conv2d
 from jaxcnn.ops.layout_transform import to_layout
-from jaxcnn.ops.layouts import convert_shape
+from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.ops.operand_checks import (
     as_array,
     as_optional_array,

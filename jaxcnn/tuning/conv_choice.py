@@ -20,7 +20,7 @@ from jaxcnn.tuning.layout_rules import rule_conv
 from jaxcnn.ops.conv2d_primitive import bind_conv2d
 from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
 from jaxcnn.ops.conv_reference import xla_conv2d
-from jaxcnn.ops.layouts import convert_shape
+from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, Site, decide_all
 
 # The jaxcnn kernel families a conv2d decision weighs, in the handler's own order of preference

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from jaxcnn.ops.layouts import LAYOUTS
+from jaxcnn.ops.layout_axes import LAYOUTS
 from jaxcnn.tuning.layer import Layer
 from jaxcnn.tuning.layout_rules import RuleChoice
 from jaxcnn.tuning.text_table import fmt_ms, text_table

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from jaxcnn.models import get_model
-from jaxcnn.ops.layouts import LAYOUTS, check_layout
+from jaxcnn.ops.layout_axes import LAYOUTS, check_layout
 from jaxcnn.perfmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 from jaxcnn.tuning.layer import POOL_OPS, Block, Layer

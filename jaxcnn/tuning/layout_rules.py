@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from jaxcnn.ops.layouts import check_layout
+from jaxcnn.ops.layout_axes import check_layout
 from jaxcnn.perfmodel.layout_cost import TENSOR_CORE_CHANNEL_MULTIPLE
 from jaxcnn.tuning.layer import Layer, conv_layer
 from jaxcnn.tuning.tuner_args import dtype_name, shape4

@@ -1,4 +1,4 @@
-"""Activation layouts: names, validation, permutations and batch axes (no jax needed).
+"""Activation layouts: names, their C++ codes, validation, permutations and axes (no jax needed).
 
 A layout string names the memory order of a 4-D activation with logical dims N (batch),
 C (channels), H and W. The codes match `TensorLayout` in cuda_ops/common/conv2d_params.h.
