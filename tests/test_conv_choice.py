@@ -97,13 +97,24 @@ def test_measure_env_turns_automatic_measurement_off(monkeypatch):
 @needs_library
 def test_rule_keeps_xla_where_only_the_direct_kernel_runs():
     x = jax.ShapeDtypeStruct((2, 9, 10, 6), jnp.bfloat16)
-    w = jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.bfloat16)
-    cfg = make_config(x.shape, w.shape, stride=2, groups=2, activation="relu")
+    w = jax.ShapeDtypeStruct((3, 3, 6, 7), jnp.bfloat16)  # K=7: off the tensor-core multiple
+    cfg = make_config(x.shape, w.shape, stride=2, activation="relu")
     assert C.accepted_families(x, w, None, cfg) == ("direct",)
     choice, why = C.rule(x, w, None, cfg)
     assert choice == "xla" and "direct" in why
-    text = cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, groups=2, activation="relu"), x, w)
+    text = cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, activation="relu"), x, w)
     assert not custom_calls(text) and "stablehlo.convolution" in text
+
+
+@needs_library
+def test_rule_leaves_a_grouped_conv_to_the_direct_kernel():
+    x = jax.ShapeDtypeStruct((2, 9, 10, 6), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.bfloat16)
+    cfg = make_config(x.shape, w.shape, stride=2, groups=2, activation="relu")
+    assert C.accepted_families(x, w, None, cfg) == ("direct",)
+    assert C.rule(x, w, None, cfg)[0] == C.HANDLER_PICK
+    (call,) = custom_calls(cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, groups=2, activation="relu"), x, w))
+    assert "algorithm = 0 : i64" in call
 
 
 @needs_library

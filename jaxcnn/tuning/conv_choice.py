@@ -5,8 +5,9 @@ Candidates are XLA's own convolution with the epilogue as a JAX user writes it (
 owner (jaxcnn.tuning.decision) measures them once per GPU, shapes, dtype and configuration, keeps
 XLA unless a family beats it by MIN_GAIN, and caches the record on disk; later traces and
 processes read the cache. Where nothing is measured (a CPU, or JAXCNN_MEASURE=0 with no cached
-record) the rule below decides: XLA where the only family that takes the conv is the CUDA-core
-direct kernel (cuDNN's implicit GEMM wins there by a wide margin), else the handler's own pick.
+record) the rule below decides: XLA where the only family that takes an ungrouped conv is the
+CUDA-core direct kernel (cuDNN's implicit GEMM wins there by a wide margin), else the handler's
+own pick.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ def accepted_families(x, w, residual, cfg: Conv2dConfig) -> tuple[str, ...] | No
 def rule(x, w, residual, cfg: Conv2dConfig) -> tuple[str, str]:
     """(algorithm, why) without a measurement."""
     families = accepted_families(x, w, residual, cfg)
-    depthwise = cfg.groups > 1 and cfg.groups == x.shape[cfg.layout.index("C")]
     if families is None:
         # No library to ask (CPU): the layout rule says which family the handler would take.
         nhwc = convert_shape(x.shape, cfg.layout, "NHWC")
@@ -74,8 +74,10 @@ def rule(x, w, residual, cfg: Conv2dConfig) -> tuple[str, str]:
                               padding=cfg.padding, dilation=cfg.dilation, groups=cfg.groups).algorithm,)
     if not families:
         return BASELINE, "no jaxcnn kernel family takes this conv"
-    if families == ("direct",) and not depthwise:
-        return BASELINE, ("only the CUDA-core direct kernel takes this conv (grouped, or K off the "
+    if families == ("direct",) and cfg.groups == 1:
+        # cuDNN's implicit GEMM beats the CUDA-core kernel on most ungrouped convs; on grouped
+        # ones XLA's conv is the slow one more often than not (the conv2d sweep report).
+        return BASELINE, ("only the CUDA-core direct kernel takes this ungrouped conv (K off the "
                           "tensor-core multiple, or a non-NHWC layout); cuDNN's convolution is faster")
     return HANDLER_PICK, f"not measured; the handler picks among {', '.join(families)}"
 
