@@ -15,7 +15,7 @@ import pytest
 
 from jaxcnn.perfmodel.calibration import Sample, calibrate
 from jaxcnn.perfmodel.factors import Factors, load_factors, save_factors
-from jaxcnn.perfmodel.layer import ConvLayer
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.model import predict, predict_layer_info, predict_table
 from jaxcnn.perfmodel.tiling import (
     JAXCNN_DIRECT_64x64x16,

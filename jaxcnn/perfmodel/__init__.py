@@ -13,8 +13,8 @@ candidates).
 """
 
 from jaxcnn.perfmodel.calibration import Calibration, Sample, calibrate
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.factors import Factors, load_factors, save_factors
-from jaxcnn.perfmodel.layer import ConvLayer
 from jaxcnn.perfmodel.model import Prediction, predict, predict_layer_info, predict_table
 from jaxcnn.perfmodel.tiling import (
     JAXCNN_DIRECT_64x64x16,

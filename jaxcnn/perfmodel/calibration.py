@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.factors import Factors
-from jaxcnn.perfmodel.layer import ConvLayer
 from jaxcnn.perfmodel.model import KernelSetup, kernel_setup
 from jaxcnn.perfmodel.tiling import Tiling
 from jaxcnn.perfmodel.timing import kernel_time

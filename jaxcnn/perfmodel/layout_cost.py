@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from jaxcnn.perfmodel.layer import ConvLayer
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.model import predict
 from jaxcnn.perfmodel.roofline import fp32_fma_ms, memory_ms
 from jaxcnn.perfmodel.traffic import SECTOR_BYTES

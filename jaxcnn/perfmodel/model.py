@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.factors import Factors, load_factors
-from jaxcnn.perfmodel.layer import ConvLayer
 from jaxcnn.perfmodel.tiling import Tiling, resolve_tiling
 from jaxcnn.perfmodel.timing import Keys, TimeBreakdown, kernel_keys, kernel_time, math_precision
 from jaxcnn.perfmodel.traffic import Traffic, traffic

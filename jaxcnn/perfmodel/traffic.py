@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jaxcnn.perfmodel.layer import ConvLayer
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.tiling import Tiling
 from jaxcnn.profile.gpu_specs import GpuSpec
 

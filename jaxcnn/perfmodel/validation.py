@@ -23,8 +23,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from jaxcnn.perfmodel.calibration import Sample, calibrate
+from jaxcnn.perfmodel.conv_layer import ConvLayer
 from jaxcnn.perfmodel.factors import Factors
-from jaxcnn.perfmodel.layer import ConvLayer
 from jaxcnn.perfmodel.model import BACKEND_IMPLS, predict
 from jaxcnn.perfmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
 from jaxcnn.perfmodel.traffic import ceil_div
