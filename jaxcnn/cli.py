@@ -318,6 +318,12 @@ def cmd_compare(args) -> int:
         kinds = {run_id: runs.loc[run_id, "kind"] for run_id in run_ids}
         chosen = [dict(runs.loc[run_id], id=run_id) for run_id in run_ids]
         on_cpu = [reference_path_run(run) for run in chosen]
+        for run_id, other in (run_ids, run_ids[::-1]):  # a run without layers (a plan) first
+            if not _has_layer_metric(store, run_id, None):
+                raise CliError(
+                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer measurements, so "
+                    f"it cannot be compared with run {other} ({kinds[other]!r})"
+                )
         if any(on_cpu) and not all(on_cpu):
             raise CliError(f"{args.db}: {compare_refusal(*chosen)}")
         metric = args.metric
@@ -325,10 +331,9 @@ def cmd_compare(args) -> int:
             metric = "wall_time_ms"  # CPU runs record host wall time
         for run_id, other in (run_ids, run_ids[::-1]):
             if not _has_layer_metric(store, run_id, metric):
-                what = f"{metric} measurements" if _has_layer_metric(store, run_id, None) else "measurements"
                 raise CliError(
-                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer {what}, so it "
-                    f"cannot be compared with run {other} ({kinds[other]!r})"
+                    f"{args.db}: run {run_id} ({kinds[run_id]!r}) has no per-layer {metric} measurements, "
+                    f"so it cannot be compared with run {other} ({kinds[other]!r})"
                 )
         table = store.compare(*run_ids, metric=metric)
     if table[["median_a", "median_b"]].dropna().empty:
