@@ -362,6 +362,7 @@ def test_primitive_bind_validates_too():
 # ---------------------------------------------------------------- grads and vmap
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acts", [("relu", "relu"), ("relu6", None), (None, "relu6")])
 def test_grads_match_lax_composition(acts):
     loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)  # noqa: E731

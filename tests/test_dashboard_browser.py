@@ -163,7 +163,8 @@ def store_paths(store_env):
             "cpu": stores.cpu_profile(root / "cpu.sqlite")}
 
 
-@pytest.mark.parametrize("store", list(PAGES))
+# The CPU profile's pages in make test; the other stores' pages in CI (slow).
+@pytest.mark.parametrize("store", [s if s == "cpu" else pytest.param(s, marks=pytest.mark.slow) for s in PAGES])
 def test_every_page_in_chromium(chromium, store_env, store_paths, store):
     env, root = store_env
     env = dict(env, JAXCNN_DB=str(store_paths[store]))

@@ -256,6 +256,7 @@ def test_runs_summary_fits_the_page(shipped):
     assert data.runs_summary(long).loc[0, "note"] == "no GPU device time: CPU ref…"
 
 
+@pytest.mark.slow
 def test_cpu_runs_are_reference_path_runs_and_never_compared(shipped, tmp_path):
     path = stores.cpu_profile(tmp_path / "cpu.sqlite")
     with Store(path) as cpu_store:

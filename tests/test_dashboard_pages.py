@@ -359,6 +359,7 @@ def test_compare_defaults_to_a_run_of_the_same_model(dbs):
     assert "b_over_a < 1 means run B is faster" in texts(at.caption)
 
 
+@pytest.mark.slow
 def test_a_profiled_function_shows_like_a_zoo_model(tmp_path):
     # `jaxcnn profile --fn`'s Python API on a raw-lax CNN: its conv sites are the layers.
     fn, args = profile_fn_models.lax_nchw_cnn(batch=2)

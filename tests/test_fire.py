@@ -190,6 +190,7 @@ def test_primitive_bind_validates_too():
 # ---------------------------------------------------------------- grads and vmap
 
 
+@pytest.mark.slow
 def test_grads_match_zoo_composition():
     ops = fire_operands(8, 2, 6, 7, 12, 8, 6, 10)
     loss = lambda f: lambda *a: jnp.sum(f(a) ** 2)  # noqa: E731

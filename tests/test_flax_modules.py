@@ -34,6 +34,7 @@ def shapes(tree):
        padding=st.sampled_from(["SAME", "VALID", 1, (1, 2), ((0, 1), (2, 0))]), dilation=st.sampled_from([1, 2]),
        groups=st.sampled_from([1, 2]), use_bias=st.booleans(), batch=st.sampled_from([(), (2,), (2, 3)]),
        seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_linen_conv_matches_flax(k, strides, padding, dilation, groups, use_bias, batch, seed):
     x = rand(seed, (*batch, 9, 8, 4))
     kw = dict(features=6, kernel_size=k, strides=strides, padding=padding, kernel_dilation=dilation,

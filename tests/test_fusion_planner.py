@@ -231,6 +231,7 @@ def test_apply_squeezenet_equals_the_unfused_model():
     assert jaxpr.count("jaxcnn_fire") == 8
 
 
+@pytest.mark.slow
 def test_apply_googlenet_runs_chosen_inception_blocks_fused():
     plan = fusion.plan_fusion("googlenet", batch=1, dtype="float32", costs="model", kinds=BLOCKS)
     # Force a mix: the first two blocks fused, the third on jaxcnn's per-layer kernels.

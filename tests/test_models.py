@@ -277,6 +277,7 @@ def test_softmax_head():
     assert model.layers(1, softmax=True)[-1].op == "softmax"
 
 
+@pytest.mark.slow
 def test_layer_fns_run_each_layer_alone():
     model = models.get_model("squeezenet1_1")
     params, _ = params_and_input("squeezenet1_1")

@@ -273,6 +273,7 @@ def test_explain_policy_and_cache():
     assert_close(chosen(*NET_ARGS), small_net(*NET_ARGS))
 
 
+@pytest.mark.slow
 def test_auto_policy_rewrites_only_what_pays():
     """policy="auto" (the default), no autotune measurement: depthwise convs and fp32
     precision="highest" convs of tensor-core shape become jaxcnn.conv2d; dense convs at default

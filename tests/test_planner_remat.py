@@ -22,6 +22,7 @@ def test_candidates_follow_the_model_structure():
     assert every_2.save_names == ("pool1", "pool2", "fc2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,policies", [("lenet5", None), ("squeezenet1_1", ("blocks", "every_4"))])
 def test_policies_compute_the_same_logits_and_gradients(model, policies):
     spec = get_model(model)

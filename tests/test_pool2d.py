@@ -56,6 +56,7 @@ def fits(case):
         return False
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(pool_cases())
 def test_matches_float64_oracle(case):

@@ -296,6 +296,7 @@ def test_precision_class_rejects_unknown():
 # ---------------------------------------------------------------- bench_layers.py smoke run
 
 
+@pytest.mark.slow
 def test_bench_layers_quick_smoke(tmp_path):
     jaxcnn = pytest.importorskip("jaxcnn")
     if not hasattr(jaxcnn, "conv2d"):

@@ -198,6 +198,7 @@ def test_cli_profile_help_lists_the_zoo_and_the_fn_contract(capsys):
     assert "passed to it as batch=N and dtype=NAME when given" in out
 
 
+@pytest.mark.slow
 def test_cli_profile_fn_flax_cnn_on_cpu(tmp_path, capsys):
     pytest.importorskip("flax")
     db = tmp_path / "fn.sqlite"

@@ -40,6 +40,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_sharded_conv_has_no_all_gather():
     assert "SHARDING OK" in run_on_8_host_devices(SCRIPT, timeout=600)
 

@@ -80,6 +80,7 @@ def test_batchnorm_model_runs_and_optimize_matches(name):
     check_model(name)
 
 
+@pytest.mark.slow
 def test_batchnorm_values_are_like_trained():
     """The builders replace a fresh BatchNorm's identity values (which would hide a wrong fold)."""
     stats = jax.tree.leaves(build("linen_resnet18", jnp.float32).params["batch_stats"])
@@ -111,6 +112,7 @@ def test_keras_model_runs_and_optimize_matches(name):
     assert m.layout == "NHWC" and len(m.params) == 2  # (trainable, non-trainable) values
 
 
+@pytest.mark.slow
 @needs_keras
 def test_keras_bf16_policy_applies_to_one_build_only():
     from benchmarks import keras_models

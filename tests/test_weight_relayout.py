@@ -26,6 +26,7 @@ def random_weights(shapes, dtype=np.float32, seed=0):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.tuples(*[st.integers(1, 9)] * 4), st.sampled_from(PERMS)), min_size=1, max_size=5),
        st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), st.integers(0, 2**16))
+@pytest.mark.slow
 def test_values_equal_transpose(jobs, dtype, seed):
     ws = random_weights([s for s, _ in jobs], dtype, seed)
     perms = [p for _, p in jobs]
