@@ -103,11 +103,11 @@ Conv2dPlan plan_conv2d(const Conv2dParams& params, Conv2dAlgorithm requested) {
   if (requested != Conv2dAlgorithm::kAuto) return PlanFamily<T>(params, requested);
   // Depthwise is memory-bound: its own kernel beats any GEMM view of it. Then the Hopper wgmma
   // kernel where it takes the shape (3x3/1 SAME, 16-bit) and its tiles cover the image
-  // exactly (H100, VGG-19 N=64, XLA's time / its time: 0.97-1.59x there; 0.76-0.91x where
-  // its tiles pad a 28- or 14-pixel image), tensor cores wherever that family takes the shape; the
-  // direct kernel runs the rest (grouped, NCHW/CHWN, K not a multiple of the TMA row).
-  // The stem kernel (convs with C off the tensor-core family's multiple of 8, e.g. an RGB
-  // input: VGG-19's c1_1 ran 2.0x XLA at N=64, 2.5x at N=1 on an H100) before the direct one.
+  // exactly (where they pad a 28- or 14-pixel image it loses to cuDNN), tensor cores wherever
+  // that family takes the shape; the direct kernel runs the rest (grouped, NCHW/CHWN, K not a
+  // multiple of the TMA row). The stem kernel (convs with C off the tensor-core family's
+  // multiple of 8, e.g. an RGB input) before the direct one. Measurements: scripts/bench_layers.py
+  // and scripts/bench_conv_pool.py reports in benchmarks/results/.
   for (Conv2dAlgorithm family : {Conv2dAlgorithm::kDepthwise, Conv2dAlgorithm::kWgmma,
                                  Conv2dAlgorithm::kTensorCore, Conv2dAlgorithm::kStem}) {
     Conv2dPlan plan = PlanFamily<T>(params, family);

@@ -193,16 +193,13 @@ const char* TcUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
 constexpr int64_t kWgmmaMinPixels = 8192;
 // ... except up to this many squeeze channels when the fused kernel runs two CTAs per SM
 // with no channel split: its s tile never leaves the SM and the expands' K (9 S) is too short
-// for the wgmma convs' pipelines (H200, N = 64, 55x55: SqueezeNet 1.1 fire2 48.7 vs 63.8 us,
-// fire3 57.4 vs 67.5 us; fire_selftest prints both).
+// for the wgmma convs' pipelines (fire_selftest prints both kernels' times).
 constexpr int64_t kFusedMaxSqueezeAtScale = 16;
 // kAuto takes the two-phase kernel up to this many output pixels (N * H * W) when each of its
 // phases runs in one pass (no more items than resident CTAs): there the single-pass fused
 // kernel has too few tiles to spread its per-tile loads (each CTA streams the halo's whole C
-// and the squeeze weights) and the wgmma convs pay three launches. H100, N = 1 (bench_fusion
-// two_phase column): 27x27 and 13x13 fires 6.5-8.7 us vs 8.4-16.7 fused, 11.6-12.4 wgmma; a
-// second pass costs ~7 us (SqueezeNet 1.0 fire6 at 27x27 on 132 CTAs: 14.3 us); 55x55 fires
-// (3025 pixels) 8.2-11.2 vs 6.9-7.7 fused.
+// and the squeeze weights) and the wgmma convs pay three launches; a second pass costs about
+// a launch, so larger images go back to the fused kernel (bench_fusion's two_phase column).
 constexpr int64_t kTwoPhaseMaxPixels = 1024;
 constexpr size_t kWorkspaceAlign = 256;
 
@@ -274,8 +271,8 @@ const char* MergedExpandUnsupportedReason(const FireParams& p, const FireBuffers
 }
 
 // The squeeze as a 1x1-only launch of the wgmma conv kernel (nullptr), or why not. Only on
-// request: against the CUTLASS 1x1 conv it measured equal on the headline fire and 0-7% slower
-// on SqueezeNet's N = 64 fires (H100, bench_fusion_s17_default vs _squeeze_conv_tc).
+// request: against the CUTLASS 1x1 conv it measured no faster on SqueezeNet's fires
+// (bench_fusion reports).
 template <typename T>
 const char* WgmmaSqueezeUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
   if constexpr (std::is_same_v<T, float>) {
