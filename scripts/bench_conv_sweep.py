@@ -59,9 +59,11 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 
 # bench_optimize_flax puts the repository root on sys.path (jaxcnn from a checkout)
-from bench_optimize_flax import gpu_slug, timing_dict  # noqa: E402
-from bench_layers import _json_safe, environment  # noqa: E402
-from bench_pool_softmax import _fmt  # noqa: E402
+from bench_common import device_slug as gpu_slug  # noqa: E402
+from bench_common import environment  # noqa: E402
+from bench_common import fmt as _fmt  # noqa: E402
+from bench_common import json_safe as _json_safe  # noqa: E402
+from bench_optimize_flax import timing_dict  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 from bench_common import (DTYPES, add_timing_options, csv_of, environment, fmt, run_rows, status,
                           timing_defaults, write_report)
-from bench_common import json_safe as _json_safe  # noqa: F401  (bench_conv_sweep.py imports it from here)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

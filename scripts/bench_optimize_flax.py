@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn f
 
 from bench_common import (DTYPES, dated_stem, environment, int_list, str_list, timing_defaults,  # noqa: E402
                           write_report)
-from bench_common import device_slug as gpu_slug  # noqa: E402,F401  (bench_conv_sweep.py imports it from here)
 from bench_common import fmt as _fmt  # noqa: E402
 
 import jax  # noqa: E402

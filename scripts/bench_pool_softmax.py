@@ -35,7 +35,6 @@ from typing import Any, Callable
 from bench_common import (DTYPES, add_timing_options, csv_of, environment, failed_accuracy, fmt, int_list,
                           relative_accuracy, report_header, run_rows, status, table_row, timed,
                           timing_defaults, top_kernels, us, write_report)
-from bench_common import fmt as _fmt  # noqa: F401  (bench_conv_sweep.py imports it from here)
 
 import jax
 import jax.numpy as jnp
