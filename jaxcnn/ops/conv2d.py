@@ -59,15 +59,16 @@ def conv2d(
         GPUs); "highest" (or lax.Precision.HIGHEST) is fp32-accurate (3xTF32 or FMA).
       algorithm: "auto" (the default: XLA's own convolution or the jaxcnn kernel family that
         measures fastest for this conv on this GPU, by at least 3%; measured once per GPU, shape,
-        dtype and configuration, and cached, see jaxcnn/tuning/conv_choice.py), "jaxcnn" (the
-        CUDA handler's own pick among the families below, never XLA's conv), "tensor_core", "direct", "depthwise", "wgmma"
-        (the Hopper TMA + wgmma kernel of jaxcnn.conv2d_pool without its pool: bf16/fp16 NHWC
-        3x3 stride-1 SAME convs, groups 1, C a multiple of 32, K of 64; "auto" picks it where
-        its tiles cover the image), "stem" (jaxcnn.conv2d_pool's small-GEMM-K stem kernel
-        without its pool: NHWC, groups 1, R*S*C <= 512, K a multiple of 8 (4 for fp32 at
-        precision "default"); "auto" picks it where C rules out the tensor-core kernel, e.g. an
-        RGB input), or "xla" (XLA's own lax.conv_general_dilated, then the epilogue in x's
-        dtype, on every platform: the formulation XLA fuses).
+        dtype and configuration, and cached, see jaxcnn/tuning/conv_choice.py); "jaxcnn" (the
+        CUDA handler's own pick among the families below, never XLA's conv); a family:
+        "tensor_core", "direct", "depthwise", "wgmma" (the Hopper TMA + wgmma kernel of
+        jaxcnn.conv2d_pool without its pool: bf16/fp16 NHWC 3x3 stride-1 SAME convs, groups 1,
+        C a multiple of 32, K of 64; the handler picks it where its tiles cover the image),
+        "stem" (jaxcnn.conv2d_pool's small-GEMM-K stem kernel without its pool: NHWC, groups 1,
+        R*S*C <= 512, K a multiple of 8 (4 for fp32 at precision "default"); the handler picks
+        it where C rules out the tensor-core kernel, e.g. an RGB input); or "xla" (XLA's own
+        lax.conv_general_dilated, then the epilogue in x's dtype, on every platform: the
+        formulation XLA fuses).
 
     Returns:
       [N, P, Q, K] (in `layout` order) in x's dtype, accumulated in float32. N = 0 gives the
