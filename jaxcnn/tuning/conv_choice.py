@@ -17,12 +17,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxcnn import _ffi
-from jaxcnn.tuning.layout_rules import rule_conv
 from jaxcnn.ops.conv2d_primitive import bind_conv2d
 from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
 from jaxcnn.ops.conv_reference import xla_conv2d
 from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, Site, decide_all
+from jaxcnn.tuning.layout_rules import rule_conv
 
 # The jaxcnn kernel families a conv2d decision weighs, in the handler's own order of preference
 # (cuda_ops/conv/conv2d_dispatch.cu plan_conv2d).
@@ -66,7 +66,11 @@ def accepted_families(x, w, residual, cfg: Conv2dConfig) -> tuple[str, ...] | No
 
 def rule(x, w, residual, cfg: Conv2dConfig) -> tuple[str, str]:
     """(algorithm, why) without a measurement."""
-    families = accepted_families(x, w, residual, cfg)
+    return _rule_for(accepted_families(x, w, residual, cfg), x, w, cfg)
+
+
+def _rule_for(families: tuple[str, ...] | None, x, w, cfg: Conv2dConfig) -> tuple[str, str]:
+    """rule() given the library's accepted families (None: no library to ask)."""
     if families is None:
         # No library to ask (CPU): the layout rule says which family the handler would take.
         nhwc = convert_shape(x.shape, cfg.layout, "NHWC")
@@ -99,7 +103,7 @@ def conv_site(x, w, bias, residual, cfg: Conv2dConfig) -> Site:
     families = accepted_families(x, w, residual, cfg)
     candidates = [Candidate(BASELINE, run(BASELINE))]
     candidates += [Candidate(f, run(f)) for f in (FAMILIES if families is None else families)]
-    return Site(site_fields(x, w, bias, residual, cfg), candidates, avals, lambda: rule(x, w, residual, cfg))
+    return Site(site_fields(x, w, bias, residual, cfg), candidates, avals, lambda: _rule_for(families, x, w, cfg))
 
 
 def decide_conv(x, w, bias, residual, cfg: Conv2dConfig, *, measure: bool | None = None,

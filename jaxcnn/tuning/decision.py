@@ -19,11 +19,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxcnn._ffi import cuda_available
-from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
 from jaxcnn.profile.device_time import device_times
+from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
 from jaxcnn.tuning.measure import device_kind, outside_traces, should_measure, try_run
 
 BASELINE = "xla"  # the site's subgraph exactly as traced
@@ -161,9 +163,6 @@ def choose(times_ms: dict[str, float | None]) -> tuple[str, str]:
 def _random_inputs(avals, seed: int):
     """Random inputs of the avals' shapes, drawn on the host (numpy: no per-shape compile) and
     put on the device. Positive, O(1) floats: BatchNorm variances stay valid, nothing overflows."""
-    import jax
-    import jax.numpy as jnp
-
     rng = np.random.default_rng(seed)
     out = []
     for a in avals:
