@@ -15,9 +15,10 @@ from jaxcnn.ops.conv_args import make_config
 from jaxcnn.tuning import conv_choice as C
 from jaxcnn.tuning import decision as D
 from jaxcnn.tuning import measure
+from cuda_lowering import cuda_text, custom_calls, needs_library
 
-needs_library = pytest.mark.skipif(not _ffi.handlers_registered(),
-                                   reason=_ffi.library_state().reason or "library loaded")
+CONV2D_TARGETS = ("jaxcnn_conv2d_fwd", "jaxcnn_conv2d_fwd_nobias", "jaxcnn_conv2d_fwd_residual")
+
 
 # A dilated NHWC conv the tensor-core family takes (K a multiple of 8).
 X = jax.ShapeDtypeStruct((2, 15, 17, 16), jnp.bfloat16)
@@ -30,12 +31,9 @@ def cfg_of(x=X, w=W, **kw):
     return make_config(x.shape, w.shape, **{**DILATED, **kw})
 
 
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def custom_calls(text):
-    return [line for line in text.splitlines() if "custom_call @jaxcnn_conv2d" in line]
+def conv_calls(text):
+    """The lines calling any of conv2d's FFI targets."""
+    return [line for t in CONV2D_TARGETS for line in custom_calls(text, t)]
 
 
 @pytest.fixture
@@ -103,7 +101,7 @@ def test_rule_keeps_xla_where_only_the_direct_kernel_runs():
     choice, why = C.rule(x, w, None, cfg)
     assert choice == "xla" and "direct" in why
     text = cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, activation="relu"), x, w)
-    assert not custom_calls(text) and "stablehlo.convolution" in text
+    assert not conv_calls(text) and "stablehlo.convolution" in text
 
 
 @needs_library
@@ -113,14 +111,14 @@ def test_rule_leaves_a_grouped_conv_to_the_direct_kernel():
     cfg = make_config(x.shape, w.shape, stride=2, groups=2, activation="relu")
     assert C.accepted_families(x, w, None, cfg) == ("direct",)
     assert C.rule(x, w, None, cfg)[0] == C.HANDLER_PICK
-    (call,) = custom_calls(cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, groups=2, activation="relu"), x, w))
+    (call,) = conv_calls(cuda_text(lambda a, b: jaxcnn.conv2d(a, b, stride=2, groups=2, activation="relu"), x, w))
     assert "algorithm = 0 : i64" in call
 
 
 @needs_library
 def test_rule_leaves_a_dense_conv_to_the_handler():
     assert C.rule(X, W, None, cfg_of())[0] == C.HANDLER_PICK
-    (call,) = custom_calls(cuda_text(lambda *a: jaxcnn.conv2d(*a, **DILATED), X, W, B))
+    (call,) = conv_calls(cuda_text(lambda *a: jaxcnn.conv2d(*a, **DILATED), X, W, B))
     assert "algorithm = 0 : i64" in call
 
 
@@ -128,7 +126,7 @@ def test_rule_leaves_a_dense_conv_to_the_handler():
 def test_measured_xla_win_lowers_a_dilated_conv_to_xla(cache_path, fake_gpu):
     fake_gpu["times"] = {"xla": 1.0, "tensor_core": 3.0, "direct": 20.0, "stem": None, "wgmma": None}
     text = cuda_text(lambda *a: jaxcnn.conv2d(*a, **DILATED), X, W, B)
-    assert not custom_calls(text) and "stablehlo.convolution" in text
+    assert not conv_calls(text) and "stablehlo.convolution" in text
     assert "rhs_dilate = [2, 2]" in text
     assert len(fake_gpu["calls"]) == 1
     record = next(iter(json.loads(cache_path.read_text())["entries"].values()))
@@ -141,7 +139,7 @@ def test_measured_xla_win_lowers_a_dilated_conv_to_xla(cache_path, fake_gpu):
 @needs_library
 def test_measured_family_win_lowers_to_that_family(cache_path, fake_gpu):
     fake_gpu["times"] = {"xla": 1.0, "tensor_core": 0.5, "direct": 20.0}
-    (call,) = custom_calls(cuda_text(lambda *a: jaxcnn.conv2d(*a, **DILATED), X, W, B))
+    (call,) = conv_calls(cuda_text(lambda *a: jaxcnn.conv2d(*a, **DILATED), X, W, B))
     assert "algorithm = 2 : i64" in call  # tensor_core's code
     d = C.decide_conv(X, W, B, None, cfg_of())
     assert (d.choice, d.source) == ("tensor_core", "cached") and "2.00x" in d.reason

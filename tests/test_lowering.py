@@ -9,17 +9,14 @@ import pytest
 
 import jaxcnn
 from jaxcnn import _ffi
+from cuda_lowering import cuda_text, needs_library
 
 X = jax.ShapeDtypeStruct((2, 9, 10, 6), jnp.bfloat16)
 W = jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.bfloat16)
 B = jax.ShapeDtypeStruct((8,), jnp.bfloat16)
 
 
-def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@needs_library
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_cuda_lowering_is_ffi_custom_call(with_bias):
     args = (X, W, B) if with_bias else (X, W)
@@ -40,7 +37,7 @@ def test_cuda_lowering_is_ffi_custom_call(with_bias):
     assert "stablehlo.convolution" not in text
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@needs_library
 @pytest.mark.parametrize(
     "layout, x_shape, y_shape",
     [("NCHW", (2, 6, 9, 10), "2x8x5x5"), ("CHWN", (6, 9, 10, 2), "8x5x5x2")],
@@ -59,7 +56,7 @@ def test_cuda_lowering_carries_layout_precision_algorithm(layout, x_shape, y_sha
     assert f"tensor<{y_shape}xf32>" in call[0]
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@needs_library
 def test_cuda_lowering_of_grad_keeps_forward_custom_call():
     text = cuda_text(jax.grad(lambda x, w: jaxcnn.conv2d(x, w, groups=2).astype(jnp.float32).sum(), argnums=1), X, W)
     assert "custom_call @jaxcnn_conv2d_fwd_nobias" not in text or "convolution" in text

@@ -10,6 +10,7 @@ import pytest
 
 from jaxcnn import _ffi
 from jaxcnn.ops.conv_args import ALGORITHMS, HANDLER_ALGORITHM, LAYOUTS, PRECISIONS, make_config
+from cuda_lowering import needs_library
 
 CUDA_OPS = Path(__file__).resolve().parent.parent / "cuda_ops"
 PARAMS_HEADER = CUDA_OPS / "common" / "conv2d_params.h"
@@ -67,7 +68,7 @@ def test_dtype_codes_match_the_query_switch():
     assert cases == {code: c_types[name] for name, code in _ffi.DTYPE_CODES.items()}
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@needs_library
 def test_the_loaded_library_answers_the_query():
     cfg = make_config((2, 16, 16, 32), (3, 3, 32, 64), algorithm="tensor_core")
     size = _ffi.conv2d_workspace_bytes((2, 16, 16, 32), (3, 3, 32, 64), (2, 16, 16, 64), jnp.bfloat16, cfg)
