@@ -10,9 +10,8 @@ import jaxcnn
 from jaxcnn.ops.conv_args import make_config
 from jaxcnn.tuning import conv_choice as C
 from jaxcnn.tuning import decision as D
-from reference64 import TOLERANCE, conv2d_f64, rel_err
+from reference64 import TF32_TOLERANCE, TOLERANCE, conv2d_f64, rel_err
 from test_conv2d import random_operands
-from test_conv2d_algorithms_gpu import TF32_TOLERANCE
 
 pytestmark = pytest.mark.gpu
 
