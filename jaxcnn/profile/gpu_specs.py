@@ -95,123 +95,98 @@ def _l2_bandwidth(bytes_per_clk: int, clock_hz: float, note: str) -> Ceiling:
 KIB, MIB = 1024, 1024 * 1024
 
 
-def _hopper_hierarchy(sm_count: int, clock_hz: float) -> dict[str, Any]:
-    """GH100 memory hierarchy (50 MB L2 on every H100/H200 product). NVIDIA publishes no Hopper
-    L2 bandwidth: assume A100's 5120 B/clk (A100 whitepaper) per clock."""
-    return dict(
-        l2_bytes=50 * MIB,
-        l2_bandwidth=_l2_bandwidth(5120, clock_hz, "A100's per-clock figure, assumed for Hopper"),
-        l1_smem_per_sm_bytes=256 * KIB,
-        smem_per_sm_bytes=228 * KIB,
-        l1_bandwidth=_l1_bandwidth(sm_count, clock_hz),
+@dataclass(frozen=True)
+class _Die:
+    """What every product built on one GPU die shares: L2, L1/shared memory, FP32 lanes."""
+
+    l2_bytes: int
+    l2_bytes_per_clk: int  # L2 bandwidth per clock; times a product's boost clock
+    l2_note: str  # where the per-clock L2 figure comes from
+    l1_smem_per_sm_bytes: int
+    smem_per_sm_bytes: int
+    fp32_lanes_per_sm: int
+
+
+# 50 MB L2 on every H100/H200 product. NVIDIA publishes no Hopper L2 bandwidth: assume A100's
+# 5120 B/clk (A100 whitepaper) per clock.
+_GH100 = _Die(
+    50 * MIB, 5120, "A100's per-clock figure, assumed for Hopper", 256 * KIB, 228 * KIB, 128
+)
+_GA100 = _Die(40 * MIB, 5120, "A100 whitepaper L2 read bandwidth", 192 * KIB, 164 * KIB, 64)
+_GV100 = _Die(6 * MIB, 2048, "A100 whitepaper's V100 figure", 128 * KIB, 96 * KIB, 64)
+
+
+def _dense_compute(tensor_per_s: float, fp32_per_s: float) -> dict[str, Ceiling]:
+    """Datasheet compute ceilings of an Ampere/Hopper part: bf16 and fp16 tensor cores run at
+    the same dense rate and TF32 at half of it; fp32 is the non-tensor (CUDA-core) rate."""
+    return {
+        "bf16": _datasheet(tensor_per_s, "dense"),
+        "fp16": _datasheet(tensor_per_s, "dense"),
+        "tf32": _datasheet(tensor_per_s / 2, "dense"),
+        "fp32": _datasheet(fp32_per_s, "non-tensor"),
+    }
+
+
+def _gpu(
+    die: _Die,
+    name: str,
+    kind_pattern: str,
+    sm_count: int,
+    boost_clock_hz: float,
+    dram: Ceiling,
+    compute: dict[str, Ceiling],
+    measured_dram: Ceiling | None = None,
+) -> GpuSpec:
+    """One table entry. `dram` is the datasheet DRAM peak; floors use `measured_dram` where
+    there is one, else the datasheet peak."""
+    return GpuSpec(
+        name=name,
+        kind_pattern=kind_pattern,
+        sm_count=sm_count,
+        boost_clock_hz=boost_clock_hz,
+        memory=dram if measured_dram is None else measured_dram,
+        compute=compute,
+        memory_datasheet=dram,
+        l2_bytes=die.l2_bytes,
+        l2_bandwidth=_l2_bandwidth(die.l2_bytes_per_clk, boost_clock_hz, die.l2_note),
+        l1_smem_per_sm_bytes=die.l1_smem_per_sm_bytes,
+        smem_per_sm_bytes=die.smem_per_sm_bytes,
+        l1_bandwidth=_l1_bandwidth(sm_count, boost_clock_hz),
+        fp32_lanes_per_sm=die.fp32_lanes_per_sm,
     )
 
 
+_H200_COMPUTE = {
+    "bf16": _measured(708e12, "bf16 GEMM; datasheet 989 dense"),
+    "fp16": _measured(708e12, "bf16 GEMM number; fp16 tensor rate equals bf16"),
+    "tf32": _datasheet(494.7e12, "dense"),
+    "fp32": _measured(51e12, "fp32 GEMM at Precision.HIGHEST; CUDA-core peak 66.9"),
+}
+_H200_MEASURED_DRAM = _measured(3.97e12, "device-to-device copy, read+write; datasheet 4.8 TB/s")
+
 # Ordered: the first entry whose pattern matches wins, so the H100 variants come before the
 # generic H100 (SXM). Word boundaries keep "GH200" from matching "H200".
+# Columns: die, name, device-kind pattern, SMs, boost clock, datasheet DRAM, compute.
 GPU_SPECS: tuple[GpuSpec, ...] = (
-    GpuSpec(
-        name="H200",
-        kind_pattern=r"\bH200\b",
-        sm_count=132,
-        boost_clock_hz=1.98e9,
-        memory=_measured(3.97e12, "device-to-device copy, read+write; datasheet 4.8 TB/s"),
-        compute={
-            "bf16": _measured(708e12, "bf16 GEMM; datasheet 989 dense"),
-            "fp16": _measured(708e12, "bf16 GEMM number; fp16 tensor rate equals bf16"),
-            "tf32": _datasheet(494.7e12, "dense"),
-            "fp32": _measured(51e12, "fp32 GEMM at Precision.HIGHEST; CUDA-core peak 66.9"),
-        },
-        memory_datasheet=_datasheet(4.8e12, "HBM3e"),
-        **_hopper_hierarchy(132, 1.98e9),
-    ),
-    GpuSpec(
-        name="H100 PCIe",
-        kind_pattern=r"\bH100\b.*PCIe",
-        sm_count=114,
-        boost_clock_hz=1.755e9,
-        memory=_datasheet(2.0e12, "HBM2e"),
-        compute={
-            "bf16": _datasheet(756e12, "dense"),
-            "fp16": _datasheet(756e12, "dense"),
-            "tf32": _datasheet(378e12, "dense"),
-            "fp32": _datasheet(51e12, "non-tensor"),
-        },
-        memory_datasheet=_datasheet(2.0e12, "HBM2e"),
-        **_hopper_hierarchy(114, 1.755e9),
-    ),
-    GpuSpec(
-        name="H100 NVL",
-        kind_pattern=r"\bH100\b.*NVL",
-        sm_count=132,
-        boost_clock_hz=1.785e9,
-        memory=_datasheet(3.9e12, "HBM3"),
-        compute={
-            "bf16": _datasheet(835e12, "dense"),
-            "fp16": _datasheet(835e12, "dense"),
-            "tf32": _datasheet(417.5e12, "dense"),
-            "fp32": _datasheet(60e12, "non-tensor"),
-        },
-        memory_datasheet=_datasheet(3.9e12, "HBM3"),
-        **_hopper_hierarchy(132, 1.785e9),
-    ),
-    GpuSpec(
-        name="H100 SXM",
-        kind_pattern=r"\bH100\b",
-        sm_count=132,
-        boost_clock_hz=1.98e9,
-        memory=_datasheet(3.35e12, "HBM3"),
-        compute={
-            "bf16": _datasheet(989.4e12, "dense"),
-            "fp16": _datasheet(989.4e12, "dense"),
-            "tf32": _datasheet(494.7e12, "dense"),
-            "fp32": _datasheet(67e12, "non-tensor"),
-        },
-        memory_datasheet=_datasheet(3.35e12, "HBM3"),
-        **_hopper_hierarchy(132, 1.98e9),
-    ),
+    _gpu(_GH100, "H200", r"\bH200\b", 132, 1.98e9, _datasheet(4.8e12, "HBM3e"), _H200_COMPUTE,
+         measured_dram=_H200_MEASURED_DRAM),
+    _gpu(_GH100, "H100 PCIe", r"\bH100\b.*PCIe", 114, 1.755e9, _datasheet(2.0e12, "HBM2e"),
+         _dense_compute(756e12, 51e12)),
+    _gpu(_GH100, "H100 NVL", r"\bH100\b.*NVL", 132, 1.785e9, _datasheet(3.9e12, "HBM3"),
+         _dense_compute(835e12, 60e12)),
+    _gpu(_GH100, "H100 SXM", r"\bH100\b", 132, 1.98e9, _datasheet(3.35e12, "HBM3"),
+         _dense_compute(989.4e12, 67e12)),
 )
 
 # Not matched by lookup_gpu_spec (see the module docstring); reach them with spec_by_name.
 MODEL_ONLY_SPECS: tuple[GpuSpec, ...] = (
-    GpuSpec(
-        name="A100 SXM 80GB",
-        kind_pattern=r"\bA100\b.*80GB",
-        sm_count=108,
-        boost_clock_hz=1.41e9,
-        memory=_datasheet(2.039e12, "HBM2e"),
-        compute={
-            "bf16": _datasheet(312e12, "dense"),
-            "fp16": _datasheet(312e12, "dense"),
-            "tf32": _datasheet(156e12, "dense"),
-            "fp32": _datasheet(19.5e12, "non-tensor"),
-        },
-        memory_datasheet=_datasheet(2.039e12, "HBM2e"),
-        l2_bytes=40 * MIB,
-        l2_bandwidth=_l2_bandwidth(5120, 1.41e9, "A100 whitepaper L2 read bandwidth"),
-        l1_smem_per_sm_bytes=192 * KIB,
-        smem_per_sm_bytes=164 * KIB,
-        l1_bandwidth=_l1_bandwidth(108, 1.41e9),
-        fp32_lanes_per_sm=64,
-    ),
-    GpuSpec(
-        name="V100 SXM2",
-        kind_pattern=r"\bV100\b",
-        sm_count=80,
-        boost_clock_hz=1.53e9,
-        memory=_datasheet(900e9, "HBM2"),
-        compute={  # no bf16 and no TF32 on Volta
-            "fp16": _datasheet(125e12, "tensor"),
-            "fp32": _datasheet(15.7e12, "non-tensor"),
-        },
-        memory_datasheet=_datasheet(900e9, "HBM2"),
-        l2_bytes=6 * MIB,
-        l2_bandwidth=_l2_bandwidth(2048, 1.53e9, "A100 whitepaper's V100 figure"),
-        l1_smem_per_sm_bytes=128 * KIB,
-        smem_per_sm_bytes=96 * KIB,
-        l1_bandwidth=_l1_bandwidth(80, 1.53e9),
-        fp32_lanes_per_sm=64,
-    ),
+    _gpu(_GA100, "A100 SXM 80GB", r"\bA100\b.*80GB", 108, 1.41e9,
+         _datasheet(2.039e12, "HBM2e"), _dense_compute(312e12, 19.5e12)),
+    _gpu(_GV100, "V100 SXM2", r"\bV100\b", 80, 1.53e9, _datasheet(900e9, "HBM2"),
+         {  # no bf16 and no TF32 on Volta
+             "fp16": _datasheet(125e12, "tensor"),
+             "fp32": _datasheet(15.7e12, "non-tensor"),
+         }),
 )
 
 _PRECISION_ALIASES = {
