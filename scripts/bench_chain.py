@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_parser, environment, fmt,
-                          kernel_table, report_header, report_name, run_rows, status, table_row, timed,
-                          us, write_report)
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
+                          environment, fmt, kernel_table, report_header, report_name, run_rows, status,
+                          table_row, timed, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -300,8 +300,8 @@ def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label:
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['case']:<26} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {us(t.get('xla', {})):>8} us  plain {us(t.get('xla_plain', {})):>8} us  "
+    times = variant_times(t, {"jaxcnn": "jaxcnn", "xla": "xla", "plain": "xla_plain"})
+    return (f"{r['case']:<26} N={r['n']:<3} {r['dtype']:<5} {times}  "
             f"XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  "
             f"% floor {fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  "
             f"rel diff {fmt(r['accuracy'].get('max_rel_diff'), '.1e')}  {status(r)}")
@@ -316,10 +316,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     spec = lookup_gpu_spec()
     env = environment(spec)
-    common = dict(spec=spec, iters=args.iters, warmup=args.warmup, seed=args.seed)
-    jobs = [functools.partial(chain_row, case, n, dtype, **common)
-            for case in args.cases for dtype in args.dtypes
-            for n in ([case.batch] if case.batch else args.batches)]
+    jobs = case_sweep_jobs(args, functools.partial(chain_row, spec=spec))
     return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, args.label))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -179,6 +180,12 @@ def status(row: dict) -> str:
     return "FAIL: " + "; ".join(e for e in errors if e)[:120]
 
 
+def variant_times(timings: dict, variants: dict[str, str], width: int = 8) -> str:
+    """A progress line's times: "label <us> us" for each timing key, by label ({"plain":
+    "xla_plain"}), two spaces apart; a missing timing reads "error"."""
+    return "  ".join(f"{label} {us(timings.get(key, {})):>{width}} us" for label, key in variants.items())
+
+
 def table_row(cells: Iterable[str]) -> str:
     """One markdown table row (a | inside a cell escaped)."""
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
@@ -308,6 +315,15 @@ def case_sweep_args(p: argparse.ArgumentParser, argv, cases: tuple, quick_cases:
     return args
 
 
+def case_sweep_jobs(args: argparse.Namespace, row: Callable[..., dict]) -> list[Callable[[], dict]]:
+    """One job per case x dtype x batch of case_sweep_args' args (a case with its own batch runs at
+    it only): row(case, n, dtype, iters=, warmup=, seed=)."""
+    timing = {"iters": args.iters, "warmup": args.warmup, "seed": args.seed}
+    return [functools.partial(row, case, n, dtype, **timing)
+            for case in args.cases for dtype in args.dtypes
+            for n in ([case.batch] if case.batch else args.batches)]
+
+
 def report_name(report: str, label: str) -> str:
     """report_LABEL, or report without a label."""
     return f"{report}_{label}" if label else report
@@ -329,9 +345,15 @@ def run_rows(jobs: Iterable[Callable[[], dict]], progress_line: Callable[[dict],
         rows.append(row)
         print(progress_line(row), flush=True)
         markdown = write(rows)
+    return final_status(markdown, rows)
+
+
+def final_status(markdown: str, rows: list[dict], *, require_rows: bool = False) -> int:
+    """Prints a run's final markdown; its exit status: 0 when every row is ok (and, with
+    require_rows, there is one), else 2."""
     print()
     print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return 0 if all(r["ok"] for r in rows) and (rows or not require_rows) else 2
 
 
 def exit_with(main: Callable[[], int]) -> None:

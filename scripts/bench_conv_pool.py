@@ -42,7 +42,8 @@ from pathlib import Path
 
 from bench_common import (DTYPES, FLOOR_BANDWIDTH, add_timing_options, check_dtypes, environment,
                           failed_accuracy, fmt, int_list, kernel_table, relative_accuracy, report_header,
-                          run_rows, status, str_list, table_row, timed, timing_defaults, us, write_report)
+                          run_rows, status, str_list, table_row, timed, timing_defaults, us, variant_times,
+                          write_report)
 from gpu_check_report import gpu_slug
 
 import jax
@@ -275,8 +276,8 @@ def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label:
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['layer']:<14} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {us(t.get('xla', {})):>8} us  unfused {us(t.get('unfused', {})):>8} us  "
+    times = variant_times(t, {"jaxcnn": "jaxcnn", "xla": "xla", "unfused": "unfused"})
+    return (f"{r['layer']:<14} N={r['n']:<3} {r['dtype']:<5} {times}  "
             f"XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  {status(r)}")
 
 

@@ -60,7 +60,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 # bench_optimize_flax puts the repository root on sys.path (jaxcnn from a checkout)
 from bench_common import device_slug as gpu_slug  # noqa: E402
-from bench_common import environment  # noqa: E402
+from bench_common import environment, final_status  # noqa: E402
 from bench_common import fmt as _fmt  # noqa: E402
 from bench_common import json_safe as _json_safe  # noqa: E402
 from bench_optimize_flax import timing_dict  # noqa: E402
@@ -990,9 +990,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{k} {v:.1f} s" for k, v in chunk_seconds.items())
               + (f"; NOT OK: {', '.join(bad)}" if bad else ""), flush=True)
         markdown = write_reports(args.out, stem, env, rows, meta)
-    print()
-    print(markdown)
-    return 0 if rows and all(r["ok"] for r in rows) else 2
+    return final_status(markdown, rows, require_rows=True)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_parser, environment,
-                          failed_accuracy, fmt, kernel_table, relative_accuracy, report_header, report_name,
-                          run_rows, status, table_row, timed, us, write_report)
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
+                          environment, failed_accuracy, fmt, kernel_table, relative_accuracy, report_header,
+                          report_name, run_rows, status, table_row, timed, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -220,8 +220,8 @@ def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label:
 
 def progress_line(r: dict) -> str:
     t = r["timings"]
-    return (f"{r['case']:<24} N={r['n']:<3} {r['dtype']:<5} jaxcnn {us(t.get('jaxcnn', {})):>8} us  "
-            f"xla {us(t.get('xla', {})):>8} us  XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  "
+    times = variant_times(t, {"jaxcnn": "jaxcnn", "xla": "xla"})
+    return (f"{r['case']:<24} N={r['n']:<3} {r['dtype']:<5} {times}  XLA/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  "
             f"% floor {fmt(r['pct_of_floor'].get('jaxcnn'), '.0f'):>3}  {status(r)}")
 
 
@@ -233,10 +233,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
-    common = dict(iters=args.iters, warmup=args.warmup, seed=args.seed)
-    jobs = [functools.partial(fire_row, case, n, dtype, **common)
-            for case in args.cases for dtype in args.dtypes
-            for n in ([case.batch] if case.batch else args.batches)]
+    jobs = case_sweep_jobs(args, fire_row)
     return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, args.label))
 
 

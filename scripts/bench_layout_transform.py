@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_common import (DTYPES, add_timing_options, csv_of, fmt, int_list, table_row, timing_defaults,
-                          write_report)
+from bench_common import (DTYPES, add_timing_options, csv_of, final_status, fmt, int_list, table_row,
+                          timing_defaults, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"%copy {fmt(r['pct_of_copy'], '.0f'):>4} xla/jaxcnn {fmt(r['xla_over_jaxcnn'], '.2f'):>5} "
                           f"{'ok' if r['ok'] else 'FAIL'}", flush=True)
                 markdown = write_reports(args.out, env, rows, args.iters)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return final_status(markdown, rows)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
 
-from bench_common import (DTYPES, dated_stem, environment, fmt, int_list, str_list, timing_defaults,  # noqa: E402
-                          write_report)
+from bench_common import (DTYPES, dated_stem, environment, final_status, fmt, int_list, str_list,  # noqa: E402
+                          timing_defaults, write_report)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -200,9 +200,7 @@ def main(argv=None) -> int:
                           f"{'ok' if row['ok'] else 'FAIL ' + row.get('error', '')} ({time.time() - t0:.0f} s)", flush=True)
                     write_reports(args.out, stem, env, rows, args)
     markdown = write_reports(args.out, stem, env, rows, args)
-    print()
-    print(markdown)
-    return 0 if rows and all(r["ok"] for r in rows) else 2
+    return final_status(markdown, rows, require_rows=True)
 
 
 if __name__ == "__main__":

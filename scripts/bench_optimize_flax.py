@@ -31,8 +31,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
 
-from bench_common import (DTYPES, dated_stem, environment, int_list, str_list, timing_defaults,  # noqa: E402
-                          write_report)
+from bench_common import (DTYPES, dated_stem, environment, final_status, int_list, str_list,  # noqa: E402
+                          timing_defaults, write_report)
 from bench_common import fmt as _fmt  # noqa: E402
 
 import jax  # noqa: E402
@@ -207,9 +207,7 @@ def main(argv=None) -> int:
                       f"rel diff {_fmt(row.get('max_rel_diff'), '.1e')} {'ok' if row['ok'] else 'FAIL ' + row.get('error', 'accuracy')}"
                       f" ({time.time() - t0:.0f} s)", flush=True)
                 markdown = write_reports(args.out, env, rows, args.iters, stem)
-    print()
-    print(markdown)
-    return 0 if rows and all(r["ok"] for r in rows) else 2
+    return final_status(markdown, rows, require_rows=True)
 
 
 if __name__ == "__main__":

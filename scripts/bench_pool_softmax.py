@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from bench_common import (DTYPES, add_timing_options, csv_of, environment, failed_accuracy, fmt, int_list,
                           relative_accuracy, report_header, run_rows, status, table_row, timed,
-                          timing_defaults, top_kernels, us, write_report)
+                          timing_defaults, top_kernels, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -295,8 +295,7 @@ def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int) -> str
 def progress_line(r: dict) -> str:
     t = r["timings"]
     return (f"{r['op']:<12} {r['case']:<26} {r['layout'] or '-':<5} {r['dtype']:<5} "
-            f"jaxcnn {us(t.get('jaxcnn', {})):>9} us  xla {us(t.get('xla', {})):>9} us  "
-            f"copy {us(t.get('copy', {})):>9} us  %copy {fmt(r['pct_of_copy'].get('jaxcnn'), '.0f'):>4}  "
+            f"{variant_times(t, {'jaxcnn': 'jaxcnn', 'xla': 'xla', 'copy': 'copy'}, width=9)}  %copy {fmt(r['pct_of_copy'].get('jaxcnn'), '.0f'):>4}  "
             f"xla/jaxcnn {fmt(r['speedup_vs_xla'], '.2f'):>5}  {status(r)}")
 
 

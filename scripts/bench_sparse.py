@@ -38,8 +38,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from bench_common import (DTYPES, check_dtypes, dated_stem, environment, int_list, report_header, str_list,
-                          timing_defaults, write_report)
+from bench_common import (DTYPES, check_dtypes, dated_stem, environment, final_status, int_list,
+                          report_header, str_list, timing_defaults, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -582,9 +582,7 @@ def main(argv=None) -> int:
             if x is not None:
                 add(pool_row(layer, n, dtype, "real", x, args))
     markdown = write_reports(args.out, stem, env, rows, args)
-    print()
-    print(markdown)
-    return 0 if all(r["ok"] for r in rows) else 2
+    return final_status(markdown, rows)
 
 
 if __name__ == "__main__":
