@@ -11,6 +11,16 @@ def sds(shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def traces(fn, *operands) -> bool:
+    """Whether fn accepts these operands (arrays or ShapeDtypeStructs): tracing it under
+    jax.eval_shape raises no ValueError. Random-shape tests skip the draws an op rejects."""
+    try:
+        jax.eval_shape(fn, *operands)
+        return True
+    except ValueError:
+        return False
+
+
 def as_f64(a) -> np.ndarray:
     """a (any float dtype, bf16 included) as a float64 NumPy array."""
     return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
