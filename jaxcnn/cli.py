@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -260,18 +261,14 @@ def _report_max_batch(args, result, kwargs, store) -> None:
         print(f"run {run_id} recorded in {args.db}")
 
 
-def cmd_layouts(args) -> int:
+def _print_plan(args, plan_with_costs) -> int:
+    """A planner subcommand: plan_with_costs(costs=, cache=) with the costs --autotune /
+    --model-only ask for, the plan written to --json if given, and its explanation printed."""
     import json
-
-    from jaxcnn import layouts
 
     costs = "measured" if args.autotune else "model" if args.model_only else "auto"
     try:
-        plan = layouts.plan_model_layouts(
-            args.model, batch=args.batch, dtype=args.dtype, costs=costs,
-            cache=args.cache if args.cache else None, iters=args.iters,
-            split_blocks=args.split_blocks,
-        )
+        plan = plan_with_costs(costs=costs, cache=args.cache if args.cache else None)
     except RuntimeError as err:  # --autotune without the CUDA kernels
         raise UsageError(str(err)) from None
     if args.json:
@@ -280,26 +277,23 @@ def cmd_layouts(args) -> int:
         print(f"wrote the plan to {args.json}")
     print(plan.explain())
     return 0
+
+
+def cmd_layouts(args) -> int:
+    from jaxcnn import layouts
+
+    return _print_plan(args, functools.partial(
+        layouts.plan_model_layouts, args.model, batch=args.batch, dtype=args.dtype, iters=args.iters,
+        split_blocks=args.split_blocks,
+    ))
 
 
 def cmd_fuse(args) -> int:
-    import json
-
     from jaxcnn import fusion
 
-    costs = "measured" if args.autotune else "model" if args.model_only else "auto"
-    try:
-        plan = fusion.plan_fusion(args.model, batch=args.batch, dtype=args.dtype,
-                                  costs=costs, cache=args.cache if args.cache else None,
-                                  iters=args.iters)
-    except RuntimeError as err:  # --autotune without the CUDA kernels
-        raise UsageError(str(err)) from None
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(plan.to_dict(), f, indent=1)
-        print(f"wrote the plan to {args.json}")
-    print(plan.explain())
-    return 0
+    return _print_plan(args, functools.partial(
+        fusion.plan_fusion, args.model, batch=args.batch, dtype=args.dtype, iters=args.iters
+    ))
 
 
 def cmd_compare(args) -> int:
