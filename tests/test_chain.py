@@ -560,3 +560,53 @@ def test_targets_and_exports():
     assert _ffi.FFI_TARGETS[C1DW_TARGET] == "JaxcnnConv1x1DepthwiseFwd"
     for name in ("conv3x3_conv1x1", "conv1x1_depthwise"):
         assert name in jaxcnn.__all__ and name in jaxcnn.ops.__all__
+
+
+# ---------------------------------------------------------------- padding and epilogue activations
+
+def _lax_epilogue_act(v, act):
+    from jaxcnn.ops.epilogue import apply_activation
+    return apply_activation(v, act)
+
+
+@pytest.mark.parametrize("stride,padding", [(2, ((0, 1), (0, 1))), (2, ((1, 1), (0, 1))), (1, 1),
+                                            (1, ((0, 0), (2, 1))), (2, 0)])
+@pytest.mark.parametrize("acts", [("relu6", "relu6"), ("silu", "hard_swish"), ("gelu_tanh", "sigmoid")])
+def test_conv1x1_depthwise_padding_and_activations_equal_lax_layers(stride, padding, acts):
+    """float32 against the unfused layers a user writes (Keras pads (0, 1) before a stride-2
+    "valid" depthwise), for the clamp and the non-clamp epilogue activations."""
+    x, w1, wd, b1, bd = c1dw_operands(5, 2, 8, 7, 8, 16)
+    pads = ((padding,) * 2,) * 2 if isinstance(padding, int) else padding
+    got = jaxcnn.conv1x1_depthwise(x, w1, wd, b1, bd, stride=stride, activations=acts, padding=padding)
+    t = _lax_epilogue_act(_lax_conv(x, w1) + b1, acts[0])
+    want = _lax_epilogue_act(_lax_conv(t, wd, stride, pads, groups=wd.shape[3]) + bd, acts[1])
+    assert got.shape == want.shape
+    assert_close(got, want, jnp.float32)
+
+
+@pytest.mark.parametrize("padding,error", [(3, ValueError), (-1, ValueError), (((0, 1),), TypeError),
+                                           ("same", TypeError), (((0, 1), (True, 1)), TypeError)])
+def test_conv1x1_depthwise_bad_padding(padding, error):
+    x, w1, wd, b1, bd = c1dw_operands(0, 1, 6, 6, 8, 8)
+    with pytest.raises(error, match="padding"):
+        jaxcnn.conv1x1_depthwise(x, w1, wd, b1, bd, padding=padding)
+
+
+def test_chain_rejects_leaky_relu():
+    x, w1, wd, b1, bd = c1dw_operands(0, 1, 6, 6, 8, 8)
+    with pytest.raises(ValueError, match="activations"):
+        jaxcnn.conv1x1_depthwise(x, w1, wd, b1, bd, activations=("leaky_relu", None))
+
+
+@needs_library
+def test_cuda_lowering_carries_padding_and_epilogue_codes(handler_present):
+    text = cuda_text(lambda *a: jaxcnn.conv1x1_depthwise(*a, stride=2, activations=("silu", "hard_swish"),
+                                                         padding=((0, 1), (1, 0))),
+                     *c1dw_sds(jnp.bfloat16, h=10, w=8))
+    calls = custom_calls(text, C1DW_TARGET)
+    assert len(calls) == 1, text
+    for attr, value in (("act1", 3), ("act2", 4), ("pad_top", 0), ("pad_bottom", 1), ("pad_left", 1),
+                        ("pad_right", 0)):
+        assert re.search(rf"{attr} = {value} : i64", calls[0]), (attr, calls[0])
+    # P = (10 + 1 - 3) // 2 + 1 = 5, Q = (8 + 1 - 3) // 2 + 1 = 4
+    assert "tensor<2x5x4x48xbf16>" in calls[0]

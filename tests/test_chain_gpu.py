@@ -239,3 +239,25 @@ def test_vmap_on_gpu():
     got = jax.jit(jax.vmap(lambda x: f(x, *ops[1:])))(xs.astype(jnp.float16))
     for i in range(3):
         np.testing.assert_array_equal(got[i], f(xs[i].astype(jnp.float16), *ops[1:]))
+
+
+# Keras' stride-2 form (zero pad (0, 1) then a "valid" depthwise) and other paddings, with the
+# epilogue's non-clamp activations, on even and odd sizes.
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape,stride,padding,acts", [
+    ((2, 112, 112, 16, 96), 2, ((0, 1), (0, 1)), ("relu6", "relu6")),
+    ((1, 15, 13, 24, 144), 2, ((0, 1), (1, 1)), ("silu", "silu")),
+    ((2, 28, 28, 32, 192), 1, ((1, 1), (1, 1)), ("hard_swish", None)),
+    ((1, 9, 10, 40, 240), 1, ((2, 0), (0, 2)), ("gelu_tanh", "sigmoid")),
+    ((1, 7, 7, 8, 16), 2, ((0, 0), (0, 0)), ("gelu_erf", "relu")),
+])
+def test_conv1x1_depthwise_padding_and_epilogue_activations(shape, stride, padding, acts, dtype):
+    ops = c1dw_operands(3, *shape, jnp.dtype(dtype))
+    call = lambda *a: jaxcnn.conv1x1_depthwise(*a, stride=stride, activations=acts, padding=padding)  # noqa: E731
+    got = run_poisoned(call, *ops, target=C1DW_TARGET)
+    assert not np.isnan(as_f64(got)).any()
+    x, w1, wd, b1, bd = ops
+    ref = xla_reference(conv1x1_depthwise_reference, (x, w1, b1, wd, bd),
+                        ChainConfig(*acts, stride, padding=padding))
+    assert got.shape == ref.shape
+    assert_close(got, ref, dtype)

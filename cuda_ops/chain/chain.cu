@@ -14,10 +14,13 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// Every epilogue activation but leaky_relu (the chains take no slope).
 bool ValidActivation(ChainActivation act) {
-  return act == ChainActivation::kNone || act == ChainActivation::kRelu ||
-         act == ChainActivation::kRelu6;
+  return ValidActivationCode(static_cast<int64_t>(act)) && act != Activation::kLeakyRelu;
 }
+constexpr const char* kActivationRule =
+    "activations must be epilogue codes 0-7 (none, relu, relu6, silu, hard_swish, gelu_tanh, "
+    "gelu_erf, sigmoid)";
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -60,8 +63,7 @@ const char* conv3x3_conv1x1_unsupported_reason(const Conv3x3Conv1x1Params& p) {
     return "sizes must be non-negative and channel counts positive";
   if (p.C % 8 || p.M % 8 || p.K % 8) return "C, M and K must be multiples of 8";
   if (p.M > kConv3x3Conv1x1MaxMid) return "M (the 3x3's output channels) must be <= 384";
-  if (!ValidActivation(p.act1) || !ValidActivation(p.act2))
-    return "activations must be 0 (none), 1 (relu) or 2 (relu6)";
+  if (!ValidActivation(p.act1) || !ValidActivation(p.act2)) return kActivationRule;
   if (p.N * p.H * p.W * std::max({p.C, p.M, p.K}) > kInt32Max || 9 * p.C * p.M > kInt32Max)
     return "tensors must have fewer than 2^31 elements";
   return nullptr;
@@ -73,8 +75,9 @@ const char* conv1x1_depthwise_unsupported_reason(const Conv1x1DepthwiseParams& p
   if (p.C % 8 || p.M % 8) return "C and M must be multiples of 8";
   if (p.C > kConv1x1DepthwiseMaxIn) return "C (the 1x1's input channels) must be <= 256";
   if (p.stride != 1 && p.stride != 2) return "stride must be 1 or 2";
-  if (!ValidActivation(p.act1) || !ValidActivation(p.act2))
-    return "activations must be 0 (none), 1 (relu) or 2 (relu6)";
+  for (int pad : {p.pad_top, p.pad_bottom, p.pad_left, p.pad_right})
+    if (pad < 0 || pad > kConv1x1DepthwiseMaxPad) return "each padding must be 0, 1 or 2";
+  if (!ValidActivation(p.act1) || !ValidActivation(p.act2)) return kActivationRule;
   if (p.N * p.H * p.W * std::max(p.C, p.M) > kInt32Max || p.C * p.M > kInt32Max)
     return "tensors must have fewer than 2^31 elements";
   return nullptr;
@@ -136,9 +139,10 @@ cudaError_t launch_conv1x1_depthwise(const Conv1x1DepthwiseParams& p, const T* x
     return cudaErrorInvalidValue;
   DwArgs a{};
   a.N = p.N, a.H = p.H, a.W = p.W, a.C = p.C, a.M = p.M;
-  a.P = p.H == 0 ? 0 : (p.H - 1) / p.stride + 1;
-  a.Q = p.W == 0 ? 0 : (p.W - 1) / p.stride + 1;
-  if (p.N * a.P * a.Q == 0) return cudaSuccess;
+  a.P = Conv1x1DepthwiseOutSize(p.H, p.pad_top, p.pad_bottom, p.stride);
+  a.Q = Conv1x1DepthwiseOutSize(p.W, p.pad_left, p.pad_right, p.stride);
+  a.pad_top = p.pad_top, a.pad_left = p.pad_left;
+  if (p.N * a.P * a.Q <= 0) return cudaSuccess;
   a.act1 = ClampOf(p.act1), a.act2 = ClampOf(p.act2);
   a.cp = RoundUp(a.C, 16);
   a.x_stride = OddVecStride(a.cp);

@@ -9,9 +9,10 @@
 //
 //   conv1x1 -> depthwise3x3 (MobileNetV2's expand -> depthwise):
 //     t = act1(conv1x1(x, w1) + b1)             rounded to T
-//     y = act2(depthwise3x3(t, wd, stride, pad 1) + bd)
+//     y = act2(depthwise3x3(t, wd, stride, padding) + bd)
 //     x [N,H,W,C], w1 [1,1,C,M], b1 [M], wd [3,3,1,M], bd [M], y [N,P,Q,M] with
-//     P = (H - 1) / stride + 1, Q = (W - 1) / stride + 1
+//     P = (pad_top + H + pad_bottom - 3) / stride + 1 (Q likewise): padding 1 on every side
+//     ("same" at stride 1), or e.g. (0, 1) as Keras pads before a stride-2 "valid" depthwise
 //
 // Both run bf16/fp16 mma.sync kernels (sm_80+) accumulating in fp32; the depthwise runs on
 // CUDA cores in fp32 from the shared-memory tile. Other dtypes and shapes are not fused (the
@@ -24,10 +25,13 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
+
 namespace jaxcnn {
 
-// Per-stage activation: v, max(v, 0) or min(max(v, 0), 6); NaN stays NaN.
-enum class ChainActivation : int { kNone = 0, kRelu = 1, kRelu6 = 2 };
+// Per-stage activation: any of the conv epilogue's (common/epilogue.cuh) but leaky_relu, which
+// would need its slope; NaN stays NaN.
+using ChainActivation = Activation;
 
 struct Conv3x3Conv1x1Params {
   int64_t N, H, W, C, M, K;
@@ -38,6 +42,8 @@ struct Conv1x1DepthwiseParams {
   int64_t N, H, W, C, M;
   int stride = 1;  // of the depthwise conv: 1 or 2
   ChainActivation act1 = ChainActivation::kRelu, act2 = ChainActivation::kRelu;
+  // The depthwise conv's zero padding of t, each side 0 to kConv1x1DepthwiseMaxPad.
+  int pad_top = 1, pad_bottom = 1, pad_left = 1, pad_right = 1;
 };
 
 // nullptr if the fused kernel runs these params (any 16-bit T), else a static message:
@@ -46,6 +52,11 @@ struct Conv1x1DepthwiseParams {
 // halo tile is resident), sizes must index in int32.
 constexpr int64_t kConv3x3Conv1x1MaxMid = 384;
 constexpr int64_t kConv1x1DepthwiseMaxIn = 256;
+constexpr int kConv1x1DepthwiseMaxPad = 2;
+// The depthwise's output rows for `size` input rows (columns likewise); < 1 means none fit.
+inline int64_t Conv1x1DepthwiseOutSize(int64_t size, int pad_lo, int pad_hi, int stride) {
+  return size + pad_lo + pad_hi < 3 ? 0 : (size + pad_lo + pad_hi - 3) / stride + 1;
+}
 const char* conv3x3_conv1x1_unsupported_reason(const Conv3x3Conv1x1Params& params);
 const char* conv1x1_depthwise_unsupported_reason(const Conv1x1DepthwiseParams& params);
 

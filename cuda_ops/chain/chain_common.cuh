@@ -24,19 +24,23 @@ __host__ __device__ constexpr int RoundUp(int v, int m) { return (v + m - 1) / m
 
 // The activation as a clamp to [lo, hi] (-inf/inf where it has no bound): per element two
 // NaN-propagating min/max instructions (sm_80+), NaN passing through as lax's max/min do,
-// instead of compares and selects on the activation code.
+// instead of compares and selects on the activation code. Activations that are no clamp
+// (silu, hard-swish, gelu, sigmoid) run the conv epilogue's own math after an open clamp.
 struct Clamp {
   float lo, hi;
+  Activation other = Activation::kNone;
 };
 inline Clamp ClampOf(ChainActivation act) {
   const float inf = std::numeric_limits<float>::infinity();
-  if (act == ChainActivation::kNone) return {-inf, inf};
-  return {0.0f, act == ChainActivation::kRelu6 ? 6.0f : inf};
+  if (act == ChainActivation::kRelu || act == ChainActivation::kRelu6)
+    return {0.0f, act == ChainActivation::kRelu6 ? 6.0f : inf};
+  return {-inf, inf, act};
 }
 __device__ __forceinline__ float Activate(float v, Clamp c) {
   float out;
   asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(out) : "f"(v), "f"(c.lo));
   asm("min.NaN.f32 %0, %0, %1;\n" : "+f"(out) : "f"(c.hi));
+  if (c.other != Activation::kNone) out = ApplyActivation(c.other, out, 0.0f);
   return out;
 }
 

@@ -43,17 +43,20 @@ ffi::Error CheckBuffers(const char* op, ffi::DataType dtype, const std::vector<E
   return ffi::Error::Success();
 }
 
+// The epilogue activation codes (common/epilogue.cuh) but leaky_relu (8): the chains take no
+// slope.
 bool ToActivation(int64_t code, ChainActivation* act) {
-  if (code < 0 || code > 2) return false;
+  if (!ValidActivationCode(code) || code == static_cast<int64_t>(Activation::kLeakyRelu))
+    return false;
   *act = static_cast<ChainActivation>(code);
   return true;
 }
 
-// Decodes act1/act2 (0 none, 1 relu, 2 relu6) into `p`.
+// Decodes act1/act2 (epilogue codes 0-7) into `p`.
 template <typename Params>
 ffi::Error DecodeActivations(const char* op, int64_t act1, int64_t act2, Params* p) {
   if (!ToActivation(act1, &p->act1) || !ToActivation(act2, &p->act2))
-    return InvalidArgumentFor(op, "act1 and act2 must be 0 (none), 1 (relu) or 2 (relu6), got " +
+    return InvalidArgumentFor(op, "act1 and act2 must be epilogue activation codes 0-7, got " +
                                       std::to_string(act1) + " and " + std::to_string(act2));
   return ffi::Error::Success();
 }
@@ -112,10 +115,15 @@ ffi::Error Conv3x3Conv1x1Fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuff
 ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1,
                                ffi::AnyBuffer b1, ffi::AnyBuffer wd, ffi::AnyBuffer bd,
                                ffi::Result<ffi::AnyBuffer> y, int64_t stride, int64_t act1,
-                               int64_t act2) {
+                               int64_t act2, int64_t pad_top, int64_t pad_bottom,
+                               int64_t pad_left, int64_t pad_right) {
   constexpr const char* kOp = "conv1x1_depthwise";
   if (stride != 1 && stride != 2)
     return InvalidArgumentFor(kOp, "stride must be 1 or 2, got " + std::to_string(stride));
+  for (int64_t pad : {pad_top, pad_bottom, pad_left, pad_right})
+    if (pad < 0 || pad > kConv1x1DepthwiseMaxPad)
+      return InvalidArgumentFor(kOp, "each padding must be 0, 1 or 2, got " +
+                                         std::to_string(pad));
   const auto x_dims = x.dimensions();
   if (x_dims.size() != 4)
     return InvalidArgumentFor(kOp, "x must be rank 4 (NHWC), got shape " + DimsToString(x_dims));
@@ -125,8 +133,11 @@ ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
   p.N = x_dims[0], p.H = x_dims[1], p.W = x_dims[2], p.C = x_dims[3];
   p.M = w1.dimensions()[3];
   p.stride = static_cast<int>(stride);
+  p.pad_top = static_cast<int>(pad_top), p.pad_bottom = static_cast<int>(pad_bottom);
+  p.pad_left = static_cast<int>(pad_left), p.pad_right = static_cast<int>(pad_right);
   if (ffi::Error e = DecodeActivations(kOp, act1, act2, &p); e.failure()) return e;
-  const int64_t P = (p.H - 1) / stride + 1, Q = (p.W - 1) / stride + 1;
+  const int64_t P = Conv1x1DepthwiseOutSize(p.H, p.pad_top, p.pad_bottom, p.stride);
+  const int64_t Q = Conv1x1DepthwiseOutSize(p.W, p.pad_left, p.pad_right, p.stride);
   if (ffi::Error e = CheckBuffers(kOp, x.element_type(),
                                   {{"w1", &w1, {1, 1, p.C, p.M}},
                                    {"b1", &b1, {p.M}},
@@ -180,5 +191,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv1x1DepthwiseFwd, jaxcnn::Conv1x1Depthwis
                                   .Ret<ffi::AnyBuffer>()  // y
                                   .Attr<int64_t>("stride")
                                   .Attr<int64_t>("act1")
-                                  .Attr<int64_t>("act2"),
+                                  .Attr<int64_t>("act2")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_bottom")
+                                  .Attr<int64_t>("pad_left")
+                                  .Attr<int64_t>("pad_right"),
                               {ffi::Traits::kCmdBufferCompatible});

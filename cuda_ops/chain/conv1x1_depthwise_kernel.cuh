@@ -33,6 +33,7 @@ constexpr int kDwVecs = kBlockN / 4;               // 4-channel vectors per t ro
 
 struct DwArgs {
   int N, H, W, C, M, P, Q;
+  int pad_top, pad_left;  // the depthwise's zero rows above / columns left of t
   Clamp act1, act2;  // the activations as clamps
   int tile_h, tile_w, tiles_h, tiles_w;
   int halo_h, halo_w, halo_rows;  // halo_rows: halo pixels rounded up to 16 (zero rows)
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int ox0 = (tile % tiles) % a.tiles_w * a.tile_w;
   const int b_begin = (blockIdx.x % a.m_split) * a.m_blocks_per_cta;
   const int b_end = min(a.m_blocks, b_begin + a.m_blocks_per_cta);
-  const int iy0 = oy0 * kStride - 1, ix0 = ox0 * kStride - 1;  // the halo's first pixel
+  const int iy0 = oy0 * kStride - a.pad_top, ix0 = ox0 * kStride - a.pad_left;  // halo origin
   const int halo_pixels = a.halo_h * a.halo_w;
 
   // Group 0: the halo (zero outside the image, past C and in the padding rows).

@@ -12,12 +12,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcnn.ops.epilogue import ACTIVATION_CODES
 from jaxcnn.ops.operand_checks import INT32_LIMIT, check_int32_shape
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
-# Per-stage activation; index = the handlers' act1/act2 code (cuda_ops' ChainActivation).
-ACTIVATIONS = (None, "relu", "relu6")
+# Per-stage activation: the conv epilogue's (jaxcnn.ops.epilogue, whose codes the handlers'
+# act1/act2 take) but leaky_relu, which would need its slope.
+ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a != "leaky_relu")
 STRIDES = (1, 2)
+# conv1x1_depthwise: the depthwise conv's zero padding per side, at most this (3x3 window).
+MAX_DEPTHWISE_PAD = 2
+SAME_PADDING = ((1, 1), (1, 1))
 # Operand order of each primitive and its custom call.
 CONV3X3_CONV1X1_OPERANDS = ("x", "w3", "b3", "w1", "b1")
 CONV1X1_DEPTHWISE_OPERANDS = ("x", "w1", "b1", "wd", "bd")
@@ -44,10 +49,37 @@ class ChainConfig:
     act2: str | None = "relu"
     stride: int = 1  # of the depthwise conv; always 1 for conv3x3_conv1x1
     algorithm: str = "auto"  # one of ALGORITHMS; conv3x3_conv1x1 only (conv1x1_depthwise ignores it)
+    # conv1x1_depthwise: the depthwise conv's ((top, bottom), (left, right)) zero padding
+    padding: tuple = SAME_PADDING
+
+
+def activation_code(activation: str | None) -> np.int64:
+    """The act1/act2 attribute of a chain's custom call."""
+    return np.int64(ACTIVATION_CODES[activation])
+
+
+def _check_padding(padding: Any) -> tuple:
+    """An int (every side) or ((top, bottom), (left, right)), each 0..MAX_DEPTHWISE_PAD."""
+    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+        padding = ((int(padding),) * 2,) * 2
+    try:
+        pads = tuple((int(lo), int(hi)) for lo, hi in padding)
+    except (TypeError, ValueError):
+        pads = ()
+    if len(pads) != 2 or any(isinstance(v, bool) for pair in padding for v in pair):
+        raise TypeError(f"padding must be an int or ((top, bottom), (left, right)), got {padding!r}")
+    if any(not 0 <= v <= MAX_DEPTHWISE_PAD for pair in pads for v in pair):
+        raise ValueError(f"padding must be 0..{MAX_DEPTHWISE_PAD} on each side, got {padding!r}")
+    return pads
+
+
+def depthwise_out_size(size: int, pads: tuple[int, int], stride: int) -> int:
+    """The 3x3 depthwise conv's output rows (columns) for `size` input rows (columns)."""
+    return max(0, (size + pads[0] + pads[1] - 3) // stride + 1) if size + sum(pads) >= 3 else 0
 
 
 def make_chain_config(activations: Any = ("relu", "relu"), stride: Any = 1,
-                      algorithm: Any = "auto") -> ChainConfig:
+                      algorithm: Any = "auto", padding: Any = 1) -> ChainConfig:
     if (not isinstance(activations, (tuple, list)) or len(activations) != 2
             or any(a not in ACTIVATIONS for a in activations)):
         raise ValueError(f"activations must be a pair of {ACTIVATIONS} (one per conv), "
@@ -58,7 +90,7 @@ def make_chain_config(activations: Any = ("relu", "relu"), stride: Any = 1,
         raise ValueError(f"stride must be 1 or 2, got {stride}")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return ChainConfig(activations[0], activations[1], int(stride), algorithm)
+    return ChainConfig(activations[0], activations[1], int(stride), algorithm, _check_padding(padding))
 
 
 def _check_dtypes(names: Sequence[str], dtypes: Sequence[Any]) -> np.dtype:
@@ -130,8 +162,9 @@ def conv3x3_conv1x1_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequen
 
 
 def conv1x1_depthwise_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
-                                   stride: int) -> tuple:
-    """[N, (H - 1) // stride + 1, (W - 1) // stride + 1, M] for (x, w1, b1, wd, bd)."""
+                                   stride: int, padding: tuple = SAME_PADDING) -> tuple:
+    """[N, P, Q, M] for (x, w1, b1, wd, bd): P = (H + top + bottom - 3) // stride + 1 (at
+    padding 1, (H - 1) // stride + 1), Q likewise."""
     names = CONV1X1_DEPTHWISE_OPERANDS
     x_shape, w1_shape, b1_shape, wd_shape, bd_shape = _check_count(names, shapes, 5, "conv1x1_depthwise")
     _check_dtypes(names, dtypes)
@@ -142,7 +175,9 @@ def conv1x1_depthwise_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequ
                          f"channels of w1), got {wd_shape}")
     _check_bias("b1", b1_shape, m)
     _check_bias("bd", bd_shape, m)
-    out = (n, (h - 1) // stride + 1, (w - 1) // stride + 1, m)
+    out = (n, depthwise_out_size(h, padding[0], stride), depthwise_out_size(w, padding[1], stride), m)
+    if min(out[1:3]) < 1:
+        raise ValueError(f"x's H, W {(h, w)} with padding {padding} leave no 3x3 window")
     _check_int32(names, (x_shape, w1_shape, wd_shape), out, "w1")
     return out
 
@@ -183,10 +218,11 @@ def conv3x3_conv1x1_runs_fused(x_shape: Sequence[int], m: int, k: int, dtype: An
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-def conv1x1_depthwise_fused(x_shape: Sequence[int], m: int, stride: int, dtype: Any) -> bool:
+def conv1x1_depthwise_fused(x_shape: Sequence[int], m: int, stride: int, dtype: Any,
+                            padding: tuple = SAME_PADDING) -> bool:
     """True when the fused CUDA kernel runs this chain (else XLA's unfused convs do)."""
     n, h, w, c = x_shape
-    p, q = (h - 1) // stride + 1, (w - 1) // stride + 1
+    p, q = depthwise_out_size(h, padding[0], stride), depthwise_out_size(w, padding[1], stride)
     return (np.dtype(dtype) in FUSED_DTYPES
             and c % CHANNEL_MULTIPLE == 0 and m % CHANNEL_MULTIPLE == 0
             and c <= CONV1X1_DEPTHWISE_MAX_IN

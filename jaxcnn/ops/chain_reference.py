@@ -10,23 +10,24 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcnn.ops.chain_args import ChainConfig
+from jaxcnn.ops.epilogue import apply_activation
 
 
 def activate(v, activation):
-    """None, relu or relu6 with lax's max/min: NaN propagates."""
-    if activation is None:
-        return v
-    v = jnp.maximum(v, 0.0)
-    return jnp.minimum(v, 6.0) if activation == "relu6" else v
+    """The conv epilogue's activation (jax.nn's math; NaN propagates)."""
+    return apply_activation(v, activation)
 
 
-def chain_layer(x, w, b, activation, *, stride=1, padding=0, groups=1):
+def chain_layer(x, w, b, activation, *, stride=1, padding=((0, 0), (0, 0)), groups=1):
     """One conv of a chain as the fused kernels define it: float32 accumulation, bias and
-    activation in float32, one rounding to x's dtype."""
+    activation in float32, one rounding to x's dtype. padding: an int (every side) or
+    ((top, bottom), (left, right))."""
+    if isinstance(padding, int):
+        padding = ((padding, padding), (padding, padding))
     # fp32 fp32-accurately (no TF32), as the unfused fp32 layers the fused op stands for.
     precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
     y = lax.conv_general_dilated(
-        x, w, (stride, stride), ((padding, padding), (padding, padding)),
+        x, w, (stride, stride), padding,
         dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups,
         precision=precision, preferred_element_type=jnp.float32,
     )
@@ -35,11 +36,11 @@ def chain_layer(x, w, b, activation, *, stride=1, padding=0, groups=1):
 
 def conv3x3_conv1x1_reference(x, w3, b3, w1, b1, *, cfg: ChainConfig):
     """act2(conv1x1(act1(conv3x3_pad1(x, w3) + b3), w1) + b1)."""
-    t = chain_layer(x, w3, b3, cfg.act1, padding=1)
+    t = chain_layer(x, w3, b3, cfg.act1, padding=((1, 1), (1, 1)))
     return chain_layer(t, w1, b1, cfg.act2)
 
 
 def conv1x1_depthwise_reference(x, w1, b1, wd, bd, *, cfg: ChainConfig):
-    """act2(depthwise3x3(act1(conv1x1(x, w1) + b1), wd, stride, pad 1) + bd)."""
+    """act2(depthwise3x3(act1(conv1x1(x, w1) + b1), wd, stride, cfg.padding) + bd)."""
     t = chain_layer(x, w1, b1, cfg.act1)
-    return chain_layer(t, wd, bd, cfg.act2, stride=cfg.stride, padding=1, groups=wd.shape[3])
+    return chain_layer(t, wd, bd, cfg.act2, stride=cfg.stride, padding=cfg.padding, groups=wd.shape[3])

@@ -19,13 +19,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.core import ShapedArray
 
 from jaxcnn.ops.chain_args import (
-    ACTIVATIONS,
     CONV3X3_CONV1X1_OPERANDS as OPERAND_NAMES,
     ChainConfig,
+    activation_code,
     conv3x3_conv1x1_output_shape,
     conv3x3_conv1x1_runs_fused,
     make_chain_config,
@@ -59,7 +58,7 @@ class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
                                            x_aval.dtype, cfg.algorithm)
         return cls.kernel_or_reference(
             ctx, operands, dict(cfg=cfg, operand_names=operand_names), FFI_TARGET, fused,
-            act1=np.int64(ACTIVATIONS.index(cfg.act1)), act2=np.int64(ACTIVATIONS.index(cfg.act2)))
+            act1=activation_code(cfg.act1), act2=activation_code(cfg.act2))
 
 Conv3x3Conv1x1Primitive.register()
 
@@ -92,7 +91,8 @@ def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")
       x: [N, H, W, C] float32, bfloat16 or float16 (NHWC).
       w3: [3, 3, C, M] (HWIO), stride 1, padding 1; w1: [1, 1, M, K]; same dtype as x.
       b3, b1: [M], [K] biases, or None for zero bias.
-      activations: (act1, act2), each None, "relu" or "relu6" (min(max(v, 0), 6)); NaN
+      activations: (act1, act2), each None or a conv epilogue activation but leaky_relu
+        ("relu", "relu6", "silu", "hard_swish", "gelu_tanh", "gelu_erf", "sigmoid"); NaN
         propagates.
       algorithm: "auto" (default), "fused" or "xla". "fused": the fused kernel where it
         applies (else XLA's unfused convs). "xla": always XLA's unfused convs (cuDNN on CUDA).
