@@ -28,12 +28,18 @@ def pair(value: Any, name: str, allow_int: bool = True) -> tuple[int, int]:
     raise ValueError(f"{name}: jaxcnn.flax supports 2-D convolutions and pools only: an int or 2 ints, got {value!r}")
 
 
+def _padding_mode(padding: str, accepted: str) -> str:
+    """A padding string: "SAME" or "VALID" in any case; another: ValueError saying what is
+    accepted instead."""
+    if padding.upper() in ("SAME", "VALID"):
+        return padding.upper()
+    raise ValueError(f"padding: {accepted}, got {padding!r}")
+
+
 def conv_padding(padding: Any):
     """Flax's conv padding ("SAME", "VALID", int, 2 ints, 2 (low, high) pairs) for conv2d."""
     if isinstance(padding, str):
-        if padding.upper() in ("SAME", "VALID"):
-            return padding.upper()
-        raise ValueError(f"padding: jaxcnn.flax.Conv supports 'SAME', 'VALID' and explicit padding, got {padding!r}")
+        return _padding_mode(padding, "jaxcnn.flax.Conv supports 'SAME', 'VALID' and explicit padding")
     if isinstance(padding, int) and not isinstance(padding, bool):
         return ((padding, padding), (padding, padding))
     if isinstance(padding, Sequence) and len(padding) == 2:
@@ -51,10 +57,9 @@ def conv_padding(padding: Any):
 
 
 def pool_padding(padding: Any):
+    """Flax's pool padding for the pools: "SAME", "VALID", or explicit padding as conv_padding."""
     if isinstance(padding, str):
-        if padding.upper() in ("SAME", "VALID"):
-            return padding.upper()
-        raise ValueError(f"padding: expected 'SAME', 'VALID' or 2 (low, high) pairs, got {padding!r}")
+        return _padding_mode(padding, "expected 'SAME', 'VALID' or 2 (low, high) pairs")
     return conv_padding(padding)
 
 
