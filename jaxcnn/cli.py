@@ -393,13 +393,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch", type=positive, default=batch, help=f"images per batch (default {batch})")
         p.add_argument("--dtype", type=_dtype, default=dtype, help=f"bf16, fp16 or fp32 (default {dtype})")
 
-    def autotune_args(p, autotune_help, model_only_help):
-        """The measured-or-model options `layouts` and `fuse` share (jaxcnn.layouts' cache)."""
+    def planner_args(p, autotune_help, model_only_help):
+        """The options of the planner commands `layouts` and `fuse` (_print_plan reads them): the
+        model, measured or model costs (jaxcnn.layouts' cache), --json."""
+        model_args(p)
         p.add_argument("--autotune", action="store_true", help=autotune_help)
         p.add_argument("--model-only", action="store_true", help=model_only_help)
         p.add_argument("--cache", help="autotune cache file (default $JAXCNN_AUTOTUNE_CACHE or "
                                        "~/.cache/jaxcnn/autotune.json)")
         p.add_argument("--iters", type=positive, default=20, help="timed calls per candidate (default 20)")
+        p.add_argument("--json", help="also write the plan as JSON to this file")
 
     p = command("profile", "time every layer (or conv site of your function) and the whole model on each backend "
                            "into the store",
@@ -453,19 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_maxbatch)
 
     p = command("layouts", "choose the activation layout (and kernel) of every layer")
-    model_args(p)
-    autotune_args(p, "measure every candidate on the GPU (cached); default: measured where the "
-                     "CUDA kernels run, else model estimates", "model estimates even on a GPU")
+    planner_args(p, "measure every candidate on the GPU (cached); default: measured where the "
+                    "CUDA kernels run, else model estimates", "model estimates even on a GPU")
     p.add_argument("--split-blocks", action="store_true",
                    help="let each layer of a block pick its own layout (linear approximation)")
-    p.add_argument("--json", help="also write the plan as JSON to this file")
     p.set_defaults(run=cmd_layouts)
 
     p = command("fuse", "choose which blocks (fire, inception, conv->pool, expand->depthwise) run fused")
-    model_args(p)
-    autotune_args(p, "time fused vs unfused on the GPU (cached); default: measured where the "
-                     "CUDA kernels run, else the cost model", "cost model even on a GPU")
-    p.add_argument("--json", help="also write the plan as JSON to this file")
+    planner_args(p, "time fused vs unfused on the GPU (cached); default: measured where the "
+                    "CUDA kernels run, else the cost model", "cost model even on a GPU")
     p.set_defaults(run=cmd_fuse)
 
     p = command("compare", "per-layer device time of two stored runs")
