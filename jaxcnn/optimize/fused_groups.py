@@ -27,126 +27,36 @@ cancel, so an NCHW model runs channels-last from its first group to its last.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
-from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.fusion.fusion_plan import GroupDecision, decide_groups
-from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d_pool import conv2d_pool
-from jaxcnn.ops.conv_args import conv2d_flops
 from jaxcnn.ops.fire import fire
 from jaxcnn.ops.inception import inception
 from jaxcnn.ops.weight_relayout import relayout_weights
-from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, is_unit_reshape, match_pool
+from jaxcnn.optimize.chain_groups import FUSED as CHAIN_FUSED
+from jaxcnn.optimize.chain_groups import ChainSite, chain_sites, decide_chains, replace_chain
+from jaxcnn.optimize.group_common import (
+    FUSED_LAYOUTS,
+    INCEPTION_CONVS,
+    JaxprGroup,
+    as_nhwc_op,
+    call_bodies,
+    nhwc_shape,
+    view_base,
+    view_chain,
+    view_source,
+)
+from jaxcnn.optimize.patterns import Match, Site, Uses, _accepts, _inner_jaxpr, match_pool
 from jaxcnn.optimize.rewrite import Optimized, RewritePlan, build_plan, declined_convs
+from jaxcnn.tuning.decision import BASELINE, Decision
 from jaxcnn.tuning.text_table import fmt_ms, text_table
 
 GROUPS = ("auto", "all", "none")
-# inception's convs in jaxcnn.inception's argument order (the zoo's layer roles)
-INCEPTION_CONVS = ("1x1", "3x3_reduce", "3x3", "5x5_reduce", "5x5", "pool_proj")
-FUSED_LAYOUTS = ("NHWC", "NCHW")  # activation layouts a group may have (the kernels take NHWC)
-USER_KINDS = ("fire", "inception", "conv_pool")
-
-
-@dataclass(frozen=True)
-class JaxprGroup:
-    """A fusable group of a traced function: where it is and its shapes."""
-
-    kind: str
-    path: str
-    x_shape: tuple[int, ...]
-    y_shape: tuple[int, ...]
-    dtype: str
-    # HWIO: squeeze, expand 1x1, expand 3x3 / inception's six convs in INCEPTION_CONVS order /
-    # the conv
-    weight_shapes: tuple[tuple[int, ...], ...]
-    eqn_indices: tuple[int, ...]
-    # layout (of every group); conv_pool: the conv's and the pool's keywords, and the conv's
-    # output shape
-    attrs: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def name(self) -> str:
-        return f"{self.path or 'top'}@{self.eqn_indices[-1]}"
-
-    def describe(self) -> str:
-        where = f" in {self.path}" if self.path else ""
-        ws = ", ".join("x".join(map(str, w)) for w in self.weight_shapes)
-        return (f"{self.kind}: x {'x'.join(map(str, self.x_shape))} {self.dtype}, weights {ws} -> "
-                f"{'x'.join(map(str, self.y_shape))}{where}")
-
-    def to_group(self) -> FusionGroup:
-        """The same group as a zoo-style FusionGroup (synthetic LayerInfos), so the cost
-        model and the autotuner treat it like a model's."""
-        if self.kind == "conv_pool":
-            return self._conv_pool_group()
-        if self.kind == "inception":
-            return self._inception_group()
-        sq_w, e1_w, e3_w = self.weight_shapes
-        n, h, w, _ = self.x_shape
-        s_shape = (n, h, w, sq_w[3])
-        item = np.dtype(self.dtype).itemsize
-        conv = self._conv_info
-
-        y1, y3 = (n, h, w, e1_w[3]), (n, h, w, e3_w[3])
-        members = (conv("squeeze1x1", self.x_shape, sq_w, s_shape, 0), conv("expand1x1", s_shape, e1_w, y1, 0),
-                   conv("expand3x3", s_shape, e3_w, y3, 1),
-                   LayerInfo(f"{self.name}/concat", "concat", self.dtype, (y1, y3), self.y_shape,
-                             block=self.name, bytes=(math.prod(y1) + math.prod(y3) + math.prod(self.y_shape)) * item))
-        return FusionGroup(self.name, "fire", members, self.x_shape, self.y_shape, self.dtype,
-                           ("straight", "split", "merge"),
-                           dict(squeeze=sq_w[3], expand1x1=e1_w[3], expand3x3=e3_w[3]))
-
-    def _conv_info(self, role, x_shape, w_shape, y_shape, pad) -> LayerInfo:
-        """A stride-1 conv + bias + ReLU member of this group (padding `pad` on each side)."""
-        moved = (math.prod(x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(y_shape)) * np.dtype(self.dtype).itemsize
-        return LayerInfo(f"{self.name}/{role}", "conv2d", self.dtype, (x_shape,), y_shape, w_shape,
-                         (w_shape[3],), stride=(1, 1), padding=((pad, pad), (pad, pad)),
-                         dilation=(1, 1), groups=1, activation="relu", block=self.name,
-                         flops=conv2d_flops(x_shape, w_shape, y_shape), bytes=moved)
-
-    def _inception_group(self) -> FusionGroup:
-        """The zoo's GoogLeNet block layers (roles as models.googlenet.inception names them)."""
-        n, h, w, _ = self.x_shape
-        item = np.dtype(self.dtype).itemsize
-        ws = dict(zip(INCEPTION_CONVS, self.weight_shapes))
-        ins = {"1x1": self.x_shape, "3x3_reduce": self.x_shape, "5x5_reduce": self.x_shape, "pool_proj": self.x_shape,
-               "3x3": (n, h, w, ws["3x3_reduce"][3]), "5x5": (n, h, w, ws["5x5_reduce"][3])}
-        members = [self._conv_info(role, ins[role], ws[role], (n, h, w, ws[role][3]), ws[role][0] // 2)
-                   for role in INCEPTION_CONVS]
-        members.insert(5, LayerInfo(f"{self.name}/pool", "maxpool", self.dtype, (self.x_shape,), self.x_shape,
-                                    window=(3, 3), stride=(1, 1), padding=((1, 1), (1, 1)), block=self.name,
-                                    flops=math.prod(self.x_shape) * 9, bytes=2 * math.prod(self.x_shape) * item))
-        branches = [m.output_shape for m in members if m.name.rsplit("/", 1)[-1] in ("1x1", "3x3", "5x5", "pool_proj")]
-        members.append(LayerInfo(f"{self.name}/concat", "concat", self.dtype, tuple(branches), self.y_shape,
-                                 block=self.name,
-                                 bytes=(sum(map(math.prod, branches)) + math.prod(self.y_shape)) * item))
-        filters = tuple(ws[r][3] for r in INCEPTION_CONVS)
-        return FusionGroup(self.name, "inception", tuple(members), self.x_shape, self.y_shape, self.dtype,
-                           ("split", "merge"), dict(filters=filters))
-
-    def _conv_pool_group(self) -> FusionGroup:
-        (w_shape,) = self.weight_shapes
-        conv_kw, pool_kw, mid = self.attrs["conv"], self.attrs["pool"], self.attrs["conv_out"]
-        item = np.dtype(self.dtype).itemsize
-        moved = (math.prod(self.x_shape) + math.prod(w_shape) + w_shape[3] + math.prod(mid)) * item
-        conv = LayerInfo(f"{self.name}/conv", "conv2d", self.dtype, (self.x_shape,), mid, w_shape, (w_shape[3],),
-                         stride=tuple(conv_kw["stride"]), padding=tuple(map(tuple, conv_kw["padding"])),
-                         dilation=tuple(conv_kw["dilation"]), groups=1, activation="relu",
-                         flops=conv2d_flops(self.x_shape, w_shape, mid), bytes=moved)
-        window = tuple(pool_kw["window"])
-        pool = LayerInfo(f"{self.name}/pool", "maxpool", self.dtype, (mid,), self.y_shape,
-                         window=window, stride=tuple(pool_kw["stride"]),
-                         padding=tuple(map(tuple, pool_kw["padding"])),
-                         flops=math.prod(self.y_shape) * math.prod(window),
-                         bytes=(math.prod(mid) + math.prod(self.y_shape)) * item)
-        return FusionGroup(self.name, "conv_pool", (conv, pool), self.x_shape, self.y_shape, self.dtype,
-                           ("straight",))
+USER_KINDS = ("fire", "inception", "conv_pool", "conv1x1_depthwise")
 
 
 @dataclass
@@ -166,36 +76,6 @@ def _conv_ok(m: Match, kernel: int) -> bool:
     return (s.layout in FUSED_LAYOUTS and s.w_shape[:2] == (kernel, kernel) and s.kwargs["activation"] == "relu"
             and tuple(s.kwargs["stride"]) == (1, 1) and tuple(s.kwargs["dilation"]) == (1, 1)
             and s.kwargs["groups"] == 1 and tuple(map(tuple, s.kwargs["padding"])) == ((pad, pad),) * 2)
-
-
-def _nhwc(shape, layout: str) -> tuple[int, ...]:
-    return tuple(shape[layout.index(d)] for d in "NHWC")
-
-
-def _as_nhwc_op(layout: str, op: Callable) -> Callable:
-    """op(x, *rest) on an NHWC x, taking and returning `layout` (NHWC: op itself). XLA folds the
-    transposes of two such ops in a row into nothing."""
-    if layout == "NHWC":
-        return op
-    to_nhwc = tuple(layout.index(d) for d in "NHWC")
-    back = tuple("NHWC".index(d) for d in layout)
-
-    def wrapped(x, *rest):
-        return jax.numpy.transpose(op(jax.numpy.transpose(x, to_nhwc), *rest), back)
-    return wrapped
-
-
-def _view_chain(uses: Uses, var, base) -> list[int] | None:
-    """The equations of a chain of unit reshapes leading from `base` to `var`, each value on it
-    read by the chain alone ([] when var is base), or None when var is no such view of base."""
-    chain = []
-    while var is not base:
-        found = uses.defining(var)
-        if found is None or not is_unit_reshape(found[1]) or uses.sole_reader(var) is None:
-            return None
-        chain.append(found[0])
-        var = found[1].invars[0]
-    return chain
 
 
 def _max_pools(uses: Uses) -> list[Match]:
@@ -227,47 +107,6 @@ def _prune_calls(plan: RewritePlan) -> None:
             del plan.calls[i]
 
 
-def _call_bodies(plan: RewritePlan, path: str):
-    """(plan of a call body holding a rewrite, its call path) for each such body."""
-    for i, child in plan.calls.items():
-        eqn = plan.jaxpr.eqns[i]
-        name = eqn.params.get("name", "")
-        label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name
-        yield child, f"{path}/{label}" if path else label
-
-
-def _view_base(uses: Uses, var, exclusive: bool = True) -> tuple[Any, list[int]]:
-    """The furthest value of var's shape that `var` is a unit-reshape view of (var itself when
-    none), and the view's equations; exclusive: only through values the view alone reads.
-
-    A group reads that value instead of its input: the view is Equinox's per-example axis, and
-    behind it the previous group's output, whose transpose back to NCHW then meets this group's
-    transpose to NHWC and XLA drops both."""
-    best, best_chain, chain = var, [], []
-    while not exclusive or uses.sole_reader(var) is not None:
-        found = uses.defining(var)
-        if found is None or not is_unit_reshape(found[1]):
-            break
-        chain.append(found[0])
-        var = found[1].invars[0]
-        if tuple(var.aval.shape) == tuple(best.aval.shape):
-            best, best_chain = var, list(chain)
-    return best, best_chain
-
-
-def _view_source(uses: Uses, var, sources) -> tuple[Any, list[int]] | None:
-    """(the value of `sources` that `var` is a unit-reshape view of, the view's equations), or
-    None when there is none or something else reads the view on the way."""
-    base = var
-    while base not in sources:
-        found = uses.defining(base)
-        if found is None or not is_unit_reshape(found[1]):
-            return None
-        base = found[1].invars[0]
-    chain = _view_chain(uses, var, base)
-    return None if chain is None else (base, chain)
-
-
 def _fire_sites(plan: RewritePlan, path: str = "") -> list[_FireSite]:
     jaxpr = plan.jaxpr
     uses = Uses(jaxpr)
@@ -281,7 +120,7 @@ def _fire_sites(plan: RewritePlan, path: str = "") -> list[_FireSite]:
         if e1 is None or e3 is None:
             continue
         # The expands read the squeeze's output, each maybe through its own unit reshapes.
-        views = [_view_source(uses, m.in_vars[0], convs) for m in (e1, e3)]
+        views = [view_source(uses, m.in_vars[0], convs) for m in (e1, e3)]
         if None in views or views[0][0] is not views[1][0]:
             continue
         sq = convs[views[0][0]]
@@ -296,14 +135,14 @@ def _fire_sites(plan: RewritePlan, path: str = "") -> list[_FireSite]:
             continue
         if any(m.out_var in uses.outputs or uses.readers.get(m.out_var, []) != [i] for m in (e1, e3)):
             continue
-        x, x_view = _view_base(uses, sq.in_vars[0])
+        x, x_view = view_base(uses, sq.in_vars[0])
         indices = tuple(sorted({*x_view, *sq.eqn_indices, *e1.eqn_indices, *e3.eqn_indices, *views[0][1],
                                 *views[1][1], i}))
-        group = JaxprGroup("fire", path, _nhwc(sq.site.x_shape, layout), _nhwc(eqn.outvars[0].aval.shape, layout),
+        group = JaxprGroup("fire", path, nhwc_shape(sq.site.x_shape, layout), nhwc_shape(eqn.outvars[0].aval.shape, layout),
                            sq.site.dtype, (tuple(sq.site.w_shape), tuple(e1.site.w_shape),
                                            tuple(e3.site.w_shape)), indices, dict(layout=layout))
         found.append(_FireSite(plan, i, x, sq, e1, e3, group))
-    for child, child_path in _call_bodies(plan, path):
+    for child, child_path in call_bodies(plan, path):
         found.extend(_fire_sites(child, child_path))
     return found
 
@@ -338,11 +177,11 @@ def _inception_sites(plan: RewritePlan, path: str = "") -> list[_InceptionSite]:
         layout = c1.site.layout
         if layout not in FUSED_LAYOUTS or eqn.params.get("dimension") != layout.index("C"):
             continue
-        reduces = [_view_source(uses, m.in_vars[0], convs) for m in (b3, b5)]
+        reduces = [view_source(uses, m.in_vars[0], convs) for m in (b3, b5)]
         if None in reduces:
             continue
         r3, r5 = (convs[src] for src, _ in reduces)
-        pool_view = _view_source(uses, pp.in_vars[0], pools)
+        pool_view = view_source(uses, pp.in_vars[0], pools)
         if pool_view is None:
             continue
         pool, pp_view = pools[pool_view[0]], pool_view[1]
@@ -359,8 +198,8 @@ def _inception_sites(plan: RewritePlan, path: str = "") -> list[_InceptionSite]:
             continue
         if len({m.site.kwargs["precision"] for m in members}) != 1:
             continue
-        x, _ = _view_base(uses, c1.in_vars[0], exclusive=False)  # x may have other readers
-        views = [_view_chain(uses, m.in_vars[0], x) for m in (c1, r3, r5)] + [_view_chain(uses, pool.in_vars[0], x)]
+        x, _ = view_base(uses, c1.in_vars[0], exclusive=False)  # x may have other readers
+        views = [view_chain(uses, m.in_vars[0], x) for m in (c1, r3, r5)] + [view_chain(uses, pool.in_vars[0], x)]
         if None in views:
             continue
         # Inside the block every value has one reader: its next step (x may have others).
@@ -377,10 +216,10 @@ def _inception_sites(plan: RewritePlan, path: str = "") -> list[_InceptionSite]:
         same = planned is not None and planned.eqn_indices == pool.eqn_indices  # the policy's pool match
         if not same and any(j in plan.matches or j in plan.skipped for j in pool.eqn_indices):
             continue
-        group = JaxprGroup("inception", path, _nhwc(x.aval.shape, layout), _nhwc(eqn.outvars[0].aval.shape, layout),
+        group = JaxprGroup("inception", path, nhwc_shape(x.aval.shape, layout), nhwc_shape(eqn.outvars[0].aval.shape, layout),
                            c1.site.dtype, tuple(tuple(m.site.w_shape) for m in members), indices, dict(layout=layout))
         found.append(_InceptionSite(plan, i, x, members, pool, group))
-    for child, child_path in _call_bodies(plan, path):
+    for child, child_path in call_bodies(plan, path):
         found.extend(_inception_sites(child, child_path))
     return found
 
@@ -413,7 +252,7 @@ def _replace_inception(site: _InceptionSite, weights: "_WeightRelayouts") -> Non
                   Site("inception", g.attrs["layout"], tuple(site.x.aval.shape), g.dtype, None, all(has_bias),
                        dict(zip(INCEPTION_CONVS, (w[3] for w in g.weight_shapes)))),
                   ("6 x conv_general_dilated+bias+relu", "reduce_window_max", "concatenate"),
-                  build=_as_nhwc_op(g.attrs["layout"], build), algorithm="auto")
+                  build=as_nhwc_op(g.attrs["layout"], build), algorithm="auto")
     plan.matches[max(g.eqn_indices)] = match
     plan.skipped.update(j for j in g.eqn_indices if j != max(g.eqn_indices))
 
@@ -439,7 +278,7 @@ def _conv_pool_build(conv: Match, pool_kw, w_is_hwio: bool = False):
                            padding=conv_kw["padding"], dilation=conv_kw["dilation"],
                            pool_window=pool_kw["window"], pool_stride=pool_kw["stride"],
                            pool_padding=pool_kw["padding"], precision=conv_kw["precision"])
-    return _as_nhwc_op(conv.site.layout, build)
+    return as_nhwc_op(conv.site.layout, build)
 
 
 def _conv_pool_sites(plan: RewritePlan, path: str = "") -> list[_ConvPoolSite]:
@@ -463,13 +302,13 @@ def _conv_pool_sites(plan: RewritePlan, path: str = "") -> list[_ConvPoolSite]:
         avals = [v.aval for v in m.in_vars]
         if not _accepts(build, pool.out_var.aval, *avals):
             continue  # a pool conv2d_pool does not take (e.g. padding as wide as the window)
-        x, x_view = _view_base(uses, m.in_vars[0])
-        group = JaxprGroup("conv_pool", path, _nhwc(s.x_shape, s.layout), _nhwc(pool.out_var.aval.shape, s.layout),
+        x, x_view = view_base(uses, m.in_vars[0])
+        group = JaxprGroup("conv_pool", path, nhwc_shape(s.x_shape, s.layout), nhwc_shape(pool.out_var.aval.shape, s.layout),
                            s.dtype, (tuple(s.w_shape),), tuple(sorted({*x_view, *m.eqn_indices, *pool.eqn_indices})),
                            dict(conv=dict(s.kwargs), pool=dict(pool.site.kwargs),
-                                conv_out=_nhwc(m.out_var.aval.shape, s.layout), layout=s.layout))
+                                conv_out=nhwc_shape(m.out_var.aval.shape, s.layout), layout=s.layout))
         found.append(_ConvPoolSite(plan, x, m, pool, group))
-    for child, child_path in _call_bodies(plan, path):
+    for child, child_path in call_bodies(plan, path):
         found.extend(_conv_pool_sites(child, child_path))
     return found
 
@@ -503,7 +342,8 @@ def find_jaxpr_groups(fn: Callable, *args, **kwargs) -> list[JaxprGroup]:
     docstring), whichever convs optimize's default policy would leave to XLA."""
     closed = jax.make_jaxpr(lambda a, k: fn(*a, **k))(args, kwargs)
     plan = build_plan(closed.jaxpr, "all")
-    return [site.group for site in _fire_sites(plan) + _inception_sites(plan) + _conv_pool_sites(plan)]
+    return [site.group for site in _fire_sites(plan) + _inception_sites(plan) + _conv_pool_sites(plan)
+            + chain_sites(plan)]
 
 
 def _replace(site: _FireSite, weights: "_WeightRelayouts") -> None:
@@ -526,7 +366,7 @@ def _replace(site: _FireSite, weights: "_WeightRelayouts") -> None:
             bs.append(b[0].reshape(-1) if b else None)  # Equinox biases are (K, 1, 1)
         return fire(x, *ws, *bs)
 
-    build = _as_nhwc_op(site.sq.site.layout, build)
+    build = as_nhwc_op(site.sq.site.layout, build)
     indices = site.group.eqn_indices
     out = plan.jaxpr.eqns[site.concat].outvars[0]
     in_vars = (site.x,) + tuple(v for m, (w, _) in zip(parts, operands) for v in (w, *m.in_vars[2:]))
@@ -615,9 +455,28 @@ class FusedOptimized(Optimized):
                     replace = {_ConvPoolSite: _replace_conv_pool, _InceptionSite: _replace_inception}.get(type(s), _replace)
                     replace(s, weights)
             weights.install()
+            if "conv1x1_depthwise" in self.kinds:  # among the convs the groups above left
+                chosen.extend(self._chains(traced.plan))
             _prune_calls(traced.plan)
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
         return traced
+
+    def _chains(self, plan: RewritePlan) -> list[tuple[ChainSite, bool, Decision | None]]:
+        """The expand -> depthwise chains, decided by the decision owner under groups="auto"
+        (else by `groups`), the chosen ones replaced by one conv1x1_depthwise each."""
+        sites = chain_sites(plan)
+        if self.groups == "auto":
+            decide_chains(sites)
+        chosen = []
+        for s in sites:
+            if self.groups == "auto":
+                take = s.decision.choice == CHAIN_FUSED
+            else:
+                take = (self.groups == "all") if isinstance(self.groups, str) else bool(self.groups(s.group))
+            if take:
+                replace_chain(s)
+            chosen.append((s, take, s.decision))
+        return chosen
 
     def decisions(self, *args, **kwargs) -> list[tuple[JaxprGroup, bool, GroupDecision | None]]:
         """(group, fused?, the fusion plan's decision or None) per group found."""
@@ -627,8 +486,12 @@ class FusedOptimized(Optimized):
     def explain(self, *args, **kwargs) -> str:
         rows = []
         for g, take, d in self.decisions(*args, **kwargs):
-            why = d.reason if d is not None else f"groups={self.groups!r}"
-            times = (fmt_ms(d.time("fused")), fmt_ms(d.time("xla"))) if d is not None else ("-", "-")
+            if isinstance(d, Decision):  # the decision owner's (chains)
+                why = f"{d.source}: {d.reason}"
+                times = (fmt_ms(d.times_ms.get(CHAIN_FUSED)), fmt_ms(d.times_ms.get(BASELINE)))
+            else:
+                why = d.reason if d is not None else f"groups={self.groups!r}"
+                times = (fmt_ms(d.time("fused")), fmt_ms(d.time("xla"))) if d is not None else ("-", "-")
             rows.append([g.name, g.describe(), *times, "fused" if take else "as optimize", why])
         head = (text_table(["group", "what", "fused ms", "XLA ms", "choice", "why"], rows) if rows
                 else "no fusable group")
