@@ -1,21 +1,12 @@
 // bf16 tensor-core conv kernels, configs 0-2 (see conv2d_tc_configs.h).
 // Split from the other configs of this dtype so the two compile in parallel.
 // B is read from the HWIO weights directly (MN-major, no transpose).
-#include "conv_tc/conv2d_tc_cutlass.cuh"
+#include "conv_tc/conv2d_tc_common_tables.cuh"
 
 namespace jaxcnn {
 namespace conv_tc {
 
-using Element = cutlass::bfloat16_t;
-
-const TcKernelOps kBf16KernelsA[3] = {
-    // coop_128x256_c2
-    TcConvRunner<TcConvKernel<Element, 128, 256, 128, 2, true, 0, kHalfBFromHwio>>::ops(),
-    // coop_256x128_c2
-    TcConvRunner<TcConvKernel<Element, 256, 128, 128, 2, true, 0, kHalfBFromHwio>>::ops(),
-    // pp_128x128_c1
-    TcConvRunner<TcConvKernel<Element, 128, 128, 128, 1, false, 0, kHalfBFromHwio>>::ops(),
-};
+const TcKernelOps kBf16KernelsA[3] = JAXCNN_TC_CONFIGS_0_2(cutlass::bfloat16_t, kHalfBFromHwio);
 
 }  // namespace conv_tc
 }  // namespace jaxcnn
