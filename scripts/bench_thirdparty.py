@@ -57,6 +57,7 @@ import jaxcnn  # noqa: E402
 from benchmarks import thirdparty_models as tm  # noqa: E402
 from jaxcnn.profile import device_times, wall_time  # noqa: E402
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
+from jaxcnn.profile.jaxpr_flops import function_flops  # noqa: E402
 
 KERAS_MODELS = ["keras_resnet50", "keras_mobilenetv2", "keras_vgg16", "keras_inceptionv3"]
 DEFAULT_MODELS = KERAS_MODELS + ["linen_resnet50", "nnx_resnet18", "equinox_resnet18"]
@@ -108,16 +109,20 @@ def max_rel_diff(got, want) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
 
 
-def cost_of(jitted, args) -> dict:
-    """FLOPs (from the traced HLO: convolutions as written) and bytes accessed (after XLA's
-    fusion: what its kernels move) of a jitted function whose compile is already cached."""
-    lowered = jitted.lower(*args)
+def cost_of(fn, args) -> dict:
+    """FLOPs (from the traced HLO: convolutions as written; where XLA's cost analysis gives
+    none, the convs and matmuls of the jaxpr) and bytes accessed (after XLA's fusion: what its
+    kernels move) of fn, whose jitted compile is already cached."""
+    lowered = jax.jit(fn).lower(*args)
     compiled = lowered.compile()
     flops = (lowered.cost_analysis() or {}).get("flops")
     compiled_cost = compiled.cost_analysis() or {}
     if isinstance(compiled_cost, (list, tuple)):  # older jax: one dict per program
         compiled_cost = compiled_cost[0] if compiled_cost else {}
-    return dict(flops=flops, bytes_accessed=compiled_cost.get("bytes accessed"))
+    source = "xla cost analysis"
+    if not flops:
+        flops, source = function_flops(fn, *args), "jaxpr convs and matmuls"
+    return dict(flops=flops, flops_source=source, bytes_accessed=compiled_cost.get("bytes accessed"))
 
 
 def io_bytes(m, out) -> int:
@@ -154,7 +159,7 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
         row["input_shape"] = list(m.x.shape)
         args = (m.params, m.x)
         row["first_call_s"]["xla"], want = first_call_s(jax.jit(m.apply), args)
-        row["cost"] = cost_of(jax.jit(m.apply), args)
+        row["cost"] = cost_of(m.apply, args)
         row["io_bytes"] = io_bytes(m, want)
         row["floor"] = floors(row["cost"], row["io_bytes"], spec, dtype)
         cases = [("xla", m.apply, args)]
@@ -289,7 +294,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
         lines.append("- no floor: the device has no entry in jaxcnn.profile.gpu_specs (or no cost analysis).")
     else:
         lines += [
-            "Compute floor = XLA program's FLOPs / the dtype's peak (fp32: TF32); memory floor = its compiled "
+            "Compute floor = XLA program's FLOPs (XLA's cost analysis, else the jaxpr's convs and matmuls) / "
+            "the dtype's peak (fp32: TF32); memory floor = its compiled "
             "bytes accessed / DRAM bandwidth (least = weights + input + output bytes); % = floor / time.",
             "",
             "| model | N | dtype | GFLOP | compute floor ms | MB accessed | memory floor ms | least memory ms "

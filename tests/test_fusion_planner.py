@@ -652,7 +652,7 @@ def test_fuse_under_auto_policy_takes_fires_of_convs_left_to_xla(jit):
     p, x = user_params(), jax.random.normal(jax.random.PRNGKey(6), (2, 9, 9, 16))
     p, x = jax.tree.map(lambda a: a.astype(jnp.bfloat16), p), x.astype(jnp.bfloat16)
     fn = jax.jit(two_fires) if jit else two_fires
-    assert jaxcnn.optimize(fn).rewrites(x, p) == []
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x, p) == []
     fast = jaxcnn.optimize(fn, fuse="all")
     assert [r.op for r in fast.rewrites(x, p)] == ["fire", "fire"]
     assert all(r.path.startswith("jit") == jit for r in fast.rewrites(x, p))

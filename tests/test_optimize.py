@@ -28,7 +28,7 @@ def rand(seed, shape, dtype=jnp.float32):
 
 
 def ops(fn, *args):
-    return [r.op for r in jaxcnn.optimize(fn, policy="all").rewrites(*args)]
+    return [r.op for r in jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(*args)]
 
 
 def assert_close(got, want, dtype=jnp.float32):
@@ -55,7 +55,7 @@ X, W, Bias = rand(0, (2, 9, 9, 4)), rand(1, (3, 3, 4, 8)), rand(2, (8,))
     ("zoo xla_conv2d", lambda x, w, b: B.xla_conv2d(x, w, b, padding=((1, 1), (1, 1)), activation="relu"), True, "relu"),
 ])
 def test_conv_fusions(name, fn, bias, activation):
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [r] = opt.rewrites(X, W, Bias)
     assert (r.op, r.bias, r.kwargs["activation"], r.layout, r.w_shape) == ("conv2d", bias, activation, "NHWC", (3, 3, 4, 8))
     assert_close(opt(X, W, Bias), fn(X, W, Bias))
@@ -65,13 +65,13 @@ def test_no_fusion_when_the_intermediate_has_another_reader():
     def conv_read_twice(x, w, b):
         y = conv(x, w)
         return y + b, y
-    [r] = jaxcnn.optimize(conv_read_twice, policy="all").rewrites(X, W, Bias)
+    [r] = jaxcnn.optimize(conv_read_twice, policy="all", fuse="none").rewrites(X, W, Bias)
     assert not r.bias and r.kwargs["activation"] is None
 
     def sum_read_twice(x, w, b):
         y = conv(x, w) + b
         return jax.nn.relu(y), y * 2
-    opt = jaxcnn.optimize(sum_read_twice, policy="all")
+    opt = jaxcnn.optimize(sum_read_twice, policy="all", fuse="none")
     [r] = opt.rewrites(X, W, Bias)
     assert r.bias and r.kwargs["activation"] is None
     assert_close(opt(X, W, Bias), sum_read_twice(X, W, Bias))
@@ -81,7 +81,7 @@ def test_bias_broadcast_with_another_reader_still_fuses_and_stays_computed():
     def fn(x, w, b):
         bb = jnp.broadcast_to(b, (1, 1, 1, 8))
         return conv(x, w) + bb, bb * 3
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [r] = opt.rewrites(X, W, Bias)
     assert r.bias
     assert_close(opt(X, W, Bias), fn(X, W, Bias))
@@ -90,16 +90,16 @@ def test_bias_broadcast_with_another_reader_still_fuses_and_stays_computed():
 def test_non_bias_add_is_not_fused():
     other = rand(3, (2, 9, 9, 8))
     fn = lambda x, w, b: conv(x, w) + b  # b is a full tensor here, not a [K] broadcast
-    [r] = jaxcnn.optimize(fn, policy="all").rewrites(X, W, other)
+    [r] = jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(X, W, other)
     assert not r.bias
-    assert_close(jaxcnn.optimize(fn, policy="all")(X, W, other), fn(X, W, other))
+    assert_close(jaxcnn.optimize(fn, policy="all", fuse="none")(X, W, other), fn(X, W, other))
 
 
 def test_nchw_oihw_highest():
     x, w = rand(4, (2, 4, 10, 10)), rand(5, (8, 4, 3, 3))
     fn = lambda x, w, b: jax.nn.relu(
         lax.conv(x, w, (2, 2), "SAME", precision=lax.Precision.HIGHEST) + b.reshape(1, 8, 1, 1))
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [r] = opt.rewrites(x, w, Bias)
     assert (r.layout, r.w_shape, r.kwargs["precision"], r.kwargs["stride"], r.bias, r.kwargs["activation"]) == \
         ("NCHW", (3, 3, 4, 8), "highest", (2, 2), True, "relu")
@@ -110,7 +110,7 @@ def test_chwn_layout_and_dilation():
     x = rand(6, (4, 12, 12, 2))  # CHWN
     fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID", rhs_dilation=(2, 2),
                                                dimension_numbers=("CHWN", "HWIO", "CHWN"))
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [r] = opt.rewrites(x, W)
     assert r.layout == "CHWN" and r.kwargs["dilation"] == (2, 2)
     assert_close(opt(x, W), fn(x, W))
@@ -120,7 +120,7 @@ def test_grouped_and_depthwise():
     x = rand(7, (2, 8, 8, 8))
     for groups, w in ((2, rand(8, (3, 3, 4, 6))), (8, rand(9, (3, 3, 1, 8)))):
         fn = lambda x, w: conv(x, w, feature_group_count=groups)
-        opt = jaxcnn.optimize(fn, policy="all")
+        opt = jaxcnn.optimize(fn, policy="all", fuse="none")
         [r] = opt.rewrites(x, w)
         assert r.kwargs["groups"] == groups
         assert_close(opt(x, w), fn(x, w))
@@ -130,7 +130,7 @@ def test_left_alone():
     x = rand(10, (2, 8, 8, 4))
     lhs_dilated = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), lhs_dilation=(2, 2), dimension_numbers=NHWC)
     assert ops(lhs_dilated, x, W) == []
-    assert_close(jaxcnn.optimize(lhs_dilated, policy="all")(x, W), lhs_dilated(x, W))
+    assert_close(jaxcnn.optimize(lhs_dilated, policy="all", fuse="none")(x, W), lhs_dilated(x, W))
     widening = lambda x, w: conv(x, w, preferred_element_type=jnp.float32)
     assert ops(widening, x.astype(jnp.bfloat16), W.astype(jnp.bfloat16)) == []
     conv1d = lambda x, w: lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
@@ -150,7 +150,7 @@ def test_nothing_rewritten_runs_fn_itself():
         y = jax.jit(lambda x, w: jax.nn.relu(conv(x, w)))(x, w)
         return lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
 
-    fast = jaxcnn.optimize(fn)
+    fast = jaxcnn.optimize(fn, fuse="none")
     assert fast.rewrites(x, w) == []
     before = len(calls)
     assert str(jax.make_jaxpr(fast)(x, w)) == str(jax.make_jaxpr(fn)(x, w))
@@ -166,7 +166,7 @@ def test_pools(dtype):
     mx = lambda x: B.max_pool(x, window=(3, 3), stride=(2, 2), padding=((0, 1), (0, 1)))
     av = lambda x: B.avg_pool(x, window=(2, 2), stride=(1, 1), padding=((1, 1), (1, 1)))
     for fn, op in ((mx, "max_pool2d"), (av, "avg_pool2d")):
-        opt = jaxcnn.optimize(fn, policy="all")
+        opt = jaxcnn.optimize(fn, policy="all", fuse="none")
         [r] = opt.rewrites(x)
         assert (r.op, r.layout, r.dtype) == (op, "NHWC", jnp.dtype(dtype).name)
         assert_close(opt(x), fn(x), dtype)
@@ -175,9 +175,9 @@ def test_pools(dtype):
 def test_nchw_pool_and_unmatched_divisor():
     x = rand(14, (2, 5, 8, 8))
     fn = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
-    [r] = jaxcnn.optimize(fn, policy="all").rewrites(x)
+    [r] = jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(x)
     assert (r.op, r.layout, r.kwargs["window"]) == ("avg_pool2d", "NCHW", (2, 2))
-    assert_close(jaxcnn.optimize(fn, policy="all")(x), fn(x))
+    assert_close(jaxcnn.optimize(fn, policy="all", fuse="none")(x), fn(x))
     not_mean = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 3
     assert ops(not_mean, x) == []
     channel_pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 1, 2), (1, 1, 1, 1), "VALID")
@@ -189,7 +189,7 @@ def test_softmax(dtype):
     x = rand(15, (4, 3, 33), dtype)
     for fn, op in ((jax.nn.softmax, "softmax"), (jax.nn.log_softmax, "log_softmax"),
                    (lambda x: jax.nn.softmax(x, axis=1), "softmax"), (B.softmax, "softmax")):
-        opt = jaxcnn.optimize(fn, policy="all")
+        opt = jaxcnn.optimize(fn, policy="all", fuse="none")
         [r] = opt.rewrites(x)
         assert r.op == op
         assert_close(opt(x), fn(x), dtype)
@@ -210,7 +210,7 @@ NET_ARGS = (X, W, Bias, rand(16, (2, 2, 8, 6)))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_small_net_values_jit_and_rewrites(dtype):
     args = tuple(a.astype(dtype) for a in NET_ARGS)
-    opt = jaxcnn.optimize(small_net, policy="all")
+    opt = jaxcnn.optimize(small_net, policy="all", fuse="none")
     rewrites = opt.rewrites(*args)
     assert [r.op for r in rewrites] == ["conv2d", "max_pool2d", "conv2d", "log_softmax"]
     assert rewrites[2].path == "jit[<lambda>]" and rewrites[2].kwargs["activation"] == "relu"
@@ -221,23 +221,23 @@ def test_small_net_values_jit_and_rewrites(dtype):
 
 def test_grad_matches_original():
     loss = lambda f: lambda *a: jnp.sum(f(*a) * jnp.sin(jnp.arange(108.0)).reshape(2, 54))
-    got = jax.grad(loss(jaxcnn.optimize(small_net, policy="all")), argnums=(0, 1, 2, 3))(*NET_ARGS)
+    got = jax.grad(loss(jaxcnn.optimize(small_net, policy="all", fuse="none")), argnums=(0, 1, 2, 3))(*NET_ARGS)
     want = jax.grad(loss(small_net), argnums=(0, 1, 2, 3))(*NET_ARGS)
     assert_close(got, want)
-    got = jax.jit(jax.grad(loss(jaxcnn.optimize(small_net, policy="all")), argnums=1))(*NET_ARGS)
+    got = jax.jit(jax.grad(loss(jaxcnn.optimize(small_net, policy="all", fuse="none")), argnums=1))(*NET_ARGS)
     assert_close(got, want[1])
 
 
 def test_vmap():
     xs = jnp.stack([X, X * 0.5 + 1.0, -X])
-    opt = jaxcnn.optimize(small_net, policy="all")
+    opt = jaxcnn.optimize(small_net, policy="all", fuse="none")
     got = jax.vmap(opt, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
     want = jax.vmap(small_net, in_axes=(0, None, None, None))(xs, *NET_ARGS[1:])
     assert_close(got, want)
 
 
 def test_cuda_lowering_has_jaxcnn_custom_calls():
-    text = jax.jit(jaxcnn.optimize(small_net, policy="all")).trace(*NET_ARGS).lower(lowering_platforms=("cuda",)).as_text()
+    text = jax.jit(jaxcnn.optimize(small_net, policy="all", fuse="none")).trace(*NET_ARGS).lower(lowering_platforms=("cuda",)).as_text()
     targets = set(re.findall(r"jaxcnn_\w+_fwd", text))
     assert {"jaxcnn_conv2d_fwd", "jaxcnn_max_pool2d_fwd", "jaxcnn_softmax_fwd"} <= targets
     assert "stablehlo.convolution" not in text and "reduce_window" not in text
@@ -246,7 +246,7 @@ def test_cuda_lowering_has_jaxcnn_custom_calls():
 # -- API ---------------------------------------------------------------------------------------
 
 def test_explain_policy_and_cache():
-    opt = jaxcnn.optimize(small_net, example_args=NET_ARGS, policy="all")
+    opt = jaxcnn.optimize(small_net, example_args=NET_ARGS, policy="all", fuse="none")
     text = opt.explain()
     assert text.splitlines()[0] == "4 rewrite(s): 2 conv2d, 1 max_pool2d, 1 log_softmax"
     assert "x[2, 9, 9, 4] w(HWIO)[3, 3, 4, 8] +bias float32" in text and "-> [2, 9, 9, 8]" in text
@@ -265,7 +265,7 @@ def test_explain_policy_and_cache():
     def policy(site):
         seen.append(site)
         return "direct" if site.op == "conv2d" and site.w_shape[0] == 3 else "xla"
-    chosen = jaxcnn.optimize(small_net, policy=policy)
+    chosen = jaxcnn.optimize(small_net, policy=policy, fuse="none")
     [r] = chosen.rewrites(*NET_ARGS)
     assert (r.op, r.algorithm) == ("conv2d", "direct")
     assert {s.op for s in seen} == {"conv2d", "max_pool2d", "log_softmax"}
@@ -293,25 +293,25 @@ def test_auto_policy_rewrites_only_what_pays():
                                          precision=hi)                        # NCHW
         y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
         return jax.nn.softmax(y.reshape(2, -1))
-    auto = jaxcnn.optimize(net)
+    auto = jaxcnn.optimize(net, fuse="none")
     kept = [(r.op, r.w_shape, r.kwargs["precision"]) for r in auto.rewrites(x)]
     assert kept == [("conv2d", (3, 3, 1, 16), None), ("conv2d", (3, 3, 16, 16), "highest")], kept
     assert_close(auto(x), net(x))
-    every = [r.op for r in jaxcnn.optimize(net, policy="all").rewrites(x)]
+    every = [r.op for r in jaxcnn.optimize(net, policy="all", fuse="none").rewrites(x)]
     assert every == ["conv2d"] * 6 + ["max_pool2d", "softmax"], every
     # The fp32 tensor-core rows are 16 bytes = 4 channels: K=12 runs there, K=6 does not.
     f32 = lambda x, w: conv(x, w, precision=hi)
-    assert [r.op for r in jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["conv2d"]
-    assert jaxcnn.optimize(f32).rewrites(x, rand(9, (1, 1, 8, 6))) == []
+    assert [r.op for r in jaxcnn.optimize(f32, fuse="none").rewrites(x, rand(9, (1, 1, 8, 12)))] == ["conv2d"]
+    assert jaxcnn.optimize(f32, fuse="none").rewrites(x, rand(9, (1, 1, 8, 6))) == []
     # HIGH is fp32-accurate too (bf16x3 in XLA); DEFAULT and None are TF32: XLA's.
     high = lambda x, w: conv(x, w, precision=lax.Precision.HIGH)
-    assert [r.kwargs["precision"] for r in jaxcnn.optimize(high).rewrites(x, rand(9, (1, 1, 8, 12)))] == ["highest"]
+    assert [r.kwargs["precision"] for r in jaxcnn.optimize(high, fuse="none").rewrites(x, rand(9, (1, 1, 8, 12)))] == ["highest"]
     default = lambda x, w: conv(x, w, precision=lax.Precision.DEFAULT)
-    assert jaxcnn.optimize(default).rewrites(x, rand(9, (1, 1, 8, 12))) == []
+    assert jaxcnn.optimize(default, fuse="none").rewrites(x, rand(9, (1, 1, 8, 12))) == []
     # An image's few channels (C < 8, C = 1 included: groups == C there too) stay XLA's.
     gray = rand(10, (2, 9, 9, 1))
-    assert jaxcnn.optimize(f32).rewrites(gray, rand(11, (3, 3, 1, 16))) == []
-    assert jaxcnn.optimize(f32).rewrites(rand(12, (2, 9, 9, 3)), rand(13, (3, 3, 3, 16))) == []
+    assert jaxcnn.optimize(f32, fuse="none").rewrites(gray, rand(11, (3, 3, 1, 16))) == []
+    assert jaxcnn.optimize(f32, fuse="none").rewrites(rand(12, (2, 9, 9, 3)), rand(13, (3, 3, 3, 16))) == []
 
 
 def _autotune_record(winner, times=None):
@@ -339,31 +339,31 @@ def test_auto_policy_leaves_dense_16bit_convs_to_xla_unless_measured(tmp_path, m
     _fake_gpu(monkeypatch, tmp_path)
     x, w = rand(40, (2, 9, 9, 8), jnp.bfloat16), rand(41, (3, 3, 8, 16), jnp.bfloat16)
     fn = lambda x, w: jax.nn.relu(conv(x, w))
-    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # no cache entry: XLA's
-    assert [r.op for r in jaxcnn.optimize(fn, policy="all").rewrites(x, w)] == ["conv2d"]
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x, w) == []  # no cache entry: XLA's
+    assert [r.op for r in jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(x, w)] == ["conv2d"]
     layer = conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "bfloat16", padding=((1, 1), (1, 1)), activation="relu",
                          bias=False)
     key = layer_autotune.conv_key("Fake GPU", layer)
     autotune_cache.AutotuneCache().put(key, _autotune_record("xla"))
-    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x, w) == []  # measured: XLA's conv won
     autotune_cache.AutotuneCache().put(key, _autotune_record("tensor_core"))
-    [r] = jaxcnn.optimize(fn).rewrites(x, w)  # measured: our tensor-core conv won
+    [r] = jaxcnn.optimize(fn, fuse="none").rewrites(x, w)  # measured: our tensor-core conv won
     assert (r.op, r.algorithm, r.dtype) == ("conv2d", "tensor_core", "bfloat16")
-    assert_close(jaxcnn.optimize(fn)(x, w), fn(x, w), jnp.bfloat16)
+    assert_close(jaxcnn.optimize(fn, fuse="none")(x, w), fn(x, w), jnp.bfloat16)
     # fp16 alike; another layer (no record) stays XLA's.
-    assert jaxcnn.optimize(fn).rewrites(x.astype(jnp.float16), w.astype(jnp.float16)) == []
-    assert jaxcnn.optimize(fn).rewrites(x, rand(42, (3, 3, 8, 24), jnp.bfloat16)) == []
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x.astype(jnp.float16), w.astype(jnp.float16)) == []
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x, rand(42, (3, 3, 8, 24), jnp.bfloat16)) == []
 
     # Without a record: fp32 at precision="highest" takes the tensor-core kernel, fp32 at the
     # default (TF32) precision stays XLA's, depthwise convs take the depthwise kernel.
     x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
     highest = lambda x, w: conv(x, w, precision=lax.Precision.HIGHEST)
-    [r] = jaxcnn.optimize(highest).rewrites(x32, w32)
+    [r] = jaxcnn.optimize(highest, fuse="none").rewrites(x32, w32)
     assert (r.op, r.kwargs["precision"], r.algorithm) == ("conv2d", "highest", "auto")
-    assert jaxcnn.optimize(lambda x, w: conv(x, w)).rewrites(x32, w32) == []
+    assert jaxcnn.optimize(lambda x, w: conv(x, w), fuse="none").rewrites(x32, w32) == []
     depthwise = lambda x, w: conv(x, w, feature_group_count=8)
     for dtype in (jnp.bfloat16, jnp.float32):
-        [r] = jaxcnn.optimize(depthwise).rewrites(x.astype(dtype), rand(43, (3, 3, 1, 8), dtype))
+        [r] = jaxcnn.optimize(depthwise, fuse="none").rewrites(x.astype(dtype), rand(43, (3, 3, 1, 8), dtype))
         assert (r.op, r.kwargs["groups"]) == ("conv2d", 8)
 
 
@@ -373,19 +373,19 @@ def test_auto_policy_takes_the_autotuners_cached_measurement(tmp_path, monkeypat
     monkeypatch.setenv(autotune_cache.CACHE_ENV, str(tmp_path / "autotune.json"))
     x, w = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16))
     fn = lambda x, w: conv(x, w, precision=lax.Precision.HIGHEST)
-    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # the rule: tensor cores
+    assert [r.algorithm for r in jaxcnn.optimize(fn, fuse="none").rewrites(x, w)] == ["auto"]  # the rule: tensor cores
 
     layer = conv_layer((2, 9, 9, 8), (3, 3, 8, 16), "float32", padding=((1, 1), (1, 1)), precision="highest",
                          bias=False)
     key = layer_autotune.conv_key("Fake GPU", layer)
     autotune_cache.AutotuneCache().put(key, _autotune_record("xla"))
-    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["auto"]  # CPU: not read
+    assert [r.algorithm for r in jaxcnn.optimize(fn, fuse="none").rewrites(x, w)] == ["auto"]  # CPU: not read
     _fake_gpu(monkeypatch, tmp_path)
-    assert jaxcnn.optimize(fn).rewrites(x, w) == []  # measured: XLA's conv won
+    assert jaxcnn.optimize(fn, fuse="none").rewrites(x, w) == []  # measured: XLA's conv won
     autotune_cache.AutotuneCache().put(key, _autotune_record("direct"))
-    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, w)] == ["direct"]
+    assert [r.algorithm for r in jaxcnn.optimize(fn, fuse="none").rewrites(x, w)] == ["direct"]
     other = rand(32, (3, 3, 8, 24))  # no record for this layer: the rule again
-    assert [r.algorithm for r in jaxcnn.optimize(fn).rewrites(x, other)] == ["auto"]
+    assert [r.algorithm for r in jaxcnn.optimize(fn, fuse="none").rewrites(x, other)] == ["auto"]
 
 
 def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
@@ -398,7 +398,7 @@ def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
     x, w1, w2 = rand(20, (2, 9, 9, 8)), rand(21, (3, 3, 8, 16)), rand(22, (3, 3, 16, 8))
     def net(x, w1, w2):
         return conv(jax.nn.relu(conv(x, w1)), w2)     # conv2 reads a ReLU output: ~half zeros
-    dense = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto")
+    dense = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto", fuse="none")
     assert [r.algorithm for r in dense.rewrites()] == ["auto", "auto"]
     text = dense.explain()
     assert "dense or sparse (2 conv(s)" in text and "no crossover measured" in text
@@ -410,40 +410,40 @@ def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
                        precision="default")
     # Measured: sparse 0.01 ms at any sparsity vs dense 1 ms (a made-up record for the test).
     sd.CrossoverTable().put(sd.Crossover(sd.device_kind(), key, (0.0, 1.0), (0.01, 0.01), 1.0, "xla"))
-    picked = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto")
+    picked = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto", fuse="none")
     assert [r.algorithm for r in picked.rewrites()] == ["auto", "sparse"]
     assert f"sparse_conv2d at {zeros:.1%} zeros" in picked.explain()
     assert "jaxcnn_sparse" in str(jax.make_jaxpr(picked)(x, w1, w2))
     assert_close(jax.jit(picked)(x, w1, w2), net(x, w1, w2))
     # policy="auto" leaves both (dense fp32, default precision) convs to XLA, but a measured
     # sparse pick still runs: conv2 only.
-    auto = jaxcnn.optimize(net, example_args=(x, w1, w2), sparse="auto")
+    auto = jaxcnn.optimize(net, example_args=(x, w1, w2), sparse="auto", fuse="none")
     assert [(r.algorithm, r.w_shape) for r in auto.rewrites()] == [("sparse", (3, 3, 16, 8))]
     assert "dense or sparse (2 conv(s)" in auto.explain()
     assert_close(jax.jit(auto)(x, w1, w2), net(x, w1, w2))
     # Zeros are measured on concrete values: under jit with no example_args there are none.
     with pytest.raises(ValueError, match="concrete"):
-        jax.jit(jaxcnn.optimize(net, policy="all", sparse="auto"))(x, w1, w2)
+        jax.jit(jaxcnn.optimize(net, policy="all", sparse="auto", fuse="none"))(x, w1, w2)
     with pytest.raises(ValueError, match="sparse must be one of"):
-        jaxcnn.optimize(net, sparse="yes")
+        jaxcnn.optimize(net, sparse="yes", fuse="none")
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="policy"):
-        jaxcnn.optimize(small_net, policy="fast")
+        jaxcnn.optimize(small_net, policy="fast", fuse="none")
     with pytest.raises(TypeError, match="fn"):
-        jaxcnn.optimize(3, policy="all")
+        jaxcnn.optimize(3, policy="all", fuse="none")
     with pytest.raises(TypeError, match="example_args"):
-        jaxcnn.optimize(small_net, example_args=X, policy="all")
+        jaxcnn.optimize(small_net, example_args=X, policy="all", fuse="none")
     with pytest.raises(ValueError, match="args"):
-        jaxcnn.optimize(small_net, policy="all").explain()
+        jaxcnn.optimize(small_net, policy="all", fuse="none").explain()
     with pytest.raises(ValueError, match="policy returned"):
-        jaxcnn.optimize(small_net, policy=lambda s: "fastest").rewrites(*NET_ARGS)
+        jaxcnn.optimize(small_net, policy=lambda s: "fastest", fuse="none").rewrites(*NET_ARGS)
 
 
 def test_module_is_callable_after_submodule_import():
     import jaxcnn.optimize.rewrite  # binds the module to jaxcnn.optimize
-    assert jaxcnn.optimize(small_net, policy="all").rewrites(*NET_ARGS)
+    assert jaxcnn.optimize(small_net, policy="all", fuse="none").rewrites(*NET_ARGS)
 
 
 # -- zoo -----------------------------------------------------------------------------------------
@@ -454,7 +454,7 @@ def test_zoo_models(name, size):
     params = spec.init(0)
     x = rand(17, (2, size, size, spec.channels))
     fn = lambda p, x: spec.apply(p, x, backend="xla")
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     found = [r.op for r in opt.rewrites(params, x)]
     layers = [layer.op for layer in spec.layers(2)]
     assert found.count("conv2d") == layers.count("conv2d") > 0
@@ -484,7 +484,7 @@ def test_random_convs(n, hw, c, k, r, stride, dilation, padding, bias, relu, lay
             y = y + jnp.expand_dims(b, [a for a in range(4) if a != axis])
         return jax.nn.relu(y) if relu else y
 
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [rw] = opt.rewrites(x, w, b)
     assert (rw.bias, rw.kwargs["activation"], rw.layout) == (bias, "relu" if relu else None, layout)
     assert_close(opt(x, w, b), fn(x, w, b))

@@ -128,9 +128,11 @@ def test_expanded_value_read_elsewhere_is_not_fused():
     assert chain_rewrites(jaxcnn.optimize(fn, fuse="auto"), params, x) == []
 
 
-def test_fuse_none_and_other_kinds_leave_chains():
+def test_default_fuses_chains_and_fuse_none_or_other_kinds_leave_them():
     params, x = setup()
-    assert chain_rewrites(jaxcnn.optimize(two_blocks), params, x) == []
+    assert len(chain_rewrites(jaxcnn.optimize(two_blocks), params, x)) == 2
+    assert chain_rewrites(jaxcnn.optimize(two_blocks, fuse="none"), params, x) == []
+    assert chain_rewrites(jaxcnn.optimize(two_blocks, policy="xla"), params, x) == []
     opt = jaxcnn.optimize.optimize_fused(two_blocks, kinds=("fire", "conv_pool"))
     assert chain_rewrites(opt, params, x) == []
 

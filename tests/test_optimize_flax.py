@@ -80,7 +80,7 @@ def count_in_jaxpr(fn, *args, name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_op_rewritten_and_values_equal(name):
     m = build(name)
-    opt = jaxcnn.optimize(m.apply, policy="all")
+    opt = jaxcnn.optimize(m.apply, policy="all", fuse="none")
     rewrites = opt.rewrites(m.params, m.x)
     convs, fused, max_pools, avg_pools, softmax = EXPECTED[name]
     ops = [r.op for r in rewrites]
@@ -97,7 +97,7 @@ def test_every_op_rewritten_and_values_equal(name):
 @pytest.mark.parametrize("name", ["linen_squeezenet1_1", "nnx_vgg19", "equinox_squeezenet1_1"])
 def test_bf16(name):
     m = build(name, dtype=jnp.bfloat16)
-    opt = jaxcnn.optimize(m.apply, policy="all")
+    opt = jaxcnn.optimize(m.apply, policy="all", fuse="none")
     rewrites = opt.rewrites(m.params, m.x)
     convs, fused, max_pools, avg_pools, _ = EXPECTED[name]
     assert len(rewrites) == convs + max_pools + avg_pools + 1
@@ -114,7 +114,7 @@ def test_grad(name):
     def loss(apply):
         return lambda params, x: jnp.sum(apply(params, x) * weights)
 
-    got = jax.jit(jax.grad(loss(jaxcnn.optimize(m.apply, policy="all")), argnums=(0, 1)))(m.params, m.x)
+    got = jax.jit(jax.grad(loss(jaxcnn.optimize(m.apply, policy="all", fuse="none")), argnums=(0, 1)))(m.params, m.x)
     want = jax.grad(loss(m.apply), argnums=(0, 1))(m.params, m.x)
     assert_close(got, want)
 
@@ -123,7 +123,7 @@ def test_grad(name):
 def test_vmap(name):
     m = build(name)
     xs = jnp.stack([m.x, -m.x, 0.5 * m.x + 1.0])
-    got = jax.jit(jax.vmap(jaxcnn.optimize(m.apply, policy="all"), in_axes=(None, 0)))(m.params, xs)
+    got = jax.jit(jax.vmap(jaxcnn.optimize(m.apply, policy="all", fuse="none"), in_axes=(None, 0)))(m.params, xs)
     want = jax.vmap(m.apply, in_axes=(None, 0))(m.params, xs)
     assert_close(got, want)
 
@@ -133,7 +133,7 @@ def test_nnx_module_called_directly_and_under_nnx_jit():
     model = m.module
     want = model(m.x)
     # The module itself (its parameters become constants of the trace) ...
-    direct = jaxcnn.optimize(model, policy="all")
+    direct = jaxcnn.optimize(model, policy="all", fuse="none")
     assert [r.op for r in direct.rewrites(m.x)].count("conv2d") == 2
     assert_close(direct(m.x), want)
 
@@ -142,7 +142,7 @@ def test_nnx_module_called_directly_and_under_nnx_jit():
     def predict(model, x):
         return model(x)
 
-    opt = jaxcnn.optimize(predict, policy="all")
+    opt = jaxcnn.optimize(predict, policy="all", fuse="none")
     rewrites = opt.rewrites(model, m.x)
     assert [r.op for r in rewrites] == ["conv2d", "avg_pool2d", "conv2d", "avg_pool2d", "log_softmax"]
     assert all(r.path.startswith("jit") for r in rewrites)
@@ -161,7 +161,7 @@ def test_unrecognised_layers_stay_lax():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 7, 7, 3))
     module = Decoder()
     params = module.init(jax.random.PRNGKey(1), x)
-    opt = jaxcnn.optimize(module.apply, policy="all")
+    opt = jaxcnn.optimize(module.apply, policy="all", fuse="none")
     rewrites = opt.rewrites(params, x)
     # ConvTranspose and the count_include_pad=False average (sum / per-tap counts) stay lax.
     assert [r.op for r in rewrites] == ["conv2d", "max_pool2d"]
@@ -181,7 +181,7 @@ def test_random_linen_conv(k, stride, padding, groups, bias, relu, seed):
     if bias:  # Flax initialises biases to zero: make a dropped bias show
         params = jax.tree.map(lambda p: p + 0.5 if p.ndim == 1 else p, params)
     fn = (lambda p, x: nn.relu(layer.apply(p, x))) if relu else layer.apply
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [r] = opt.rewrites(params, x)
     assert (r.bias, r.kwargs["activation"], r.kwargs["groups"], r.layout) == (bias, "relu" if relu else None, groups, "NHWC")
     assert_close(opt(params, x), fn(params, x))
@@ -201,7 +201,7 @@ def test_random_equinox_conv_and_pool(k, stride, padding, bias, relu, pool, wind
 
     fn = jax.vmap(one)
     x = jax.random.normal(kx, (2, 3, 8, 7))
-    opt = jaxcnn.optimize(fn, policy="all")
+    opt = jaxcnn.optimize(fn, policy="all", fuse="none")
     [c, p] = opt.rewrites(x)
     assert (c.op, c.bias, c.kwargs["activation"], c.layout) == ("conv2d", bias, "relu" if relu else None, "NCHW")
     assert (p.op, p.layout, p.kwargs["window"]) == (f"{pool}_pool2d", "NCHW", (window, window))
@@ -213,7 +213,7 @@ def test_autotune_policy_keeps_xla_where_it_wins():
     # winner is XLA's stays lax, the rest run the chosen kernel; pools and softmax stay XLA's
     # as under policy="auto" (the H200 measured them no faster as custom calls).
     m = build("equinox_cnn")
-    opt = jaxcnn.optimize(m.apply, policy="autotune")
+    opt = jaxcnn.optimize(m.apply, policy="autotune", fuse="none")
     rewrites = opt.rewrites(m.params, m.x)
     convs = [r for r in rewrites if r.op == "conv2d"]
     assert all(r.algorithm in ("direct", "tensor_core", "depthwise") for r in convs)
@@ -234,7 +234,7 @@ def test_fuse_all_turns_every_fire_module_into_one_fused_call(name):
     assert count_in_jaxpr(fast, m.params, m.x, name="jaxcnn_conv2d") == 1
     assert_close(jax.jit(fast)(m.params, m.x), jax.jit(m.apply)(m.params, m.x))
     assert "fire" in fast.explain(m.params, m.x)
-    unfused = jaxcnn.optimize(m.apply, policy="all")  # fuse="none": the same model, no fire calls
+    unfused = jaxcnn.optimize(m.apply, policy="all", fuse="none")  # fuse="none": the same model, no fire calls
     assert count_in_jaxpr(unfused, m.params, m.x, name="jaxcnn_fire") == 0
 
 
@@ -270,7 +270,7 @@ def test_fuse_takes_a_stem_conv_the_policy_leaves_to_xla():
     and the fire modules are one jaxcnn.fire each: fuse= still offers those groups (the
     planner decides)."""
     m = build("linen_squeezenet1_1")
-    plain = jaxcnn.optimize(m.apply)
+    plain = jaxcnn.optimize(m.apply, fuse="none")
     assert plain.rewrites(m.params, m.x) == []  # no depthwise or fp32-HIGHEST conv here
     fast = jaxcnn.optimize(m.apply, fuse="all")
     kinds = [g.kind for g, fused, _ in fast.decisions(m.params, m.x)]

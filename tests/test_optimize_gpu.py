@@ -42,7 +42,7 @@ def rel_diff(got, want):
 @pytest.mark.parametrize("name", MODELS)
 def test_model_runs_the_kernels_and_matches(name, dtype):
     m = build(name, 8, dtype)
-    opt = jaxcnn.optimize(m.apply, policy="all")
+    opt = jaxcnn.optimize(m.apply, policy="all", fuse="none")
     rewrites = opt.rewrites(m.params, m.x)
     fast = jax.jit(opt)
     hlo = fast.lower(m.params, m.x).compile().as_text()

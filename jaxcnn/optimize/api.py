@@ -1,5 +1,6 @@
 """`jaxcnn.optimize(fn)`: the one entry point, over the jaxpr rewriter (rewrite.py) and, with
-`fuse`, the fusion of fire / inception / conv->max-pool groups (fused_groups.py)."""
+`fuse`, the fusion of fire / inception / conv->max-pool groups (fused_groups.py) and of
+expand -> depthwise chains (chain_groups.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from jaxcnn.optimize.fused_groups import GROUPS, optimize_fused
 from jaxcnn.optimize.rewrite import Optimized
 
 
-def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", sparse="none") -> Optimized:
+def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="auto", sparse="none") -> Optimized:
     """`fn` with the lax patterns it traces to replaced by jaxcnn kernels.
 
     Recognised (also inside jit / closed_call / custom_jvp / custom_vjp bodies, e.g. jax.nn.relu):
@@ -22,8 +23,11 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
       * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
         f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
       * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
-      * with `fuse`: fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] -> concatenate, as
-        three of the conv matches above) -> one fused jaxcnn.fire, and NHWC conv + ReLU read
+      * with `fuse` (on by default): fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] ->
+        concatenate, as three of the conv matches above) -> one fused jaxcnn.fire; a 1x1 conv
+        site read only by a 3x3 depthwise conv site, maybe through a zero pad (inverted
+        residual blocks, BatchNorm folded, any activation but leaky_relu) -> one
+        jaxcnn.conv1x1_depthwise; and NHWC conv + ReLU read
         only by a max pool -> jaxcnn.conv2d_pool (optimize_fused; also for convs the
         policy leaves to XLA).
     A bias or ReLU is fused only when nothing else reads the value before it. Everything else
@@ -56,10 +60,14 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
                                        activation=k["activation"], bias=site.bias).algorithm
             fast = jaxcnn.optimize(model_fn, policy=tuned)
 
-      fuse: "none" (no cross-layer fusion), "auto" (each fire-shaped group and each NHWC
+      fuse: "auto" (the default; ignored with policy="xla"), "none" (no cross-layer fusion),
+        "all", or a callable(jaxcnn.optimize.JaxprGroup) -> bool. "auto": each expand ->
+        depthwise chain fused where jaxcnn.tuning.decision measures the fused kernel faster than
+        XLA's subgraph and the two convs as decided alone (the rule where nothing can be
+        measured); each fire-shaped group and each NHWC
         conv+ReLU read only by a max pool fused, into jaxcnn.fire / jaxcnn.conv2d_pool, where
         jaxcnn.fusion's decide_groups measures the fused kernel faster on this GPU, or its cost
-        model says so off GPU), "all", or a callable(jaxcnn.optimize.JaxprGroup) -> bool.
+        model says so off GPU).
       sparse: "none" (dense convs) or "auto": each top-level NHWC conv (groups 1, undilated)
         runs jaxcnn.sparse_conv2d where jaxcnn.sparse_dispatch's crossover, measured for that
         layer on this GPU (sparse_dispatch.measure_crossover), says so at the fraction of zeros
@@ -71,7 +79,7 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="none", spa
       An `Optimized` callable with `.explain(*args)` (text) and `.rewrites(*args)` (Rewrite list);
       the trace is cached per argument structure, shapes and dtypes.
     """
-    if fuse != "none":
+    if fuse != "none" and policy != "xla":  # policy="xla" rewrites nothing: nothing to fuse
         if not (callable(fuse) or fuse in GROUPS):
             raise ValueError(f"fuse must be one of {GROUPS} or a callable(group) -> bool, got {fuse!r}")
         return optimize_fused(fn, example_args=example_args, policy=policy, groups=fuse, sparse=sparse)

@@ -47,6 +47,7 @@ class Rewrite:
     algorithm: str | None
     path: str
     why: str = ""  # the decision owner's explanation (conv sites under policy="auto")
+    eqn_indices: tuple[int, ...] = ()  # the equations of its jaxpr (at `path`) it replaced
 
     def describe(self) -> str:
         shapes = f"x{list(self.x_shape)}"
@@ -87,7 +88,8 @@ class RewritePlan:
                 s = m.site
                 out.append(Rewrite(m.op, m.replaced, s.x_shape, tuple(m.out_var.aval.shape), s.dtype,
                                    s.layout, s.w_shape, s.bias, dict(s.kwargs), m.algorithm if m.op == "conv2d" else None,
-                                   path, m.decision.explain() if m.decision is not None else ""))
+                                   path, m.decision.explain() if m.decision is not None else "",
+                                   tuple(m.eqn_indices)))
             elif i in self.calls:
                 name = eqn.params.get("name", "")
                 label = f"{eqn.primitive.name}[{name}]" if name else eqn.primitive.name

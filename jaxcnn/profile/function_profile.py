@@ -195,12 +195,18 @@ def site_layer_info(name: str, m, path: str) -> LayerInfo:
 
 
 def optimize_choices(rewrites, sites) -> list[str]:
-    """What jaxcnn.optimize(fn) runs at each (path, match) site: 'jaxcnn.conv2d (algorithm X)'
-    for a site it rewrote (its Rewrite: same path and shapes, in program order), else 'kept as
-    traced (XLA)'."""
+    """What jaxcnn.optimize(fn) runs at each (path, match) site: 'fused into jaxcnn.<op>' for a
+    site inside a fused group's rewrite (same path, its conv among the group's equations),
+    'jaxcnn.conv2d (algorithm X)' for a site it rewrote alone (its Rewrite: same path and
+    shapes, in program order), else 'kept as traced (XLA)'."""
     left = [r for r in rewrites if r.op == "conv2d"]
+    groups = [r for r in rewrites if r.op != "conv2d"]
     out = []
     for path, m in sites:
+        group = next((r for r in groups if r.path == path and m.eqn_indices[0] in r.eqn_indices), None)
+        if group is not None:
+            out.append(f"fused into jaxcnn.{group.op}" + (f": {group.why}" if group.why else ""))
+            continue
         hit = next((r for r in left if r.path == path and r.x_shape == m.site.x_shape
                     and r.w_shape == m.site.w_shape), None)
         if hit is None:
