@@ -610,3 +610,12 @@ def test_cuda_lowering_carries_padding_and_epilogue_codes(handler_present):
         assert re.search(rf"{attr} = {value} : i64", calls[0]), (attr, calls[0])
     # P = (10 + 1 - 3) // 2 + 1 = 5, Q = (8 + 1 - 3) // 2 + 1 = 4
     assert "tensor<2x5x4x48xbf16>" in calls[0]
+
+
+@needs_library
+def test_conv3x3_conv1x1_non_clamp_activations_lower_to_xla_convs(handler_present):
+    """The fused 3x3 -> 1x1 kernel takes none / relu / relu6 only: silu runs XLA's convs."""
+    text = cuda_text(lambda *a: jaxcnn.conv3x3_conv1x1(*a, activations=("silu", "relu"), algorithm="fused"),
+                     *c3c1_sds(jnp.bfloat16))
+    assert custom_calls(text, C3C1_TARGET) == []
+    assert "convolution" in text

@@ -63,7 +63,8 @@ const char* conv3x3_conv1x1_unsupported_reason(const Conv3x3Conv1x1Params& p) {
     return "sizes must be non-negative and channel counts positive";
   if (p.C % 8 || p.M % 8 || p.K % 8) return "C, M and K must be multiples of 8";
   if (p.M > kConv3x3Conv1x1MaxMid) return "M (the 3x3's output channels) must be <= 384";
-  if (!ValidActivation(p.act1) || !ValidActivation(p.act2)) return kActivationRule;
+  if (!chain::IsClamp(p.act1) || !chain::IsClamp(p.act2))
+    return "activations must be 0 (none), 1 (relu) or 2 (relu6)";
   if (p.N * p.H * p.W * std::max({p.C, p.M, p.K}) > kInt32Max || 9 * p.C * p.M > kInt32Max)
     return "tensors must have fewer than 2^31 elements";
   return nullptr;
@@ -177,11 +178,12 @@ cudaError_t launch_conv1x1_depthwise(const Conv1x1DepthwiseParams& p, const T* x
                        &a.m_blocks_per_cta);
   if (status != cudaSuccess) return status;
   const int64_t grid = tiles * a.m_split;
-  if (p.stride == 1)
-    return LaunchWithSmem(conv1x1_depthwise_kernel<T, 1>, grid, smem, stream, a, x, w1, b1, wd,
-                          bd, y);
-  return LaunchWithSmem(conv1x1_depthwise_kernel<T, 2>, grid, smem, stream, a, x, w1, b1, wd, bd,
-                        y);
+  const bool other = !IsClamp(p.act1) || !IsClamp(p.act2);
+  auto kernel = p.stride == 1 ? (other ? conv1x1_depthwise_kernel<T, 1, true>
+                                       : conv1x1_depthwise_kernel<T, 1, false>)
+                              : (other ? conv1x1_depthwise_kernel<T, 2, true>
+                                       : conv1x1_depthwise_kernel<T, 2, false>);
+  return LaunchWithSmem(kernel, grid, smem, stream, a, x, w1, b1, wd, bd, y);
 }
 
 #define JAXCNN_CHAIN_INSTANTIATE(T)                                                         \

@@ -34,7 +34,7 @@ namespace jaxcnn {
 using ChainActivation = Activation;
 
 struct Conv3x3Conv1x1Params {
-  int64_t N, H, W, C, M, K;
+  int64_t N, H, W, C, M, K;  // activations: none, relu or relu6 only
   ChainActivation act1 = ChainActivation::kRelu, act2 = ChainActivation::kRelu;
 };
 

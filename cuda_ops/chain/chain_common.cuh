@@ -25,7 +25,9 @@ __host__ __device__ constexpr int RoundUp(int v, int m) { return (v + m - 1) / m
 // The activation as a clamp to [lo, hi] (-inf/inf where it has no bound): per element two
 // NaN-propagating min/max instructions (sm_80+), NaN passing through as lax's max/min do,
 // instead of compares and selects on the activation code. Activations that are no clamp
-// (silu, hard-swish, gelu, sigmoid) run the conv epilogue's own math after an open clamp.
+// (silu, hard-swish, gelu, sigmoid) run the conv epilogue's own math after an open clamp, in
+// the kernels' kOther instantiation only: inlined into the clamp-only kernels, that code costs
+// them registers and occupancy.
 struct Clamp {
   float lo, hi;
   Activation other = Activation::kNone;
@@ -36,11 +38,18 @@ inline Clamp ClampOf(ChainActivation act) {
     return {0.0f, act == ChainActivation::kRelu6 ? 6.0f : inf};
   return {-inf, inf, act};
 }
+inline bool IsClamp(ChainActivation act) {
+  return act == ChainActivation::kNone || act == ChainActivation::kRelu ||
+         act == ChainActivation::kRelu6;
+}
+template <bool kOther = false>
 __device__ __forceinline__ float Activate(float v, Clamp c) {
   float out;
   asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(out) : "f"(v), "f"(c.lo));
   asm("min.NaN.f32 %0, %0, %1;\n" : "+f"(out) : "f"(c.hi));
-  if (c.other != Activation::kNone) out = ApplyActivation(c.other, out, 0.0f);
+  if constexpr (kOther) {
+    if (c.other != Activation::kNone) out = ApplyActivation(c.other, out, 0.0f);
+  }
   return out;
 }
 

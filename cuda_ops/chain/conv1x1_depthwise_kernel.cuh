@@ -64,8 +64,9 @@ __device__ __forceinline__ void Load4(const T* p, float (&out)[4]) {
 
 constexpr int kStripRows = 4;  // output rows per depthwise item (tile_h is a multiple)
 
-// Two CTAs per SM where the shared memory allows (<= 128 registers).
-template <typename T, int kStride>
+// Two CTAs per SM where the shared memory allows (<= 128 registers). kOther: an activation is
+// no clamp (see Activate).
+template <typename T, int kStride, bool kOther>
 __global__ void __launch_bounds__(kThreads, 2)
     conv1x1_depthwise_kernel(DwArgs a, const T* __restrict__ x, const T* __restrict__ w1,
                              const T* __restrict__ b1, const T* __restrict__ wd,
@@ -165,8 +166,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           // Rounded to T as the unfused layer's output would be.
-          float lo = to_float(from_float<T>(Activate(acc[nt][2 * half] + bias1[nt].x, a.act1)));
-          float hi = to_float(from_float<T>(Activate(acc[nt][2 * half + 1] + bias1[nt].y, a.act1)));
+          float lo = to_float(from_float<T>(Activate<kOther>(acc[nt][2 * half] + bias1[nt].x, a.act1)));
+          float hi = to_float(from_float<T>(Activate<kOther>(acc[nt][2 * half + 1] + bias1[nt].y, a.act1)));
           if (!inside) lo = hi = 0.0f;
           *reinterpret_cast<float2*>(row + nt * 8 + 2 * q) = make_float2(lo, hi);
         }
@@ -221,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int j = 0; j < kStripRows; ++j) {
           if (oy0 + oy + j >= a.P) break;
           *reinterpret_cast<uint2*>(y_px + static_cast<int64_t>(j) * a.Q * a.M) = make_uint2(
-              mma::PackPair<T>(Activate(out[j][0], a.act2), Activate(out[j][1], a.act2)),
-              mma::PackPair<T>(Activate(out[j][2], a.act2), Activate(out[j][3], a.act2)));
+              mma::PackPair<T>(Activate<kOther>(out[j][0], a.act2), Activate<kOther>(out[j][1], a.act2)),
+              mma::PackPair<T>(Activate<kOther>(out[j][2], a.act2), Activate<kOther>(out[j][3], a.act2)));
         }
       }
     }

@@ -19,6 +19,8 @@ SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16
 # Per-stage activation: the conv epilogue's (jaxcnn.ops.epilogue, whose codes the handlers'
 # act1/act2 take) but leaky_relu, which would need its slope.
 ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a != "leaky_relu")
+# The fused 3x3 -> 1x1 kernel's activations (clamps); other ones run XLA's unfused convs.
+CLAMP_ACTIVATIONS = (None, "relu", "relu6")
 STRIDES = (1, 2)
 # conv1x1_depthwise: the depthwise conv's zero padding per side, at most this (3x3 window).
 MAX_DEPTHWISE_PAD = 2
@@ -186,11 +188,13 @@ def _fits(*shapes: Sequence[int]) -> bool:
     return all(int(np.prod(s, dtype=np.int64)) < INT32_LIMIT for s in shapes)
 
 
-def conv3x3_conv1x1_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any) -> bool:
+def conv3x3_conv1x1_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any,
+                          activations: Sequence = ("relu", "relu")) -> bool:
     """True when the fused CUDA kernel applies to this chain (whether it runs:
     conv3x3_conv1x1_runs_fused)."""
     n, h, w, c = x_shape
     return (np.dtype(dtype) in FUSED_DTYPES
+            and all(a in CLAMP_ACTIVATIONS for a in activations)
             and all(v % CHANNEL_MULTIPLE == 0 for v in (c, m, k))
             and m <= CONV3X3_CONV1X1_MAX_MID
             # The intermediate too: the kernel indexes pixels of it in int32.
@@ -198,7 +202,7 @@ def conv3x3_conv1x1_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any) ->
 
 
 def conv3x3_conv1x1_runs_fused(x_shape: Sequence[int], m: int, k: int, dtype: Any,
-                               algorithm: str) -> bool:
+                               algorithm: str, activations: Sequence = ("relu", "relu")) -> bool:
     """The one rule for conv3x3_conv1x1's kernel choice: True when its CUDA lowering runs the
     fused kernel, False when it runs XLA's unfused convs (the reference lowering).
 
@@ -214,7 +218,7 @@ def conv3x3_conv1x1_runs_fused(x_shape: Sequence[int], m: int, k: int, dtype: An
     if algorithm == "xla" or algorithm == "auto":
         return False
     if algorithm == "fused":
-        return conv3x3_conv1x1_fused(x_shape, m, k, dtype)
+        return conv3x3_conv1x1_fused(x_shape, m, k, dtype, activations)
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 

@@ -55,7 +55,7 @@ class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
     def cuda_lowering(cls, ctx, *operands, cfg: ChainConfig, operand_names):
         x_aval, w3_aval, _, w1_aval, _ = ctx.avals_in
         fused = conv3x3_conv1x1_runs_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3],
-                                           x_aval.dtype, cfg.algorithm)
+                                           x_aval.dtype, cfg.algorithm, (cfg.act1, cfg.act2))
         return cls.kernel_or_reference(
             ctx, operands, dict(cfg=cfg, operand_names=operand_names), FFI_TARGET, fused,
             act1=activation_code(cfg.act1), act2=activation_code(cfg.act2))
@@ -92,7 +92,8 @@ def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")
       w3: [3, 3, C, M] (HWIO), stride 1, padding 1; w1: [1, 1, M, K]; same dtype as x.
       b3, b1: [M], [K] biases, or None for zero bias.
       activations: (act1, act2), each None or a conv epilogue activation but leaky_relu
-        ("relu", "relu6", "silu", "hard_swish", "gelu_tanh", "gelu_erf", "sigmoid"); NaN
+        ("relu", "relu6", "silu", "hard_swish", "gelu_tanh", "gelu_erf", "sigmoid"; the fused
+        kernel takes None, relu and relu6, the others run XLA's unfused convs); NaN
         propagates.
       algorithm: "auto" (default), "fused" or "xla". "fused": the fused kernel where it
         applies (else XLA's unfused convs). "xla": always XLA's unfused convs (cuDNN on CUDA).
