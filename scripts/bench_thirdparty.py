@@ -176,6 +176,7 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
                                        and row["err_f32_optimized"] <= max(TOLERANCE[dtype],
                                                                             ERROR_GROWTH * row["err_f32_xla"]))
             row["rewrites"] = rewrite_summary(opt.rewrites(*args))
+            row["runs_rewrites"] = opt.runs_rewrites(*args)
             row["explain"] = opt.explain(*args)
             cases.append(("optimized", opt, args))
         except Exception as e:  # optimize's failure is the finding: keep XLA's numbers beside it
@@ -276,6 +277,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     for r in rows:
         ops = r.get("rewrites", {}).get("ops", {})
         rw = ", ".join(f"{n} {op}" for op, n in ops.items()) or ("-" if "rewrites" not in r else "none")
+        if r.get("runs_rewrites") is False and ops:
+            rw = f"none run: XLA's program measured faster (found {rw})"
         wall = f"{_fmt(r['wall_ms'].get('xla'), '.3f')} / {_fmt(r['wall_ms'].get('optimized'), '.3f')}"
         first = f"{_fmt(r['first_call_s'].get('xla'), '.1f')} / {_fmt(r['first_call_s'].get('optimized'), '.1f')}"
         if "error" in r:

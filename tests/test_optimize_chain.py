@@ -151,3 +151,11 @@ def test_keras_mobilenetv2_chains():
     chains = chain_rewrites(opt, model.params, model.x)
     assert len(chains) == 16
     assert sum(r.kwargs["stride"] == 2 for r in chains) == 4
+
+
+def test_runs_rewrites_says_whether_the_rewritten_program_runs():
+    """Off GPU nothing is measured (None); policy="xla" and a program with no rewrite run fn."""
+    params, x = setup()
+    assert jaxcnn.optimize(two_blocks).runs_rewrites(params, x) is None
+    assert jaxcnn.optimize(two_blocks, policy="xla").runs_rewrites(params, x) is False
+    assert jaxcnn.optimize(lambda p, x: x * 2, fuse="none").runs_rewrites(params, x) is False

@@ -416,6 +416,18 @@ class Optimized:
             raise ValueError("args: pass fn's arguments (or give optimize example_args)")
         return self.example_args, {}
 
+    def runs_rewrites(self, *args, **kwargs) -> bool | None:
+        """Whether calls on these arguments run the rewritten program: False where the whole
+        program measured no faster than fn (fn runs unchanged, whatever rewrites() lists) or
+        nothing is rewritten, None where the program is not measured (off GPU, other policies)."""
+        if self.policy == "xla":
+            return False
+        traced = self._traced(*self._args(args, kwargs))
+        if not traced.sparse and not traced.plan.rewrites():
+            return False
+        program = self._program_decision(traced)
+        return None if program is None else program.choice == PROGRAM
+
     def rewrites(self, *args, **kwargs) -> list[Rewrite]:
         """The rewrites applied to fn on these arguments (default: example_args), in program order."""
         if self.policy == "xla":
