@@ -159,3 +159,33 @@ def test_runs_rewrites_says_whether_the_rewritten_program_runs():
     assert jaxcnn.optimize(two_blocks).runs_rewrites(params, x) is None
     assert jaxcnn.optimize(two_blocks, policy="xla").runs_rewrites(params, x) is False
     assert jaxcnn.optimize(lambda p, x: x * 2, fuse="none").runs_rewrites(params, x) is False
+
+
+def test_nchw_block_under_vmap_becomes_a_chain():
+    """An NCHW block (OIHW weights) written per example and vmapped, as Equinox models are: the
+    convs reach each other through size-1 reshapes; the chain still fuses and computes the same."""
+    params, x = setup()
+    p = params[1]
+    to_oihw = lambda w: jnp.transpose(w, (3, 2, 0, 1))  # noqa: E731
+    w1, wd = to_oihw(p["w1"]), to_oihw(p["wd"])
+
+    def one(x):  # x [C, H, W]
+        def conv(v, w, stride=1, padding="VALID", groups=1):
+            return jax.lax.conv_general_dilated(v[None], w, (stride, stride), padding,
+                                                dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                                feature_group_count=groups)[0]
+
+        def bn(v, q):
+            s = (q["gamma"] / jnp.sqrt(q["var"] + EPS))[:, None, None]
+            return ((v.astype(jnp.float32) - q["mean"][:, None, None]) * s + q["beta"][:, None, None]).astype(v.dtype)
+        t = jax.nn.relu6(bn(conv(x, w1), p["bn1"]))
+        return jax.nn.relu6(bn(conv(t, wd, 1, ((1, 1), (1, 1)), groups=t.shape[0]), p["bn2"]))
+
+    fn = jax.vmap(one)
+    x_nchw = jnp.transpose(normal(jax.random.PRNGKey(4), (2, 8, 8, 24), 1.0, jnp.bfloat16), (0, 3, 1, 2))
+    opt = jaxcnn.optimize(fn)
+    chains = chain_rewrites(opt, x_nchw)
+    assert len(chains) == 1 and chains[0].layout == "NCHW"
+    want = np.asarray(jax.jit(fn)(x_nchw), np.float32)
+    got = np.asarray(jax.jit(opt)(x_nchw), np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.max(np.abs(want)))
