@@ -15,8 +15,6 @@ and select-and-scatter).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +32,13 @@ from jaxcnn.ops.conv_pool_args import (
 from jaxcnn.ops.conv_pool_reference import conv_pool_reference
 from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.ops.layout_transform import to_layout
-from jaxcnn.ops.operand_checks import as_array, check_int32_args, is_empty_batch, with_batch
+from jaxcnn.ops.operand_checks import (
+    as_array,
+    bias_or_zeros,
+    check_int32_args,
+    is_empty_batch,
+    with_batch,
+)
 from jaxcnn.ops.primitive import LeadingBatchPrimitive
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
 
@@ -78,24 +82,6 @@ class Conv2dPoolPrimitive(LeadingBatchPrimitive):
 
 
 Conv2dPoolPrimitive.register()
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _conv2d_pool(cfg: ConvPoolConfig, x, w, bias):
-    return Conv2dPoolPrimitive.outer.bind(x, w, bias, cfg=cfg, operand_names=OPERAND_NAMES)
-
-
-def _conv2d_pool_fwd(cfg, x, w, bias):
-    return _conv2d_pool(cfg, x, w, bias), (x, w, bias)
-
-
-def _conv2d_pool_bwd(cfg, residuals, g):
-    # Unfused backward: XLA's transposes of the reference (it recomputes the conv output).
-    _, vjp = jax.vjp(functools.partial(conv_pool_reference, cfg=cfg), *residuals)
-    return vjp(g)
-
-
-_conv2d_pool.defvjp(_conv2d_pool_fwd, _conv2d_pool_bwd)
 
 
 def conv2d_pool(
@@ -170,7 +156,7 @@ def conv2d_pool(
         pool_window=pool_window, pool_stride=pool_stride, pool_padding=pool_padding,
         layout=layout, precision=precision, algorithm=algorithm,
     )
-    bias = jnp.zeros(w.shape[-1:], w.dtype) if bias is None else as_array(bias, "bias")
+    bias = bias_or_zeros(bias, w, "bias")
     # Validate here too so errors point at the caller, not at a custom_vjp trace.
     out_shape = conv_pool_output_shape(checked_shape, x.dtype, w.shape, w.dtype, bias.shape,
                                        bias.dtype, cfg)
@@ -190,7 +176,7 @@ def conv2d_pool(
             pool_padding=cfg.pool_padding,
         )
     else:
-        y = _conv2d_pool(cfg, x, w, bias)
+        y = Conv2dPoolPrimitive.bind_with_reference_vjp(cfg, (x, w, bias), OPERAND_NAMES)
     if layout != "NHWC":
         y = to_layout(y, src="NHWC", dst=layout)
     return y

@@ -15,70 +15,41 @@ numbers and is the one place the choice is made). Gradients are the reference's.
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
-from jax.core import ShapedArray
-
 from jaxcnn.ops.chain_args import (
     CONV3X3_CONV1X1_OPERANDS as OPERAND_NAMES,
     ChainConfig,
-    activation_code,
     conv3x3_conv1x1_output_shape,
     conv3x3_conv1x1_runs_fused,
     make_chain_config,
 )
+from jaxcnn.ops.chain_primitive import ChainPrimitive
 from jaxcnn.ops.chain_reference import conv3x3_conv1x1_reference
-from jaxcnn.ops.operand_checks import as_array, is_empty_batch
-from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 FFI_TARGET = "jaxcnn_conv3x3_conv1x1_fwd"
 
 
-class Conv3x3Conv1x1Primitive(LeadingBatchPrimitive):
+class Conv3x3Conv1x1Primitive(ChainPrimitive):
     name = "jaxcnn_conv3x3_conv1x1"
+    operand_names = OPERAND_NAMES
+    ffi_target = FFI_TARGET
     # Only the batch factor n may stay sharded: the 3x3 needs halo rows/columns, the
     # contractions need all channels.
     sharding_rules = {OPERAND_NAMES: "n h w c, a b c m, m, d e m k, k -> n h w k"}
 
-    @staticmethod
-    def abstract(*operands, cfg: ChainConfig, operand_names):
-        shape = conv3x3_conv1x1_output_shape([o.shape for o in operands], [o.dtype for o in operands])
-        return ShapedArray(shape, operands[0].dtype)
+    block_reference = staticmethod(conv3x3_conv1x1_reference)
 
     @staticmethod
-    def reference(*operands, cfg: ChainConfig, operand_names):
-        return conv3x3_conv1x1_reference(*operands, cfg=cfg)
+    def output_shape(shapes, dtypes, cfg: ChainConfig):
+        return conv3x3_conv1x1_output_shape(shapes, dtypes)
 
-    @classmethod
-    def cuda_lowering(cls, ctx, *operands, cfg: ChainConfig, operand_names):
-        x_aval, w3_aval, _, w1_aval, _ = ctx.avals_in
+    @staticmethod
+    def fused_kernel(avals_in, cfg: ChainConfig):
+        x_aval, w3_aval, _, w1_aval, _ = avals_in
         fused = conv3x3_conv1x1_runs_fused(x_aval.shape, w3_aval.shape[3], w1_aval.shape[3],
                                            x_aval.dtype, cfg.algorithm, (cfg.act1, cfg.act2))
-        return cls.kernel_or_reference(
-            ctx, operands, dict(cfg=cfg, operand_names=operand_names), FFI_TARGET, fused,
-            act1=activation_code(cfg.act1), act2=activation_code(cfg.act2))
+        return fused, {}
 
 Conv3x3Conv1x1Primitive.register()
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _chain(cfg: ChainConfig, *operands):
-    return Conv3x3Conv1x1Primitive.outer.bind(*operands, cfg=cfg, operand_names=OPERAND_NAMES)
-
-
-def _chain_fwd(cfg, *operands):
-    return _chain(cfg, *operands), operands
-
-
-def _chain_bwd(cfg, operands, g):
-    # Backward is unfused: XLA's transposes of the reference (it recomputes t).
-    _, vjp = jax.vjp(functools.partial(conv3x3_conv1x1_reference, cfg=cfg), *operands)
-    return vjp(g)
-
-
-_chain.defvjp(_chain_fwd, _chain_bwd)
 
 
 def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu"),
@@ -108,13 +79,4 @@ def conv3x3_conv1x1(x, w3, w1, b3=None, b1=None, *, activations=("relu", "relu")
       empty result.
     """
     cfg = make_chain_config(activations, algorithm=algorithm)
-    x, w3, w1 = as_array(x, "x"), as_array(w3, "w3"), as_array(w1, "w1")
-    b3, b1 = (jnp.zeros(w.shape[-1:], w.dtype) if b is None else as_array(b, name)
-              for b, w, name in ((b3, w3, "b3"), (b1, w1, "b1")))
-    operands = (x, w3, b3, w1, b1)
-    # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    out_shape = conv3x3_conv1x1_output_shape([o.shape for o in operands],
-                                             [o.dtype for o in operands])
-    if is_empty_batch(x.shape):
-        return jnp.zeros(out_shape, x.dtype)  # an empty batch: no kernel launch
-    return _chain(cfg, *operands)
+    return Conv3x3Conv1x1Primitive.chain_call(cfg, x, w3, w1, b3, b1)

@@ -23,36 +23,39 @@ reference's.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
 from jaxcnn import _ffi
-from jaxcnn.ops.fire_args import ALGORITHMS, OPERAND_NAMES, FireConfig, fire_output_shape, make_fire_config
+from jaxcnn.ops.fire_args import (
+    ALGORITHMS,
+    OPERAND_NAMES,
+    FireConfig,
+    fire_output_shape,
+    make_fire_config,
+)
 from jaxcnn.ops.fire_reference import fire_reference
-from jaxcnn.ops.operand_checks import as_array, is_empty_batch
-from jaxcnn.ops.primitive import LeadingBatchPrimitive
+from jaxcnn.ops.fused_block import FusedBlockPrimitive
+from jaxcnn.ops.operand_checks import as_array, bias_or_zeros
 
 FFI_TARGET = "jaxcnn_fire_fwd"
 
 
-class FirePrimitive(LeadingBatchPrimitive):
+class FirePrimitive(FusedBlockPrimitive):
     name = "jaxcnn_fire"
     # Only the batch factor n may stay sharded: the 3x3 needs halo rows/columns, the
     # contractions need all channels (every other factor is replicated).
     sharding_rules = {OPERAND_NAMES: "n h w c, a b c s, d e s k, f g s l, s, k, l -> n h w m"}
 
     @staticmethod
-    def abstract(*operands, cfg: FireConfig, operand_names):
-        shape = fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
-        return ShapedArray(shape, operands[0].dtype)
+    def output_shape(shapes, dtypes, cfg: FireConfig):
+        return fire_output_shape(shapes, dtypes)
 
     @staticmethod
-    def reference(*operands, cfg: FireConfig, operand_names):
-        return fire_reference(*operands)
+    def block_reference(*operands, cfg: FireConfig):
+        return fire_reference(*operands)  # the module has no configuration but its algorithm
 
     @classmethod
     def cuda_lowering(cls, ctx, *operands, cfg: FireConfig, operand_names):
@@ -72,24 +75,6 @@ class FirePrimitive(LeadingBatchPrimitive):
 
 
 FirePrimitive.register()
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fire(cfg: FireConfig, *operands):
-    return FirePrimitive.outer.bind(*operands, cfg=cfg, operand_names=OPERAND_NAMES)
-
-
-def _fire_fwd(cfg, *operands):
-    return _fire(cfg, *operands), operands
-
-
-def _fire_bwd(cfg, operands, g):
-    # Backward is unfused: XLA's transposes of the reference (it recomputes the squeeze).
-    _, vjp = jax.vjp(fire_reference, *operands)
-    return vjp(g)
-
-
-_fire.defvjp(_fire_fwd, _fire_bwd)
 
 
 def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, expand3_b=None,
@@ -125,16 +110,10 @@ def fire(x, squeeze_w, expand1_w, expand3_w, squeeze_b=None, expand1_b=None, exp
     x, squeeze_w, expand1_w, expand3_w = (
         as_array(a, name) for a, name in zip((x, squeeze_w, expand1_w, expand3_w), OPERAND_NAMES)
     )
-    biases = []
-    for b, w, name in zip((squeeze_b, expand1_b, expand3_b), (squeeze_w, expand1_w, expand3_w),
-                          OPERAND_NAMES[4:]):
-        biases.append(jnp.zeros(w.shape[-1:], w.dtype) if b is None else as_array(b, name))
+    biases = [bias_or_zeros(b, w, name) for b, w, name in zip(
+        (squeeze_b, expand1_b, expand3_b), (squeeze_w, expand1_w, expand3_w), OPERAND_NAMES[4:])]
     operands = (x, squeeze_w, expand1_w, expand3_w, *biases)
-    # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    out_shape = fire_output_shape([o.shape for o in operands], [o.dtype for o in operands])
-    if is_empty_batch(x.shape):
-        return jnp.zeros(out_shape, x.dtype)  # an empty batch: no kernel launch
-    return _fire(cfg, *operands)
+    return FirePrimitive.checked_call(cfg, operands, OPERAND_NAMES)
 
 
 def conv1x1_conv3x3(x, w1, w3, b1=None, b3=None, *, algorithm="auto"):

@@ -11,9 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxcnn.ops.operand_checks import check_int32_shape
+from jaxcnn.ops.operand_checks import check_float_dtype, check_int32_shape
 
-SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Kernel choice; codes match cuda_ops' FireAlgorithm. "auto": the two-phase kernel for small
 # problems (<= 1024 output pixels); on Hopper, the wgmma path (one launch for S = 32, else
 # squeeze conv + merged expands) for big problems or S > 32; else the fused mma.sync kernel (bf16/fp16, channel counts
@@ -36,14 +35,6 @@ def make_fire_config(algorithm: Any = "auto") -> FireConfig:
     return FireConfig(algorithm=algorithm)
 
 
-def _check_dtype(name: str, dtype: Any, want: np.dtype | None = None) -> None:
-    dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} dtype must be float32, bfloat16 or float16, got {dtype.name}")
-    if want is not None and dtype != want:
-        raise TypeError(f"{name} dtype {dtype.name} must equal x dtype {np.dtype(want).name}")
-
-
 def _check_shape(name: str, shape: Sequence[int], want: tuple, what: str) -> None:
     if tuple(shape) != want:
         raise ValueError(f"{name} must have shape {want} ({what}), got {tuple(shape)}")
@@ -55,10 +46,10 @@ def fire_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]) ->
     if len(shapes) != len(OPERAND_NAMES) or len(dtypes) != len(OPERAND_NAMES):
         raise ValueError(f"fire takes {len(OPERAND_NAMES)} operands {OPERAND_NAMES}, got {len(shapes)}")
     x_shape, sq_shape, e1_shape, e3_shape = (tuple(s) for s in shapes[:4])
-    _check_dtype("x", dtypes[0])
+    check_float_dtype("x", dtypes[0])
     x_dtype = np.dtype(dtypes[0])
     for name, dtype in zip(OPERAND_NAMES[1:], dtypes[1:]):
-        _check_dtype(name, dtype, x_dtype)
+        check_float_dtype(name, dtype, x_dtype)
     if len(x_shape) != 4:
         raise ValueError(f"x must be rank 4 [N, H, W, C] (NHWC), got shape {x_shape}")
     n, h, w, c = x_shape

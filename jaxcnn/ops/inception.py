@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
-from jax.core import ShapedArray
 from jax.interpreters import mlir
 
 from jaxcnn.ops.conv2d_primitive import Conv2dPrimitive
+from jaxcnn.ops.fused_block import FusedBlockPrimitive
 from jaxcnn.ops.inception_args import (
     BIAS_NAMES,
     BRANCH_LAYERS,
@@ -43,14 +42,13 @@ from jaxcnn.ops.inception_args import (
     make_inception_config,
 )
 from jaxcnn.ops.inception_reference import conv_config, inception_reference, pool_config
-from jaxcnn.ops.operand_checks import as_array, is_empty_batch
+from jaxcnn.ops.operand_checks import as_array
 from jaxcnn.ops.pool2d import Pool2dPrimitive
-from jaxcnn.ops.primitive import LeadingBatchPrimitive
 
 _CONV_NAMES = ("x", "w", "bias")
 
 
-class InceptionPrimitive(LeadingBatchPrimitive):
+class InceptionPrimitive(FusedBlockPrimitive):
     name = "jaxcnn_inception"
     # Only the batch factor n may stay sharded: the branch convs and the pool need halos,
     # the contractions need every channel.
@@ -58,14 +56,11 @@ class InceptionPrimitive(LeadingBatchPrimitive):
         "n h w c, a b c k, d e c r, f g r l, i j c s, o p s m, q t c u, k, r, l, s, m, u "
         "-> n h w y")}
 
-    @staticmethod
-    def abstract(*operands, cfg: InceptionConfig, operand_names):
-        shape = inception_output_shape([o.shape for o in operands], [o.dtype for o in operands])
-        return ShapedArray(shape, operands[0].dtype)
+    block_reference = staticmethod(inception_reference)
 
     @staticmethod
-    def reference(*operands, cfg: InceptionConfig, operand_names):
-        return inception_reference(*operands, cfg=cfg)
+    def output_shape(shapes, dtypes, cfg: InceptionConfig):
+        return inception_output_shape(shapes, dtypes)
 
     @classmethod
     def cuda_lowering(cls, ctx, *operands, cfg: InceptionConfig, operand_names):
@@ -98,24 +93,6 @@ def _cuda_composition(x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool
 InceptionPrimitive.register()
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _inception(cfg: InceptionConfig, *operands):
-    return InceptionPrimitive.outer.bind(*operands, cfg=cfg, operand_names=OPERAND_NAMES)
-
-
-def _inception_fwd(cfg, *operands):
-    return _inception(cfg, *operands), operands
-
-
-def _inception_bwd(cfg, operands, g):
-    # Backward is unfused: XLA's transposes of the reference (it recomputes the reduces).
-    _, vjp = jax.vjp(functools.partial(inception_reference, cfg=cfg), *operands)
-    return vjp(g)
-
-
-_inception.defvjp(_inception_fwd, _inception_bwd)
-
-
 def inception(x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool_proj,
               b_1x1=None, b_3x3_reduce=None, b_3x3=None, b_5x5_reduce=None, b_5x5=None,
               b_pool_proj=None, *, algorithm="auto", precision=None):
@@ -146,12 +123,7 @@ def inception(x, w_1x1, w_3x3_reduce, w_3x3, w_5x5_reduce, w_5x5, w_pool_proj,
             biases.append(jnp.zeros(shape, w.dtype))
         else:
             biases.append(as_array(b, name))
-    operands = (*weights, *biases)
-    # Validate here too so errors point at the caller, not at a custom_vjp trace.
-    out_shape = inception_output_shape([o.shape for o in operands], [o.dtype for o in operands])
-    if is_empty_batch(operands[0].shape):
-        return jnp.zeros(out_shape, operands[0].dtype)  # an empty batch: no kernel launch
-    return _inception(cfg, *operands)
+    return InceptionPrimitive.checked_call(cfg, (*weights, *biases), OPERAND_NAMES)
 
 
 def inception_block(layers, params, x, *, algorithm="auto"):

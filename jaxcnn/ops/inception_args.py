@@ -12,9 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcnn.ops.conv_args import normalize_precision
-from jaxcnn.ops.operand_checks import check_int32_shape
+from jaxcnn.ops.operand_checks import check_float_dtype, check_int32_shape
 
-SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 # Kernel family of every conv of the block (conv2d's choices; "xla" is not one: the block's
 # XLA version is the unfused zoo block).
 ALGORITHMS = ("auto", "tensor_core", "direct")
@@ -42,14 +41,6 @@ def make_inception_config(algorithm: Any = "auto", precision: Any = None) -> Inc
     return InceptionConfig(algorithm=algorithm, precision=normalize_precision(precision))
 
 
-def _check_dtype(name: str, dtype: Any, want: np.dtype | None = None) -> None:
-    dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} dtype must be float32, bfloat16 or float16, got {dtype.name}")
-    if want is not None and dtype != want:
-        raise TypeError(f"{name} dtype {dtype.name} must equal x dtype {np.dtype(want).name}")
-
-
 def _check_weight(name: str, shape: tuple, cin: int, what: str, one_by_one: bool) -> int:
     """Checks an HWIO weight reading `cin` channels; returns its kernel size."""
     if len(shape) != 4:
@@ -73,9 +64,9 @@ def inception_output_shape(shapes: Sequence[Sequence[int]], dtypes: Sequence[Any
     if len(shapes) != len(OPERAND_NAMES) or len(dtypes) != len(OPERAND_NAMES):
         raise ValueError(f"inception takes {len(OPERAND_NAMES)} operands {OPERAND_NAMES}, got {len(shapes)}")
     shapes = [tuple(s) for s in shapes]
-    _check_dtype("x", dtypes[0])
+    check_float_dtype("x", dtypes[0])
     for name, dtype in zip(OPERAND_NAMES[1:], dtypes[1:]):
-        _check_dtype(name, dtype, np.dtype(dtypes[0]))
+        check_float_dtype(name, dtype, np.dtype(dtypes[0]))
     x_shape = shapes[0]
     if len(x_shape) != 4:
         raise ValueError(f"x must be rank 4 [N, H, W, C] (NHWC), got shape {x_shape}")

@@ -15,6 +15,10 @@ import math
 from typing import Any, Sequence
 
 import jax.numpy as jnp
+import numpy as np
+
+# The activation and weight dtypes the kernels take.
+FLOAT_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
 
 # The first value int32 cannot hold.
 INT32_LIMIT = 2**31
@@ -34,6 +38,21 @@ def as_array(value: Any, name: str):
 def as_optional_array(value: Any, name: str):
     """as_array, with None passed through (an optional operand such as a bias)."""
     return None if value is None else as_array(value, name)
+
+
+def bias_or_zeros(value: Any, weight, name: str):
+    """A conv's bias as an array (as_array), or zeros of the weight's output channels (its last
+    axis) and dtype where it is None."""
+    return jnp.zeros(weight.shape[-1:], weight.dtype) if value is None else as_array(value, name)
+
+
+def check_float_dtype(name: str, dtype: Any, want: np.dtype | None = None) -> None:
+    """`dtype` is one of FLOAT_DTYPES and, where `want` is given, equals it (x's dtype)."""
+    dtype = np.dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} dtype must be float32, bfloat16 or float16, got {dtype.name}")
+    if want is not None and dtype != want:
+        raise TypeError(f"{name} dtype {dtype.name} must equal x dtype {np.dtype(want).name}")
 
 
 def _ints(value: Any):

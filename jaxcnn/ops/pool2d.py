@@ -7,15 +7,18 @@ Gradients are the lax reference's (XLA's select-and-scatter / pad-and-sum).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
 from jaxcnn.ops.operand_checks import as_array, is_empty_batch
-from jaxcnn.ops.pool_args import LAYOUT_CODES, Pool2dConfig, make_pool_config, pool2d_output_shape
+from jaxcnn.ops.pool_args import (
+    LAYOUT_CODES,
+    Pool2dConfig,
+    make_pool_config,
+    pool2d_output_shape,
+)
 from jaxcnn.ops.pool_reference import pool2d_reference
 from jaxcnn.ops.primitive import BatchShardedPrimitive
 
@@ -81,28 +84,11 @@ class Pool2dPrimitive(BatchShardedPrimitive):
 Pool2dPrimitive.register()
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _pool2d(cfg: Pool2dConfig, x):
-    return Pool2dPrimitive.outer.bind(x, cfg=cfg, operand_names=("x",))
-
-
-def _pool2d_fwd(cfg, x):
-    return _pool2d(cfg, x), x
-
-
-def _pool2d_bwd(cfg, x, g):
-    _, vjp = jax.vjp(lambda x_: pool2d_reference(x_, cfg), x)
-    return vjp(g)
-
-
-_pool2d.defvjp(_pool2d_fwd, _pool2d_bwd)
-
-
 def _pool_or_empty(cfg: Pool2dConfig, x):
     """The pooled x; an empty batch gives the empty result without a kernel launch."""
     if is_empty_batch(x.shape, cfg.batch_axis):
         return jnp.zeros(pool2d_output_shape(x.shape, x.dtype, cfg), x.dtype)
-    return _pool2d(cfg, x)
+    return Pool2dPrimitive.bind_with_reference_vjp(cfg, (x,), ("x",))
 
 
 def max_pool2d(x, window, stride=None, padding="VALID", layout="NHWC"):

@@ -175,6 +175,33 @@ class BatchShardedPrimitive:
         return mlir.lower_fun(fun, multiple_results=False)(ctx, *args)
 
     @classmethod
+    @functools.cache
+    def _with_reference_vjp(cls, operand_names: tuple[str, ...]) -> Callable:
+        """`call(cfg, *operands)` binding the outer primitive, with the reference's gradients."""
+
+        @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+        def call(cfg, *operands):
+            return cls.outer.bind(*operands, cfg=cfg, operand_names=operand_names)
+
+        def call_fwd(cfg, *operands):
+            return call(cfg, *operands), operands
+
+        def call_bwd(cfg, operands, g):
+            # Backward is unfused: XLA's transposes of the reference (it recomputes what the
+            # kernel kept on chip).
+            reference = functools.partial(cls.reference, cfg=cfg, operand_names=operand_names)
+            _, vjp = jax.vjp(reference, *operands)
+            return vjp(g)
+
+        call.defvjp(call_fwd, call_bwd)
+        return call
+
+    @classmethod
+    def bind_with_reference_vjp(cls, cfg, operands, operand_names: tuple[str, ...]):
+        """The outer primitive on `operands`, differentiated as its lax reference."""
+        return cls._with_reference_vjp(operand_names)(cfg, *operands)
+
+    @classmethod
     def register(cls) -> None:
         cls.outer = Primitive(cls.name)
         cls.inner = Primitive(cls.name + "_shard")
