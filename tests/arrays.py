@@ -5,6 +5,7 @@ view every oracle comparison reads."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 def sds(shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
@@ -19,6 +20,14 @@ def traces(fn, *operands) -> bool:
         return True
     except ValueError:
         return False
+
+
+def check_trace_raises(fn, good: dict, changes: dict, error, match: str) -> None:
+    """Tracing fn (under jax.jit) on the `good` operands with `changes` swapped in raises
+    `error` matching `match`: bad arguments fail at trace time, before any kernel runs."""
+    args = {**good, **changes}
+    with pytest.raises(error, match=match):
+        jax.jit(fn).trace(*args.values())
 
 
 def as_f64(a) -> np.ndarray:

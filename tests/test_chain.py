@@ -19,7 +19,7 @@ from jax.test_util import check_grads
 import jaxcnn
 from jaxcnn import _ffi
 from jaxcnn.ops import chain_args, primitive
-from arrays import as_f64, he_normal, normal, sds
+from arrays import as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from reference64 import ALLCLOSE_TOL as TOL
 from vmap_batching import check_folds_into_batch
@@ -287,9 +287,7 @@ C1DW_GOOD = dict(x=sds((2, 8, 8, 16)), w1=sds((1, 1, 16, 8)), wd=sds((3, 3, 1, 8
     ],
 )
 def test_conv3x3_conv1x1_bad_arguments(changes, error, match):
-    args = {**C3C1_GOOD, **changes}
-    with pytest.raises(error, match=match):
-        jax.jit(jaxcnn.conv3x3_conv1x1).trace(*args.values())
+    check_trace_raises(jaxcnn.conv3x3_conv1x1, C3C1_GOOD, changes, error, match)
 
 
 @pytest.mark.parametrize(
@@ -308,9 +306,7 @@ def test_conv3x3_conv1x1_bad_arguments(changes, error, match):
     ],
 )
 def test_conv1x1_depthwise_bad_arguments(changes, error, match):
-    args = {**C1DW_GOOD, **changes}
-    with pytest.raises(error, match=match):
-        jax.jit(jaxcnn.conv1x1_depthwise).trace(*args.values())
+    check_trace_raises(jaxcnn.conv1x1_depthwise, C1DW_GOOD, changes, error, match)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -19,7 +19,7 @@ from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
 from jaxcnn.ops.fire import fire_block
-from arrays import as_f64, he_normal, normal, sds
+from arrays import as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
 from reference64 import ALLCLOSE_TOL as TOL
@@ -167,9 +167,7 @@ GOOD = dict(x=sds((2, 8, 8, 16)), squeeze_w=sds((1, 1, 16, 8)), expand1_w=sds((1
     ],
 )
 def test_bad_arguments_raise_at_trace_time(changes, error, match):
-    args = {**GOOD, **changes}
-    with pytest.raises(error, match=match):
-        jax.jit(jaxcnn.fire).trace(*args.values())
+    check_trace_raises(jaxcnn.fire, GOOD, changes, error, match)
 
 
 def test_bad_algorithm():

@@ -20,7 +20,7 @@ from jaxcnn.models.googlenet import inception as zoo_inception
 from jaxcnn.models.layers import Net
 from jaxcnn.ops.inception import inception_block
 from jaxcnn.ops.inception_args import BRANCH_LAYERS
-from arrays import as_f64, he_normal, normal, sds
+from arrays import as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
 from reference64 import ALLCLOSE_TOL as TOL
@@ -193,9 +193,7 @@ GOOD = dict(x=sds((2, 8, 8, 16)), w_1x1=sds((1, 1, 16, 4)), w_3x3_reduce=sds((1,
     ],
 )
 def test_bad_arguments_raise_at_trace_time(changes, error, match):
-    args = {**GOOD, **changes}
-    with pytest.raises(error, match=match):
-        jax.jit(jaxcnn.inception).trace(*args.values())
+    check_trace_raises(jaxcnn.inception, GOOD, changes, error, match)
 
 
 @pytest.mark.parametrize("kwargs,match", [(dict(algorithm="xla"), "algorithm must be one of"),
