@@ -18,9 +18,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
 
 from jaxcnn.ops.conv_args import PRECISIONS
+from jaxcnn.ops.conv_bias_primitive import ConvBiasPrimitive
 from jaxcnn.ops.conv_pool_args import (
     ALGORITHMS,
     OPERAND_NAMES,
@@ -39,27 +39,15 @@ from jaxcnn.ops.operand_checks import (
     is_empty_batch,
     with_batch,
 )
-from jaxcnn.ops.primitive import LeadingBatchPrimitive
 from jaxcnn.ops.sparse_conv2d import sparse_conv2d_pool
 
 FFI_TARGET = "jaxcnn_conv2d_pool_fwd"
 
 
-class Conv2dPoolPrimitive(LeadingBatchPrimitive):
+class Conv2dPoolPrimitive(ConvBiasPrimitive):
     name = "jaxcnn_conv2d_pool"
-    # Only the batch factor n may stay sharded: conv halos and the pool windows cross spatial
-    # tiles, the contraction needs all input channels (other factors are replicated).
-    sharding_rules = {OPERAND_NAMES: "n h w c, r s i k, k -> n p q k"}
-
-    @staticmethod
-    def abstract(x, w, bias, *, cfg: ConvPoolConfig, operand_names):
-        shape = conv_pool_output_shape(x.shape, x.dtype, w.shape, w.dtype, bias.shape,
-                                       bias.dtype, cfg)
-        return ShapedArray(shape, x.dtype)
-
-    @staticmethod
-    def reference(x, w, bias, *, cfg: ConvPoolConfig, operand_names):
-        return conv_pool_reference(x, w, bias, cfg)
+    conv_output_shape = staticmethod(conv_pool_output_shape)
+    conv_reference = staticmethod(conv_pool_reference)
 
     @classmethod
     def cuda_lowering(cls, ctx, x, w, bias, *, cfg: ConvPoolConfig, operand_names):

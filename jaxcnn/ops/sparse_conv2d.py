@@ -34,7 +34,8 @@ from jaxcnn.ops.operand_checks import (
     is_empty_batch,
     with_batch,
 )
-from jaxcnn.ops.primitive import STRICT_ENV, LeadingBatchPrimitive, _warn_fallback_once
+from jaxcnn.ops.conv_bias_primitive import ConvBiasPrimitive
+from jaxcnn.ops.primitive import STRICT_ENV, _warn_fallback_once
 from jaxcnn.ops.sparse_args import (
     ACTIVATIONS,
     OPERAND_NAMES,
@@ -50,19 +51,10 @@ from jaxcnn.ops.sparse_reference import sparse_reference
 FFI_TARGET = "jaxcnn_sparse_conv2d_fwd"
 
 
-class SparseConv2dPrimitive(LeadingBatchPrimitive):
+class SparseConv2dPrimitive(ConvBiasPrimitive):
     name = "jaxcnn_sparse_conv2d"
-    # Only the batch may stay sharded: the window needs halo rows, the contraction all channels.
-    sharding_rules = {OPERAND_NAMES: "n h w c, r s i k, k -> n p q k"}
-
-    @staticmethod
-    def abstract(x, w, bias, *, cfg: SparseConfig, operand_names):
-        shape = sparse_output_shape(x.shape, x.dtype, w.shape, w.dtype, bias.shape, bias.dtype, cfg)
-        return ShapedArray(shape, x.dtype)
-
-    @staticmethod
-    def reference(x, w, bias, *, cfg: SparseConfig, operand_names):
-        return sparse_reference(x, w, bias, cfg)
+    conv_output_shape = staticmethod(sparse_output_shape)
+    conv_reference = staticmethod(sparse_reference)
 
     @classmethod
     def _cuda_or_reference(cls, ctx, *args, **params):
