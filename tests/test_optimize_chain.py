@@ -189,3 +189,17 @@ def test_nchw_block_under_vmap_becomes_a_chain():
     want = np.asarray(jax.jit(fn)(x_nchw), np.float32)
     got = np.asarray(jax.jit(opt)(x_nchw), np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.max(np.abs(want)))
+
+
+def test_pad_with_a_computed_value_is_not_folded():
+    """Only a literal zero pad folds into the depthwise padding: a pad value the program computes
+    (here 0 * a parameter, zero but not known to be) keeps the convs apart."""
+    params, x = setup()
+    p = params[0]
+
+    def fn(p, x, scale):
+        t = jax.nn.relu6(_bn(_conv(x, p["w1"]), p["bn1"]))
+        t = jax.lax.pad(t, (scale * 0).astype(t.dtype), ((0, 0, 0), (0, 1, 0), (0, 1, 0), (0, 0, 0)))
+        return jax.nn.relu6(_bn(_conv(t, p["wd"], 2, "VALID", groups=t.shape[-1]), p["bn2"]))
+
+    assert chain_rewrites(jaxcnn.optimize(fn), p, x, jnp.float32(1.0)) == []

@@ -58,11 +58,14 @@ class ChainSite:
 
 
 def _zero(uses: Uses, v, outer: dict | None = None) -> bool:
-    """v is the scalar 0: a literal, maybe through converts, maybe a call body's input that
-    `outer` maps to the caller's value (itself checked in the caller's jaxpr)."""
+    """v is the scalar 0: a literal; inside a call body (`outer` maps its inputs to the caller's
+    values) also through converts of an input that is the literal 0 in the caller. A value the
+    caller computes is refused: the chain's traced subgraph (its baseline) could not read it."""
     while not isinstance(v, Literal):
-        if outer is not None and v in outer:
-            return _zero(*outer[v])
+        if outer is None:
+            return False
+        if v in outer:
+            return _zero(outer[v][0], outer[v][1])
         found = uses.defining(v)
         if found is None or found[1].primitive.name != "convert_element_type":
             return False
