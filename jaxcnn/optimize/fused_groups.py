@@ -1,6 +1,7 @@
 """Fusion in a plain JAX function: fire-shaped, inception-shaped and conv->max-pool groups in
 the jaxpr that jaxcnn.optimize rewrites, decided like the zoo's groups and replaced by one
-`jaxcnn.fire` / `jaxcnn.inception` / `jaxcnn.conv2d_pool` each.
+`jaxcnn.fire` / `jaxcnn.inception` / `jaxcnn.conv2d_pool` each; then the expand -> depthwise
+chains among the convs left (chain_groups.py, decided by the decision owner).
 
     fast = jaxcnn.optimize(model_fn, fuse="auto")   # or optimize_fused(model_fn, kinds=...)
     y = jax.jit(fast)(params, x)
@@ -501,12 +502,14 @@ class FusedOptimized(Optimized):
 def optimize_fused(fn: Callable, *, example_args=None, policy="auto", groups: Any = "auto",
                    costs: str = "auto", cache: Any = None, iters: int = 20, warmup: int = 3,
                    kinds=USER_KINDS, sparse="none") -> FusedOptimized:
-    """`jaxcnn.optimize(fn, policy=policy)` plus fused fire modules and conv->max-pool pairs.
+    """`jaxcnn.optimize(fn, policy=policy)` plus fused fire modules, inception blocks,
+    conv->max-pool pairs and expand -> depthwise chains.
 
     groups: "auto" (each group decided like a zoo model's: measured where the CUDA kernels run,
       else the cost model; `costs`, `cache`, `iters`, `warmup` as plan_fusion's), "all", "none",
       or a callable(JaxprGroup) -> bool.
-    kinds: the group kinds to look for, among USER_KINDS ("fire", "conv_pool"). Groups include
+    kinds: the group kinds to look for, among USER_KINDS ("fire", "inception", "conv_pool",
+      "conv1x1_depthwise"). Groups include
       convs the policy leaves to XLA (policy="auto" leaves most dense convs there): fused or
       not is the group decision's.
     sparse: as jaxcnn.optimize's.
