@@ -77,7 +77,7 @@ def _check_padding(padding: Any) -> tuple:
 
 def depthwise_out_size(size: int, pads: tuple[int, int], stride: int) -> int:
     """The 3x3 depthwise conv's output rows (columns) for `size` input rows (columns)."""
-    return max(0, (size + pads[0] + pads[1] - 3) // stride + 1) if size + sum(pads) >= 3 else 0
+    return (size + pads[0] + pads[1] - 3) // stride + 1 if size + sum(pads) >= 3 else 0
 
 
 def make_chain_config(activations: Any = ("relu", "relu"), stride: Any = 1,

@@ -48,6 +48,7 @@ FUSED = "jaxcnn:" + KIND
 @dataclass
 class ChainSite:
     plan: RewritePlan
+    uses: Uses  # of plan.jaxpr
     expand: Match
     depthwise: Match
     padding: tuple  # the depthwise's ((top, bottom), (left, right)), a folded pad included
@@ -169,7 +170,7 @@ def chain_sites(plan: RewritePlan, path: str = "") -> list[ChainSite]:
                            (tuple(ex.site.w_shape), tuple(dw.site.w_shape)), indices,
                            dict(layout=layout, stride=stride, padding=padding,
                                 activations=(_conv(ex)["activation"], _conv(dw)["activation"])))
-        found.append(ChainSite(plan, ex, dw, padding, bool(pad_eqns), indices, group))
+        found.append(ChainSite(plan, uses, ex, dw, padding, bool(pad_eqns), indices, group))
     for child, child_path in call_bodies(plan, path):
         found.extend(chain_sites(child, child_path))
     return found
@@ -199,10 +200,9 @@ def _rule() -> tuple[str, str]:
 
 
 def _decision_site(site: ChainSite) -> DecisionSite:
-    uses = Uses(site.plan.jaxpr)
     in_vars = _in_vars(site)
     traced = Match(KIND, site.indices, site.depthwise.out_var, in_vars, site.expand.site, ())
-    candidates = [Candidate(BASELINE, subgraph_fn(uses, traced)), Candidate(FUSED, _build(site))]
+    candidates = [Candidate(BASELINE, subgraph_fn(site.uses, traced)), Candidate(FUSED, _build(site))]
     g = site.group
     names = [*site.expand.replaced, "|", *site.depthwise.replaced]
     formulation = " ".join(names) + " | " + " ".join(

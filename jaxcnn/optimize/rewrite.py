@@ -80,6 +80,10 @@ class RewritePlan:
             return []
         return [m for _, _, m in self.found.all_matches() if m.algorithm is None]
 
+    def has_rewrites(self) -> bool:
+        """Whether any match is replaced here or in a call body (calls holds only bodies with one)."""
+        return bool(self.matches or self.calls)
+
     def rewrites(self, path: str = "") -> list[Rewrite]:
         out = []
         for i, eqn in enumerate(self.jaxpr.eqns):
@@ -378,13 +382,8 @@ class Optimized:
         if self.policy == "xla":
             return self.fn(*args, **kwargs)
         traced = self._traced(args, kwargs)
-        if not traced.sparse and not traced.plan.rewrites():
-            # Nothing rewritten: fn itself, not its re-emitted jaxpr (H200: re-emitting VGG-19
-            # unchanged ran at 0.96x of the original at N=64).
+        if self._runs_rewrites(traced) is False:
             return self.fn(*args, **kwargs)
-        program = self._program_decision(traced)
-        if program is not None and program.choice == BASELINE:
-            return self.fn(*args, **kwargs)  # the rewritten program measured no faster as a whole
         flat = jax.tree.leaves((args, kwargs))
         outs = evaluate(traced.plan, traced.closed.consts, flat)
         return jax.tree.unflatten(traced.out_tree, outs)
@@ -422,8 +421,12 @@ class Optimized:
         nothing is rewritten, None where the program is not measured (off GPU, other policies)."""
         if self.policy == "xla":
             return False
-        traced = self._traced(*self._args(args, kwargs))
-        if not traced.sparse and not traced.plan.rewrites():
+        return self._runs_rewrites(self._traced(*self._args(args, kwargs)))
+
+    def _runs_rewrites(self, traced: _Traced) -> bool | None:
+        if not traced.sparse and not traced.plan.has_rewrites():
+            # Nothing rewritten: fn itself, not its re-emitted jaxpr (H200: re-emitting VGG-19
+            # unchanged ran at 0.96x of the original at N=64).
             return False
         program = self._program_decision(traced)
         return None if program is None else program.choice == PROGRAM
