@@ -14,9 +14,8 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-// Every epilogue activation but leaky_relu (the chains take no slope).
 bool ValidActivation(ChainActivation act) {
-  return ValidActivationCode(static_cast<int64_t>(act)) && act != Activation::kLeakyRelu;
+  return ValidChainActivationCode(static_cast<int64_t>(act));
 }
 constexpr const char* kActivationRule =
     "activations must be epilogue codes 0-7 (none, relu, relu6, silu, hard_swish, gelu_tanh, "

@@ -32,6 +32,10 @@ namespace jaxcnn {
 // Per-stage activation: any of the conv epilogue's (common/epilogue.cuh) but leaky_relu, which
 // would need its slope; NaN stays NaN.
 using ChainActivation = Activation;
+// The chains' activation codes: every epilogue code (common/epilogue.cuh) but leaky_relu's.
+inline bool ValidChainActivationCode(int64_t code) {
+  return ValidActivationCode(code) && code != static_cast<int64_t>(Activation::kLeakyRelu);
+}
 
 struct Conv3x3Conv1x1Params {
   int64_t N, H, W, C, M, K;  // activations: none, relu or relu6 only

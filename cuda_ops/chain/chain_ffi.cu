@@ -43,11 +43,8 @@ ffi::Error CheckBuffers(const char* op, ffi::DataType dtype, const std::vector<E
   return ffi::Error::Success();
 }
 
-// The epilogue activation codes (common/epilogue.cuh) but leaky_relu (8): the chains take no
-// slope.
 bool ToActivation(int64_t code, ChainActivation* act) {
-  if (!ValidActivationCode(code) || code == static_cast<int64_t>(Activation::kLeakyRelu))
-    return false;
+  if (!ValidChainActivationCode(code)) return false;
   *act = static_cast<ChainActivation>(code);
   return true;
 }
