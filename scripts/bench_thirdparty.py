@@ -147,9 +147,11 @@ def kernel_list(timing) -> list[dict]:
 
 
 def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int | None = None,
-            num_classes: int | None = None, spec=None) -> dict:
+            num_classes: int | None = None, spec=None, top_kernels: int = TOP_KERNELS) -> dict:
     """One model x batch x dtype. A failing jaxcnn.optimize is recorded (optimize_error) and
-    XLA's program is still timed; a failing build or XLA run ends the row (error)."""
+    XLA's program is still timed; a failing build or XLA run ends the row (error). Where the
+    whole-program check declines the rewrites, the rewritten program is timed too ("rewritten":
+    by how much, and on which kernels, it lost)."""
     row = dict(model=name, library=tm.MODELS[name][0], n=batch, dtype=dtype, ok=False, timings={},
                first_call_s={}, wall_ms={})
     started = time.perf_counter()
@@ -179,14 +181,16 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
             row["runs_rewrites"] = opt.runs_rewrites(*args)
             row["explain"] = opt.explain(*args)
             cases.append(("optimized", opt, args))
+            if row["runs_rewrites"] is False and row["rewrites"]["ops"]:
+                cases.append(("rewritten", opt.rewritten(*args), args))
         except Exception as e:  # optimize's failure is the finding: keep XLA's numbers beside it
             row["optimize_error"] = f"{type(e).__name__}: {e}"[:1000]
             row["traceback"] = traceback.format_exc()[-3000:]
-        times = device_times(cases, iters=iters, warmup=warmup, top_k=TOP_KERNELS)
+        times = device_times(cases, iters=iters, warmup=warmup, top_k=top_kernels)
         row["timings"] = {k: timing_dict(t) for k, t in times.items()}
         row["top_kernels"] = {k: kernel_list(t) for k, t in times.items()}
         row["device_time"] = all(t.is_device_time for t in times.values())
-        for key, fn, _ in cases:
+        for key, fn, _ in cases[:2]:
             row["wall_ms"][key] = wall_time(fn, *args, iters=iters, warmup=warmup).median_ms
         if "optimized" in times:
             row["ratio"] = times["xla"].median_ms / times["optimized"].median_ms
@@ -278,7 +282,9 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
         ops = r.get("rewrites", {}).get("ops", {})
         rw = ", ".join(f"{n} {op}" for op, n in ops.items()) or ("-" if "rewrites" not in r else "none")
         if r.get("runs_rewrites") is False and ops:
-            rw = f"none run: XLA's program measured faster (found {rw})"
+            lost = r["timings"].get("rewritten")
+            lost = f", rewritten {lost['median_ms']:.3f} ms" if lost else ""
+            rw = f"none run: XLA's program measured faster (found {rw}{lost})"
         wall = f"{_fmt(r['wall_ms'].get('xla'), '.3f')} / {_fmt(r['wall_ms'].get('optimized'), '.3f')}"
         first = f"{_fmt(r['first_call_s'].get('xla'), '.1f')} / {_fmt(r['first_call_s'].get('optimized'), '.1f')}"
         if "error" in r:
@@ -323,7 +329,7 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     lines += ["", "## Top kernels of the optimized program (us per call, share of its time, launches)", ""]
     with_kernels = [r for r in rows if r.get("top_kernels", {}).get("optimized")]
     for r in with_kernels:
-        lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'])}")
+        lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'][:TOP_KERNELS])}")
     if not with_kernels:
         lines.append("- none: no GPU kernel trace.")
 
@@ -378,6 +384,9 @@ def parse_args(argv=None):
     p.add_argument("--num-classes", type=int, help="classifier width (default each model's own: 1000)")
     p.add_argument("--iters", type=int, help="timed calls (default 20; --smoke 2)")
     p.add_argument("--warmup", type=int, help="untimed calls (default 3; --smoke 1)")
+    p.add_argument("--kernels", type=int, default=TOP_KERNELS,
+                   help=f"kernels kept per program in the JSON, longest first (default {TOP_KERNELS}; the"
+                        " markdown lists the top few)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_MODELS}, bf16, N=1 and 64")
     p.add_argument("--smoke", action="store_true",
                    help=f"a cheap run that anything can do (CPU too): {SMOKE_HW}x{SMOKE_HW} images (InceptionV3 its "
@@ -402,7 +411,8 @@ def main(argv=None) -> int:
     env = environment(spec)
     env["libraries"] = library_versions()
     stem = dated_stem(args.name)
-    jobs = [functools.partial(run_row, name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec)
+    jobs = [functools.partial(run_row, name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec,
+                              args.kernels)
             for name in args.models for dtype in args.dtypes for n in args.batches]
     return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, stem))
 

@@ -83,7 +83,19 @@ step() {
 
 step environment bash -c "nvidia-smi; $PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())'; nvcc --version; cmake --version | head -1"
 # Build against this machine's jaxlib (FFI headers must not be newer than the runtime's).
-JAXCNN_CUDA=ON step build $PY -m pip install --no-build-isolation --no-deps -e .
+# JAXCNN_PREBUILT_LIB=PATH: where a library of these exact sources is kept on this machine (name
+# it by a hash of cuda_ops/ and CMakeLists.txt); an existing one is loaded (JAXCNN_LIBRARY)
+# instead of building, a fresh build is copied there.
+if [ -n "${JAXCNN_PREBUILT_LIB:-}" ] && [ -f "$JAXCNN_PREBUILT_LIB" ]; then
+  echo "=== build: reusing $JAXCNN_PREBUILT_LIB" | tee -a "$LOG"
+else
+  JAXCNN_CUDA=ON step build $PY -m pip install --no-build-isolation --no-deps -e .
+  if [ -n "${JAXCNN_PREBUILT_LIB:-}" ]; then
+    mkdir -p "$(dirname "$JAXCNN_PREBUILT_LIB")"
+    cp "$(ls build/cp*/libjaxcnn_cuda.so | head -1)" "$JAXCNN_PREBUILT_LIB.tmp" && mv "$JAXCNN_PREBUILT_LIB.tmp" "$JAXCNN_PREBUILT_LIB"
+  fi
+fi
+[ -n "${JAXCNN_PREBUILT_LIB:-}" ] && [ -f "$JAXCNN_PREBUILT_LIB" ] && export JAXCNN_LIBRARY=$JAXCNN_PREBUILT_LIB
 step import $PY -c "import jaxcnn; jaxcnn.require_cuda(); from jaxcnn import _ffi; print(_ffi.library_state())"
 
 if has tests; then

@@ -431,6 +431,20 @@ class Optimized:
         program = self._program_decision(traced)
         return None if program is None else program.choice == PROGRAM
 
+    def rewritten(self, *args, **kwargs) -> Callable:
+        """The rewritten program for arguments like these, as a function of the same arguments,
+        whether or not the whole-program check lets calls run it (to time or profile what it
+        declined). fn itself where nothing is rewritten."""
+        if self.policy == "xla":
+            return self.fn
+        traced = self._traced(*self._args(args, kwargs))
+
+        def run(*a, **k):
+            outs = evaluate(traced.plan, traced.closed.consts, jax.tree.leaves((a, k)))
+            return jax.tree.unflatten(traced.out_tree, outs)
+
+        return run
+
     def rewrites(self, *args, **kwargs) -> list[Rewrite]:
         """The rewrites applied to fn on these arguments (default: example_args), in program order."""
         if self.policy == "xla":
