@@ -21,6 +21,7 @@ _LAZY = {
     "inception": "jaxcnn.ops",
     "to_layout": "jaxcnn.ops",
     "relayout_weights": "jaxcnn.ops",
+    "fold_weights": "jaxcnn.ops",
     "max_pool2d": "jaxcnn.ops",
     "avg_pool2d": "jaxcnn.ops",
     "softmax": "jaxcnn.ops",

@@ -35,6 +35,7 @@ FFI_TARGETS: dict[str, str] = {
     "jaxcnn_conv2d_pool_fwd": "JaxcnnConv2dPoolFwd",
     "jaxcnn_sparse_conv2d_fwd": "JaxcnnSparseConv2dFwd",
     "jaxcnn_weight_relayout": "JaxcnnWeightRelayout",
+    "jaxcnn_weight_fold": "JaxcnnWeightFold",
     "jaxcnn_conv3x3_conv1x1_fwd": "JaxcnnConv3x3Conv1x1Fwd",
     "jaxcnn_conv1x1_depthwise_fwd": "JaxcnnConv1x1DepthwiseFwd",
 }

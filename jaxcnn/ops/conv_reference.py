@@ -10,10 +10,10 @@ from jaxcnn.ops.conv_args import Conv2dConfig
 from jaxcnn.ops.epilogue import apply_activation, epilogue_reference
 
 
-def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
+def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None, weight_spec: str = "HWIO"):
     """The convolution alone (no bias, no activation), in `x.dtype` unless `out_dtype`.
 
-    x and the result are in cfg.layout, w is HWIO. fp32 follows cfg.precision (XLA may use TF32
+    x and the result are in cfg.layout, w is HWIO (or the axis order `weight_spec` names). fp32 follows cfg.precision (XLA may use TF32
     for "default" on GPUs, as our tensor-core kernel does); half types need no upcast.
     """
     highest = x.dtype == jnp.float32 and cfg.precision == "highest"
@@ -24,7 +24,7 @@ def linear_conv2d(x, w, cfg: Conv2dConfig, *, out_dtype=None):
         window_strides=cfg.stride,
         padding=cfg.padding,
         rhs_dilation=cfg.dilation,
-        dimension_numbers=(cfg.layout, "HWIO", cfg.layout),
+        dimension_numbers=(cfg.layout, weight_spec, cfg.layout),
         feature_group_count=cfg.groups,
         precision=precision,
         preferred_element_type=out_dtype,
@@ -39,12 +39,13 @@ def conv2d_reference(x, w, bias, cfg: Conv2dConfig, *, residual=None, out_dtype=
     return y.astype(x.dtype if out_dtype is None else out_dtype)
 
 
-def xla_conv2d(x, w, bias, cfg: Conv2dConfig, *, residual=None):
+def xla_conv2d(x, w, bias, cfg: Conv2dConfig, *, residual=None, weight_spec: str = "HWIO"):
     """conv2d as a JAX user writes it, what algorithm="xla" runs: the conv in x's dtype (cuDNN
     still accumulates in fp32), then bias, residual and activation in x's dtype. For half types
     that rounds more than once, unlike conv2d_reference, but it is the formulation XLA fuses
-    (into cuDNN's conv + bias + activation where it can) and runs fastest."""
-    y = linear_conv2d(x, w, cfg)
+    (into cuDNN's conv + bias + activation where it can) and runs fastest. `weight_spec`: w's
+    axis order (the weight prologue hands XLA's conv its weights in the order it reads)."""
+    y = linear_conv2d(x, w, cfg, weight_spec=weight_spec)
     if bias is not None:
         channel_axis = cfg.layout.index("C")
         y = y + jnp.expand_dims(bias, tuple(range(channel_axis + 1 - 4, 0)))

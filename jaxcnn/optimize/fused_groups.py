@@ -459,6 +459,7 @@ class FusedOptimized(Optimized):
             if "conv1x1_depthwise" in self.kinds:  # among the convs the groups above left
                 chosen.extend(self._chains(traced.plan))
             _prune_calls(traced.plan)
+            traced.plan.forget_folds()
             self._decisions[id(traced)] = [(s.group, take, d) for s, take, d in chosen]
         return traced
 

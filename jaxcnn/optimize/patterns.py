@@ -31,6 +31,7 @@ from jaxcnn.optimize.epilogue_patterns import (
     vector_dependencies_ok,
 )
 from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
+from jaxcnn.optimize.weight_prologue import FoldSite
 
 ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
 # lax.Precision -> conv2d's precision; HIGH (bf16x3 in XLA) gets the fp32-accurate path, never less.
@@ -82,6 +83,7 @@ class Match:
     # form the fused groups of jaxcnn.fusion build from
     plain: bool = True
     decision: Any = None  # the decision owner's Decision (conv sites under policy="auto")
+    fold: Any = None  # conv matches whose epilogue folds into the weights: weight_prologue.FoldSite
     path: str = ""  # where the match is: the call path of its jaxpr
 
     def weight_hwio(self, w):
@@ -264,9 +266,10 @@ def match_conv(uses: Uses, index: int) -> Match | None:
         return None
     site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x_dtype).name, w_hwio_shape,
                 bool(ep.steps), kwargs, residual=ep.residual is not None, folded=ep.folds)
+    fold = FoldSite(ep, w, to_hwio, w_hwio_shape, x_dtype, out_dtype, kwargs) if ep.folds else None
     return Match("conv2d", tuple(indices), out, in_vars, site, ("conv_general_dilated", *ep.replaced),
                  make_build=make_build, w_to_hwio=to_hwio, operands=operands,
-                 plain=_plain(ep, x_dtype))
+                 plain=_plain(ep, x_dtype), fold=fold)
 
 
 def _plain(ep: Epilogue, x_dtype) -> bool:

@@ -23,6 +23,7 @@ from jaxcnn.ops.sparse_conv2d import sparse_conv2d
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
 from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
 from jaxcnn.optimize.policy import auto_policy, choose_algorithm
+from jaxcnn.optimize.weight_prologue import plan_weight_prologue
 from jaxcnn.tuning.decision import BASELINE, Candidate, can_measure, decide_all, fingerprint
 from jaxcnn.tuning.decision import Site as DecisionSite
 
@@ -73,6 +74,28 @@ class RewritePlan:
     # into the environment (e.g. all weights relaid out in one op rather than one per match).
     prologue: list[Callable[[dict], None]] = field(default_factory=list)
     found: Any = None  # the Found this plan was assembled from (every site, kept or not)
+    # The folds of its rewritten convs in one op (weight_prologue), planned on first evaluation
+    # (once the fused groups have taken their convs); None when no conv takes part.
+    weight_prologue: Any = None
+    weight_prologue_planned: bool = False
+
+    def folds(self):
+        """The plan's WeightPrologue (planned now if not yet), or None."""
+        if not self.weight_prologue_planned:
+            self.weight_prologue = plan_weight_prologue(self)
+            self.weight_prologue_planned = True
+        return self.weight_prologue
+
+    def forget_folds(self) -> None:
+        """After its matches change (fused groups took convs): the prologue is planned again."""
+        self.weight_prologue, self.weight_prologue_planned = None, False
+        for child in self.calls.values():
+            child.forget_folds()
+
+    def folded_convs(self) -> int:
+        """Convs folded by the weight prologues of this plan and its call bodies."""
+        folds = self.folds()
+        return (len(folds.sites) if folds is not None else 0) + sum(c.folded_convs() for c in self.calls.values())
 
     def declined(self) -> list[Match]:
         """The sites found but kept as traced (their policy or decision chose XLA's own)."""
@@ -229,29 +252,38 @@ def evaluate(plan: RewritePlan, consts, args) -> list:
         env[v] = x
     for step in plan.prologue:
         step(env)
+    folds = plan.folds()
+    early, replaced = (set(folds.early), folds.replaced) if folds is not None else (set(), {})
+    if folds is not None:
+        folds.run(env, _bind_eqn, jaxpr.eqns)
     for i, eqn in enumerate(jaxpr.eqns):
-        if i in plan.skipped:
+        if i in plan.skipped or i in early:
             continue
         if i in plan.matches:
             m = plan.matches[i]
-            env[m.out_var] = m.build(*map(read, m.in_vars))
+            in_vars, build = replaced.get(i, (m.in_vars, m.build))
+            env[m.out_var] = build(*map(read, in_vars))
             continue
-        invals = list(map(read, eqn.invars))
         if i in plan.calls:
+            invals = list(map(read, eqn.invars))
             # The body holds a rewrite: inline it (custom_jvp/vjp bodies then differentiate
             # through the jaxcnn primitives' own rules instead of the custom rule).
             body = plan.calls[i].jaxpr
             # custom_vjp_call may pass leading operands its body does not take.
             outs = evaluate(plan.calls[i], _call_consts(eqn), invals[len(invals) - len(body.invars):])
+            env.update(zip(eqn.outvars, outs))
         else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*invals, **params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
+            _bind_eqn(eqn, env)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _bind_eqn(eqn, env: dict) -> None:
+    """Runs one traced equation on the values in `env` and puts its outputs there."""
+    invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
+    params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*invals, **params)
+    env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
 
 
 def _call_consts(eqn):
@@ -400,6 +432,7 @@ class Optimized:
             return None
         closed, plan = traced.closed, traced.plan
         rewrites = " ".join(f"{r.op}:{r.algorithm}:{r.path}" for r in plan.rewrites())
+        rewrites += f" weight_prologue:{plan.folded_convs()}"  # a program of another build differs
         fields = dict(kind="program", jaxpr=fingerprint(str(closed.jaxpr)), rewrites=fingerprint(rewrites))
         candidates = [Candidate(BASELINE, lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)),
                       Candidate(PROGRAM, lambda *flat: evaluate(plan, closed.consts, list(flat)))]
@@ -465,6 +498,10 @@ class Optimized:
             "none kept" if declined else "no pattern found")
         lines = [f"{len(found)} rewrite(s): {summary}"]
         lines += [f"  {i}. {r.describe()}" for i, r in enumerate(found, 1)]
+        folded = traced.plan.folded_convs()
+        if folded:
+            lines.append(f"weight prologue: {folded} conv(s) take their folded weights and bias from one "
+                         "jaxcnn.fold_weights per program (each conv's own layout)")
         if declined:
             lines.append(f"{len(declined)} site(s) found and kept as traced (XLA's own):")
             for m in declined:

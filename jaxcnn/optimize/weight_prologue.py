@@ -1,0 +1,160 @@
+"""The rewritten program's weight prologue: every rewritten conv whose epilogue folds into its
+weights (inference BatchNorm, a scaled bias) takes its folded weights and bias from one
+jaxcnn.fold_weights at the start of the program.
+
+Folded site by site, each conv costs one or two XLA kernels per call for the fold (plus XLA's
+own transpose of the weights to its cuDNN layout): at N=1 a ResNet's convs spend about as long
+in those small kernels as in the convolutions. The prologue folds, casts and lays out every
+weight at once, in the layout its conv reads: OHWI for XLA's 16-bit NHWC convs (cuDNN's KRSC,
+so XLA transposes nothing), OIHW for NCHW ones, HWIO for jaxcnn's kernels.
+
+A site takes part when its weight and per-channel vectors derive from the program's inputs
+alone (parameters, not activations): the equations computing them move ahead of the fold.
+The sites' decisions are unchanged (measured with their own fold, so a site wins at least as
+much here); the whole-program check measures the program with its prologue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax.numpy as jnp
+from jax.extend.core import Literal, Var
+
+from jaxcnn.ops.conv2d import conv2d
+from jaxcnn.ops.conv_args import HANDLER_ALGORITHM, make_config
+from jaxcnn.ops.conv_reference import xla_conv2d
+from jaxcnn.ops.weight_fold import fold_weights
+from jaxcnn.optimize.epilogue_patterns import Epilogue, fold_affine
+
+HWIO = (0, 1, 2, 3)
+# HWIO -> the weight layout XLA's conv reads without a transpose, by activation layout (16-bit
+# convs: XLA runs fp32 ones in a layout of its own choosing, so they get HWIO and XLA's transpose).
+XLA_WEIGHT_LAYOUT = {"NHWC": ("OHWI", (3, 0, 1, 2)), "NCHW": ("OIHW", (3, 2, 0, 1))}
+
+
+@dataclass
+class FoldSite:
+    """What the prologue needs of a conv match whose epilogue folds into its weights."""
+
+    epilogue: Epilogue
+    w: Var  # the weight operand, in the user's axis order
+    to_hwio: tuple[int, ...]  # the weight's axes in HWIO order
+    w_hwio_shape: tuple[int, ...]
+    dtype: Any  # x's dtype: the folded weights' and bias's
+    out_dtype: Any
+    conv_kwargs: dict
+
+    @property
+    def k(self) -> int:
+        return self.w_hwio_shape[3]
+
+    def target(self, algorithm: str) -> tuple[str, tuple[int, ...]]:
+        """(weight spec, its axes in HWIO order) the algorithm's conv reads."""
+        if algorithm == "xla" and jnp.dtype(self.dtype).itemsize == 2:
+            return XLA_WEIGHT_LAYOUT.get(self.conv_kwargs["layout"], ("HWIO", HWIO))
+        return "HWIO", HWIO
+
+    def build(self, algorithm: str, weight_spec: str) -> Callable:
+        """(x, folded weight in weight_spec, bias, [residual]) -> the match's output."""
+        kwargs, out_dtype = self.conv_kwargs, self.out_dtype
+
+        def run(x, w, bias, *residual):
+            r = residual[0] if residual else None
+            if algorithm == "xla":
+                cfg = make_config(x.shape, self.w_hwio_shape, algorithm="xla", **kwargs)
+                y = xla_conv2d(x, w, bias, cfg, residual=r, weight_spec=weight_spec)
+            else:
+                algo = HANDLER_ALGORITHM if algorithm == "auto" else algorithm
+                y = conv2d(x, w, bias, residual=r, algorithm=algo, **kwargs)
+            return y.astype(out_dtype)
+
+        return run
+
+
+class _Folded:
+    """An environment key: a site's folded weight or bias, put there by the prologue."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+@dataclass
+class WeightPrologue:
+    """The plan's prologue: early equations, then one fold of every taking-part site."""
+
+    early: list[int] = field(default_factory=list)  # equation indices, in program order
+    sites: list[tuple[Any, FoldSite, tuple]] = field(default_factory=list)  # (match, fold, perm)
+    # per match (by its last equation index): (in_vars, build) replacing the match's own
+    replaced: dict[int, tuple[tuple, Callable]] = field(default_factory=dict)
+
+    def run(self, env: dict, bind_eqn: Callable, eqns) -> None:
+        for i in self.early:
+            bind_eqn(eqns[i], env)
+        ws, scales, axes, perms, dtypes, keys = [], [], [], [], [], []
+        for m, fold, perm in self.sites:
+            scale, shift = fold_affine(fold.epilogue.steps, {v: env[v] for v in fold.epilogue.vectors}, fold.k)
+            w_key, b_key = self.replaced[max(m.eqn_indices)][0][1:3]
+            ws += [env[fold.w], shift.reshape(1, 1, 1, fold.k)]
+            scales += [scale, None]
+            axes += [fold.to_hwio[3], -1]
+            perms += [tuple(fold.to_hwio[p] for p in perm), HWIO]
+            dtypes += [fold.dtype, fold.dtype]
+            keys += [w_key, b_key]
+        outs = fold_weights(ws, scales, axes, perms, dtypes)
+        for key, out in zip(keys, outs):
+            env[key] = out if key.what == "w" else out.reshape(-1)
+
+
+def _param_slice(plan, roots, inputs: set[int], blocked: set[int]) -> set[int] | None:
+    """The equations computing `roots` from the plan's inputs, or None where a root depends on
+    anything else (an activation, an effect, a rewritten equation)."""
+    producer = plan.found.uses.producer
+    need: set[int] = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Literal) or id(v) in inputs:
+            continue
+        index = producer.get(v)
+        if index is None or index in blocked:
+            return None
+        if index in need:
+            continue
+        eqn = plan.jaxpr.eqns[index]
+        if eqn.effects:
+            return None
+        need.add(index)
+        stack.extend(u for u in eqn.invars if isinstance(u, Var))
+    return need
+
+
+def plan_weight_prologue(plan) -> WeightPrologue | None:
+    """The prologue of plan's conv matches that fold (None when none takes part)."""
+    found = getattr(plan, "found", None)
+    if found is None:
+        return None
+    inputs = {id(v) for v in (*plan.jaxpr.invars, *plan.jaxpr.constvars)}
+    blocked = set(plan.skipped) | set(plan.matches) | set(plan.calls)
+    prologue = WeightPrologue()
+    early: set[int] = set()
+    for last, m in sorted(plan.matches.items()):
+        fold = getattr(m, "fold", None)
+        if m.op != "conv2d" or fold is None or m.algorithm is None:
+            continue
+        need = _param_slice(plan, [fold.w, *fold.epilogue.vectors], inputs, blocked)
+        if need is None:
+            continue
+        early |= need
+        spec, perm = fold.target(m.algorithm)
+        residual = (fold.epilogue.residual,) if fold.epilogue.residual is not None else ()
+        in_vars = (m.in_vars[0], _Folded("w"), _Folded("b"), *residual)
+        prologue.sites.append((m, fold, perm))
+        prologue.replaced[last] = (in_vars, fold.build(m.algorithm, spec))
+    if not prologue.sites:
+        return None
+    prologue.early = sorted(early)
+    return prologue
