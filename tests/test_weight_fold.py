@@ -39,7 +39,10 @@ def test_reference_folds_casts_and_permutes(src, dst):
         ss.append(None if i == 2 else jnp.asarray(rng.uniform(0.5, 2.0, shape[axis]), jnp.float32))
         axes.append(axis)
         perms.append(PERMS[(5 * i) % 24])
-    outs = jaxcnn.fold_weights(ws, ss, axes, perms, [dst] * len(ws))
+    vectors = [jnp.asarray(rng.standard_normal(n), jnp.float32) for n in (7, 1, 40)]
+    outs = jaxcnn.fold_weights(ws, ss, axes, perms, [dst] * len(ws), vectors=vectors, vector_dtypes=[dst] * 3)
+    for got, v in zip(outs[len(ws):], vectors):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(v.astype(dst)))
     for got, w, s, axis, perm in zip(outs, ws, ss, axes, perms):
         assert got.dtype == jnp.dtype(dst)
         # fp32 product then one rounding: equal to the float64 product rounded once, up to
@@ -53,9 +56,13 @@ def test_cuda_lowering_is_one_custom_call_with_its_attributes():
     s = jnp.ones((16,), jnp.float32)
     b = jnp.ones((1, 1, 1, 16), jnp.float32)
     text = cuda_text(lambda w, s, b: jaxcnn.fold_weights([w, b], [s, None], [3, -1], [OHWI_FROM_HWIO, (0, 1, 2, 3)],
-                                                         ["bfloat16", "bfloat16"]), w, s, b)
+                                                         ["bfloat16", "bfloat16"], vectors=[s, s[:5]],
+                                                         vector_dtypes=["bfloat16", "float32"]), w, s, b)
     (call,) = custom_calls(text, "jaxcnn_weight_fold")
     assert "perms = dense<[3, 0, 1, 2, 0, 1, 2, 3]>" in call and "scale_axes = dense<[3, -1]>" in call
+    # every vector packed into one operand: factors at 0, the two vectors after them
+    assert "scale_offsets = dense<[0, -1]>" in call and "vector_offsets = dense<[16, 32]>" in call
+    assert "tensor<37xf32>" in call
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -65,6 +72,8 @@ def test_cuda_lowering_is_one_custom_call_with_its_attributes():
     (dict(scales=[jnp.ones((3,))]), ValueError, r"scales\[0\] must have shape \(16,\)"),
     (dict(weights=[jnp.ones((3, 16))]), ValueError, r"weights\[0\] must be rank 4"),
     (dict(weights=[jnp.ones((1, 1, 1, 16), jnp.int32)]), TypeError, r"weights\[0\] dtype must be one of"),
+    (dict(vectors=[jnp.ones((2, 2))], vector_dtypes=["float32"]), ValueError, r"vectors\[0\] must be rank 1"),
+    (dict(vectors=[jnp.ones((2,))], vector_dtypes=[]), ValueError, "vector_dtypes must hold one entry"),
 ])
 def test_bad_arguments_name_themselves(kwargs, error, match):
     args = dict(weights=[jnp.ones((1, 1, 2, 16))], scales=[jnp.ones((16,))], scale_axes=[3],
@@ -135,7 +144,7 @@ def test_prologue_folds_every_rewritten_conv_in_one_op(monkeypatch, choice):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=0.05, atol=0.1)
     text = cuda_text(opt, params, x)
     (call,) = custom_calls(text, "jaxcnn_weight_fold")
-    assert "scale_axes = dense<[3, -1, 3, -1]>" in call  # two weights, two biases
+    assert "scale_axes = dense<3> : tensor<2xi64>" in call and "vector_offsets = dense<[32, 48]>" in call
     if choice == "xla_folded":
         # XLA's convs read the weights as OHWI (cuDNN's KRSC): nothing left to transpose
         assert text.count("[b, 0, 1, f]x[o, 0, 1, i]->[b, 0, 1, f]") == 2
@@ -150,7 +159,7 @@ def test_prologue_leaves_batch_statistics_and_differentiates(monkeypatch):
     x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 6, 6, 8)), jnp.float32)
     opt = jaxcnn.optimize(fn, fuse="none")
     (call,) = custom_calls(cuda_text(opt, params, x), "jaxcnn_weight_fold")
-    assert "scale_axes = dense<[3, -1]>" in call  # the first conv only
+    assert "scale_axes = dense<3> : tensor<1xi64>" in call  # the first conv only
     np.testing.assert_allclose(jax.jit(opt)(params, x), fn(params, x), rtol=1e-4, atol=1e-4)
     g_opt = jax.grad(lambda p: jnp.sum(opt(p, x) ** 2))(params)
     g_ref = jax.grad(lambda p: jnp.sum(fn(p, x) ** 2))(params)

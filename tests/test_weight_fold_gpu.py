@@ -28,17 +28,21 @@ def reference(w, s, axis, perm, dtype):
     return jnp.transpose(v.astype(dtype), perm)
 
 
-def check_exact(ws, ss, axes, perms, dtypes):
+def check_exact(ws, ss, axes, perms, dtypes, vectors):
     """One fold_weights call with every output buffer pre-filled with NaN (donated and aliased),
     so an element the kernel misses keeps the poison."""
+    vdtypes = [DTYPES[i % 3] for i in range(len(vectors))]
     outs = [jnp.full(tuple(w.shape[p] for p in perm), np.nan, d) for w, perm, d in zip(ws, perms, dtypes)]
-    fn = jax.jit(lambda poisons, ws, ss: jaxcnn.fold_weights(ws, ss, axes, perms, dtypes), donate_argnums=0)
-    compiled = fn.lower(outs, ws, ss).compile()
+    outs += [jnp.full(v.shape, np.nan, d) for v, d in zip(vectors, vdtypes)]
+    fn = jax.jit(lambda poisons, ws, ss, vs: jaxcnn.fold_weights(ws, ss, axes, perms, dtypes, vs, vdtypes),
+                 donate_argnums=0)
+    compiled = fn.lower(outs, ws, ss, vectors).compile()
     assert compiled.as_text().count('custom_call_target="jaxcnn_weight_fold"') == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" would void the poison
-        got = compiled(outs, ws, ss)
+        got = compiled(outs, ws, ss, vectors)
     want = jax.jit(lambda ws, ss: [reference(*a) for a in zip(ws, ss, axes, perms, dtypes)])(ws, ss)
+    want += [v.astype(d) for v, d in zip(vectors, vdtypes)]
     for g, r in zip(got, want):
         assert g.shape == r.shape and g.dtype == r.dtype
         np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(r).view(np.uint8))
@@ -46,8 +50,8 @@ def check_exact(ws, ss, axes, perms, dtypes):
 
 @pytest.mark.parametrize("src", DTYPES)
 def test_every_permutation_scale_axis_and_cast(src):
-    """All 24 permutations, each scale axis and none, every result dtype, odd extents; 144 jobs:
-    more than one launch holds."""
+    """All 24 permutations, each scale axis and none, every result dtype, odd extents, vectors of
+    odd lengths; 148 jobs: more than one launch holds."""
     rng = np.random.default_rng(0)
     shapes = [(3, 5, 7, 33), (65, 1, 2, 37), (1, 1, 40, 31), (33, 34, 1, 1)]
     ws, ss, axes, perms, dtypes = [], [], [], [], []
@@ -59,7 +63,8 @@ def test_every_permutation_scale_axis_and_cast(src):
         axes.append(axis)
         perms.append(PERMS[i % 24])
         dtypes.append(DTYPES[(i // 24) % 3])
-    check_exact(ws, [s for s in ss], axes, perms, dtypes)
+    vectors = [jnp.asarray(rng.standard_normal(n), jnp.float32) for n in (1, 31, 64, 1000)]
+    check_exact(ws, ss, axes, perms, dtypes, vectors)
 
 
 @pytest.mark.parametrize("choice", ["xla_folded", "jaxcnn:auto"])
@@ -73,4 +78,9 @@ def test_prologue_model_matches_the_model(monkeypatch, choice):
     assert hlo.count('custom_call_target="jaxcnn_weight_fold"') == 1
     got, want = opt(params, x), jax.jit(fn)(params, x)
     assert bool(jnp.all(jnp.isfinite(got)))
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=0.05, atol=0.1)
+    # Both bf16 programs round differently from each other (folding rounds the weights once and
+    # skips the BatchNorm's own bf16 steps): judge both against the model in float32.
+    exact = jax.jit(bn_model(jnp.float32))(params, x.astype(jnp.float32))
+    err_opt = float(jnp.max(jnp.abs(got.astype(jnp.float32) - exact)))
+    err_xla = float(jnp.max(jnp.abs(want.astype(jnp.float32) - exact)))
+    assert err_opt <= 2.0 * err_xla, (err_opt, err_xla)

@@ -1,8 +1,10 @@
-// XLA FFI handler for the batched weight fold: k weight operands, then one fp32 factor vector
-// per weight whose scale_axes entry is >= 0 (in weight order); k results, each of its own
-// float dtype. Attributes: `perms` (4 entries per weight: result i = transpose(weight i * its
-// factors along scale_axes[i], perms[4i:4i+4]), cast to result i's dtype) and `scale_axes`
-// (one per weight, -1: no factors).
+// XLA FFI handler for the batched weight fold. Operands: k rank-4 weights, then one packed
+// fp32 vector holding every factor vector and every vector to cast. Results: k folded weights,
+// then m rank-1 vectors, each of its own float dtype. Attributes (k = perms / 4):
+//   perms           4 per weight: result i = transpose(weight i * factors, perms[4i:4i+4])
+//   scale_axes      per weight, the axis its factors run along (-1: none)
+//   scale_offsets   per weight, where its factors start in the packed vector (-1: none)
+//   vector_offsets  per vector result, where its values start in the packed vector
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,21 +29,26 @@ bool ToFoldElement(ffi::DataType t, FoldElement* out) {
 }
 
 ffi::Error WeightFoldImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          ffi::Span<const int64_t> perms, ffi::Span<const int64_t> scale_axes) {
-  const size_t k = rets.size();
-  if (scale_axes.size() != k)
-    return Invalid("scale_axes must hold one entry per result (" + std::to_string(k) + "), got " +
-                   std::to_string(scale_axes.size()));
-  if (perms.size() != 4 * k)
-    return Invalid("perms must hold 4 entries per result (" + std::to_string(4 * k) + "), got " +
-                   std::to_string(perms.size()));
-  size_t scaled = 0;
-  for (size_t i = 0; i < k; ++i) scaled += scale_axes[i] >= 0 ? 1 : 0;
-  if (args.size() != k + scaled)
-    return Invalid("needs " + std::to_string(k) + " weights and " + std::to_string(scaled) +
-                   " factor vectors, got " + std::to_string(args.size()) + " operands");
-  std::vector<WeightFold> jobs(k);
-  size_t next_scale = k;
+                          ffi::Span<const int64_t> perms, ffi::Span<const int64_t> scale_axes,
+                          ffi::Span<const int64_t> scale_offsets, ffi::Span<const int64_t> vector_offsets) {
+  const size_t k = perms.size() / 4;
+  if (perms.size() != 4 * k || scale_axes.size() != k || scale_offsets.size() != k)
+    return Invalid("perms must hold 4 entries per weight and scale_axes / scale_offsets one, got " +
+                   std::to_string(perms.size()) + " / " + std::to_string(scale_axes.size()) + " / " +
+                   std::to_string(scale_offsets.size()));
+  if (args.size() != k + 1)
+    return Invalid("needs " + std::to_string(k) + " weights and the packed vector, got " +
+                   std::to_string(args.size()) + " operands");
+  const size_t m = vector_offsets.size();
+  if (rets.size() != k + m)
+    return Invalid("needs " + std::to_string(k + m) + " results, got " + std::to_string(rets.size()));
+  auto packed = args.get<ffi::AnyBuffer>(k);
+  if (!packed.has_value() || packed->element_type() != ffi::DataType::F32 || packed->dimensions().size() != 1)
+    return Invalid("the last operand must be the packed float32 vector");
+  const int64_t packed_size = packed->dimensions()[0];
+  const float* packed_data = static_cast<const float*>(packed->untyped_data());
+  auto in_packed = [&](int64_t offset, int64_t n) { return offset >= 0 && n >= 0 && offset + n <= packed_size; };
+  std::vector<WeightFold> jobs(k + m);
   for (size_t i = 0; i < k; ++i) {
     auto w = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
@@ -68,17 +75,30 @@ ffi::Error WeightFoldImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Rem
     const int64_t axis = scale_axes[i];
     if (axis > 3) return Invalid(which + ": scale axis must be in -1..3, got " + std::to_string(axis));
     if (axis >= 0) {
-      auto scale = args.get<ffi::AnyBuffer>(next_scale++);
-      if (!scale.has_value()) return Invalid(which + ": its factors are not a buffer");
-      if (scale->element_type() != ffi::DataType::F32 || scale->dimensions().size() != 1 ||
-          scale->dimensions()[0] != dims[axis])
-        return Invalid(which + ": factors must be float32 of shape [" + std::to_string(dims[axis]) + "], got " +
-                       DimsToString(scale->dimensions()));
-      job.scale = static_cast<const float*>(scale->untyped_data());
+      if (!in_packed(scale_offsets[i], dims[axis]))
+        return Invalid(which + ": its " + std::to_string(dims[axis]) + " factors at offset " +
+                       std::to_string(scale_offsets[i]) + " overrun the packed vector");
+      job.scale = packed_data + scale_offsets[i];
       job.scale_axis = static_cast<int>(axis);
     }
   }
-  if (k == 0) return ffi::Error::Success();
+  for (size_t j = 0; j < m; ++j) {
+    auto out = rets.get<ffi::AnyBuffer>(k + j);
+    const std::string which = "vector " + std::to_string(j);
+    if (!out.has_value() || (*out)->dimensions().size() != 1) return Invalid(which + " must be a rank-1 result");
+    WeightFold& job = jobs[k + j];
+    if (!ToFoldElement((*out)->element_type(), &job.dst_type))
+      return Invalid(which + ": results must be float32, bfloat16 or float16");
+    const int64_t n = (*out)->dimensions()[0];
+    if (!in_packed(vector_offsets[j], n))
+      return Invalid(which + ": its " + std::to_string(n) + " values at offset " + std::to_string(vector_offsets[j]) +
+                     " overrun the packed vector");
+    job.src = packed_data + vector_offsets[j];
+    job.dst = (*out)->untyped_data();
+    job.dims[3] = n;
+    job.src_type = FoldElement::kF32;
+  }
+  if (jobs.empty()) return ffi::Error::Success();
   if (const char* reason = weight_fold_unsupported_reason(jobs)) return Invalid(reason);
   JAXCNN_RETURN_IF_CUDA_ERROR(launch_weight_fold(jobs, stream), "weight_fold launch");
   return ffi::Error::Success();
@@ -97,5 +117,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnWeightFold, jaxcnn::WeightFoldImpl,
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attr<ffi::Span<const int64_t>>("perms")
-                                  .Attr<ffi::Span<const int64_t>>("scale_axes"),
+                                  .Attr<ffi::Span<const int64_t>>("scale_axes")
+                                  .Attr<ffi::Span<const int64_t>>("scale_offsets")
+                                  .Attr<ffi::Span<const int64_t>>("vector_offsets"),
                               {ffi::Traits::kCmdBufferCompatible});

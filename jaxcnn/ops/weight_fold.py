@@ -3,9 +3,13 @@
 Inference BatchNorm folds into a conv as weights * scale[k] and a bias; the scale is a runtime
 argument, so the fold runs on every call. Folded conv by conv, that is one XLA kernel per
 weight (and one per bias), and XLA's cuDNN convs transpose each weight to their own layout on
-top. This op folds, casts and lays out all of a program's weights (and casts its biases, as
-[1, 1, 1, K] jobs) in one launch on CUDA (cuda_ops/weights/weight_fold.cu); elsewhere, and
-in programs over several devices (weights are replicated), it is the jnp expression per weight.
+top. This op folds, casts and lays out all of a program's weights, and casts its biases, in
+one launch on CUDA (cuda_ops/weights/weight_fold.cu); elsewhere, and in programs over several
+devices (weights are replicated), it is the jnp expression per weight.
+
+The factor vectors and the biases travel packed in one fp32 operand: XLA computes them all
+(BatchNorm's gamma * rsqrt(var + eps), beta - mean * scale, ...) in the one fusion that
+concatenates them, rather than in a small kernel per vector.
 
 Differentiation and vmap follow the jnp reference (the fold is bilinear in weights and scales).
 """
@@ -34,36 +38,38 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 NO_SCALE = -1
 
 
-def _reference(*operands, scale_axes, perms, dtypes):
-    """transpose((w * scale along its axis) in fp32, cast to the dtype, perm) per weight."""
-    k = len(perms)
-    weights, scales = operands[:k], list(operands[k:])
+def _reference(*operands, scale_axes, scale_offsets, perms, dtypes, vector_offsets, vector_sizes, vector_dtypes):
+    """Per weight: transpose((w * its factors along scale_axis) in fp32, cast, perm); then per
+    vector: its slice of the packed operand, cast. operands = (*weights, packed)."""
+    *weights, packed = operands
     outs = []
-    for w, axis, perm, dtype in zip(weights, scale_axes, perms, dtypes):
+    for w, axis, offset, perm, dtype in zip(weights, scale_axes, scale_offsets, perms, dtypes):
         v = w.astype(jnp.float32)
         if axis != NO_SCALE:
             shape = [1, 1, 1, 1]
             shape[axis] = w.shape[axis]
-            v = v * scales.pop(0).astype(jnp.float32).reshape(shape)
+            v = v * packed[offset:offset + w.shape[axis]].reshape(shape)
         outs.append(jnp.transpose(v.astype(dtype), perm))
+    outs += [packed[o:o + n].astype(d) for o, n, d in zip(vector_offsets, vector_sizes, vector_dtypes)]
     return outs
 
 
-def _abstract(*operands, scale_axes, perms, dtypes):
+def _abstract(*operands, perms, dtypes, vector_sizes, vector_dtypes, **_):
     weights = operands[:len(perms)]
-    return [ShapedArray(tuple(w.shape[p] for p in perm), np.dtype(dtype))
-            for w, perm, dtype in zip(weights, perms, dtypes)]
+    return ([ShapedArray(tuple(w.shape[p] for p in perm), np.dtype(dtype)) for w, perm, dtype in zip(weights, perms, dtypes)]
+            + [ShapedArray((n,), np.dtype(d)) for n, d in zip(vector_sizes, vector_dtypes)])
 
 
-def _cuda_lowering(ctx, *operands, scale_axes, perms, dtypes):
+def _cuda_lowering(ctx, *operands, **params):
     if _single_device(ctx):
         if _ffi.target_registered(FFI_TARGET):
             return jax.ffi.ffi_lowering(FFI_TARGET)(
-                ctx, *operands, perms=np.asarray([p for perm in perms for p in perm], np.int64),
-                scale_axes=np.asarray(scale_axes, np.int64))
+                ctx, *operands, perms=np.asarray([p for perm in params["perms"] for p in perm], np.int64),
+                scale_axes=np.asarray(params["scale_axes"], np.int64),
+                scale_offsets=np.asarray(params["scale_offsets"], np.int64),
+                vector_offsets=np.asarray(params["vector_offsets"], np.int64))
         allow_reference_fallback(NAME, _ffi.missing_target_reason(FFI_TARGET))
-    return mlir.lower_fun(functools.partial(_reference, scale_axes=scale_axes, perms=perms, dtypes=dtypes),
-                          multiple_results=True)(ctx, *operands)
+    return mlir.lower_fun(functools.partial(_reference, **params), multiple_results=True)(ctx, *operands)
 
 
 def _batch(args, dims, **params):
@@ -116,16 +122,18 @@ def _check(weights, scales, scale_axes, perms, dtypes) -> None:
                                  f"got {tuple(s.shape)}")
 
 
-def fold_weights(weights, scales, scale_axes, perms, dtypes) -> list:
-    """`[jnp.transpose((w * s along axis).astype(dtype), perm) ...]` (the product in fp32), all
-    in one kernel launch on CUDA.
+def fold_weights(weights, scales, scale_axes, perms, dtypes, vectors=(), vector_dtypes=()) -> list:
+    """`[jnp.transpose((w * s along axis).astype(dtype), perm) ...]` (the product in fp32), then
+    `[v.astype(dtype) ...]`, all in one kernel launch on CUDA.
 
     Args:
-      weights: rank-4 float32 / bfloat16 / float16 arrays (a [K] vector goes as [1, 1, 1, K]).
+      weights: rank-4 float32 / bfloat16 / float16 arrays.
       scales: per weight, a [w.shape[axis]] vector of factors (computed in fp32), or None.
       scale_axes: per weight, the axis its factors run along (ignored where scales[i] is None).
       perms: per weight, a permutation of (0, 1, 2, 3): result axis k is weight axis perm[k].
       dtypes: per weight, the result's dtype (float32, bfloat16 or float16).
+      vectors: rank-1 arrays (e.g. folded biases), computed in fp32, each cast to ...
+      vector_dtypes: ... its result dtype.
     """
     weights = [as_array(w, f"weights[{i}]") for i, w in enumerate(weights)]
     scales, scale_axes, perms, dtypes = list(scales), list(scale_axes), list(perms), list(dtypes)
@@ -134,8 +142,25 @@ def fold_weights(weights, scales, scale_axes, perms, dtypes) -> list:
     perms = tuple(tuple(int(p) for p in perm) for perm in perms)
     scale_axes = tuple(NO_SCALE if s is None else int(a) for s, a in zip(scales, scale_axes))
     _check(weights, scales, scale_axes, perms, dtypes)
-    if not weights:
+    vectors = [as_array(v, f"vectors[{i}]") for i, v in enumerate(vectors)]
+    vector_dtypes = list(vector_dtypes)
+    _check_counts(len(vectors), vector_dtypes=vector_dtypes)
+    for i, (v, d) in enumerate(zip(vectors, vector_dtypes)):
+        if v.ndim != 1:
+            raise ValueError(f"vectors[{i}] must be rank 1, got shape {tuple(v.shape)}")
+        if np.dtype(d).name not in FLOAT_DTYPES:
+            raise TypeError(f"vector_dtypes[{i}] must be one of {FLOAT_DTYPES}, got {np.dtype(d).name}")
+    if not weights and not vectors:
         return []
-    params = (("scale_axes", scale_axes), ("perms", perms), ("dtypes", tuple(np.dtype(d).name for d in dtypes)))
-    present = [s.astype(jnp.float32) for s in scales if s is not None]
-    return list(_fold(params, *weights, *present))
+    pieces, offsets, at = [], [], 0
+    for s in [*scales, *vectors]:
+        offsets.append(NO_SCALE if s is None else at)
+        if s is not None:
+            pieces.append(s.astype(jnp.float32))
+            at += s.shape[0]
+    packed = jnp.concatenate(pieces) if pieces else jnp.zeros((0,), jnp.float32)
+    params = (("scale_axes", scale_axes), ("scale_offsets", tuple(offsets[:len(weights)])), ("perms", perms),
+              ("dtypes", tuple(np.dtype(d).name for d in dtypes)),
+              ("vector_offsets", tuple(offsets[len(weights):])), ("vector_sizes", tuple(v.shape[0] for v in vectors)),
+              ("vector_dtypes", tuple(np.dtype(d).name for d in vector_dtypes)))
+    return list(_fold(params, *weights, packed))

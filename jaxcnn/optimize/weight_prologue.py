@@ -79,7 +79,7 @@ class _Folded:
     __slots__ = ("what",)
 
     def __init__(self, what: str):
-        self.what = what
+        self.what = what  # "w" or "b", for reading
 
 
 @dataclass
@@ -94,19 +94,20 @@ class WeightPrologue:
     def run(self, env: dict, bind_eqn: Callable, eqns) -> None:
         for i in self.early:
             bind_eqn(eqns[i], env)
-        ws, scales, axes, perms, dtypes, keys = [], [], [], [], [], []
+        ws, scales, axes, perms, dtypes, shifts, w_keys, b_keys = [], [], [], [], [], [], [], []
         for m, fold, perm in self.sites:
             scale, shift = fold_affine(fold.epilogue.steps, {v: env[v] for v in fold.epilogue.vectors}, fold.k)
             w_key, b_key = self.replaced[max(m.eqn_indices)][0][1:3]
-            ws += [env[fold.w], shift.reshape(1, 1, 1, fold.k)]
-            scales += [scale, None]
-            axes += [fold.to_hwio[3], -1]
-            perms += [tuple(fold.to_hwio[p] for p in perm), HWIO]
-            dtypes += [fold.dtype, fold.dtype]
-            keys += [w_key, b_key]
-        outs = fold_weights(ws, scales, axes, perms, dtypes)
-        for key, out in zip(keys, outs):
-            env[key] = out if key.what == "w" else out.reshape(-1)
+            ws.append(env[fold.w])
+            scales.append(scale)
+            axes.append(fold.to_hwio[3])
+            perms.append(tuple(fold.to_hwio[p] for p in perm))
+            dtypes.append(fold.dtype)
+            shifts.append(shift)
+            w_keys.append(w_key)
+            b_keys.append(b_key)
+        outs = fold_weights(ws, scales, axes, perms, dtypes, vectors=shifts, vector_dtypes=dtypes)
+        env.update(zip([*w_keys, *b_keys], outs))
 
 
 def _param_slice(plan, roots, inputs: set[int], blocked: set[int]) -> set[int] | None:
