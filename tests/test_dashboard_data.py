@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import dashboard_stores as stores
@@ -508,6 +508,7 @@ def _sparse_store(path, ratios_by_zero):
 @given(st.floats(10, 90), st.floats(0.005, 0.05), st.lists(st.floats(0, 100), min_size=2, max_size=8, unique=True))
 def test_crossover_recovers_a_linear_ratio(tmp_path_factory, crossing, slope, zeros):
     """ratio = 1 - slope * (zero% - crossing): sparse wins above the crossing, and the fit finds it."""
+    assume(max(zeros) - min(zeros) >= 1.0)  # zero fractions a few ulps apart give a flat fit
     ratios = [(z / 100, max(1.0 - slope * (z - crossing), 1e-3)) for z in zeros]
     if any(r == 1e-3 for _, r in ratios):
         return  # clipped: not linear any more
