@@ -160,37 +160,31 @@ ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv3x3Conv1x1Fwd(XLA_FFI_CallFrame*);
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv1x1DepthwiseFwd(XLA_FFI_CallFrame*);
+JAXCNN_FFI_HANDLER(JaxcnnConv3x3Conv1x1Fwd, jaxcnn::Conv3x3Conv1x1Fwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x
+                       .Arg<ffi::AnyBuffer>()  // w3
+                       .Arg<ffi::AnyBuffer>()  // b3
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // b1
+                       .Ret<ffi::AnyBuffer>()  // y
+                       .Attr<int64_t>("act1")
+                       .Attr<int64_t>("act2"));
 
-// Command-buffer (CUDA graph) compatible: the launchers only launch on `stream`.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv3x3Conv1x1Fwd, jaxcnn::Conv3x3Conv1x1Fwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // w3
-                                  .Arg<ffi::AnyBuffer>()  // b3
-                                  .Arg<ffi::AnyBuffer>()  // w1
-                                  .Arg<ffi::AnyBuffer>()  // b1
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<int64_t>("act1")
-                                  .Attr<int64_t>("act2"),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv1x1DepthwiseFwd, jaxcnn::Conv1x1DepthwiseFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // w1
-                                  .Arg<ffi::AnyBuffer>()  // b1
-                                  .Arg<ffi::AnyBuffer>()  // wd
-                                  .Arg<ffi::AnyBuffer>()  // bd
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("act1")
-                                  .Attr<int64_t>("act2")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_bottom")
-                                  .Attr<int64_t>("pad_left")
-                                  .Attr<int64_t>("pad_right"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnConv1x1DepthwiseFwd, jaxcnn::Conv1x1DepthwiseFwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // b1
+                       .Arg<ffi::AnyBuffer>()  // wd
+                       .Arg<ffi::AnyBuffer>()  // bd
+                       .Ret<ffi::AnyBuffer>()  // y
+                       .Attr<int64_t>("stride")
+                       .Attr<int64_t>("act1")
+                       .Attr<int64_t>("act2")
+                       .Attr<int64_t>("pad_top")
+                       .Attr<int64_t>("pad_bottom")
+                       .Attr<int64_t>("pad_left")
+                       .Attr<int64_t>("pad_right"));

@@ -64,6 +64,14 @@ inline ffi::Error CudaErrorToFfi(cudaError_t status, const char* where) {
                                                    cudaGetErrorString(status));
 }
 
+// Defines the exported XLA FFI handler `symbol` (jax looks it up by name: default visibility
+// even in -fvisibility=hidden builds) binding `impl` as the ffi::Ffi::Bind() chain that
+// follows. Every handler is command-buffer (CUDA graph) compatible: it only launches kernels on
+// the stream XLA gives it (JAXCNN_COMMAND_BUFFERS=0 registers them without the trait).
+#define JAXCNN_FFI_HANDLER(symbol, impl, ...)                            \
+  extern "C" JAXCNN_EXPORT XLA_FFI_Error* symbol(XLA_FFI_CallFrame*);   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, impl, __VA_ARGS__, {ffi::Traits::kCmdBufferCompatible})
+
 // Returns an ffi::Error from the enclosing handler if `expr` is not cudaSuccess.
 #define JAXCNN_RETURN_IF_CUDA_ERROR(expr, where)                   \
   do {                                                             \

@@ -259,14 +259,6 @@ ffi::Error Conv2dFwdResidual(cudaStream_t stream, ffi::AnyBuffer x,
 }  // namespace
 }  // namespace jaxcnn
 
-// Re-declared with default visibility so -fvisibility=hidden builds export them.
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwd(XLA_FFI_CallFrame*);
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwdNoBias(
-    XLA_FFI_CallFrame*);
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dFwdResidual(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: the handler only launches a kernel
-// on the given stream; no sync, no allocation, no device queries.
 namespace jaxcnn {
 // The conv attributes every handler decodes, in the order the implementations take them.
 template <typename Binding>
@@ -286,35 +278,32 @@ auto WithConvAttrs(Binding binding) {
 }
 }  // namespace jaxcnn
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
-                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                                        .Arg<ffi::AnyBuffer>()  // bias [K]
-                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
+                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                             .Arg<ffi::AnyBuffer>()  // bias [K]
+                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
-                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
+                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dFwdResidual, jaxcnn::Conv2dFwdResidual,
-                              jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                        .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                                        .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                                        .Arg<ffi::AnyBuffer>()  // bias [K]
-                                                        .Arg<ffi::AnyBuffer>()  // residual, as y
-                                                        .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                                        .Ret<ffi::AnyBuffer>()),  // workspace u8
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdResidual, jaxcnn::Conv2dFwdResidual,
+                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
+                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
+                                             .Arg<ffi::AnyBuffer>()  // bias [K]
+                                             .Arg<ffi::AnyBuffer>()  // residual, as y
+                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
+                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
 
 // Scratch bytes the handler will need, for the Python lowering (which makes the
 // workspace a second result of the custom call). -1: the requested kernel

@@ -96,34 +96,31 @@ ffi::Error ConvPoolFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnConv2dPoolFwd(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: the device's compute capability is queried once per
-// device and cached; the handler then only sets the kernel's smem attribute and launches.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnConv2dPoolFwd, jaxcnn::ConvPoolFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x
-                                  .Arg<ffi::AnyBuffer>()  // w
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Ret<ffi::AnyBuffer>()  // y
-                                  .Attr<int64_t>("stride_h")
-                                  .Attr<int64_t>("stride_w")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_bottom")
-                                  .Attr<int64_t>("pad_left")
-                                  .Attr<int64_t>("pad_right")
-                                  .Attr<int64_t>("dilation_h")
-                                  .Attr<int64_t>("dilation_w")
-                                  .Attr<int64_t>("pool_window_h")
-                                  .Attr<int64_t>("pool_window_w")
-                                  .Attr<int64_t>("pool_stride_h")
-                                  .Attr<int64_t>("pool_stride_w")
-                                  .Attr<int64_t>("pool_pad_top")
-                                  .Attr<int64_t>("pool_pad_left")
-                                  .Attr<int64_t>("precision")
-                                  .Attr<int64_t>("algorithm"),
-                              {ffi::Traits::kCmdBufferCompatible});
+// Graph-safe: the device's compute capability is queried once per device and cached; the
+// handler then only sets the kernel's smem attribute and launches.
+JAXCNN_FFI_HANDLER(JaxcnnConv2dPoolFwd, jaxcnn::ConvPoolFwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x
+                       .Arg<ffi::AnyBuffer>()  // w
+                       .Arg<ffi::AnyBuffer>()  // bias
+                       .Ret<ffi::AnyBuffer>()  // y
+                       .Attr<int64_t>("stride_h")
+                       .Attr<int64_t>("stride_w")
+                       .Attr<int64_t>("pad_top")
+                       .Attr<int64_t>("pad_bottom")
+                       .Attr<int64_t>("pad_left")
+                       .Attr<int64_t>("pad_right")
+                       .Attr<int64_t>("dilation_h")
+                       .Attr<int64_t>("dilation_w")
+                       .Attr<int64_t>("pool_window_h")
+                       .Attr<int64_t>("pool_window_w")
+                       .Attr<int64_t>("pool_stride_h")
+                       .Attr<int64_t>("pool_stride_w")
+                       .Attr<int64_t>("pool_pad_top")
+                       .Attr<int64_t>("pool_pad_left")
+                       .Attr<int64_t>("precision")
+                       .Attr<int64_t>("algorithm"));
 
 namespace {
 

@@ -104,24 +104,21 @@ ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnFireFwd(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: device attributes are queried once per device and
-// cached; the handler then only sets the kernel's smem attribute and launches on `stream`.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnFireFwd, jaxcnn::FireFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()   // x
-                                  .Arg<ffi::AnyBuffer>()   // squeeze_w
-                                  .Arg<ffi::AnyBuffer>()   // expand1_w
-                                  .Arg<ffi::AnyBuffer>()   // expand3_w
-                                  .Arg<ffi::AnyBuffer>()   // squeeze_b
-                                  .Arg<ffi::AnyBuffer>()   // expand1_b
-                                  .Arg<ffi::AnyBuffer>()   // expand3_b
-                                  .Ret<ffi::AnyBuffer>()   // y
-                                  .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma / two_phase)
-                                  .Attr<int64_t>("algorithm"),
-                              {ffi::Traits::kCmdBufferCompatible});
+// Graph-safe: device attributes are queried once per device and cached; the handler then
+// only sets the kernel's smem attribute and launches on `stream`.
+JAXCNN_FFI_HANDLER(JaxcnnFireFwd, jaxcnn::FireFwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()   // x
+                       .Arg<ffi::AnyBuffer>()   // squeeze_w
+                       .Arg<ffi::AnyBuffer>()   // expand1_w
+                       .Arg<ffi::AnyBuffer>()   // expand3_w
+                       .Arg<ffi::AnyBuffer>()   // squeeze_b
+                       .Arg<ffi::AnyBuffer>()   // expand1_b
+                       .Arg<ffi::AnyBuffer>()   // expand3_b
+                       .Ret<ffi::AnyBuffer>()   // y
+                       .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma / two_phase)
+                       .Attr<int64_t>("algorithm"));
 
 namespace {
 

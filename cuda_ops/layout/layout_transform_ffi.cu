@@ -71,16 +71,12 @@ ffi::Error LayoutTransformImpl(cudaStream_t stream, ffi::AnyBuffer x,
 }  // namespace
 }  // namespace jaxcnn
 
-// Re-declared with default visibility so -fvisibility=hidden builds export it.
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnLayoutTransform(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: a kernel launch or a device-to-device
-// cudaMemcpyAsync on the given stream, nothing else.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnLayoutTransform, jaxcnn::LayoutTransformImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x, src layout
-                                  .Ret<ffi::AnyBuffer>()  // y, dst layout
-                                  .Attr<int64_t>("src_layout")
-                                  .Attr<int64_t>("dst_layout"),
-                              {ffi::Traits::kCmdBufferCompatible});
+// Graph-safe: a kernel launch or a device-to-device cudaMemcpyAsync on the given stream,
+// nothing else.
+JAXCNN_FFI_HANDLER(JaxcnnLayoutTransform, jaxcnn::LayoutTransformImpl,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x, src layout
+                       .Ret<ffi::AnyBuffer>()  // y, dst layout
+                       .Attr<int64_t>("src_layout")
+                       .Attr<int64_t>("dst_layout"));

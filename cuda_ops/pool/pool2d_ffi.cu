@@ -142,22 +142,17 @@ auto WithPoolAttrs(Binding binding) {
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnMaxPool2dFwd(XLA_FFI_CallFrame*);
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnAvgPool2dFwd(XLA_FFI_CallFrame*);
+// Graph-safe: the handlers only launch a kernel on the given stream; no sync, no allocation,
+// no device queries.
+JAXCNN_FFI_HANDLER(JaxcnnMaxPool2dFwd, jaxcnn::MaxPool2dFwd,
+                   jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                             .Arg<ffi::AnyBuffer>()   // x
+                                             .Ret<ffi::AnyBuffer>()));  // y
 
-// Command-buffer (CUDA graph) compatible: the handlers only launch a kernel on the given
-// stream; no sync, no allocation, no device queries.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnMaxPool2dFwd, jaxcnn::MaxPool2dFwd,
-                              jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
-                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                        .Arg<ffi::AnyBuffer>()   // x
-                                                        .Ret<ffi::AnyBuffer>()),  // y
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnAvgPool2dFwd, jaxcnn::AvgPool2dFwd,
-                              jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
-                                                        .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                        .Arg<ffi::AnyBuffer>()   // x
-                                                        .Ret<ffi::AnyBuffer>())  // y
-                                  .Attr<int64_t>("count_include_pad"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnAvgPool2dFwd, jaxcnn::AvgPool2dFwd,
+                   jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
+                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                             .Arg<ffi::AnyBuffer>()   // x
+                                             .Ret<ffi::AnyBuffer>())  // y
+                       .Attr<int64_t>("count_include_pad"));

@@ -48,13 +48,9 @@ ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnSoftmaxFwd(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: launches one kernel on the given stream.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSoftmaxFwd, jaxcnn::SoftmaxFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x [..., cols]
-                                  .Ret<ffi::AnyBuffer>()  // y, same shape
-                                  .Attr<int64_t>("log"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnSoftmaxFwd, jaxcnn::SoftmaxFwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x [..., cols]
+                       .Ret<ffi::AnyBuffer>()  // y, same shape
+                       .Attr<int64_t>("log"));

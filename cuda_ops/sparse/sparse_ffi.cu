@@ -88,32 +88,29 @@ ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
 }  // namespace
 }  // namespace jaxcnn
 
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnSparseConv2dFwd(XLA_FFI_CallFrame*);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x [N, H, W, C]
-                                  .Arg<ffi::AnyBuffer>()  // w [R, S, C, K]
-                                  .Arg<ffi::AnyBuffer>()  // bias [K]
-                                  .Ret<ffi::AnyBuffer>()  // y [N, P, Q, K] or [N, PP, PQ, K]
-                                  .Ret<ffi::AnyBuffer>()  // scratch (uint8)
-                                  .Attr<int64_t>("stride_h")
-                                  .Attr<int64_t>("stride_w")
-                                  .Attr<int64_t>("pad_h")
-                                  .Attr<int64_t>("pad_w")
-                                  .Attr<int64_t>("dilation_h")
-                                  .Attr<int64_t>("dilation_w")
-                                  .Attr<int64_t>("activation")
-                                  .Attr<int64_t>("pool_window_h")
-                                  .Attr<int64_t>("pool_window_w")
-                                  .Attr<int64_t>("pool_stride_h")
-                                  .Attr<int64_t>("pool_stride_w")
-                                  .Attr<int64_t>("pool_pad_h")
-                                  .Attr<int64_t>("pool_pad_w")
-                                  .Attr<int64_t>("conv_out_h")
-                                  .Attr<int64_t>("conv_out_w"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .Arg<ffi::AnyBuffer>()  // x [N, H, W, C]
+                       .Arg<ffi::AnyBuffer>()  // w [R, S, C, K]
+                       .Arg<ffi::AnyBuffer>()  // bias [K]
+                       .Ret<ffi::AnyBuffer>()  // y [N, P, Q, K] or [N, PP, PQ, K]
+                       .Ret<ffi::AnyBuffer>()  // scratch (uint8)
+                       .Attr<int64_t>("stride_h")
+                       .Attr<int64_t>("stride_w")
+                       .Attr<int64_t>("pad_h")
+                       .Attr<int64_t>("pad_w")
+                       .Attr<int64_t>("dilation_h")
+                       .Attr<int64_t>("dilation_w")
+                       .Attr<int64_t>("activation")
+                       .Attr<int64_t>("pool_window_h")
+                       .Attr<int64_t>("pool_window_w")
+                       .Attr<int64_t>("pool_stride_h")
+                       .Attr<int64_t>("pool_stride_w")
+                       .Attr<int64_t>("pool_pad_h")
+                       .Attr<int64_t>("pool_pad_w")
+                       .Attr<int64_t>("conv_out_h")
+                       .Attr<int64_t>("conv_out_w"));
 
 namespace {
 

@@ -107,17 +107,12 @@ ffi::Error WeightFoldImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Rem
 }  // namespace
 }  // namespace jaxcnn
 
-// Re-declared with default visibility so -fvisibility=hidden builds export it.
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnWeightFold(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: kernel launches on the given stream only.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnWeightFold, jaxcnn::WeightFoldImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const int64_t>>("perms")
-                                  .Attr<ffi::Span<const int64_t>>("scale_axes")
-                                  .Attr<ffi::Span<const int64_t>>("scale_offsets")
-                                  .Attr<ffi::Span<const int64_t>>("vector_offsets"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnWeightFold, jaxcnn::WeightFoldImpl,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .RemainingArgs()
+                       .RemainingRets()
+                       .Attr<ffi::Span<const int64_t>>("perms")
+                       .Attr<ffi::Span<const int64_t>>("scale_axes")
+                       .Attr<ffi::Span<const int64_t>>("scale_offsets")
+                       .Attr<ffi::Span<const int64_t>>("vector_offsets"));

@@ -60,14 +60,9 @@ ffi::Error WeightRelayoutImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi:
 }  // namespace
 }  // namespace jaxcnn
 
-// Re-declared with default visibility so -fvisibility=hidden builds export it.
-extern "C" JAXCNN_EXPORT XLA_FFI_Error* JaxcnnWeightRelayout(XLA_FFI_CallFrame*);
-
-// Command-buffer (CUDA graph) compatible: kernel launches on the given stream only.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcnnWeightRelayout, jaxcnn::WeightRelayoutImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const int64_t>>("perms"),
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCNN_FFI_HANDLER(JaxcnnWeightRelayout, jaxcnn::WeightRelayoutImpl,
+                   ffi::Ffi::Bind()
+                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                       .RemainingArgs()
+                       .RemainingRets()
+                       .Attr<ffi::Span<const int64_t>>("perms"));

@@ -238,8 +238,9 @@ def declined_convs(plan: RewritePlan, uses: Uses | None = None) -> list[Match]:
     return out
 
 
-def evaluate(plan: RewritePlan, consts, args) -> list:
-    """Evaluates plan.jaxpr on `args` with the planned replacements."""
+def evaluate(plan: RewritePlan, consts, args, *, weight_prologue: bool = True) -> list:
+    """Evaluates plan.jaxpr on `args` with the planned replacements; weight_prologue=False runs
+    each match's own build (its own fold), e.g. to record what each match reads."""
     jaxpr = plan.jaxpr
     env: dict = {}
 
@@ -252,7 +253,7 @@ def evaluate(plan: RewritePlan, consts, args) -> list:
         env[v] = x
     for step in plan.prologue:
         step(env)
-    folds = plan.folds()
+    folds = plan.folds() if weight_prologue else None
     early, replaced = (set(folds.early), folds.replaced) if folds is not None else (set(), {})
     if folds is not None:
         folds.run(env, _bind_eqn, jaxpr.eqns)
@@ -270,7 +271,8 @@ def evaluate(plan: RewritePlan, consts, args) -> list:
             # through the jaxcnn primitives' own rules instead of the custom rule).
             body = plan.calls[i].jaxpr
             # custom_vjp_call may pass leading operands its body does not take.
-            outs = evaluate(plan.calls[i], _call_consts(eqn), invals[len(invals) - len(body.invars):])
+            outs = evaluate(plan.calls[i], _call_consts(eqn), invals[len(invals) - len(body.invars):],
+                            weight_prologue=weight_prologue)
             env.update(zip(eqn.outvars, outs))
         else:
             _bind_eqn(eqn, env)

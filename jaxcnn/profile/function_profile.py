@@ -156,7 +156,7 @@ def site_inputs(closed, found, matches, leaves) -> dict[int, tuple[tuple, Any]]:
     for _, where, m in found.all_matches():
         if id(m) in wanted:
             m.build = _recording(subgraph_fn(where.uses, m), m, record)
-    evaluate(plan, closed.consts, leaves)
+    evaluate(plan, closed.consts, leaves, weight_prologue=False)
     return record
 
 
