@@ -161,30 +161,9 @@ ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
 }  // namespace jaxcnn
 
 JAXCNN_FFI_HANDLER(JaxcnnConv3x3Conv1x1Fwd, jaxcnn::Conv3x3Conv1x1Fwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x
-                       .Arg<ffi::AnyBuffer>()  // w3
-                       .Arg<ffi::AnyBuffer>()  // b3
-                       .Arg<ffi::AnyBuffer>()  // w1
-                       .Arg<ffi::AnyBuffer>()  // b1
-                       .Ret<ffi::AnyBuffer>()  // y
-                       .Attr<int64_t>("act1")
-                       .Attr<int64_t>("act2"));
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<5, 1>(),  // x, w3, b3, w1, b1 -> y
+                                      "act1", "act2"));
 
 JAXCNN_FFI_HANDLER(JaxcnnConv1x1DepthwiseFwd, jaxcnn::Conv1x1DepthwiseFwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x
-                       .Arg<ffi::AnyBuffer>()  // w1
-                       .Arg<ffi::AnyBuffer>()  // b1
-                       .Arg<ffi::AnyBuffer>()  // wd
-                       .Arg<ffi::AnyBuffer>()  // bd
-                       .Ret<ffi::AnyBuffer>()  // y
-                       .Attr<int64_t>("stride")
-                       .Attr<int64_t>("act1")
-                       .Attr<int64_t>("act2")
-                       .Attr<int64_t>("pad_top")
-                       .Attr<int64_t>("pad_bottom")
-                       .Attr<int64_t>("pad_left")
-                       .Attr<int64_t>("pad_right"));
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<5, 1>(),  // x, w1, b1, wd, bd -> y
+                                      "stride", "act1", "act2", "pad_top", "pad_bottom", "pad_left", "pad_right"));

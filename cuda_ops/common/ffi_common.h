@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 // ffi.h trips nvcc/gcc warnings of its own (switches without a trailing
@@ -62,6 +63,50 @@ inline ffi::Error CudaErrorToFfi(cudaError_t status, const char* where) {
   return ffi::Error(ffi::ErrorCode::kInternal, std::string("jaxcnn: ") + where +
                                                    ": " +
                                                    cudaGetErrorString(status));
+}
+
+// ffi::Ffi::Bind() with the CUDA stream context, kArgs AnyBuffer operands and kRets AnyBuffer
+// results: the start of most handlers' bindings (each handler names its operands in a comment).
+// Bindings cannot be copied or moved by us (their constructors are private): every step
+// returns the builder's own prvalue.
+template <int kArgs, int kRets, typename Binding>
+auto WithBuffers(Binding&& binding) {
+  static_assert(kArgs + kRets > 0, "a binding of no buffers is ffi::Ffi::Bind() itself");
+  if constexpr (kArgs > 0) {
+    if constexpr (kArgs + kRets == 1) {
+      return std::move(binding).template Arg<ffi::AnyBuffer>();
+    } else {
+      return WithBuffers<kArgs - 1, kRets>(std::move(binding).template Arg<ffi::AnyBuffer>());
+    }
+  } else if constexpr (kRets == 1) {
+    return std::move(binding).template Ret<ffi::AnyBuffer>();
+  } else {
+    return WithBuffers<0, kRets - 1>(std::move(binding).template Ret<ffi::AnyBuffer>());
+  }
+}
+template <int kArgs, int kRets>
+auto BindBuffers() {
+  return WithBuffers<kArgs, kRets>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>());
+}
+
+// The helper builds exactly the chain it stands for (the binding's type is the handler's
+// decoding: arguments, then results, in order).
+static_assert(std::is_same_v<decltype(BindBuffers<2, 1>()),
+                             decltype(ffi::Ffi::Bind()
+                                          .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                          .Arg<ffi::AnyBuffer>()
+                                          .Arg<ffi::AnyBuffer>()
+                                          .Ret<ffi::AnyBuffer>())>,
+              "BindBuffers<2, 1> must be the stream context, two AnyBuffer operands, one AnyBuffer result");
+
+// `binding` followed by one int64 attribute per name, in order.
+template <typename Binding, typename... Names>
+auto Int64Attrs(Binding&& binding, const char* name, Names... more) {
+  if constexpr (sizeof...(more) == 0) {
+    return std::move(binding).template Attr<int64_t>(name);
+  } else {
+    return Int64Attrs(std::move(binding).template Attr<int64_t>(name), more...);
+  }
 }
 
 // Defines the exported XLA FFI handler `symbol` (jax looks it up by name: default visibility

@@ -256,54 +256,28 @@ ffi::Error Conv2dFwdResidual(cudaStream_t stream, ffi::AnyBuffer x,
                                  groups, activation, layout, precision, algorithm, alpha));
 }
 
-}  // namespace
-}  // namespace jaxcnn
-
-namespace jaxcnn {
 // The conv attributes every handler decodes, in the order the implementations take them.
 template <typename Binding>
 auto WithConvAttrs(Binding binding) {
-  return std::move(binding).template Attr<int64_t>("stride_h")
-      .template Attr<int64_t>("stride_w")
-      .template Attr<int64_t>("pad_h")
-      .template Attr<int64_t>("pad_w")
-      .template Attr<int64_t>("dilation_h")
-      .template Attr<int64_t>("dilation_w")
-      .template Attr<int64_t>("groups")
-      .template Attr<int64_t>("activation")
-      .template Attr<int64_t>("layout")
-      .template Attr<int64_t>("precision")
-      .template Attr<int64_t>("algorithm")
+  return Int64Attrs(std::move(binding), "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w",
+                    "groups", "activation", "layout", "precision", "algorithm")
       .template Attr<float>("alpha");
 }
+
+}  // namespace
 }  // namespace jaxcnn
 
 JAXCNN_FFI_HANDLER(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
-                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                             .Arg<ffi::AnyBuffer>()  // bias [K]
-                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
+                   // x [N,H,W,C], w [R,S,C/G,K], bias [K] -> y [N,P,Q,K] in layout, workspace u8
+                   jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<3, 2>()));
 
 JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
-                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
+                   // x, w -> y, workspace (as JaxcnnConv2dFwd, without the bias)
+                   jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<2, 2>()));
 
 JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdResidual, jaxcnn::Conv2dFwdResidual,
-                   jaxcnn::WithConvAttrs(ffi::Ffi::Bind()
-                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                             .Arg<ffi::AnyBuffer>()  // x [N,H,W,C]
-                                             .Arg<ffi::AnyBuffer>()  // w [R,S,C/G,K]
-                                             .Arg<ffi::AnyBuffer>()  // bias [K]
-                                             .Arg<ffi::AnyBuffer>()  // residual, as y
-                                             .Ret<ffi::AnyBuffer>()   // y [N,P,Q,K] in layout
-                                             .Ret<ffi::AnyBuffer>()));  // workspace u8
+                   // x, w, bias, residual (as y) -> y, workspace
+                   jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<4, 2>()));
 
 // Scratch bytes the handler will need, for the Python lowering (which makes the
 // workspace a second result of the custom call). -1: the requested kernel

@@ -99,28 +99,10 @@ ffi::Error ConvPoolFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
 // Graph-safe: the device's compute capability is queried once per device and cached; the
 // handler then only sets the kernel's smem attribute and launches.
 JAXCNN_FFI_HANDLER(JaxcnnConv2dPoolFwd, jaxcnn::ConvPoolFwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x
-                       .Arg<ffi::AnyBuffer>()  // w
-                       .Arg<ffi::AnyBuffer>()  // bias
-                       .Ret<ffi::AnyBuffer>()  // y
-                       .Attr<int64_t>("stride_h")
-                       .Attr<int64_t>("stride_w")
-                       .Attr<int64_t>("pad_top")
-                       .Attr<int64_t>("pad_bottom")
-                       .Attr<int64_t>("pad_left")
-                       .Attr<int64_t>("pad_right")
-                       .Attr<int64_t>("dilation_h")
-                       .Attr<int64_t>("dilation_w")
-                       .Attr<int64_t>("pool_window_h")
-                       .Attr<int64_t>("pool_window_w")
-                       .Attr<int64_t>("pool_stride_h")
-                       .Attr<int64_t>("pool_stride_w")
-                       .Attr<int64_t>("pool_pad_top")
-                       .Attr<int64_t>("pool_pad_left")
-                       .Attr<int64_t>("precision")
-                       .Attr<int64_t>("algorithm"));
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<3, 1>(),  // x, w, bias -> y
+                                      "stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right",
+                                      "dilation_h", "dilation_w", "pool_window_h", "pool_window_w", "pool_stride_h",
+                                      "pool_stride_w", "pool_pad_top", "pool_pad_left", "precision", "algorithm"));
 
 namespace {
 

@@ -107,18 +107,9 @@ ffi::Error FireFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w_sq,
 // Graph-safe: device attributes are queried once per device and cached; the handler then
 // only sets the kernel's smem attribute and launches on `stream`.
 JAXCNN_FFI_HANDLER(JaxcnnFireFwd, jaxcnn::FireFwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()   // x
-                       .Arg<ffi::AnyBuffer>()   // squeeze_w
-                       .Arg<ffi::AnyBuffer>()   // expand1_w
-                       .Arg<ffi::AnyBuffer>()   // expand3_w
-                       .Arg<ffi::AnyBuffer>()   // squeeze_b
-                       .Arg<ffi::AnyBuffer>()   // expand1_b
-                       .Arg<ffi::AnyBuffer>()   // expand3_b
-                       .Ret<ffi::AnyBuffer>()   // y
-                       .Ret<ffi::AnyBuffer>()   // workspace u8 (s for wgmma / two_phase)
-                       .Attr<int64_t>("algorithm"));
+                   // x, squeeze_w, expand1_w, expand3_w, squeeze_b, expand1_b, expand3_b
+                   //   -> y, workspace u8 (s for wgmma / two_phase)
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<7, 2>(), "algorithm"));
 
 namespace {
 

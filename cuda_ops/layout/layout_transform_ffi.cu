@@ -74,9 +74,5 @@ ffi::Error LayoutTransformImpl(cudaStream_t stream, ffi::AnyBuffer x,
 // Graph-safe: a kernel launch or a device-to-device cudaMemcpyAsync on the given stream,
 // nothing else.
 JAXCNN_FFI_HANDLER(JaxcnnLayoutTransform, jaxcnn::LayoutTransformImpl,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x, src layout
-                       .Ret<ffi::AnyBuffer>()  // y, dst layout
-                       .Attr<int64_t>("src_layout")
-                       .Attr<int64_t>("dst_layout"));
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<1, 1>(),  // x in src layout -> y in dst layout
+                                      "src_layout", "dst_layout"));

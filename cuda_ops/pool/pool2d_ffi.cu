@@ -127,16 +127,8 @@ ffi::Error AvgPool2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::
 // The attributes both handlers decode, in the order the implementations take them.
 template <typename Binding>
 auto WithPoolAttrs(Binding binding) {
-  return std::move(binding)
-      .template Attr<int64_t>("layout")
-      .template Attr<int64_t>("window_h")
-      .template Attr<int64_t>("window_w")
-      .template Attr<int64_t>("stride_h")
-      .template Attr<int64_t>("stride_w")
-      .template Attr<int64_t>("pad_top")
-      .template Attr<int64_t>("pad_bottom")
-      .template Attr<int64_t>("pad_left")
-      .template Attr<int64_t>("pad_right");
+  return Int64Attrs(std::move(binding), "layout", "window_h", "window_w", "stride_h", "stride_w", "pad_top",
+                    "pad_bottom", "pad_left", "pad_right");
 }
 
 }  // namespace
@@ -145,14 +137,8 @@ auto WithPoolAttrs(Binding binding) {
 // Graph-safe: the handlers only launch a kernel on the given stream; no sync, no allocation,
 // no device queries.
 JAXCNN_FFI_HANDLER(JaxcnnMaxPool2dFwd, jaxcnn::MaxPool2dFwd,
-                   jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
-                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                             .Arg<ffi::AnyBuffer>()   // x
-                                             .Ret<ffi::AnyBuffer>()));  // y
+                   jaxcnn::WithPoolAttrs(jaxcnn::BindBuffers<1, 1>()));  // x -> y
 
 JAXCNN_FFI_HANDLER(JaxcnnAvgPool2dFwd, jaxcnn::AvgPool2dFwd,
-                   jaxcnn::WithPoolAttrs(ffi::Ffi::Bind()
-                                             .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                             .Arg<ffi::AnyBuffer>()   // x
-                                             .Ret<ffi::AnyBuffer>())  // y
-                       .Attr<int64_t>("count_include_pad"));
+                   jaxcnn::Int64Attrs(jaxcnn::WithPoolAttrs(jaxcnn::BindBuffers<1, 1>()),  // x -> y
+                                      "count_include_pad"));

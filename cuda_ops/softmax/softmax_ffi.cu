@@ -49,8 +49,4 @@ ffi::Error SoftmaxFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
 }  // namespace jaxcnn
 
 JAXCNN_FFI_HANDLER(JaxcnnSoftmaxFwd, jaxcnn::SoftmaxFwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x [..., cols]
-                       .Ret<ffi::AnyBuffer>()  // y, same shape
-                       .Attr<int64_t>("log"));
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<1, 1>(), "log"));  // x [..., cols] -> y, same shape

@@ -89,28 +89,11 @@ ffi::Error SparseConv2dFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
 }  // namespace jaxcnn
 
 JAXCNN_FFI_HANDLER(JaxcnnSparseConv2dFwd, jaxcnn::SparseConv2dFwd,
-                   ffi::Ffi::Bind()
-                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                       .Arg<ffi::AnyBuffer>()  // x [N, H, W, C]
-                       .Arg<ffi::AnyBuffer>()  // w [R, S, C, K]
-                       .Arg<ffi::AnyBuffer>()  // bias [K]
-                       .Ret<ffi::AnyBuffer>()  // y [N, P, Q, K] or [N, PP, PQ, K]
-                       .Ret<ffi::AnyBuffer>()  // scratch (uint8)
-                       .Attr<int64_t>("stride_h")
-                       .Attr<int64_t>("stride_w")
-                       .Attr<int64_t>("pad_h")
-                       .Attr<int64_t>("pad_w")
-                       .Attr<int64_t>("dilation_h")
-                       .Attr<int64_t>("dilation_w")
-                       .Attr<int64_t>("activation")
-                       .Attr<int64_t>("pool_window_h")
-                       .Attr<int64_t>("pool_window_w")
-                       .Attr<int64_t>("pool_stride_h")
-                       .Attr<int64_t>("pool_stride_w")
-                       .Attr<int64_t>("pool_pad_h")
-                       .Attr<int64_t>("pool_pad_w")
-                       .Attr<int64_t>("conv_out_h")
-                       .Attr<int64_t>("conv_out_w"));
+                   // x [N, H, W, C], w [R, S, C, K], bias [K] -> y [N, P, Q, K] or [N, PP, PQ, K], scratch u8
+                   jaxcnn::Int64Attrs(jaxcnn::BindBuffers<3, 2>(), "stride_h", "stride_w", "pad_h", "pad_w",
+                                      "dilation_h", "dilation_w", "activation", "pool_window_h", "pool_window_w",
+                                      "pool_stride_h", "pool_stride_w", "pool_pad_h", "pool_pad_w", "conv_out_h",
+                                      "conv_out_w"));
 
 namespace {
 

@@ -5,11 +5,13 @@
 //   scale_axes      per weight, the axis its factors run along (-1: none)
 //   scale_offsets   per weight, where its factors start in the packed vector (-1: none)
 //   vector_offsets  per vector result, where its values start in the packed vector
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/ffi_common.h"
+#include "weights/permuted_weight_ffi.h"
 #include "weights/weight_fold.h"
 
 namespace jaxcnn {
@@ -50,28 +52,18 @@ ffi::Error WeightFoldImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Rem
   auto in_packed = [&](int64_t offset, int64_t n) { return offset >= 0 && n >= 0 && offset + n <= packed_size; };
   std::vector<WeightFold> jobs(k + m);
   for (size_t i = 0; i < k; ++i) {
-    auto w = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!w.has_value() || !out.has_value()) return Invalid("operand/result " + std::to_string(i) + " is not a buffer");
     const std::string which = "weight " + std::to_string(i);
-    const auto dims = w->dimensions();
-    const auto out_dims = (*out)->dimensions();
-    if (dims.size() != 4) return Invalid(which + " must be rank 4, got shape " + DimsToString(dims));
+    PermutedWeight w;
+    if (std::string problem = ReadPermutedWeight(args, rets, perms, i, which, &w); !problem.empty())
+      return Invalid(problem);
     WeightFold& job = jobs[i];
-    if (!ToFoldElement(w->element_type(), &job.src_type) || !ToFoldElement((*out)->element_type(), &job.dst_type))
+    if (!ToFoldElement(w.src_type, &job.src_type) || !ToFoldElement(w.dst_type, &job.dst_type))
       return Invalid(which + ": weights and results must be float32, bfloat16 or float16");
-    job.src = w->untyped_data();
-    job.dst = (*out)->untyped_data();
-    bool shape_ok = out_dims.size() == 4;
-    for (int d = 0; d < 4; ++d) {
-      job.dims[d] = dims[d];
-      const int64_t p = perms[4 * i + d];
-      if (p < 0 || p > 3) return Invalid(which + ": perm entries must be in 0..3");
-      job.perm[d] = static_cast<int>(p);
-      shape_ok = shape_ok && out_dims[d] == dims[p];
-    }
-    if (!shape_ok) return Invalid(which + ": result shape " + DimsToString(out_dims) + " must be " +
-                                  DimsToString(dims) + " permuted");
+    job.src = w.src;
+    job.dst = w.dst;
+    std::copy(w.dims, w.dims + 4, job.dims);
+    std::copy(w.perm, w.perm + 4, job.perm);
+    const int64_t* dims = w.dims;
     const int64_t axis = scale_axes[i];
     if (axis > 3) return Invalid(which + ": scale axis must be in -1..3, got " + std::to_string(axis));
     if (axis >= 0) {

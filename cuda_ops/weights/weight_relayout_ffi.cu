@@ -1,10 +1,12 @@
 // XLA FFI handler for the batched weight permutation: k operands, k results, one attribute
 // `perms` holding 4 entries per operand (result i = transpose(operand i, perms[4i:4i+4])).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/ffi_common.h"
+#include "weights/permuted_weight_ffi.h"
 #include "weights/weight_relayout.h"
 
 namespace jaxcnn {
@@ -26,30 +28,19 @@ ffi::Error WeightRelayoutImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi:
   std::vector<WeightRelayout> jobs(k);
   size_t element_bytes = 0;
   for (size_t i = 0; i < k; ++i) {
-    auto w = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!w.has_value() || !out.has_value()) return Invalid("operand/result " + std::to_string(i) + " is not a buffer");
     const std::string which = "operand " + std::to_string(i);
-    const auto dims = w->dimensions();
-    const auto out_dims = (*out)->dimensions();
-    if (dims.size() != 4) return Invalid(which + " must be rank 4, got shape " + DimsToString(dims));
-    if ((*out)->element_type() != w->element_type()) return Invalid(which + ": result dtype must equal the operand's");
-    const size_t bytes = ffi::ByteWidth(w->element_type());
+    PermutedWeight w;
+    if (std::string problem = ReadPermutedWeight(args, rets, perms, i, which, &w); !problem.empty())
+      return Invalid(problem);
+    if (w.dst_type != w.src_type) return Invalid(which + ": result dtype must equal the operand's");
+    const size_t bytes = ffi::ByteWidth(w.src_type);
     if (i > 0 && bytes != element_bytes) return Invalid("every operand must have the same element width");
     element_bytes = bytes;
     WeightRelayout& job = jobs[i];
-    job.src = w->untyped_data();
-    job.dst = (*out)->untyped_data();
-    bool shape_ok = out_dims.size() == 4;
-    for (int d = 0; d < 4; ++d) {
-      job.dims[d] = dims[d];
-      const int64_t p = perms[4 * i + d];
-      if (p < 0 || p > 3) return Invalid(which + ": perm entries must be in 0..3");
-      job.perm[d] = static_cast<int>(p);
-      shape_ok = shape_ok && out_dims[d] == dims[p];
-    }
-    if (!shape_ok) return Invalid(which + ": result shape " + DimsToString(out_dims) + " must be " +
-                                  DimsToString(dims) + " permuted");
+    job.src = w.src;
+    job.dst = w.dst;
+    std::copy(w.dims, w.dims + 4, job.dims);
+    std::copy(w.perm, w.perm + 4, job.perm);
   }
   if (k == 0) return ffi::Error::Success();
   if (const char* reason = weight_relayout_unsupported_reason(jobs, element_bytes)) return Invalid(reason);

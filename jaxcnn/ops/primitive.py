@@ -247,6 +247,19 @@ class LeadingBatchPrimitive(BatchShardedPrimitive):
         return jax.lax.map(one, slices), 0
 
 
+def multiple_result_primitive(name: str, abstract, reference, cuda_lowering, batcher) -> Primitive:
+    """A plain multiple-result primitive (the batched weight ops): eager via XLA, the lax
+    reference lowering everywhere but CUDA, `cuda_lowering` there, and `batcher` for vmap."""
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, mlir.lower_fun(reference, multiple_results=True))
+    mlir.register_lowering(prim, cuda_lowering, platform="cuda")
+    batching.primitive_batchers[prim] = batcher
+    return prim
+
+
 def _single_device(ctx) -> bool:
     context = ctx.module_context.axis_context
     if isinstance(context, sharding_impls.ShardingContext):

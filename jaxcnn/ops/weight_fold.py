@@ -21,14 +21,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import dispatch
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import mlir
 
 from jaxcnn import _ffi
 from jaxcnn.ops.operand_checks import as_array, check_int32_shape
-from jaxcnn.ops.primitive import _single_device, allow_reference_fallback
+from jaxcnn.ops.primitive import _single_device, allow_reference_fallback, multiple_result_primitive
 
 __all__ = ["fold_weights"]
 
@@ -78,13 +76,7 @@ def _batch(args, dims, **params):
     return outs, [0] * len(outs)
 
 
-weight_fold_p = Primitive(NAME)
-weight_fold_p.multiple_results = True
-weight_fold_p.def_impl(functools.partial(dispatch.apply_primitive, weight_fold_p))
-weight_fold_p.def_abstract_eval(_abstract)
-mlir.register_lowering(weight_fold_p, mlir.lower_fun(_reference, multiple_results=True))
-mlir.register_lowering(weight_fold_p, _cuda_lowering, platform="cuda")
-batching.primitive_batchers[weight_fold_p] = _batch
+weight_fold_p = multiple_result_primitive(NAME, _abstract, _reference, _cuda_lowering, _batch)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

@@ -18,14 +18,12 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import dispatch
 from jax.core import ShapedArray
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from jaxcnn import _ffi
 from jaxcnn.ops.operand_checks import as_array, check_int32_shape
-from jaxcnn.ops.primitive import _single_device, allow_reference_fallback
+from jaxcnn.ops.primitive import _single_device, allow_reference_fallback, multiple_result_primitive
 
 __all__ = ["relayout_weights"]
 
@@ -110,13 +108,7 @@ def _transpose_rule(cts, *ws, perms):
     return relayout_weights(cts, [_inverse(p) for p in perms])
 
 
-weight_relayout_p = Primitive(NAME)
-weight_relayout_p.multiple_results = True
-weight_relayout_p.def_impl(functools.partial(dispatch.apply_primitive, weight_relayout_p))
-weight_relayout_p.def_abstract_eval(_abstract)
-mlir.register_lowering(weight_relayout_p, mlir.lower_fun(_reference, multiple_results=True))
-mlir.register_lowering(weight_relayout_p, _cuda_lowering, platform="cuda")
-batching.primitive_batchers[weight_relayout_p] = _batch
+weight_relayout_p = multiple_result_primitive(NAME, _abstract, _reference, _cuda_lowering, _batch)
 ad.deflinear2(weight_relayout_p, _transpose_rule)
 
 
