@@ -499,3 +499,22 @@ def test_the_callable_module_forwards_every_keyword():
         module(lambda x: x, fuse="everything")
     with pytest.raises(ValueError, match="policy must be one of"):
         module(lambda x: x, policy="fastest")
+
+
+def test_sparse_auto_leaves_convs_whose_epilogue_it_cannot_run(tmp_path, monkeypatch):
+    """sparse_conv2d takes a bias and ReLU only: a conv with BatchNorm folded into it (or a
+    residual) is never handed to it, whatever the crossover says; the result is fn's."""
+    from jaxcnn import sparse_dispatch as sd
+
+    monkeypatch.setenv(sd.CACHE_ENV, str(tmp_path / "crossover.json"))
+    x, w1, w2 = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16)), rand(32, (3, 3, 16, 8))
+    s, t = jnp.linspace(0.5, 1.5, 8), jnp.linspace(-1.0, 1.0, 8)
+
+    def net(x, w1, w2):
+        return jax.nn.relu(conv(jax.nn.relu(conv(x, w1)), w2) * s + t)  # conv2: a BatchNorm-like affine
+    key = sd.layer_key((2, 9, 9, 16), (3, 3, 16, 8), "float32", stride=(1, 1), padding=((1, 1), (1, 1)),
+                       precision="default")
+    sd.CrossoverTable().put(sd.Crossover(sd.device_kind(), key, (0.0, 1.0), (0.01, 0.01), 1.0, "xla"))
+    opt = jaxcnn.optimize(net, example_args=(x, w1, w2), policy="all", sparse="auto", fuse="none")
+    assert "sparse" not in [r.algorithm for r in opt.rewrites()]
+    np.testing.assert_allclose(opt(x, w1, w2), net(x, w1, w2), rtol=1e-4, atol=1e-4)

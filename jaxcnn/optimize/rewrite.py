@@ -328,7 +328,8 @@ def _sparse_build(m: Match):
 
 
 def plan_sparse(plan: RewritePlan, closed, leaves) -> list:
-    """sparse="auto": for each top-level NHWC conv (groups 1, undilated; matched by the policy
+    """sparse="auto": for each top-level NHWC conv (groups 1, undilated, at most a bias and ReLU
+    after it: sparse_conv2d takes no folded BatchNorm or residual; matched by the policy
     or left to XLA by it), the fraction of zeros of its input on these concrete arguments, and
     jaxcnn.sparse_dispatch's pick at that sparsity from the crossover measured for the layer on
     this GPU (none measured: dense). A sparse pick swaps the match's build for
@@ -336,7 +337,7 @@ def plan_sparse(plan: RewritePlan, closed, leaves) -> list:
     the conv as the policy had it. Returns (match, Decision)s."""
     convs = sorted([*plan.matches.values(), *declined_convs(plan)], key=lambda m: max(m.eqn_indices))
     sites = [m for m in convs
-             if m.op == "conv2d" and m.site.layout == "NHWC" and m.site.kwargs["groups"] == 1
+             if m.op == "conv2d" and m.site.layout == "NHWC" and m.site.kwargs["groups"] == 1 and m.plain
              and tuple(m.site.kwargs["dilation"]) == (1, 1) and not isinstance(m.in_vars[0], Literal)]
     if not sites:
         return []

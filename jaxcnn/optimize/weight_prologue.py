@@ -144,7 +144,7 @@ def plan_weight_prologue(plan) -> WeightPrologue | None:
     early: set[int] = set()
     for last, m in sorted(plan.matches.items()):
         fold = getattr(m, "fold", None)
-        if m.op != "conv2d" or fold is None or m.algorithm is None:
+        if m.op != "conv2d" or fold is None or m.algorithm in (None, "sparse"):
             continue
         need = _param_slice(plan, [fold.w, *fold.epilogue.vectors], inputs, blocked)
         if need is None:
