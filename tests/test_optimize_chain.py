@@ -98,6 +98,9 @@ def test_cuda_lowering_has_one_custom_call_per_chain():
     calls = custom_calls(text, TARGET)
     assert len(calls) == 2, text
     assert "pad_top = 0 : i64" in calls[0] and "pad_bottom = 1 : i64" in calls[0]
+    # Both chains' four convs take their folded weights and biases from one weight prologue.
+    (fold,) = custom_calls(text, "jaxcnn_weight_fold")
+    assert "scale_axes = dense<3> : tensor<4xi64>" in fold
 
 
 def test_gradients_match_the_traced_blocks():

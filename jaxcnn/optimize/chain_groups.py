@@ -181,18 +181,27 @@ def _in_vars(site: ChainSite) -> tuple:
     return (*site.expand.in_vars, *site.depthwise.in_vars[1:])
 
 
+def _fused(site: ChainSite):
+    """(x, w1, b1, wd, bd) -> the chain's output: HWIO weights with their epilogues folded."""
+    out_dtype = site.depthwise.out_var.aval.dtype
+
+    def fused(x, w1, b1, wd, bd):
+        return conv1x1_depthwise(x, w1, wd, b1, bd, stride=site.group.attrs["stride"],
+                                 activations=site.group.attrs["activations"], padding=site.padding).astype(out_dtype)
+    return as_nhwc_op(site.group.attrs["layout"], fused)
+
+
 def _build(site: ChainSite):
+    """The chain's build on the match's own in_vars: each conv's epilogue folded on every call."""
     ex, dw = site.expand, site.depthwise
     n_ex = len(ex.in_vars) - 1
-    acts = site.group.attrs["activations"]
-    out_dtype = dw.out_var.aval.dtype
+    fused = _fused(site)
 
     def build(x, *vals):
         _, w1, b1, _ = ex.operands(x, *vals[:n_ex])
         _, wd, bd, _ = dw.operands(x, *vals[n_ex:])
-        return conv1x1_depthwise(x, w1, wd, b1, bd, stride=site.group.attrs["stride"], activations=acts,
-                                 padding=site.padding).astype(out_dtype)
-    return as_nhwc_op(site.group.attrs["layout"], build)
+        return fused(x, w1, b1, wd, bd)
+    return build
 
 
 def _rule() -> tuple[str, str]:
@@ -251,6 +260,7 @@ def replace_chain(site: ChainSite) -> None:
                   build=_build(site), algorithm="fused")
     match.decision = site.decision
     match.path = site.expand.path
+    match.fold_parts, match.prefolded_build = (site.expand, site.depthwise), _fused(site)
     plan.matches[max(site.indices)] = match
     plan.skipped.update(j for j in site.indices if j != max(site.indices))
 

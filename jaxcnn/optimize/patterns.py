@@ -84,6 +84,10 @@ class Match:
     plain: bool = True
     decision: Any = None  # the decision owner's Decision (conv sites under policy="auto")
     fold: Any = None  # conv matches whose epilogue folds into the weights: weight_prologue.FoldSite
+    # fused groups: the conv matches they fuse, and their build from those convs' folded HWIO
+    # weights and biases, (x, w_0, b_0, w_1, b_1, ...) (weight_prologue)
+    fold_parts: tuple = ()
+    prefolded_build: Callable[..., Any] | None = None
     path: str = ""  # where the match is: the call path of its jaxpr
 
     def weight_hwio(self, w):

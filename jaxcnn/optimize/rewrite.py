@@ -95,7 +95,7 @@ class RewritePlan:
     def folded_convs(self) -> int:
         """Convs folded by the weight prologues of this plan and its call bodies."""
         folds = self.folds()
-        return (len(folds.sites) if folds is not None else 0) + sum(c.folded_convs() for c in self.calls.values())
+        return (len(folds.folds) if folds is not None else 0) + sum(c.folded_convs() for c in self.calls.values())
 
     def declined(self) -> list[Match]:
         """The sites found but kept as traced (their policy or decision chose XLA's own)."""

@@ -9,7 +9,10 @@ weight at once, in the layout its conv reads: OHWI for XLA's 16-bit NHWC convs (
 so XLA transposes nothing), OIHW for NCHW ones, HWIO for jaxcnn's kernels.
 
 A site takes part when its weight and per-channel vectors derive from the program's inputs
-alone (parameters, not activations): the equations computing them move ahead of the fold.
+alone (parameters, not activations): the equations computing them move ahead of the fold. A
+fused group whose convs all fold (an expand -> depthwise chain with BatchNorm after both)
+takes part the same way: its match names the conv matches it fuses (`fold_parts`) and how to
+build it from their folded HWIO weights and biases (`prefolded_build`).
 The sites' decisions are unchanged (measured with their own fold, so a site wins at least as
 much here); the whole-program check measures the program with its prologue.
 """
@@ -84,20 +87,26 @@ class _Folded:
 
 @dataclass
 class WeightPrologue:
-    """The plan's prologue: early equations, then one fold of every taking-part site."""
+    """The plan's prologue: early equations, then one fold of every taking-part conv."""
 
     early: list[int] = field(default_factory=list)  # equation indices, in program order
-    sites: list[tuple[Any, FoldSite, tuple]] = field(default_factory=list)  # (match, fold, perm)
+    # one per folded conv: (its FoldSite, its target axes in HWIO order, weight key, bias key)
+    folds: list[tuple[FoldSite, tuple, Any, Any]] = field(default_factory=list)
     # per match (by its last equation index): (in_vars, build) replacing the match's own
     replaced: dict[int, tuple[tuple, Callable]] = field(default_factory=dict)
+
+    def fold(self, fold: FoldSite, perm: tuple) -> tuple:
+        """Adds a conv's fold; its (weight, bias) environment keys."""
+        keys = (_Folded("w"), _Folded("b"))
+        self.folds.append((fold, perm, *keys))
+        return keys
 
     def run(self, env: dict, bind_eqn: Callable, eqns) -> None:
         for i in self.early:
             bind_eqn(eqns[i], env)
         ws, scales, axes, perms, dtypes, shifts, w_keys, b_keys = [], [], [], [], [], [], [], []
-        for m, fold, perm in self.sites:
+        for fold, perm, w_key, b_key in self.folds:
             scale, shift = fold_affine(fold.epilogue.steps, {v: env[v] for v in fold.epilogue.vectors}, fold.k)
-            w_key, b_key = self.replaced[max(m.eqn_indices)][0][1:3]
             ws.append(env[fold.w])
             scales.append(scale)
             axes.append(fold.to_hwio[3])
@@ -143,19 +152,26 @@ def plan_weight_prologue(plan) -> WeightPrologue | None:
     prologue = WeightPrologue()
     early: set[int] = set()
     for last, m in sorted(plan.matches.items()):
-        fold = getattr(m, "fold", None)
-        if m.op != "conv2d" or fold is None or m.algorithm in (None, "sparse"):
+        if m.algorithm in (None, "sparse"):
             continue
-        need = _param_slice(plan, [fold.w, *fold.epilogue.vectors], inputs, blocked)
-        if need is None:
+        parts = [m] if m.op == "conv2d" else list(getattr(m, "fold_parts", ()))
+        folds = [getattr(p, "fold", None) for p in parts]
+        if not folds or None in folds or (m.op != "conv2d" and getattr(m, "prefolded_build", None) is None):
             continue
-        early |= need
-        spec, perm = fold.target(m.algorithm)
-        residual = (fold.epilogue.residual,) if fold.epilogue.residual is not None else ()
-        in_vars = (m.in_vars[0], _Folded("w"), _Folded("b"), *residual)
-        prologue.sites.append((m, fold, perm))
-        prologue.replaced[last] = (in_vars, fold.build(m.algorithm, spec))
-    if not prologue.sites:
+        needs = [_param_slice(plan, [f.w, *f.epilogue.vectors], inputs, blocked) for f in folds]
+        if None in needs:
+            continue
+        early = early.union(*needs)
+        if m.op == "conv2d":
+            (fold,) = folds
+            spec, perm = fold.target(m.algorithm)
+            residual = (fold.epilogue.residual,) if fold.epilogue.residual is not None else ()
+            prologue.replaced[last] = ((m.in_vars[0], *prologue.fold(fold, perm), *residual),
+                                       fold.build(m.algorithm, spec))
+        else:  # a fused group: its kernel reads HWIO weights
+            keys = [k for f in folds for k in prologue.fold(f, HWIO)]
+            prologue.replaced[last] = ((m.in_vars[0], *keys), m.prefolded_build)
+    if not prologue.folds:
         return None
     prologue.early = sorted(early)
     return prologue
