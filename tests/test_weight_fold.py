@@ -165,3 +165,20 @@ def test_prologue_leaves_batch_statistics_and_differentiates(monkeypatch):
     g_ref = jax.grad(lambda p: jnp.sum(fn(p, x) ** 2))(params)
     for a, b in zip(jax.tree.leaves(g_opt), jax.tree.leaves(g_ref)):
         np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_prologue_with_ohwi_weights_differentiates(monkeypatch):
+    """XLA's 16-bit convs read the prologue's OHWI weights: gradients flow back through the
+    fold and the layout to the user's HWIO weights and BatchNorm parameters."""
+    from jaxcnn.optimize import rewrite
+    monkeypatch.setattr(rewrite, "decide_all", fake_decisions("xla_folded"))
+    fn, params = bn_model(jnp.float16), bn_params(8, seed=5)
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((2, 6, 6, 8)), jnp.float16)
+    opt = jaxcnn.optimize(fn, fuse="none")
+    assert "x[o, 0, 1, i]" in cuda_text(opt, params, x)
+    loss = lambda f: lambda p: jnp.sum(f(p, x).astype(jnp.float32) ** 2)  # noqa: E731
+    got, want = jax.grad(loss(opt))(params), jax.grad(loss(fn))(params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert bool(jnp.all(jnp.isfinite(a)))
+        # fp16 programs that round differently: the gradients agree to a few fp16 ulps of their scale
+        np.testing.assert_allclose(a, b, rtol=0.05, atol=0.05 * float(jnp.max(jnp.abs(b))))
