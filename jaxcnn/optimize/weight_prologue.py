@@ -82,7 +82,10 @@ class _Folded:
     __slots__ = ("what",)
 
     def __init__(self, what: str):
-        self.what = what  # "w" or "b", for reading
+        self.what = what  # "w" or "b"
+
+    def __repr__(self) -> str:
+        return f"<folded {self.what}>"
 
 
 @dataclass
@@ -144,8 +147,7 @@ def _param_slice(plan, roots, inputs: set[int], blocked: set[int]) -> set[int] |
 
 def plan_weight_prologue(plan) -> WeightPrologue | None:
     """The prologue of plan's conv matches that fold (None when none takes part)."""
-    found = getattr(plan, "found", None)
-    if found is None:
+    if plan.found is None:
         return None
     inputs = {id(v) for v in (*plan.jaxpr.invars, *plan.jaxpr.constvars)}
     blocked = set(plan.skipped) | set(plan.matches) | set(plan.calls)
@@ -154,9 +156,9 @@ def plan_weight_prologue(plan) -> WeightPrologue | None:
     for last, m in sorted(plan.matches.items()):
         if m.algorithm in (None, "sparse"):
             continue
-        parts = [m] if m.op == "conv2d" else list(getattr(m, "fold_parts", ()))
-        folds = [getattr(p, "fold", None) for p in parts]
-        if not folds or None in folds or (m.op != "conv2d" and getattr(m, "prefolded_build", None) is None):
+        parts = [m] if m.op == "conv2d" else list(m.fold_parts)
+        folds = [p.fold for p in parts]
+        if not folds or None in folds or (m.op != "conv2d" and m.prefolded_build is None):
             continue
         needs = [_param_slice(plan, [f.w, *f.epilogue.vectors], inputs, blocked) for f in folds]
         if None in needs:
