@@ -10,12 +10,8 @@ st.title("Roofline")
 measured = ui.page_source().measured
 
 with ui.guard("Roofline"):
-    runs = ui.runs()
-    timed = runs[(runs["layers"] > 0) & (runs["measurements"] > 0)]
-    if timed.empty:
-        st.info("No data yet: run `jaxcnn profile squeezenet1_1 --db DB` on a GPU machine.")
-        st.stop()
-    run = ui.pick_run(timed, "Run", key="roofline-run", default=data.default_run_id(timed))
+    run = ui.pick_run_or_stop(data.timed_runs(ui.runs()), key="roofline-run",
+                              empty="No data yet: run `jaxcnn profile squeezenet1_1 --db DB` on a GPU machine.")
     run_id = int(run["id"])
     ceilings = data.run_ceilings(run)
     if ceilings is None:

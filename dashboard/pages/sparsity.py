@@ -9,12 +9,9 @@ measured = ui.page_source().measured
 
 with ui.guard("Sparsity"):
     runs = ui.runs()
-    with_sparsity = runs[runs["sparsity"] > 0]
-    if with_sparsity.empty:
-        st.info("No data yet: run `jaxcnn profile MODEL --db DB` (without --no-sparsity) to measure "
-                "activation sparsity.")
-        st.stop()
-    run = ui.pick_run(with_sparsity, "Run", key="sparsity-run", default=data.default_run_id(with_sparsity))
+    run = ui.pick_run_or_stop(runs[runs["sparsity"] > 0], key="sparsity-run",
+                              empty="No data yet: run `jaxcnn profile MODEL --db DB` (without --no-sparsity) "
+                                    "to measure activation sparsity.")
     run_id = int(run["id"])
     table = ui.read("sparsity_table", run_id)
     c1, c2, c3 = st.columns(3)

@@ -11,11 +11,8 @@ measured = source.measured
 
 with ui.guard("Speed"):
     runs = ui.runs()
-    timed = runs[(runs["layers"] > 0) & (runs["measurements"] > 0)]
-    if timed.empty:
-        st.info("No data yet: run `jaxcnn profile squeezenet1_1 --db DB` to time a model's layers.")
-        st.stop()
-    run = ui.pick_run(timed, "Run", key="speed-run", default=data.default_run_id(timed))
+    run = ui.pick_run_or_stop(data.timed_runs(runs), key="speed-run",
+                              empty="No data yet: run `jaxcnn profile squeezenet1_1 --db DB` to time a model's layers.")
     run_id = int(run["id"])
     reference = data.reference_path_run(run)
     if reference:

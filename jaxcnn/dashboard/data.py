@@ -49,6 +49,7 @@ from jaxcnn.dashboard.runs_data import (
     run_where,
     runs_summary,
     runs_table,
+    timed_runs,
 )
 from jaxcnn.dashboard.sources import (
     CACHE_ENV_VAR,
@@ -115,5 +116,5 @@ __all__ = [
     "peak_formula", "plan_buffers", "plan_measurements", "plan_runs", "plan_summary", "reference_path_run",
     "roofline_points", "run_ceilings", "run_label", "run_where", "runs_summary", "runs_table", "shipped_files",
     "shipped_provenance", "shipped_store", "shipped_summary", "short_commit", "short_kernel_name",
-    "sources_caption", "sparsity_table", "speedup_table", "time_metric",
+    "sources_caption", "sparsity_table", "speedup_table", "time_metric", "timed_runs",
 ]

@@ -80,6 +80,12 @@ REFERENCE_PATH_NOTE = ("CPU run: jaxcnn's CUDA kernels do not run on a CPU, so b
                        "says nothing about jaxcnn's kernels. Profile on a GPU for that.")
 
 
+def timed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs_table that timed layers (they have layers and measurements): the runs the
+    Speed and Roofline pages show and run vs run compares."""
+    return runs[(runs["layers"] > 0) & (runs["measurements"] > 0)]
+
+
 def default_run_id(runs: pd.DataFrame) -> int | None:
     """The run a page starts from: the latest profile run with the most layers (a real model,
     not a plan run, which has none, nor the smallest zoo model), else the latest run."""

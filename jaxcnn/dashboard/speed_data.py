@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from jaxcnn.dashboard.runs_data import reference_path_run, run_where
+from jaxcnn.dashboard.runs_data import reference_path_run, run_where, timed_runs
 from jaxcnn.dashboard.sources import MIB, NoData, _sql, _text
 from jaxcnn.store import Store
 
@@ -143,7 +143,8 @@ def compare_refusal(run_a: dict[str, Any], run_b: dict[str, Any]) -> str | None:
 def compare_candidates(runs: pd.DataFrame, run: dict[str, Any]) -> pd.DataFrame:
     """Runs that `run` may be compared with: timed ones (layers and measurements) other than it,
     none for a CPU run (compare_refusal)."""
-    timed = runs[(runs["layers"] > 0) & (runs["measurements"] > 0) & (runs["id"] != run["id"])]
+    timed = timed_runs(runs)
+    timed = timed[timed["id"] != run["id"]]
     return timed[[compare_refusal(run, other) is None for other in timed.to_dict("records")]]
 
 

@@ -143,6 +143,15 @@ def pick_run(candidates: pd.DataFrame, label: str, key: str, position: int = 0,
     return candidates[candidates["id"] == chosen].iloc[0].to_dict()
 
 
+def pick_run_or_stop(candidates: pd.DataFrame, key: str, empty: str) -> dict[str, Any]:
+    """A page's run picker ("Run", starting from data.default_run_id of `candidates`); with no
+    candidates the page stops with the message `empty` (what to run to get data)."""
+    if candidates.empty:
+        st.info(empty)
+        st.stop()
+    return pick_run(candidates, "Run", key=key, default=data.default_run_id(candidates))
+
+
 def measured() -> str:
     """The source label of the current store's measurements (data.MEASURED or data.SHIPPED)."""
     return current_source().measured
