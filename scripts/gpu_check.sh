@@ -81,6 +81,22 @@ step() {
   return $rc
 }
 
+# standalone_selftest NAME ARCH FALLBACK SMALL: builds cuda_ops/selftest/NAME.cu with nvcc, linked
+# against the build step's kernel archive (FALLBACK, a source or a missing name, when there is none),
+# runs it, then memcheck and racecheck on its small cases (SMALL: the selftest's flag for them).
+# Steps: NAME_build, NAME, NAME-memcheck, NAME-racecheck.
+standalone_selftest() {
+  local name=$1 arch=$2 fallback=$3 small=$4
+  local bin=build/$name archive
+  archive=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
+  step "${name}_build" nvcc -std=c++17 -O3 -arch="$arch" -I cuda_ops \
+    "cuda_ops/selftest/$name.cu" "${archive:-$fallback}" -o "$bin"
+  step "$name" "$bin"
+  for tool in memcheck racecheck; do
+    step "$name-$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" "$small"
+  done
+}
+
 step environment bash -c "nvidia-smi; $PY -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())'; nvcc --version; cmake --version | head -1"
 # Build against this machine's jaxlib (FFI headers must not be newer than the runtime's).
 # JAXCNN_PREBUILT_LIB=PATH: where a library of these exact sources is kept on this machine (name
@@ -165,13 +181,7 @@ fi
 if has fusion; then
   # The fire launcher's wgmma path calls the CUTLASS conv kernels: link the selftest against the
   # build step's kernel archive (no second CUTLASS compile).
-  FIRE_SELFTEST=build/fire_selftest
-  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
-  step fire_selftest_build nvcc -std=c++17 -O3 -arch=${FIRE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/fire_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$FIRE_SELFTEST"
-  step fire_selftest "$FIRE_SELFTEST"
-  step fire_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large
-  step fire_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$FIRE_SELFTEST" --skip-large
+  standalone_selftest fire_selftest "${FIRE_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --skip-large
   step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
@@ -179,13 +189,7 @@ fi
 
 if has chain; then
   # Links the build step's kernel archive, like the fusion section.
-  CHAIN_SELFTEST=build/chain_selftest
-  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
-  step chain_selftest_build nvcc -std=c++17 -O3 -arch=${CHAIN_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/chain_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$CHAIN_SELFTEST"
-  step chain_selftest "$CHAIN_SELFTEST"
-  step chain_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$CHAIN_SELFTEST" --small
-  step chain_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$CHAIN_SELFTEST" --small
+  standalone_selftest chain_selftest "${CHAIN_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --small
   step pytest_chain_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_chain_gpu.xml" tests/test_chain_gpu.py
   # shellcheck disable=SC2086
   step chain_bench $PY scripts/bench_chain.py --out "$OUT" ${CHAIN_BENCH_ARGS:-}
@@ -194,13 +198,7 @@ fi
 
 if has convpool; then
   # The launcher's wgmma kernel is a CUTLASS/CuTe sm_90a TU: link the build step's kernel archive.
-  CONVPOOL_SELFTEST=build/conv_pool_selftest
-  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
-  step conv_pool_selftest_build nvcc -std=c++17 -O3 -arch=${CONVPOOL_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/conv_pool_selftest.cu "${KERNELS_ARCHIVE:-missing-libjaxcnn_kernels.a}" -o "$CONVPOOL_SELFTEST"
-  step conv_pool_selftest "$CONVPOOL_SELFTEST"
-  step conv_pool_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large
-  step conv_pool_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$CONVPOOL_SELFTEST" --skip-large
+  standalone_selftest conv_pool_selftest "${CONVPOOL_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --skip-large
   step pytest_conv2d_pool_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_conv2d_pool_gpu.xml" tests/test_conv2d_pool_gpu.py
   # shellcheck disable=SC2086
   step conv_pool_bench $PY scripts/bench_conv_pool.py --out "$RAW" ${CONVPOOL_BENCH_ARGS:-}
@@ -209,13 +207,7 @@ fi
 if has sparse; then
   # Links the build step's kernel archive (sparse_conv.cu alone compiles for minutes); without
   # one (a failed build) it compiles the launcher standalone.
-  SPARSE_SELFTEST=build/sparse_selftest
-  KERNELS_ARCHIVE=$(ls build/cp*/libjaxcnn_kernels.a 2>/dev/null | head -1)
-  step sparse_selftest_build nvcc -std=c++17 -O3 -arch=${SPARSE_SELFTEST_ARCH:-sm_90a} -I cuda_ops \
-    cuda_ops/selftest/sparse_selftest.cu "${KERNELS_ARCHIVE:-cuda_ops/sparse/sparse_conv.cu}" -o "$SPARSE_SELFTEST"
-  step sparse_selftest "$SPARSE_SELFTEST"
-  step sparse_selftest-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$SPARSE_SELFTEST" --skip-large
-  step sparse_selftest-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$SPARSE_SELFTEST" --skip-large
+  standalone_selftest sparse_selftest "${SPARSE_SELFTEST_ARCH:-sm_90a}" cuda_ops/sparse/sparse_conv.cu --skip-large
   step pytest_sparse_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_sparse_gpu.xml" \
     tests/test_sparse_conv2d_gpu.py
   # shellcheck disable=SC2086
