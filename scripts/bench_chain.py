@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
-                          environment, fmt, kernel_table, report_header, report_name, run_rows, status,
+                          environment, fmt, kernel_table, report_header, report_name, run_rows, status, summary_report,
                           table_row, timed, us, variant_times, write_report)
 
 import jax
@@ -284,13 +284,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         "- jaxcnn 3x3->1x1 rows time `conv3x3_conv1x1(..., algorithm=\"fused\")`: its default "
         "`algorithm=\"auto\"` currently picks XLA's unfused convs for every 3x3->1x1 shape "
         "(the fused kernel measured slower than cuDNN's convs on an H100).",
-        "",
-        "## Summary",
-        "",
-        *speedup_summary(rows),
-        "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "case")) + "\n"
+    return summary_report(header, speedup_summary(rows), summary_table(rows), kernel_table(rows, "case"))
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:

@@ -237,6 +237,12 @@ def report_header(title: str, env: dict, rows: list[dict], *, more_warnings: Ite
     ]
 
 
+def summary_report(header: list[str], summary: list[str], table: list[str], kernels: list[str]) -> str:
+    """A sweep report's markdown: its header lines, "## Summary" with the summary lines and the
+    summary table, then "## Kernels" with the kernel table."""
+    return "\n".join([*header, "", "## Summary", "", *summary, "", *table, "", "## Kernels", "", *kernels]) + "\n"
+
+
 # ---------------------------------------------------------------- command line
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from bench_common import (DTYPES, FLOOR_BANDWIDTH, add_timing_options, check_dtypes, environment,
                           failed_accuracy, fmt, int_list, kernel_table, relative_accuracy, report_header,
-                          run_rows, status, str_list, table_row, timed, timing_defaults, us, variant_times,
+                          run_rows, status, summary_report, str_list, table_row, timed, timing_defaults, us, variant_times,
                           write_report)
 from gpu_check_report import gpu_slug
 
@@ -255,13 +255,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         "jaxcnn.conv2d(relu) then jaxcnn.max_pool2d.",
         f"- goals (issue 8, bf16): VGG c1_2 N=64 XLA/jaxcnn >= {GOAL_HEADLINE}; >= {GOAL_VGG} "
         "across VGG-19's pooled layers.",
-        "",
-        "## Summary",
-        "",
-        *goal_summary(rows),
-        "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "layer", launch_config=True)) + "\n"
+    return summary_report(header, goal_summary(rows), summary_table(rows), kernel_table(rows, "layer", launch_config=True))
 
 
 def report_stem(env: dict, label: str) -> str:

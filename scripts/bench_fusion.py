@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
                           environment, failed_accuracy, fmt, kernel_table, relative_accuracy, report_header,
-                          report_name, run_rows, status, table_row, timed, us, variant_times, write_report)
+                          report_name, run_rows, status, summary_report, table_row, timed, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -204,13 +204,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int, label: str) -> str:
         f"- floor = MB / {FLOOR_BANDWIDTH / 1e12:.2f} TB/s; % floor = floor / time. XLA: the zoo's "
         "fire module (three convs + bias + ReLU, concatenate) under jit.",
         f"- goal (issue 7): headline case XLA/jaxcnn >= {GOAL_SPEEDUP}.",
-        "",
-        "## Summary",
-        "",
-        *goal_summary(rows),
-        "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows, "case", launch_config=True)) + "\n"
+    return summary_report(header, goal_summary(rows), summary_table(rows), kernel_table(rows, "case", launch_config=True))
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int, label: str) -> str:

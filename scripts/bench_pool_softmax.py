@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench_common import (DTYPES, add_timing_options, csv_of, environment, failed_accuracy, fmt, int_list,
-                          relative_accuracy, report_header, run_rows, status, table_row, timed,
+                          relative_accuracy, report_header, run_rows, status, summary_report, table_row, timed,
                           timing_defaults, top_kernels, us, variant_times, write_report)
 
 import jax
@@ -279,13 +279,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
         "% copy = copy time / op time. XLA: lax.reduce_window (flax-style pools) / jax.nn.softmax "
         "in the input dtype, same layout.",
         f"- goal: jaxcnn >= {GOAL_PCT_COPY:.0f}% of copy and XLA/jaxcnn >= {GOAL_SPEEDUP}.",
-        "",
-        "## Summary",
-        "",
-        *goal_summary(rows),
-        "",
     ]
-    return "\n".join(header + summary_table(rows) + ["", "## Kernels", ""] + kernel_table(rows)) + "\n"
+    return summary_report(header, goal_summary(rows), summary_table(rows), kernel_table(rows))
 
 
 def write_reports(out_dir: Path, env: dict, rows: list[dict], iters: int) -> str:
