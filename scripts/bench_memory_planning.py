@@ -123,27 +123,26 @@ def remat_case(model: str, batch: int, args) -> dict[str, Any]:
                 rows=[r.__dict__ for r in advice.rows], _result=advice)
 
 
-def table_rows(results: list[dict], key: str, row: Callable[[dict], str]) -> list[str]:
-    """A section's markdown table rows: row(r) for each result; one that failed, its model, its
+def table_rows(results: list[dict], key: str, cells: Callable[[dict], list[str]]) -> list[str]:
+    """A section's markdown table rows: the cells(r) of each result; one that failed, its model, its
     `key` column and its error, the other cells left empty."""
-    return [f"| {r['model']} | {r[key]} | error: {r['error']} |||||||||" if "error" in r else row(r)
-            for r in results]
+    return [f"| {r['model']} | {r[key]} | error: {r['error']} |||||||||" if "error" in r
+            else "| " + " | ".join(cells(r)) + " |" for r in results]
 
 
-def donation_row(r: dict) -> str:
-    return (f"| {r['model']} | {r['batch']} | {', '.join(r['donated'])} | {mib(r['footprint_before'])} | "
-            f"{mib(r['footprint_after'])} | {mib(r['saved_bytes'])} | "
-            f"{100 * r['saved_bytes'] / r['footprint_before']:.1f} | {r['alias_before']} | "
-            f"{mib(r['alias_after'])} | {mib(r['donated_bytes'])} | "
-            f"{mib(r['temp_before'])} / {mib(r['temp_after'])} |")
+def donation_cells(r: dict) -> list[str]:
+    saved_pct = 100 * r["saved_bytes"] / r["footprint_before"]
+    return [r["model"], str(r["batch"]), ", ".join(r["donated"]), mib(r["footprint_before"]),
+            mib(r["footprint_after"]), mib(r["saved_bytes"]), f"{saved_pct:.1f}", str(r["alias_before"]),
+            mib(r["alias_after"]), mib(r["donated_bytes"]), f"{mib(r['temp_before'])} / {mib(r['temp_after'])}"]
 
 
-def max_batch_row(r: dict) -> str:
-    return (f"| {r['model']} | {r['mode']} | {r['predicted_batch']} | {r['batch']}"
-            f"{'' if r['verified'] else ' (unverified)'} | {r['predicted_batch'] - r['batch']} | "
-            f"{mib(r['footprint'])} | {mib(r['next_footprint'])} | "
-            f"{r['fit_intercept'] / 2**20:.2f} + {r['fit_slope'] / 2**20:.3f} | "
-            f"{100 * r['fit_max_relative_residual']:.2f} | {r['compiles']} | {r['seconds']:.1f} |")
+def max_batch_cells(r: dict) -> list[str]:
+    fit = f"{r['fit_intercept'] / 2**20:.2f} + {r['fit_slope'] / 2**20:.3f}"
+    verified = f"{r['batch']}{'' if r['verified'] else ' (unverified)'}"
+    return [r["model"], r["mode"], str(r["predicted_batch"]), verified, str(r["predicted_batch"] - r["batch"]),
+            mib(r["footprint"]), mib(r["next_footprint"]), fit, f"{100 * r['fit_max_relative_residual']:.2f}",
+            str(r["compiles"]), f"{r['seconds']:.1f}"]
 
 
 def markdown(env: dict, args, results: dict[str, list]) -> str:
@@ -165,7 +164,7 @@ def markdown(env: dict, args, results: dict[str, list]) -> str:
                   "| model | batch | donated | footprint before MiB | after MiB | saved MiB | saved % | "
                   "alias before | alias after MiB | donated MiB | temp before / after MiB |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += table_rows(results["donation"], "batch", donation_row)
+        lines += table_rows(results["donation"], "batch", donation_cells)
         kept = {k: v for r in results["donation"] if "kept" in r for k, v in r["kept"].items()}
         if kept:
             lines += ["", "Kept: " + "; ".join(f"{k}: {v}" for k, v in sorted(kept.items())), ""]
@@ -176,7 +175,7 @@ def markdown(env: dict, args, results: dict[str, list]) -> str:
                   "| model | mode | predicted | verified | error | footprint at n MiB | at n+1 MiB | "
                   "fit MiB + MiB/img | fit residual % | compiles | seconds |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += table_rows(results["max_batch"], "mode", max_batch_row)
+        lines += table_rows(results["max_batch"], "mode", max_batch_cells)
         lines.append("")
     if "remat" in args.sections:
         lines += ["## Rematerialization advice (training step)", "",
