@@ -42,6 +42,8 @@
 #                needs flax + equinox
 #     thirdparty scripts/bench_thirdparty.py (THIRDPARTY_ARGS, e.g. "--quick"; THIRDPARTY_TIMEOUT): Keras 3
 #                applications and Flax/Equinox ResNets, XLA vs jaxcnn.optimize(fn); needs keras + flax + equinox
+#     weightfold scripts/bench_weight_fold.py (WEIGHTFOLD_ARGS): fold_weights' batched kernel vs XLA's fusion per
+#                weight on ResNet-50 / MobileNetV2 weight sets, then ncu sections of the kernel
 #     convsweep  scripts/bench_conv_sweep.py (CONVSWEEP_ARGS, e.g. "--quick"; CONVSWEEP_TIMEOUT):
 #                conv2d(algorithm="auto") vs XLA on >= 300 random conv shapes + every zoo conv layer, correctness
 #                vs float64, ratio distribution and issue 33's goals; report in OUTDIR, its decision caches in raw/
@@ -285,6 +287,19 @@ if has thirdparty; then
   # shellcheck disable=SC2086
   step bench_thirdparty timeout "${THIRDPARTY_TIMEOUT:-3000}" $PY scripts/bench_thirdparty.py --out "$OUT" \
     ${THIRDPARTY_ARGS:-}
+fi
+
+if has weightfold; then
+  # shellcheck disable=SC2086
+  step weight_fold_bench $PY scripts/bench_weight_fold.py --out "$OUT" ${WEIGHTFOLD_ARGS:-}
+  # The limiter of the batched fold kernel: ncu's throughput, memory, occupancy and stall sections
+  # of its first launch (ResNet-50's weights, XLA's OHWI layout), into the log.
+  if command -v ncu >/dev/null 2>&1; then
+    step weight_fold_ncu ncu --kernel-name regex:weight_fold_kernel --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats $PY scripts/bench_weight_fold.py --out "$RAW/weight_fold_ncu" --models resnet50 \
+      --layouts ohwi --iters 1 --warmup 0
+  fi
 fi
 
 if has convsweep; then
