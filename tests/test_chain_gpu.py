@@ -178,7 +178,11 @@ def test_handler_errors_become_python_exceptions():
     with pytest.raises(Exception, match="conv3x3_conv1x1: output y must have shape"):
         jax.block_until_ready(jax.jit(lambda *a: call(*a, **acts))(x, w3, b3, w1, b1))
     ok = jax.ffi.ffi_call(C3C1_TARGET, jax.ShapeDtypeStruct((1, 4, 4, 8), jnp.bfloat16))
-    with pytest.raises(Exception, match="act1 and act2 must be"):
+    with pytest.raises(Exception, match="act1 and act2 must be epilogue activation codes"):
+        jax.block_until_ready(jax.jit(lambda *a: ok(*a, act1=np.int64(9), act2=np.int64(0)))(
+            x, w3, b3, w1, b1))
+    # An epilogue code the fused 3x3 -> 1x1 kernel does not take (3: not a clamp).
+    with pytest.raises(Exception, match=r"activations must be 0 \(none\), 1 \(relu\) or 2 \(relu6\)"):
         jax.block_until_ready(jax.jit(lambda *a: ok(*a, act1=np.int64(3), act2=np.int64(0)))(
             x, w3, b3, w1, b1))
     with pytest.raises(Exception, match="conv3x3_conv1x1: b3 must have shape"):

@@ -31,36 +31,61 @@ struct FoldBatch {
 };
 static_assert(sizeof(FoldBatch) <= 32764, "the fold batch must fit the kernel parameter space");
 
-__device__ __forceinline__ float Load(const void* p, int32_t type, int32_t i) {
-  switch (static_cast<FoldElement>(type)) {
-    case FoldElement::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case FoldElement::kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v) { return static_cast<float>(v); }
+template <>
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half FromFloat(float v) { return __float2half_rn(v); }
+
+// One tile of `job` with its element types known at compile time.
+template <typename Src, typename Dst>
+__device__ __forceinline__ void FoldTile(const FoldJob& job, weight_tiles::TileStage<float>& stage) {
+  // The per-element fields in registers: read from the parameter space by a block-dependent
+  // index, each use would be a constant-cache load (ncu: memory pipes 97% busy, DRAM 14%).
+  const Src* src = static_cast<const Src*>(job.tiles.src);
+  Dst* dst = static_cast<Dst*>(job.tiles.dst);
+  const float* scale = job.scale;
+  const cutlass::FastDivmod scale_stride = job.scale_stride, scale_extent = job.scale_extent;
+  weight_tiles::MoveTile<float>(
+      job.tiles, stage,
+      [&](int32_t i) {
+        float v = ToFloat(src[i]);
+        if (scale != nullptr) {
+          int outer, channel;
+          scale_extent(outer, channel, scale_stride.div(i));
+          v *= scale[channel];
+        }
+        return v;
+      },
+      [&](int32_t i, float v) { dst[i] = FromFloat<Dst>(v); });
 }
 
-__device__ __forceinline__ void Store(void* p, int32_t type, int32_t i, float v) {
-  switch (static_cast<FoldElement>(type)) {
-    case FoldElement::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case FoldElement::kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
+template <typename Src>
+__device__ __forceinline__ void FoldTileTo(const FoldJob& job, weight_tiles::TileStage<float>& stage) {
+  switch (static_cast<FoldElement>(job.dst_type)) {
+    case FoldElement::kBF16: FoldTile<Src, __nv_bfloat16>(job, stage); break;
+    case FoldElement::kF16: FoldTile<Src, __half>(job, stage); break;
+    default: FoldTile<Src, float>(job, stage); break;
   }
 }
 
 __global__ void __launch_bounds__(kTile * kRows) weight_fold_kernel(const __grid_constant__ FoldBatch batch) {
+  __shared__ weight_tiles::TileStage<float> stage;
   const FoldJob& job = batch.jobs[weight_tiles::FindJob(batch.jobs, batch.count)];
-  weight_tiles::MoveTile<float>(
-      job.tiles,
-      [&](int32_t i) {
-        float v = Load(job.tiles.src, job.src_type, i);
-        if (job.scale != nullptr) {
-          int outer, channel;
-          job.scale_extent(outer, channel, job.scale_stride.div(i));
-          v *= job.scale[channel];
-        }
-        return v;
-      },
-      [&](int32_t i, float v) { Store(job.tiles.dst, job.dst_type, i, v); });
+  // The element types switch once per block, not per element.
+  switch (static_cast<FoldElement>(job.src_type)) {
+    case FoldElement::kBF16: FoldTileTo<__nv_bfloat16>(job, stage); break;
+    case FoldElement::kF16: FoldTileTo<__half>(job, stage); break;
+    default: FoldTileTo<float>(job, stage); break;
+  }
 }
 
 bool ValidElement(FoldElement t) {

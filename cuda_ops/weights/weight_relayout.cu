@@ -31,8 +31,9 @@ __global__ void __launch_bounds__(kTile * kRows)
   const TiledJob& job = batch.jobs[weight_tiles::FindJob(batch.jobs, batch.count)].tiles;
   const Word* src = static_cast<const Word*>(job.src);
   Word* dst = static_cast<Word*>(job.dst);
+  __shared__ weight_tiles::TileStage<Word> stage;
   weight_tiles::MoveTile<Word>(
-      job, [&](int32_t i) { return src[i]; }, [&](int32_t i, Word v) { dst[i] = v; });
+      job, stage, [&](int32_t i) { return src[i]; }, [&](int32_t i, Word v) { dst[i] = v; });
 }
 
 template <typename Word>

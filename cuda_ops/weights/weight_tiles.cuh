@@ -1,8 +1,8 @@
 // The tiling shared by the batched weight kernels (weight_relayout.cu, weight_fold.cu): each
-// 4-D tensor permuted by cutting it into 32x32 tiles, one block per tile, many tensors per
+// 4-D tensor permuted by cutting it into 64x64 tiles, one block per tile, many tensors per
 // launch.
 //
-// A tile is 32 values of the source axis `a` by 32 consecutive source elements of the axes
+// A tile is 64 values of the source axis `a` by 64 consecutive source elements of the axes
 // after it (flattened to one index q, contiguous in the source): the reads coalesce, and the
 // write runs along whichever of the two the destination is contiguous in. Axes before `a` index
 // the tiles' batch. Offsets are 32-bit (a weight holds < 2^31 elements) and divisions multiply
@@ -17,8 +17,10 @@
 namespace jaxcnn {
 namespace weight_tiles {
 
-constexpr int kTile = 32;
-constexpr int kRows = 8;  // threads per block: kTile x kRows, each moving kTile/kRows rows
+// Each block finds its job and decomposes its tile's position before moving anything: 64x64
+// tiles (16 values a thread) spread that fixed cost over 4096 values.
+constexpr int kTile = 64;
+constexpr int kRows = 4;  // threads per block: kTile x kRows, each moving kTile/kRows rows
 
 struct TiledJob {
   const void* src;
@@ -111,12 +113,20 @@ __device__ __forceinline__ int32_t TailOffset(const TiledJob& job, int q) {
   return off;
 }
 
-// Moves this block's tile of `job`: load(src_offset) gives a Value, store(dst_offset, value)
-// writes it (a converting job does its arithmetic in them).
+// A block's shared memory, declared once by the kernel: a kernel that instantiates MoveTile
+// for several element types would otherwise hold one copy per instantiation.
+template <typename Value>
+struct TileStage {
+  Value tile[kTile][kTile + 1];  // +1: column reads hit distinct banks
+  int32_t tail[kTile];           // dst offsets of the tile's kTile q values: kTile decompositions, not kTile^2
+};
+
+// Moves this block's tile of `job` through `stage`: load(src_offset) gives a Value,
+// store(dst_offset, value) writes it (a converting job does its arithmetic in them).
 template <typename Value, typename Load, typename Store>
-__device__ __forceinline__ void MoveTile(const TiledJob& job, Load load, Store store) {
-  __shared__ Value tile[kTile][kTile + 1];  // +1: column reads hit distinct banks
-  __shared__ int32_t tail[kTile];  // dst offsets of the tile's 32 q values: 32 decompositions, not 1024
+__device__ __forceinline__ void MoveTile(const TiledJob& job, TileStage<Value>& stage, Load load, Store store) {
+  auto& tile = stage.tile;
+  auto& tail = stage.tail;
   int blk = static_cast<int>(blockIdx.x) - job.first_block, tq, ta;
   job.tiles_q(blk, tq, blk);
   job.tiles_a(blk, ta, blk);
@@ -129,7 +139,11 @@ __device__ __forceinline__ void MoveTile(const TiledJob& job, Load load, Store s
   }
   const int a0 = ta * kTile;
   const int32_t q0 = tq * kTile;
+  // The per-element fields in registers: `job` lives in the kernel's parameter space and is
+  // indexed by the block's job, so each use would be a constant-cache load.
   const int na = job.dims[job.a].divisor;
+  const int32_t nq = job.nq, src_step = job.src_stride[job.a], dst_step = job.dst_stride[job.a];
+  const bool write_along_q = job.write_along_q;
 
   // Loads first, into registers: warp 0's tail table is computed while they are in flight.
   Value v[kTile / kRows];
@@ -137,15 +151,16 @@ __device__ __forceinline__ void MoveTile(const TiledJob& job, Load load, Store s
 #pragma unroll
   for (int i = 0; i < kTile / kRows; ++i) {
     const int ia = a0 + threadIdx.y + i * kRows;
-    if (ia < na && iq < job.nq) v[i] = load(src_base + ia * job.src_stride[job.a] + iq);
+    if (ia < na && iq < nq) v[i] = load(src_base + ia * src_step + iq);
   }
-  if (threadIdx.y == 0) tail[threadIdx.x] = iq < job.nq ? TailOffset(job, iq) : 0;
+  if (threadIdx.y == 0) tail[threadIdx.x] = iq < nq ? TailOffset(job, iq) : 0;
 #pragma unroll
   for (int i = 0; i < kTile / kRows; ++i) tile[threadIdx.y + i * kRows][threadIdx.x] = v[i];
   __syncthreads();
+#pragma unroll
   for (int r = threadIdx.y; r < kTile; r += kRows) {
-    const int ra = job.write_along_q ? r : threadIdx.x, rq = job.write_along_q ? threadIdx.x : r;
-    if (a0 + ra < na && q0 + rq < job.nq) store(dst_base + (a0 + ra) * job.dst_stride[job.a] + tail[rq], tile[ra][rq]);
+    const int ra = write_along_q ? r : threadIdx.x, rq = write_along_q ? threadIdx.x : r;
+    if (a0 + ra < na && q0 + rq < nq) store(dst_base + (a0 + ra) * dst_step + tail[rq], tile[ra][rq]);
   }
 }
 #endif  // __CUDACC__
