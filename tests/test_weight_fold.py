@@ -182,3 +182,72 @@ def test_prologue_with_ohwi_weights_differentiates(monkeypatch):
         assert bool(jnp.all(jnp.isfinite(a)))
         # fp16 programs that round differently: the gradients agree to a few fp16 ulps of their scale
         np.testing.assert_allclose(a, b, rtol=0.05, atol=0.05 * float(jnp.max(jnp.abs(b))))
+
+
+def test_folding_sites_are_measured_on_prologue_weights(monkeypatch):
+    """A BatchNorm conv site's replacements run on weights folded beforehand (prepare) and say
+    what the prologue's fold costs them (shared): together they compute the traced subgraph."""
+    from jaxcnn.optimize import rewrite
+    seen = []
+
+    def decide_all(sites, **kw):
+        seen.extend(sites)
+        return fake_decisions("xla_folded")(sites, **kw)
+
+    monkeypatch.setattr(rewrite, "decide_all", decide_all)
+    fn, params = bn_model(jnp.float32), bn_params(8, seed=7)
+    x = jnp.asarray(np.random.default_rng(8).standard_normal((2, 6, 6, 8)), jnp.float32)
+    jaxcnn.optimize(fn, fuse="none").explain(params, x)
+    folded = [s for s in seen if s.key_fields.get("folded")]
+    assert len(folded) == 2 and all(s.key_fields["weights"] == "prologue" for s in folded)
+    for s in folded:
+        rng = np.random.default_rng(9)
+        vals = [jnp.asarray(rng.uniform(0.5, 1.5, a.shape), a.dtype) for a in s.input_avals]
+        base, *replacements = s.candidates
+        want = np.asarray(base.fn(*vals))
+        for c in replacements:
+            assert c.prepare is not None and c.shared is not None and c.shared_floor is not None
+            np.testing.assert_allclose(np.asarray(c.fn(*c.prepare(*vals))), want, rtol=1e-4, atol=1e-4)
+            w, b = c.shared(*vals)
+            assert b.shape == (8,) and sorted(w.shape) == sorted(vals[1].shape)
+
+
+def test_shared_work_is_measured_once_and_charged_per_site(monkeypatch):
+    """_measure_sites times fn on the prepared inputs and adds the site's shared work less the
+    shared op's fixed cost (one floor case for all sites); a failed shared case fails the candidate."""
+    times = {"base": 1.0, "ours": 0.5, "alone": 0.3, "floor": 0.2}
+    timed = []
+
+    class T:
+        def __init__(self, ms):
+            self.median_ms, self.is_device_time, self.note = ms, True, ""
+
+    def device_times(cases, **kw):
+        timed.extend(key for key, _, _ in cases)
+        # site b's shared case has no timing (as a case whose kernels the trace lacks)
+        return {key: T(times[f.__name__]) for key, f, _ in cases if key != ("b", "jaxcnn:auto", "shared")}
+
+    def base(x):
+        return x + 1
+
+    def ours(x):
+        return x * 2  # takes the prepared input
+
+    def alone(x):
+        return x
+
+    def floor():
+        return jnp.zeros(1)
+
+    monkeypatch.setattr(D, "device_times", device_times)
+    sites = {}
+    for name in ("a", "b"):
+        cands = [D.Candidate("xla", base), D.Candidate("jaxcnn:auto", ours, prepare=lambda x: (x / 2,),
+                                                       shared=alone, shared_floor=floor)]
+        sites[name] = D.Site(dict(kind="test", name=name), cands, [jax.ShapeDtypeStruct((4,), jnp.float32)],
+                             lambda: ("xla", "rule"))
+    records = D._measure_sites(sites)
+    assert sum(1 for k in timed if k[0] == "floor") == 1
+    assert records["a"]["times_ms"] == {"xla": 1.0, "jaxcnn:auto": pytest.approx(0.6)}
+    assert records["a"]["shared_ms"] == {"jaxcnn:auto": pytest.approx(0.1)}
+    assert records["b"]["times_ms"]["jaxcnn:auto"] is None and "jaxcnn:auto" in records["b"]["errors"]

@@ -13,8 +13,12 @@ alone (parameters, not activations): the equations computing them move ahead of 
 fused group whose convs all fold (an expand -> depthwise chain with BatchNorm after both)
 takes part the same way: its match names the conv matches it fuses (`fold_parts`) and how to
 build it from their folded HWIO weights and biases (`prefolded_build`).
-The sites' decisions are unchanged (measured with their own fold, so a site wins at least as
-much here); the whole-program check measures the program with its prologue.
+A site's candidates that would run on the prologue's weights are measured that way
+(`prologue_candidate`): the conv on weights folded beforehand, plus the site's share of the one
+fold (its weights folded alone, less the fold's fixed cost, which the program pays once). Timed
+with a fold of their own, small convs lose to XLA by that fold's launch at batch 1. A site
+whose weights turn out not to come from parameters folds on its own; the whole-program check
+measures the program with its prologue either way.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from jaxcnn.ops.conv_args import HANDLER_ALGORITHM, make_config
 from jaxcnn.ops.conv_reference import xla_conv2d
 from jaxcnn.ops.weight_fold import fold_weights
 from jaxcnn.optimize.epilogue_patterns import Epilogue, fold_affine
+from jaxcnn.tuning.decision import Candidate
 
 HWIO = (0, 1, 2, 3)
 # HWIO -> the weight layout XLA's conv reads without a transpose, by activation layout (16-bit
@@ -74,6 +79,42 @@ class FoldSite:
             return y.astype(out_dtype)
 
         return run
+
+
+def _fold_one(fold: FoldSite, perm: tuple, w, vector_values: dict) -> list:
+    """fold_weights on one site: [its weight in `perm` (axes in HWIO order), its bias]."""
+    scale, shift = fold_affine(fold.epilogue.steps, vector_values, fold.k)
+    return fold_weights([w], [scale], [fold.to_hwio[3]], [tuple(fold.to_hwio[p] for p in perm)], [fold.dtype],
+                        vectors=[shift], vector_dtypes=[fold.dtype])
+
+
+def _fold_floor():
+    """The fold's fixed cost: one launch on a single-element weight."""
+    one = jnp.ones((1, 1, 1, 1), jnp.float32)
+    return fold_weights([one], [jnp.ones((1,), jnp.float32)], [3], [HWIO], [jnp.bfloat16],
+                        vectors=[jnp.ones((1,), jnp.float32)], vector_dtypes=[jnp.bfloat16])
+
+
+def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
+    """The decision-owner candidate of a conv site run as the prologue runs it: on inputs
+    (x, w, *vectors, [residual]) (the match's in_vars), the conv with `algorithm` on the weight
+    and bias folded beforehand in its layout, plus this site's share of the one fold."""
+    spec, perm = fold.target(algorithm)
+    n_vectors = len(fold.epilogue.vectors)
+
+    def split(vals):
+        x, w, rest = vals[0], vals[1], vals[2:]
+        return x, w, dict(zip(fold.epilogue.vectors, rest[:n_vectors])), tuple(rest[n_vectors:])
+
+    def prepare(*vals):
+        x, w, vectors, residual = split(vals)
+        return (x, *_fold_one(fold, perm, w, vectors), *residual)
+
+    def shared(*vals):
+        _, w, vectors, _ = split(vals)
+        return _fold_one(fold, perm, w, vectors)
+
+    return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=_fold_floor)
 
 
 class _Folded:

@@ -26,7 +26,7 @@ import numpy as np
 from jaxcnn._ffi import cuda_available
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
-from jaxcnn.tuning.measure import device_kind, outside_traces, should_measure, try_run
+from jaxcnn.tuning.measure import device_kind, outside_traces, runtime_errors, should_measure, try_run
 
 BASELINE = "xla"  # the site's subgraph exactly as traced
 # A replacement must be this much faster than the baseline to be chosen: smaller gains are
@@ -41,10 +41,19 @@ COMPILE_THREADS = 8
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run a site: `fn(*inputs)` computes the site's output."""
+    """One way to run a site: `fn(*inputs)` computes the site's output.
+
+    A candidate whose program does part of its work once for many sites (the weight prologue's
+    one fold of every conv's weights) says so: `fn` then takes `prepare(*inputs)`, made untimed,
+    and its time gets the site's share of the shared op instead: `shared(*inputs)` (that op on
+    this site alone) measured, less `shared_floor()` (the op's fixed cost, which one launch for
+    all sites pays once)."""
 
     name: str
     fn: Callable[..., Any]
+    prepare: Callable[..., Any] | None = None
+    shared: Callable[..., Any] | None = None
+    shared_floor: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -173,23 +182,51 @@ def _random_inputs(avals, seed: int):
     return out
 
 
+def _prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
+    """(fn's inputs, '' or the error that stopped prepare)."""
+    if c.prepare is None:
+        return args, ""
+    try:
+        return tuple(jax.block_until_ready(jax.jit(c.prepare)(*args))), ""
+    except runtime_errors() as err:
+        return args, f"prepare: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
-    """Times every runnable candidate of every pending site in one profiler trace."""
-    runs = []
+    """Times every runnable candidate of every pending site in one profiler trace: its fn on its
+    (prepared) inputs, and where it shares work across sites, that work on this site and the
+    shared op's fixed cost (one case per distinct shared_floor)."""
+    runs = []  # (case key, fn, site inputs, candidate or None)
+    floors: dict[int, Callable] = {}
     for key, s in pending.items():
         args = tuple(_random_inputs(s.input_avals, seed=int(fingerprint(key)[:6], 16)))
-        runs += [((key, c.name), c.fn, args) for c in s.candidates]
+        for c in s.candidates:
+            runs.append(((key, c.name), c.fn, args, c))
+            if c.shared is not None:
+                runs.append(((key, c.name, "shared"), c.shared, args, None))
+                floors[id(c.shared_floor)] = c.shared_floor
+    runs += [(("floor", i), f, (), None) for i, f in floors.items()]
+
     # Compiling dominates a first measurement: compile (and run once) the candidates on
     # several threads; the timed calls below then hit jax's compile cache.
+    def compile_run(run):
+        args, error = _prepared(run[3], run[2]) if run[3] is not None else (run[2], "")
+        return args, error or try_run(run[1], args)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
-        outcomes = list(pool.map(lambda run: try_run(run[1], run[2]), runs))
-    errors = {run[0]: error for run, error in zip(runs, outcomes) if error}
-    cases = [run for run, error in zip(runs, outcomes) if not error]
+        outcomes = list(pool.map(compile_run, runs))
+    errors = {run[0]: error for run, (_, error) in zip(runs, outcomes) if error}
+    cases = [(run[0], run[1], args) for run, (args, error) in zip(runs, outcomes) if not error]
     timings = device_times(cases, iters=MEASURE_ITERS, warmup=MEASURE_WARMUP) if cases else {}
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def ms(case) -> float | None:
+        t = timings.get(case)
+        return float(t.median_ms) if t is not None else None
+
     records = {}
     for key, s in pending.items():
-        times, errs, notes = {}, {}, {}
+        times, errs, notes, shared = {}, {}, {}, {}
         for c in s.candidates:
             t = timings.get((key, c.name))
             times[c.name] = float(t.median_ms) if t is not None else None
@@ -197,6 +234,16 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
                 errs[c.name] = errors[(key, c.name)]
             elif t is not None and not t.is_device_time:
                 notes[c.name] = t.note
+            if c.shared is not None and times[c.name] is not None:
+                alone, floor = ms((key, c.name, "shared")), ms(("floor", id(c.shared_floor)))
+                if alone is None or floor is None:
+                    times[c.name] = None
+                    errs[c.name] = errors.get((key, c.name, "shared"), "its shared work could not be measured")
+                else:
+                    shared[c.name] = max(0.0, alone - floor)
+                    times[c.name] += shared[c.name]
         records[key] = dict(op="site", created=created, iters=MEASURE_ITERS, times_ms=times, errors=errs,
                             notes=notes, fields=json.loads(json.dumps(s.key_fields, default=list)))
+        if shared:
+            records[key]["shared_ms"] = shared  # included in times_ms
     return records
