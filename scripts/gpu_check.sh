@@ -293,8 +293,8 @@ if has weightfold; then
   # shellcheck disable=SC2086
   step weight_fold_bench $PY scripts/bench_weight_fold.py --out "$OUT" ${WEIGHTFOLD_ARGS:-}
   # The limiter of the batched fold kernel: ncu's throughput, memory, occupancy and stall sections
-  # of its first launch (ResNet-50's weights, XLA's OHWI layout), into the log.
-  if command -v ncu >/dev/null 2>&1; then
+  # of its first launch (ResNet-50's weights, XLA's OHWI layout), into the log (WEIGHTFOLD_NCU=0 skips it).
+  if [ "${WEIGHTFOLD_NCU:-1}" = 1 ] && command -v ncu >/dev/null 2>&1; then
     step weight_fold_ncu ncu --kernel-name regex:weight_fold_kernel --launch-count 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats $PY scripts/bench_weight_fold.py --out "$RAW/weight_fold_ncu" --models resnet50 \
