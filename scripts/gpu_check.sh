@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for a machine with no network: build against the local jaxlib, then run the chosen
-# sections and write a report (<gpu>-<date>-<label>.{json,md}) into the directory given as $1.
+# sections and write a report (<gpu>-<date>-check_<label>.{json,md}) into the directory given as $1.
 #   usage: bash scripts/gpu_check.sh OUTDIR [SECTIONS] [--quick]
 #   --quick skips the default (non-GPU-marked) test suite; benchmarks take their own *_ARGS
 #   (BENCH_LAYERS_ARGS="--quick" for the smoke-test conv bench).

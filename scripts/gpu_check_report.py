@@ -1,4 +1,4 @@
-"""Combines the outputs of scripts/gpu_check.sh into <gpu>-<date>-<label>.{json,md}.
+"""Combines the outputs of scripts/gpu_check.sh into <gpu>-<date>-check_<label>.{json,md}.
 
 Inputs (all in --out): the step table gpu_check.sh wrote, pytest junit XML files, the log
 (compute-sanitizer summaries are read from it) and bench_layers.json.
@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("--raw", type=Path, required=True, help="where the sections wrote their files")
     parser.add_argument("--steps", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True)
-    parser.add_argument("--label", default="gpu_check", help="report name: <gpu>-<date>-<label>")
+    parser.add_argument("--label", default="gpu_check", help="report name: <gpu>-<date>-check_<label>")
     parser.add_argument("--extra", type=Path, nargs="*", default=[],
                         help="JSON files of other sections (zoo, perfmodel) to embed by file stem")
     args = parser.parse_args()
@@ -131,7 +131,8 @@ def main() -> int:
         bench_rows=bench.get("rows", []),
         sections={path.stem: json.loads(path.read_text()) for path in args.extra if path.exists()},
     )
-    stem = f"{report['gpu']}-{date}-{args.label}"
+    # "check_": the benchmarks write their own <gpu>-<date>-<name> reports into the same folder.
+    stem = f"{report['gpu']}-{date}-check_{args.label}"
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     bench_md_path = args.raw / "bench_layers.md"
     bench_md = bench_md_path.read_text() if bench_md_path.exists() else "(benchmark did not run)"

@@ -197,10 +197,14 @@ def test_handler_errors_become_python_exceptions():
         jax.block_until_ready(jax.jit(lambda *a: ok(*a, **acts))(x12, w12, b3, w1, b1))
     x, w1, wd, b1, bd = c1dw_operands(3, 1, 5, 5, 8, 8, jnp.bfloat16)
     dw = jax.ffi.ffi_call(C1DW_TARGET, jax.ShapeDtypeStruct((1, 3, 3, 8), jnp.bfloat16))
+    pads = dict(pad_top=np.int64(1), pad_bottom=np.int64(1), pad_left=np.int64(1), pad_right=np.int64(1))
     with pytest.raises(Exception, match="conv1x1_depthwise: stride must be 1 or 2"):
-        jax.block_until_ready(jax.jit(lambda *a: dw(*a, stride=np.int64(3), **acts))(x, w1, b1, wd, bd))
+        jax.block_until_ready(jax.jit(lambda *a: dw(*a, stride=np.int64(3), **acts, **pads))(x, w1, b1, wd, bd))
+    with pytest.raises(Exception, match="conv1x1_depthwise: each padding must be 0, 1 or 2"):
+        jax.block_until_ready(jax.jit(lambda *a: dw(*a, stride=np.int64(1), **acts, **dict(pads, pad_left=np.int64(3))))(
+            x, w1, b1, wd, bd))
     with pytest.raises(Exception, match="conv1x1_depthwise: output y must have shape"):
-        jax.block_until_ready(jax.jit(lambda *a: dw(*a, stride=np.int64(1), **acts))(x, w1, b1, wd, bd))
+        jax.block_until_ready(jax.jit(lambda *a: dw(*a, stride=np.int64(1), **acts, **pads))(x, w1, b1, wd, bd))
     # The process is still healthy afterwards.
     check_c1dw((1, 5, 5, 8, 8), "bfloat16", ("relu", "relu"), 2)
 

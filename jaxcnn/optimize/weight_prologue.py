@@ -15,7 +15,8 @@ takes part the same way: its match names the conv matches it fuses (`fold_parts`
 build it from their folded HWIO weights and biases (`prefolded_build`).
 A site's candidates that would run on the prologue's weights are measured that way
 (`prologue_candidate`): the conv on weights folded beforehand, plus the site's share of the one
-fold (its weights folded alone, less the fold's fixed cost, which the program pays once). Timed
+fold (its fold alone, less the same fold of a constant one-element-per-channel weight: the launch
+and the factor computations, which the program pays once for all sites). Timed
 with a fold of their own, small convs lose to XLA by that fold's launch at batch 1. A site
 whose weights turn out not to come from parameters folds on its own; the whole-program check
 measures the program with its prologue either way.
@@ -88,13 +89,6 @@ def _fold_one(fold: FoldSite, perm: tuple, w, vector_values: dict) -> list:
                         vectors=[shift], vector_dtypes=[fold.dtype])
 
 
-def _fold_floor():
-    """The fold's fixed cost: one launch on a single-element weight."""
-    one = jnp.ones((1, 1, 1, 1), jnp.float32)
-    return fold_weights([one], [jnp.ones((1,), jnp.float32)], [3], [HWIO], [jnp.bfloat16],
-                        vectors=[jnp.ones((1,), jnp.float32)], vector_dtypes=[jnp.bfloat16])
-
-
 def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
     """The decision-owner candidate of a conv site run as the prologue runs it: on inputs
     (x, w, *vectors, [residual]) (the match's in_vars), the conv with `algorithm` on the weight
@@ -114,7 +108,13 @@ def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
         _, w, vectors, _ = split(vals)
         return _fold_one(fold, perm, w, vectors)
 
-    return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=_fold_floor)
+    def floor(*vals):
+        _, w, vectors, _ = split(vals)
+        shape = [1, 1, 1, 1]
+        shape[fold.to_hwio[3]] = fold.k
+        return _fold_one(fold, perm, jnp.ones(shape, w.dtype), vectors)
+
+    return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=floor)
 
 
 class _Folded:

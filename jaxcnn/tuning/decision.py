@@ -46,14 +46,14 @@ class Candidate:
     A candidate whose program does part of its work once for many sites (the weight prologue's
     one fold of every conv's weights) says so: `fn` then takes `prepare(*inputs)`, made untimed,
     and its time gets the site's share of the shared op instead: `shared(*inputs)` (that op on
-    this site alone) measured, less `shared_floor()` (the op's fixed cost, which one launch for
-    all sites pays once)."""
+    this site alone) measured, less `shared_floor(*inputs)` (the same op on this site with its
+    bulk left out: the fixed costs that one op for all sites pays once)."""
 
     name: str
     fn: Callable[..., Any]
     prepare: Callable[..., Any] | None = None
     shared: Callable[..., Any] | None = None
-    shared_floor: Callable[[], Any] | None = None
+    shared_floor: Callable[..., Any] | None = None
 
 
 @dataclass
@@ -194,18 +194,16 @@ def _prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
 
 def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
     """Times every runnable candidate of every pending site in one profiler trace: its fn on its
-    (prepared) inputs, and where it shares work across sites, that work on this site and the
-    shared op's fixed cost (one case per distinct shared_floor)."""
+    (prepared) inputs and, where it shares work across sites, that work on this site and its
+    floor."""
     runs = []  # (case key, fn, site inputs, candidate or None)
-    floors: dict[int, Callable] = {}
     for key, s in pending.items():
         args = tuple(_random_inputs(s.input_avals, seed=int(fingerprint(key)[:6], 16)))
         for c in s.candidates:
             runs.append(((key, c.name), c.fn, args, c))
             if c.shared is not None:
                 runs.append(((key, c.name, "shared"), c.shared, args, None))
-                floors[id(c.shared_floor)] = c.shared_floor
-    runs += [(("floor", i), f, (), None) for i, f in floors.items()]
+                runs.append(((key, c.name, "floor"), c.shared_floor, args, None))
 
     # Compiling dominates a first measurement: compile (and run once) the candidates on
     # several threads; the timed calls below then hit jax's compile cache.
@@ -235,10 +233,11 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
             elif t is not None and not t.is_device_time:
                 notes[c.name] = t.note
             if c.shared is not None and times[c.name] is not None:
-                alone, floor = ms((key, c.name, "shared")), ms(("floor", id(c.shared_floor)))
+                alone, floor = ms((key, c.name, "shared")), ms((key, c.name, "floor"))
                 if alone is None or floor is None:
                     times[c.name] = None
-                    errs[c.name] = errors.get((key, c.name, "shared"), "its shared work could not be measured")
+                    errs[c.name] = (errors.get((key, c.name, "shared")) or errors.get((key, c.name, "floor"))
+                                    or "its shared work could not be measured")
                 else:
                     shared[c.name] = max(0.0, alone - floor)
                     times[c.name] += shared[c.name]
