@@ -36,16 +36,15 @@ and timed, 2 when some row failed, 1 on a crash.
 from __future__ import annotations
 
 import functools
-import math
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
-                          environment, fmt, kernel_table, report_header, report_name, run_rows, status, summary_report,
-                          table_row, timed, us, variant_times, write_report)
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_key, case_sweep_args, case_sweep_jobs,
+                          case_sweep_parser, environment, fmt, he_weights, kernel_table, markdown_table,
+                          normal_input, report_header, report_name, run_rows, small_bias, speedup_spread,
+                          status, summary_report, timed, timed_rows_summary, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -105,23 +104,14 @@ def _out_hw(case: ChainCase) -> int:
 
 def operands(case: ChainCase, n: int, dtype: str, seed: int):
     """(x, first weight, first bias, second weight, second bias) in the op's operand order."""
-    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"),
-                             zlib.crc32(f"{case.name}/{n}/{dtype}".encode()))
-    k = jax.random.split(key, 5)
+    k = jax.random.split(case_key(seed, f"{case.name}/{n}/{dtype}"), 5)
     dt = DTYPES[dtype]
-
-    def he(key, shape, fan_in):
-        return (jax.random.normal(key, shape, jnp.float32) * math.sqrt(2.0 / fan_in)).astype(dt)
-
-    def bias(key, size):
-        return (0.1 * jax.random.normal(key, (size,))).astype(dt)
-
-    x = jax.random.normal(k[0], (n, case.hw, case.hw, case.c), jnp.float32).astype(dt)
+    x = normal_input(k[0], (n, case.hw, case.hw, case.c), dt)
     if case.op == "3x3_1x1":
-        return (x, he(k[1], (3, 3, case.c, case.m), 9 * case.c), bias(k[2], case.m),
-                he(k[3], (1, 1, case.m, case.k), case.m), bias(k[4], case.k))
-    return (x, he(k[1], (1, 1, case.c, case.m), case.c), bias(k[2], case.m),
-            he(k[3], (3, 3, 1, case.m), 9), bias(k[4], case.m))
+        return (x, he_weights(k[1], (3, 3, case.c, case.m), 9 * case.c, dt), small_bias(k[2], case.m, dt),
+                he_weights(k[3], (1, 1, case.m, case.k), case.m, dt), small_bias(k[4], case.k, dt))
+    return (x, he_weights(k[1], (1, 1, case.c, case.m), case.c, dt), small_bias(k[2], case.m, dt),
+            he_weights(k[3], (3, 3, 1, case.m), 9, dt), small_bias(k[4], case.m, dt))
 
 
 def _plain_conv(x, w, b, act, *, stride=1, padding=0, groups=1):
@@ -227,41 +217,37 @@ def _channels(r: dict) -> str:
 
 
 def summary_table(rows: list[dict]) -> list[str]:
-    lines = ["| case | N | dtype | HxW | channels | acts | fused | MB | t saved MB | GFLOP "
-             "| mem floor us | compute floor us | jaxcnn us [p10-p90] | XLA us [p10-p90] "
-             "| XLA plain us | XLA/jaxcnn | f32-acc XLA/jaxcnn | kernels jaxcnn/XLA/plain | jaxcnn % floor "
-             "| XLA % floor | max abs diff | max rel diff | status |",
-             "|" + "---|" * 23]
-    for r in rows:
-        t = r["timings"]
-        kernels = "/".join(fmt(t.get(v, {}).get("kernels_per_call"), ".0f") for v in VARIANTS)
-        cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}", _channels(r),
-                 ",".join(str(a) for a in r["acts"]), "yes" if r["fused"] else "no",
-                 f"{r['bytes_moved'] / 2**20:.2f}", f"{r['t_bytes_saved'] / 2**20:.2f}",
-                 f"{r['gflop']:.2f}", f"{r['memory_floor_ms'] * 1e3:.1f}",
-                 fmt(r["compute_floor_ms"] and r["compute_floor_ms"] * 1e3, ".1f"),
-                 _spread(t.get("jaxcnn", {})), _spread(t.get("xla", {})), us(t.get("xla_plain", {})),
-                 fmt(r["speedup_vs_xla"], ".2f"), fmt(r["speedup_by_variant"]["xla"], ".2f"), kernels,
-                 fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"), fmt(r["pct_of_floor"].get("xla_best"), ".0f"),
-                 fmt(r["accuracy"].get("max_abs_diff"), ".1e"),
-                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
-        lines.append(table_row(cells))
-    return lines
+    return markdown_table([
+        "case", "N", "dtype", "HxW", "channels", "acts", "fused", "MB", "t saved MB", "GFLOP",
+        "mem floor us", "compute floor us", "jaxcnn us [p10-p90]", "XLA us [p10-p90]", "XLA plain us",
+        "XLA/jaxcnn", "f32-acc XLA/jaxcnn", "kernels jaxcnn/XLA/plain", "jaxcnn % floor", "XLA % floor",
+        "max abs diff", "max rel diff", "status"], rows, _summary_cells)
 
 
-def speedup_summary(rows: list[dict]) -> list[str]:
-    timed = [r for r in rows if r["speedup_vs_xla"] is not None]
-    if not timed:
-        return ["- no timed rows"]
+def _summary_cells(r: dict) -> list[str]:
+    t = r["timings"]
+    kernels = "/".join(fmt(t.get(v, {}).get("kernels_per_call"), ".0f") for v in VARIANTS)
+    return [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}", _channels(r),
+            ",".join(str(a) for a in r["acts"]), "yes" if r["fused"] else "no",
+            f"{r['bytes_moved'] / 2**20:.2f}", f"{r['t_bytes_saved'] / 2**20:.2f}",
+            f"{r['gflop']:.2f}", f"{r['memory_floor_ms'] * 1e3:.1f}",
+            fmt(r["compute_floor_ms"] and r["compute_floor_ms"] * 1e3, ".1f"),
+            _spread(t.get("jaxcnn", {})), _spread(t.get("xla", {})), us(t.get("xla_plain", {})),
+            fmt(r["speedup_vs_xla"], ".2f"), fmt(r["speedup_by_variant"]["xla"], ".2f"), kernels,
+            fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"), fmt(r["pct_of_floor"].get("xla_best"), ".0f"),
+            fmt(r["accuracy"].get("max_abs_diff"), ".1e"),
+            fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
+
+
+@timed_rows_summary()
+def speedup_summary(timed: list[dict]) -> list[str]:
     lines = []
     for op in sorted({r["op"] for r in timed}):
         for n in sorted({r["n"] for r in timed if r["op"] == op}):
             sel = [r for r in timed if r["op"] == op and r["n"] == n]
-            spd = np.array([r["speedup_vs_xla"] for r in sel])
             floor = [r["pct_of_floor"]["jaxcnn"] for r in sel if r["pct_of_floor"].get("jaxcnn")]
-            lines.append(f"- {op}, N={n}: {len(spd)} rows; XLA/jaxcnn median {np.median(spd):.2f} "
-                         f"(min {spd.min():.2f}, max {spd.max():.2f}); jaxcnn % floor median "
-                         f"{fmt(float(np.median(floor)) if floor else None, '.0f')}")
+            lines.append(f"- {op}, N={n}: {speedup_spread(r['speedup_vs_xla'] for r in sel)}; jaxcnn % floor "
+                         f"median {fmt(float(np.median(floor)) if floor else None, '.0f')}")
     return lines
 
 

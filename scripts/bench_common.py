@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -158,6 +159,43 @@ def write_report(out_dir: Path, stem: str, report: dict, markdown: str, *, allow
     return markdown
 
 
+# ---------------------------------------------------------------- cases and their random inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class SquareCase:
+    """A benchmark case on an NHWC input [n, hw, hw, c]; each script's case adds its op's fields."""
+
+    name: str
+    hw: int
+    c: int
+
+    def x_nhwc(self, n: int) -> tuple[int, int, int, int]:
+        return (n, self.hw, self.hw, self.c)
+
+
+def case_key(seed: int, text: str) -> jax.Array:
+    """The key of one row's random inputs: seed folded with a hash of text (the row's name, e.g.
+    "case/n/dtype"), so a row's inputs do not depend on which other rows run. "rbg" compiles in a
+    fraction of threefry's time for every new shape (seconds on a CPU)."""
+    return jax.random.fold_in(jax.random.key(seed, impl="rbg"), zlib.crc32(text.encode()))
+
+
+def normal_input(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """x ~ N(0, 1), drawn in float32, cast to dtype."""
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def he_weights(key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+    """He-initialised weights ~ N(0, 2 / fan_in), drawn in float32, cast to dtype."""
+    return (jax.random.normal(key, shape, jnp.float32) * math.sqrt(2.0 / fan_in)).astype(dtype)
+
+
+def small_bias(key: jax.Array, size: int, dtype) -> jax.Array:
+    """A bias ~ N(0, 0.01), cast to dtype."""
+    return (0.1 * jax.random.normal(key, (size,))).astype(dtype)
+
+
 # ---------------------------------------------------------------- report cells
 
 
@@ -191,6 +229,16 @@ def table_row(cells: Iterable[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
+def table_head(columns: list[str]) -> list[str]:
+    """A markdown table's column names and the line under them."""
+    return [table_row(columns), "|" + "---|" * len(columns)]
+
+
+def markdown_table(columns: list[str], rows: Iterable[dict], cells: Callable[[dict], list[str]]) -> list[str]:
+    """A markdown table: its head, then a line of cells(row) per row."""
+    return [*table_head(columns), *(table_row(cells(r)) for r in rows)]
+
+
 def top_kernels(timing: dict, top: int, name_chars: int = 70) -> str:
     """The timing's first `top` kernels: `name` us per call; ... ("-" without kernels).
     Backticks keep template brackets (<float>) from being read as HTML."""
@@ -201,9 +249,8 @@ def top_kernels(timing: dict, top: int, name_chars: int = 70) -> str:
 def kernel_table(rows: list[dict], key: str, *, launch_config: bool = False, top: int = 4) -> list[str]:
     """Markdown table of each row's variants (rows keyed by row[key], N and dtype): kernels per
     call and the top kernels; with launch_config, the jaxcnn variant's row["config"] too."""
-    head = f"| {key} | N | dtype | variant | kernels per call | top kernels (us per call) |"
-    lines = [head + (" launch config |" if launch_config else ""),
-             "|" + "---|" * (7 if launch_config else 6)]
+    lines = table_head([key, "N", "dtype", "variant", "kernels per call", "top kernels (us per call)",
+                        *(["launch config"] if launch_config else [])])
     for r in rows:
         for variant, t in r["timings"].items():
             cells = [r[key], str(r["n"]), r["dtype"], variant, fmt(t.get("kernels_per_call"), ".1f"),
@@ -241,6 +288,41 @@ def summary_report(header: list[str], summary: list[str], table: list[str], kern
     """A sweep report's markdown: its header lines, "## Summary" with the summary lines and the
     summary table, then "## Kernels" with the kernel table."""
     return "\n".join([*header, "", "## Summary", "", *summary, "", *table, "", "## Kernels", "", *kernels]) + "\n"
+
+
+def has_speedup(row: dict) -> bool:
+    """Whether the row timed both jaxcnn and XLA (its XLA/jaxcnn speedup is known)."""
+    return row["speedup_vs_xla"] is not None
+
+
+def timed_rows_summary(is_timed: Callable[[dict], Any] = has_speedup):
+    """Decorates a report's summary(rows): it sees only the rows is_timed keeps; with none, the
+    summary is one line saying so."""
+
+    def decorate(summarize: Callable[[list[dict]], list[str]]) -> Callable[[list[dict]], list[str]]:
+        @functools.wraps(summarize)
+        def summary(rows: list[dict]) -> list[str]:
+            timed = [r for r in rows if is_timed(r)]
+            return summarize(timed) if timed else ["- no timed rows"]
+
+        return summary
+
+    return decorate
+
+
+def speedup_spread(speedups: Iterable[float]) -> str:
+    """ "<count> rows; XLA/jaxcnn median <m> (min <a>, max <b>)" of per-row XLA/jaxcnn speedups."""
+    spd = np.array(list(speedups))
+    return (f"{len(spd)} rows; XLA/jaxcnn median {np.median(spd):.2f} "
+            f"(min {spd.min():.2f}, max {spd.max():.2f})")
+
+
+def headline_line(label: str, row: dict, goal: float) -> str:
+    """The headline row's summary line: jaxcnn and XLA times, XLA/jaxcnn and whether it meets goal."""
+    t, s = row["timings"], row["speedup_vs_xla"]
+    return (f"- headline ({label}): jaxcnn {t['jaxcnn']['median_ms'] * 1e3:.1f} us, XLA "
+            f"{t['xla']['median_ms'] * 1e3:.1f} us, XLA/jaxcnn {s:.2f} "
+            f"(goal >= {goal}: {'met' if s >= goal else 'not met'})")
 
 
 # ---------------------------------------------------------------- command line

@@ -36,14 +36,14 @@ import argparse
 import functools
 import math
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import (DTYPES, FLOOR_BANDWIDTH, add_timing_options, check_dtypes, environment,
-                          failed_accuracy, fmt, int_list, kernel_table, relative_accuracy, report_header,
-                          run_rows, status, summary_report, str_list, table_row, timed, timing_defaults, us, variant_times,
-                          write_report)
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, SquareCase, add_timing_options, case_key, check_dtypes,
+                          environment, failed_accuracy, fmt, he_weights, headline_line, int_list,
+                          kernel_table, markdown_table, normal_input, relative_accuracy, report_header,
+                          run_rows, small_bias, speedup_spread, status, summary_report, str_list, timed,
+                          timed_rows_summary, timing_defaults, us, variant_times, write_report)
 from gpu_check_report import gpu_slug
 
 import jax
@@ -65,12 +65,9 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 5e-3}
 
 
 @dataclass(frozen=True)
-class Layer:
+class Layer(SquareCase):
     """A conv (HWIO [r, r, c, k], stride, symmetric padding) on [n, hw, hw, c], then max pool."""
 
-    name: str
-    hw: int
-    c: int
     k: int
     r: int = 3
     stride: int = 1
@@ -103,16 +100,11 @@ def layer_kwargs(layer: Layer) -> dict:
 
 
 def operands(layer: Layer, n: int, dtype: str, seed: int):
-    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"),
-                             zlib.crc32(f"{layer.name}/{n}/{dtype}".encode()))
-    kx, kw, kb = jax.random.split(key, 3)
+    kx, kw, kb = jax.random.split(case_key(seed, f"{layer.name}/{n}/{dtype}"), 3)
     dt = DTYPES[dtype]
-    fan_in = layer.r * layer.r * layer.c
-    x = jax.random.normal(kx, (n, layer.hw, layer.hw, layer.c), jnp.float32).astype(dt)
-    w = (jax.random.normal(kw, (layer.r, layer.r, layer.c, layer.k), jnp.float32)
-         * math.sqrt(2.0 / fan_in)).astype(dt)
-    b = (0.1 * jax.random.normal(kb, (layer.k,))).astype(dt)
-    return x, w, b
+    return (normal_input(kx, layer.x_nhwc(n), dt),
+            he_weights(kw, (layer.r, layer.r, layer.c, layer.k), layer.r * layer.r * layer.c, dt),
+            small_bias(kb, layer.k, dt))
 
 
 def variants(layer: Layer, dtype: str):
@@ -188,39 +180,31 @@ def _spread(t: dict) -> str:
 
 
 def summary_table(rows: list[dict]) -> list[str]:
-    lines = ["| layer | N | dtype | conv | pool | MB | GFLOP | floor us | jaxcnn us (p10-p90) "
-             "| XLA us (p10-p90) | HIGHEST jaxcnn / XLA us | unfused us | XLA/jaxcnn | unfused/jaxcnn "
-             "| jaxcnn % floor | jaxcnn TFLOP/s | max rel diff | status |",
-             "|" + "---|" * 18]
-    for r in rows:
-        t = r["timings"]
-        conv = f"{r['hw']}x{r['hw']} {r['c']}->{r['k']} {r['r']}x{r['r']}/{r['stride']} p{r['padding']}"
-        cells = [r["layer"], str(r["n"]), r["dtype"], conv, f"{r['pool']}x{r['pool']}/{r['pool_stride']}",
-                 f"{r['bytes_moved'] / 2**20:.1f}", f"{r['gflop']:.1f}", f"{r['floor_ms'] * 1e3:.1f}",
-                 f"{us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
-                 f"{us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
-                 (f"{us(t['jaxcnn_highest'])} / {us(t['xla_highest'])}"
-                  if "xla_highest" in t else "-"),
-                 us(t.get("unfused", {})), fmt(r["speedup_vs_xla"], ".2f"),
-                 fmt(r["speedup_vs_unfused"], ".2f"), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
-                 fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
-        lines.append(table_row(cells))
-    return lines
+    return markdown_table([
+        "layer", "N", "dtype", "conv", "pool", "MB", "GFLOP", "floor us", "jaxcnn us (p10-p90)",
+        "XLA us (p10-p90)", "HIGHEST jaxcnn / XLA us", "unfused us", "XLA/jaxcnn", "unfused/jaxcnn",
+        "jaxcnn % floor", "jaxcnn TFLOP/s", "max rel diff", "status"], rows, _summary_cells)
 
 
-def goal_summary(rows: list[dict]) -> list[str]:
-    timed = [r for r in rows if r["speedup_vs_xla"] is not None]
-    if not timed:
-        return ["- no timed rows"]
-    lines = []
-    for r in timed:
-        if r["layer"] == "vgg19/c1_2" and r["n"] == 64 and r["dtype"] == "bf16":
-            s = r["speedup_vs_xla"]
-            lines.append(f"- headline (vgg19/c1_2, N=64, bf16): jaxcnn "
-                         f"{r['timings']['jaxcnn']['median_ms'] * 1e3:.1f} us, XLA "
-                         f"{r['timings']['xla']['median_ms'] * 1e3:.1f} us, XLA/jaxcnn {s:.2f} "
-                         f"(goal >= {GOAL_HEADLINE}: {'met' if s >= GOAL_HEADLINE else 'not met'})")
+def _summary_cells(r: dict) -> list[str]:
+    t = r["timings"]
+    conv = f"{r['hw']}x{r['hw']} {r['c']}->{r['k']} {r['r']}x{r['r']}/{r['stride']} p{r['padding']}"
+    return [r["layer"], str(r["n"]), r["dtype"], conv, f"{r['pool']}x{r['pool']}/{r['pool_stride']}",
+            f"{r['bytes_moved'] / 2**20:.1f}", f"{r['gflop']:.1f}", f"{r['floor_ms'] * 1e3:.1f}",
+            f"{us(t.get('jaxcnn', {}))} ({_spread(t.get('jaxcnn', {}))})",
+            f"{us(t.get('xla', {}))} ({_spread(t.get('xla', {}))})",
+            (f"{us(t['jaxcnn_highest'])} / {us(t['xla_highest'])}"
+             if "xla_highest" in t else "-"),
+            us(t.get("unfused", {})), fmt(r["speedup_vs_xla"], ".2f"),
+            fmt(r["speedup_vs_unfused"], ".2f"), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+            fmt(r["tflops"].get("jaxcnn"), ".0f"),
+            fmt(r["accuracy"].get("max_rel_diff"), ".1e"), status(r)]
+
+
+@timed_rows_summary()
+def goal_summary(timed: list[dict]) -> list[str]:
+    lines = [headline_line("vgg19/c1_2, N=64, bf16", r, GOAL_HEADLINE) for r in timed
+             if r["layer"] == "vgg19/c1_2" and r["n"] == 64 and r["dtype"] == "bf16"]
     vgg = [r for r in timed if r["layer"].startswith("vgg19/") and r["dtype"] == "bf16"
            and r["n"] == 64]
     if vgg:
@@ -236,9 +220,7 @@ def goal_summary(rows: list[dict]) -> list[str]:
         for n in sorted({r["n"] for r in timed}):
             sel = [r for r in timed if r["n"] == n and r["dtype"] == dtype]
             if sel:
-                spd = np.array([r["speedup_vs_xla"] for r in sel])
-                lines.append(f"- {dtype} N={n}: {len(spd)} rows; XLA/jaxcnn median "
-                             f"{np.median(spd):.2f} (min {spd.min():.2f}, max {spd.max():.2f})")
+                lines.append(f"- {dtype} N={n}: {speedup_spread(r['speedup_vs_xla'] for r in sel)}")
     return lines
 
 

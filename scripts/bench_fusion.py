@@ -30,19 +30,18 @@ accuracy check and timed, 2 when some row failed, 1 on a crash.
 from __future__ import annotations
 
 import functools
-import math
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import (DTYPES, FLOOR_BANDWIDTH, case_sweep_args, case_sweep_jobs, case_sweep_parser,
-                          environment, failed_accuracy, fmt, kernel_table, relative_accuracy, report_header,
-                          report_name, run_rows, status, summary_report, table_row, timed, us, variant_times, write_report)
+from bench_common import (DTYPES, FLOOR_BANDWIDTH, SquareCase, case_key, case_sweep_args, case_sweep_jobs,
+                          case_sweep_parser, environment, failed_accuracy, fmt, he_weights, headline_line,
+                          kernel_table, markdown_table, normal_input, relative_accuracy, report_header,
+                          report_name, run_rows, small_bias, speedup_spread, status, summary_report, timed,
+                          timed_rows_summary, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxcnn
 from jaxcnn import _ffi
@@ -60,12 +59,9 @@ TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2, "fp32": 1e-4}
 
 
 @dataclass(frozen=True)
-class FireCase:
+class FireCase(SquareCase):
     """One fire module: NHWC input [n, hw, hw, c] -> squeeze s -> expand (e, e)."""
 
-    name: str
-    hw: int
-    c: int
     s: int
     e: int
     batch: int | None = None  # fixed batch (the headline case), else every --batches
@@ -86,20 +82,13 @@ QUICK_CASES = (FireCase("tiny", 9, 16, 8, 16, batch=2),)
 
 
 def operands(case: FireCase, n: int, dtype: str, seed: int):
-    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"),
-                             zlib.crc32(f"{case.name}/{n}/{dtype}".encode()))
-    k = jax.random.split(key, 7)
+    k = jax.random.split(case_key(seed, f"{case.name}/{n}/{dtype}"), 7)
     dt = DTYPES[dtype]
-
-    def he(key, shape, fan_in):
-        return (jax.random.normal(key, shape, jnp.float32) * math.sqrt(2.0 / fan_in)).astype(dt)
-
-    return (jax.random.normal(k[0], (n, case.hw, case.hw, case.c), jnp.float32).astype(dt),
-            he(k[1], (1, 1, case.c, case.s), case.c), he(k[2], (1, 1, case.s, case.e), case.s),
-            he(k[3], (3, 3, case.s, case.e), 9 * case.s),
-            (0.1 * jax.random.normal(k[4], (case.s,))).astype(dt),
-            (0.1 * jax.random.normal(k[5], (case.e,))).astype(dt),
-            (0.1 * jax.random.normal(k[6], (case.e,))).astype(dt))
+    return (normal_input(k[0], case.x_nhwc(n), dt),
+            he_weights(k[1], (1, 1, case.c, case.s), case.c, dt),
+            he_weights(k[2], (1, 1, case.s, case.e), case.s, dt),
+            he_weights(k[3], (3, 3, case.s, case.e), 9 * case.s, dt),
+            small_bias(k[4], case.s, dt), small_bias(k[5], case.e, dt), small_bias(k[6], case.e, dt))
 
 
 def xla_fire(x, wsq, we1, we3, bsq, be1, be3):
@@ -115,7 +104,7 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
     itemsize = jnp.dtype(DTYPES[dtype]).itemsize
     bytes_moved = n * case.hw * case.hw * (case.c + 2 * case.e) * itemsize
     flops = 2 * n * case.hw * case.hw * (case.c * case.s + case.s * case.e + 9 * case.s * case.e)
-    shape = ((n, case.hw, case.hw, case.c), case.s, case.e, case.e, DTYPES[dtype])
+    shape = (case.x_nhwc(n), case.s, case.e, case.e, DTYPES[dtype])
     variants = [("jaxcnn", jaxcnn.fire)]
     skipped = {}
     for name, algorithm in FORCED_VARIANTS:
@@ -158,41 +147,33 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
 
 
 def summary_table(rows: list[dict]) -> list[str]:
-    lines = ["| case | N | dtype | HxW | C->S->(E,E) | MB | GFLOP | floor us | jaxcnn us | XLA us "
-             "| jaxcnn % floor | XLA % floor | jaxcnn TFLOP/s | XLA/jaxcnn | fused us | wgmma us "
-             "| two_phase us | max rel diff | status |",
-             "|" + "---|" * 19]
-    for r in rows:
-        t = r["timings"]
-        cells = [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
-                 f"{r['c']}->{r['s']}->({r['e']},{r['e']})", f"{r['bytes_moved'] / 2**20:.1f}",
-                 f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", us(t.get("jaxcnn", {})),
-                 us(t.get("xla", {})), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
-                 fmt(r["pct_of_floor"].get("xla"), ".0f"), fmt(r["tflops"].get("jaxcnn"), ".0f"),
-                 fmt(r["speedup_vs_xla"], ".2f"), *(us(t[v]) if v in t else "-" for v, _ in FORCED_VARIANTS),
-                 fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
-                 status(r)]
-        lines.append(table_row(cells))
-    return lines
+    return markdown_table([
+        "case", "N", "dtype", "HxW", "C->S->(E,E)", "MB", "GFLOP", "floor us", "jaxcnn us", "XLA us",
+        "jaxcnn % floor", "XLA % floor", "jaxcnn TFLOP/s", "XLA/jaxcnn", "fused us", "wgmma us",
+        "two_phase us", "max rel diff", "status"], rows, _summary_cells)
 
 
-def goal_summary(rows: list[dict]) -> list[str]:
-    timed = [r for r in rows if r["speedup_vs_xla"] is not None]
-    if not timed:
-        return ["- no timed rows"]
+def _summary_cells(r: dict) -> list[str]:
+    t = r["timings"]
+    return [r["case"], str(r["n"]), r["dtype"], f"{r['hw']}x{r['hw']}",
+            f"{r['c']}->{r['s']}->({r['e']},{r['e']})", f"{r['bytes_moved'] / 2**20:.1f}",
+            f"{r['gflop']:.2f}", f"{r['floor_ms'] * 1e3:.1f}", us(t.get("jaxcnn", {})),
+            us(t.get("xla", {})), fmt(r["pct_of_floor"].get("jaxcnn"), ".0f"),
+            fmt(r["pct_of_floor"].get("xla"), ".0f"), fmt(r["tflops"].get("jaxcnn"), ".0f"),
+            fmt(r["speedup_vs_xla"], ".2f"), *(us(t[v]) if v in t else "-" for v, _ in FORCED_VARIANTS),
+            fmt(r["accuracy"].get("max_rel_diff"), ".1e"),
+            status(r)]
+
+
+@timed_rows_summary()
+def goal_summary(timed: list[dict]) -> list[str]:
     lines = []
     for r in timed:
         if r["case"].startswith("headline"):
-            lines.append(f"- headline ({r['case']}, N={r['n']}, {r['dtype']}): jaxcnn "
-                         f"{r['timings']['jaxcnn']['median_ms'] * 1e3:.1f} us, XLA "
-                         f"{r['timings']['xla']['median_ms'] * 1e3:.1f} us, XLA/jaxcnn "
-                         f"{r['speedup_vs_xla']:.2f} (goal >= {GOAL_SPEEDUP}: "
-                         f"{'met' if r['speedup_vs_xla'] >= GOAL_SPEEDUP else 'not met'}), "
-                         f"{r['pct_of_floor']['jaxcnn']:.0f}% of floor")
+            label = f"{r['case']}, N={r['n']}, {r['dtype']}"
+            lines.append(f"{headline_line(label, r, GOAL_SPEEDUP)}, {r['pct_of_floor']['jaxcnn']:.0f}% of floor")
     for n in sorted({r["n"] for r in timed}):
-        spd = np.array([r["speedup_vs_xla"] for r in timed if r["n"] == n])
-        lines.append(f"- N={n}: {len(spd)} rows; XLA/jaxcnn median {np.median(spd):.2f} "
-                     f"(min {spd.min():.2f}, max {spd.max():.2f})")
+        lines.append(f"- N={n}: {speedup_spread(r['speedup_vs_xla'] for r in timed if r['n'] == n)}")
     return lines
 
 

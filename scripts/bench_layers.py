@@ -26,12 +26,11 @@ import dataclasses
 import functools
 import math
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_common import (DTYPES, add_timing_options, csv_of, environment, fmt, run_rows, status,
+from bench_common import (DTYPES, add_timing_options, case_key, csv_of, environment, fmt, run_rows, status,
                           timing_defaults, write_report)
 
 import jax  # noqa: E402
@@ -195,11 +194,7 @@ def variants(layer: Layer, dtype: str, extra: tuple[str, ...] = ()) -> dict[str,
 
 def make_inputs(layer: Layer, dtype: str, seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Random x ~ N(0, 1), w ~ N(0, 1/fan_in), b ~ N(0, 0.01), drawn in float32, cast to dtype."""
-    # Keyed by layer and dtype, so a row's inputs do not depend on which other rows run.
-    # "rbg" compiles in a fraction of threefry's time for every new shape (seconds on a CPU).
-    root = jax.random.key(seed, impl="rbg")
-    key = jax.random.fold_in(root, zlib.crc32(f"{layer.name}/{dtype}".encode()))
-    kx, kw, kb = jax.random.split(key, 3)
+    kx, kw, kb = jax.random.split(case_key(seed, f"{layer.name}/{dtype}"), 3)
     x = jax.random.normal(kx, layer.x_shape, jnp.float32)
     w = jax.random.normal(kw, layer.w_shape, jnp.float32) / math.sqrt(layer.fan_in)
     b = 0.1 * jax.random.normal(kb, (layer.k,), jnp.float32)

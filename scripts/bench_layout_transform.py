@@ -22,13 +22,12 @@ import argparse
 import itertools
 import statistics
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_common import (DTYPES, add_timing_options, csv_of, final_status, fmt, int_list, table_row,
-                          timing_defaults, write_report)
+from bench_common import (DTYPES, add_timing_options, case_key, csv_of, final_status, fmt, int_list,
+                          normal_input, table_head, table_row, timing_defaults, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -73,8 +72,7 @@ BY_NAME = {a.name: a for a in SUITE + QUICK}
 
 
 def make_logical(act: Activation, n: int, dtype: str, seed: int) -> jax.Array:
-    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"), zlib.crc32(f"{act.name}/{n}/{dtype}".encode()))
-    return jax.random.normal(key, (n, act.c, act.h, act.w), jnp.float32).astype(DTYPES[dtype])
+    return normal_input(case_key(seed, f"{act.name}/{n}/{dtype}"), (n, act.c, act.h, act.w), DTYPES[dtype])
 
 
 def transform_fns(src: str, dst: str) -> dict[str, Callable]:
@@ -185,11 +183,8 @@ def summary_lines(rows: list[dict]) -> list[str]:
 
 
 def table_lines(rows: list[dict]) -> list[str]:
-    lines = [
-        "| activation | N | dtype | direction | MiB | jaxcnn ms | XLA ms | copy ms | jaxcnn GB/s "
-        "| % copy | XLA % copy | XLA/jaxcnn | jaxcnn kernel | status |",
-        "|" + "---|" * 14,
-    ]
+    lines = table_head(["activation", "N", "dtype", "direction", "MiB", "jaxcnn ms", "XLA ms", "copy ms",
+                        "jaxcnn GB/s", "% copy", "XLA % copy", "XLA/jaxcnn", "jaxcnn kernel", "status"])
     for r in rows:
         kernels = (r["jaxcnn"] or {}).get("kernels") or []
         kernel = kernels[0]["name"][:90] if kernels else "-"

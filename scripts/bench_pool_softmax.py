@@ -27,14 +27,14 @@ import argparse
 import functools
 import math
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_common import (DTYPES, add_timing_options, csv_of, environment, failed_accuracy, fmt, int_list,
-                          relative_accuracy, report_header, run_rows, status, summary_report, table_row, timed,
-                          timing_defaults, top_kernels, us, variant_times, write_report)
+from bench_common import (DTYPES, SquareCase, add_timing_options, case_key, csv_of, environment,
+                          failed_accuracy, fmt, has_speedup, int_list, normal_input, relative_accuracy,
+                          report_header, run_rows, status, summary_report, table_head, table_row, timed,
+                          timed_rows_summary, timing_defaults, top_kernels, us, variant_times, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -55,19 +55,16 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 1e-5}
 
 
 @dataclass(frozen=True)
-class PoolCase:
+class PoolCase(SquareCase):
     """A pooling layer, NHWC-logical input [n, hw, hw, c]."""
 
-    name: str
-    hw: int
-    c: int
     mode: str  # "max" | "avg"
     window: int
     stride: int
     padding: Any = "VALID"
 
     def x_shape(self, n: int, layout: str) -> tuple[int, ...]:
-        dims = dict(N=n, H=self.hw, W=self.hw, C=self.c)
+        dims = dict(zip("NHWC", self.x_nhwc(n)))
         return tuple(dims[d] for d in layout)
 
 
@@ -139,8 +136,7 @@ def copy_op(a):
 
 
 def random_input(shape, dtype: str, key_text: str, seed: int):
-    key = jax.random.fold_in(jax.random.key(seed, impl="rbg"), zlib.crc32(key_text.encode()))
-    return jax.random.normal(key, shape, jnp.float32).astype(DTYPES[dtype])
+    return normal_input(case_key(seed, key_text), shape, DTYPES[dtype])
 
 
 # ---------------------------------------------------------------- one row
@@ -221,11 +217,9 @@ def softmax_row(case: SoftmaxCase, dtype: str, *, iters, warmup, seed):
 
 
 def summary_table(rows: list[dict]) -> list[str]:
-    lines = [
-        "| op | case | layout | dtype | shape -> out | MB | jaxcnn us | XLA us | copy us "
-        "| jaxcnn GB/s | copy GB/s | jaxcnn % copy | XLA % copy | XLA/jaxcnn | goal | max rel diff | status |",
-        "|" + "---|" * 17,
-    ]
+    lines = table_head(["op", "case", "layout", "dtype", "shape -> out", "MB", "jaxcnn us", "XLA us", "copy us",
+                        "jaxcnn GB/s", "copy GB/s", "jaxcnn % copy", "XLA % copy", "XLA/jaxcnn", "goal",
+                        "max rel diff", "status"])
     for r in rows:
         t = r["timings"]
         shape = "x".join(map(str, r["shape"]))
@@ -253,10 +247,8 @@ def kernel_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def goal_summary(rows: list[dict]) -> list[str]:
-    timed = [r for r in rows if r["speedup_vs_xla"] is not None and r["pct_of_copy"].get("jaxcnn")]
-    if not timed:
-        return ["- no timed rows"]
+@timed_rows_summary(lambda r: has_speedup(r) and r["pct_of_copy"].get("jaxcnn"))
+def goal_summary(timed: list[dict]) -> list[str]:
     lines = []
     for op in sorted({r["op"] for r in timed}):
         sel = [r for r in timed if r["op"] == op]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench_common import (DTYPES, check_dtypes, dated_stem, environment, final_status, int_list,
-                          report_header, str_list, timing_defaults, write_report)
+                          report_header, str_list, table_head, timing_defaults, write_report)
 
 import jax
 import jax.numpy as jnp
@@ -399,34 +399,42 @@ def render(env: dict, rows: list[dict], args) -> str:
                 lines.append(f"| {s:.0%} | {_t(t)} | {_f(med(r['timings'].get(xla_key, {})) / m if m and med(r['timings'].get(xla_key, {})) else None)} "
                              f"| {_f(best / m if m and best else None)} | {_f(r['pct_of_floor'][f'{s:g}'], '.0f')} |")
             lines.append("")
-    real = [r for r in rows if r["section"] == "real"]
-    if real:
-        lines += ["## Real ReLU outputs (zoo models, random-init weights, realistic images)", "",
-                  "| layer | N | dtype | x | zeros | sparse us | dense us (fp32: ours_highest, xla_highest, ours_default, xla_default; else ours, xla) | XLA/sparse | best dense/sparse | max rel err |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in real:
-            dense = ", ".join(_t(v) for k, v in r["timings"].items() if k != "sparse")
-            lines.append(f"| {r['layer']} | {r['n']} | {r['dtype']} | {'x'.join(map(str, r['x']))} | {r['sparsity']:.1%} "
-                         f"| {_t(r['timings']['sparse'])} | {dense} | {_f(r['speedup_vs_xla'])} "
-                         f"| {_f(r['speedup_vs_best_dense'])} | {_f(r['max_rel_err_vs_xla'], '.1e')} |")
-        lines.append("")
-    pools = [r for r in rows if r["section"] == "pool"]
-    if pools:
-        lines += ["## Fused conv + ReLU + max-pool", "",
-                  "| layer | N | dtype | pool | zeros | sparse_pool us | XLA conv+reduce_window us | ours unfused us | ours dense fused us | XLA/sparse_pool | max rel err |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in pools:
-            t = r["timings"]
-            xla = t.get("xla_highest") or t.get("xla") or {}
-            p = r["pool"]
-            lines.append(f"| {r['layer']} | {r['n']} | {r['dtype']} | {p['window'][0]}x{p['window'][1]}/{p['stride'][0]} "
-                         f"| {r['sparsity']:.1%} ({r['sparsity_kind']}) | {_t(t['sparse_pool'])} | {_t(xla)} "
-                         f"| {_t(t.get('ours_dense_unfused', {'error': 1}))} | {_t(t['ours_dense_fused']) if 'ours_dense_fused' in t else '-'} "
-                         f"| {_f(r['speedup_vs_xla'])} | {_f(r['max_rel_err_vs_xla'], '.1e')} |")
-        lines.append("")
+    lines += _section_table(
+        rows, "real", "## Real ReLU outputs (zoo models, random-init weights, realistic images)",
+        ["layer", "N", "dtype", "x", "zeros", "sparse us",
+         "dense us (fp32: ours_highest, xla_highest, ours_default, xla_default; else ours, xla)", "XLA/sparse",
+         "best dense/sparse", "max rel err"], _real_line)
+    lines += _section_table(
+        rows, "pool", "## Fused conv + ReLU + max-pool",
+        ["layer", "N", "dtype", "pool", "zeros", "sparse_pool us", "XLA conv+reduce_window us", "ours unfused us",
+         "ours dense fused us", "XLA/sparse_pool", "max rel err"], _pool_line)
     return "\n".join(lines) + "\n"
 
 
+
+def _section_table(rows: list[dict], section: str, title: str, columns: list[str],
+                   line: Callable[[dict], str]) -> list[str]:
+    """The report section of the rows of one section: its title and a table, a line per row (no
+    such rows: nothing)."""
+    sel = [r for r in rows if r["section"] == section]
+    return [title, "", *table_head(columns), *map(line, sel), ""] if sel else []
+
+
+def _real_line(r: dict) -> str:
+    dense = ", ".join(_t(v) for k, v in r["timings"].items() if k != "sparse")
+    return (f"| {r['layer']} | {r['n']} | {r['dtype']} | {'x'.join(map(str, r['x']))} | {r['sparsity']:.1%} "
+            f"| {_t(r['timings']['sparse'])} | {dense} | {_f(r['speedup_vs_xla'])} "
+            f"| {_f(r['speedup_vs_best_dense'])} | {_f(r['max_rel_err_vs_xla'], '.1e')} |")
+
+
+def _pool_line(r: dict) -> str:
+    t = r["timings"]
+    xla = t.get("xla_highest") or t.get("xla") or {}
+    p = r["pool"]
+    return (f"| {r['layer']} | {r['n']} | {r['dtype']} | {p['window'][0]}x{p['window'][1]}/{p['stride'][0]} "
+            f"| {r['sparsity']:.1%} ({r['sparsity_kind']}) | {_t(t['sparse_pool'])} | {_t(xla)} "
+            f"| {_t(t.get('ours_dense_unfused', {'error': 1}))} | {_t(t['ours_dense_fused']) if 'ours_dense_fused' in t else '-'} "
+            f"| {_f(r['speedup_vs_xla'])} | {_f(r['max_rel_err_vs_xla'], '.1e')} |")
 def summary(rows: list[dict]) -> list[str]:
     out = []
     syn = [r for r in rows if r["section"] == "synthetic" and r["speedup_vs_xla_at_90"] is not None]
