@@ -30,6 +30,16 @@ def check_trace_raises(fn, good: dict, changes: dict, error, match: str) -> None
         jax.jit(fn).trace(*args.values())
 
 
+# Bad NHWC inputs in place of a good x [2, 8, 8, 16] float32, as check_trace_raises' (changes,
+# error, match): not rank 4, not a float dtype, an empty spatial dimension. Every op that takes an
+# NHWC x rejects these the same way.
+BAD_NHWC_X = [
+    ({"x": sds((8, 8, 16))}, ValueError, r"x must be rank 4 \[N, H, W, C\]"),
+    ({"x": sds((2, 8, 8, 16), jnp.int32)}, TypeError, "x dtype must be float32"),
+    ({"x": sds((2, 0, 8, 16))}, ValueError, "x must have H, W and C >= 1"),
+]
+
+
 def as_f64(a) -> np.ndarray:
     """a (any float dtype, bf16 included) as a float64 NumPy array."""
     return np.asarray(jnp.asarray(a, jnp.float32), np.float64)

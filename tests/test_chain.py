@@ -19,7 +19,7 @@ from jax.test_util import check_grads
 import jaxcnn
 from jaxcnn import _ffi
 from jaxcnn.ops import chain_args, primitive
-from arrays import as_f64, check_trace_raises, he_normal, normal, sds
+from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from reference64 import ALLCLOSE_TOL as TOL
 from vmap_batching import check_folds_into_batch
@@ -271,9 +271,7 @@ C1DW_GOOD = dict(x=sds((2, 8, 8, 16)), w1=sds((1, 1, 16, 8)), wd=sds((3, 3, 1, 8
 @pytest.mark.parametrize(
     "changes,error,match",
     [
-        (dict(x=sds((8, 8, 16))), ValueError, r"x must be rank 4 \[N, H, W, C\]"),
-        (dict(x=sds((2, 8, 8, 16), jnp.int32)), TypeError, "x dtype must be float32"),
-        (dict(x=sds((2, 0, 8, 16))), ValueError, "x must have H, W and C >= 1"),
+        *BAD_NHWC_X,
         (dict(w3=sds((3, 3, 15, 8))), ValueError, r"w3 must have shape \(3, 3, 16, 8\)"),
         (dict(w3=sds((1, 1, 16, 8))), ValueError, r"w3 must be rank 4 HWIO \[3, 3"),
         (dict(w3=sds((3, 3, 16))), ValueError, "w3 must be rank 4 HWIO"),

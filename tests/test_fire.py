@@ -19,7 +19,7 @@ from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
 from jaxcnn.ops.fire import fire_block
-from arrays import as_f64, check_trace_raises, he_normal, normal, sds
+from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
 from reference64 import ALLCLOSE_TOL as TOL
@@ -150,9 +150,7 @@ GOOD = dict(x=sds((2, 8, 8, 16)), squeeze_w=sds((1, 1, 16, 8)), expand1_w=sds((1
 @pytest.mark.parametrize(
     "changes,error,match",
     [
-        (dict(x=sds((8, 8, 16))), ValueError, r"x must be rank 4 \[N, H, W, C\]"),
-        (dict(x=sds((2, 8, 8, 16), jnp.int32)), TypeError, "x dtype"),
-        (dict(x=sds((2, 0, 8, 16))), ValueError, "x must have H, W and C >= 1"),
+        *BAD_NHWC_X,
         (dict(squeeze_w=sds((1, 1, 15, 8))), ValueError, r"squeeze_w must have shape \(1, 1, 16, 8\)"),
         (dict(squeeze_w=sds((3, 3, 16, 8))), ValueError, "squeeze_w must be rank 4 HWIO"),
         (dict(squeeze_w=sds((16, 8))), ValueError, "squeeze_w must be rank 4 HWIO"),

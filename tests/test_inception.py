@@ -20,7 +20,7 @@ from jaxcnn.models.googlenet import inception as zoo_inception
 from jaxcnn.models.layers import Net
 from jaxcnn.ops.inception import inception_block
 from jaxcnn.ops.inception_args import BRANCH_LAYERS
-from arrays import as_f64, check_trace_raises, he_normal, normal, sds
+from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
 from reference64 import ALLCLOSE_TOL as TOL
@@ -177,9 +177,7 @@ GOOD = dict(x=sds((2, 8, 8, 16)), w_1x1=sds((1, 1, 16, 4)), w_3x3_reduce=sds((1,
 @pytest.mark.parametrize(
     "changes,error,match",
     [
-        (dict(x=sds((8, 8, 16))), ValueError, r"x must be rank 4 \[N, H, W, C\]"),
-        (dict(x=sds((2, 8, 8, 16), jnp.int32)), TypeError, "x dtype"),
-        (dict(x=sds((2, 8, 0, 16))), ValueError, "x must have H, W and C >= 1"),
+        *BAD_NHWC_X,
         (dict(w_1x1=sds((1, 1, 15, 4))), ValueError, "w_1x1 must have 16 input channels"),
         (dict(w_1x1=sds((3, 3, 16, 4))), ValueError, r"w_1x1 must be a 1x1 conv"),
         (dict(w_3x3_reduce=sds((16, 6))), ValueError, "w_3x3_reduce must be rank 4 HWIO"),
