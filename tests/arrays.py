@@ -2,10 +2,13 @@
 random operands drawn in float32 and rounded once to the dtype under test, and the float64
 view every oracle comparison reads."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 
 def sds(shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
@@ -20,6 +23,24 @@ def traces(fn, *operands) -> bool:
         return True
     except ValueError:
         return False
+
+
+def random_shape_test(cases, fits):
+    """Decorates test(case) into a slow hypothesis test over the draws of the strategy `cases`
+    (60 of them, no deadline) that passes over the draws fits(case) rejects (see traces)."""
+
+    def decorate(test):
+        @pytest.mark.slow
+        @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+        @given(cases)
+        @functools.wraps(test)
+        def run(case):
+            if fits(case):
+                test(case)
+
+        return run
+
+    return decorate
 
 
 def check_trace_raises(fn, good: dict, changes: dict, error, match: str) -> None:

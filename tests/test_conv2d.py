@@ -4,13 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.test_util import check_grads
 
 import jaxcnn
-from arrays import sds, traces
+from arrays import random_shape_test, sds, traces
 from reference64 import TOLERANCE, conv2d_f64, rel_err
 
 
@@ -49,12 +48,8 @@ def fits(case):
                   sds(case["x_shape"]), sds(case["w_shape"]))
 
 
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(conv_cases())
+@random_shape_test(conv_cases(), fits)
 def test_matches_float64_reference(case):
-    if not fits(case):
-        return
     x, w, b = random_operands(case["seed"], case["x_shape"], case["w_shape"], with_bias=case["with_bias"])
     out = jaxcnn.conv2d(x, w, b, **case["kw"])
     ref = conv2d_f64(x, w, b, **case["kw"])

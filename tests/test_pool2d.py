@@ -5,13 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.test_util import check_grads
 
 import jaxcnn
-from arrays import random_x, sds, traces
+from arrays import random_shape_test, random_x, sds, traces
 from pool_oracle import FROM_NHWC, TO_NHWC, TOL, pool_f64, to_layout
 
 LAYOUTS = ("NHWC", "NCHW", "CHWN")
@@ -52,12 +51,8 @@ def fits(case):
     return traces(lambda x: run_pool(x, case), sds(case["shape"]))
 
 
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(pool_cases())
+@random_shape_test(pool_cases(), fits)
 def test_matches_float64_oracle(case):
-    if not fits(case):
-        return
     x = random_x(case["seed"], case["shape"])
     out = run_pool(x, case)
     want = oracle(x, case)
