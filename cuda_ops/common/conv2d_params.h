@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/epilogue.cuh"
+#include "common/float_types.h"
 
 namespace jaxcnn {
 
@@ -54,5 +55,38 @@ struct Conv2dParams {
   // Tensor-core kernel only.
   int64_t y_pixel_stride = 0;
 };
+
+// The checks the CUDA-core families (direct, depthwise) make first: nullptr if no dimension is
+// negative, the layout is known and y is packed (y_pixel_stride is tensor-core only), else a
+// static message saying why.
+inline const char* conv2d_params_unsupported_reason(const Conv2dParams& q) {
+  if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
+      q.K < 0 || q.P < 0 || q.Q < 0)
+    return "negative dimension";
+  if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
+      q.layout != TensorLayout::kCHWN)
+    return "unknown tensor layout";
+  if (q.y_pixel_stride != 0) return "y_pixel_stride is supported by the tensor-core kernel only";
+  return nullptr;
+}
+
+// One instantiation of a conv launcher `name` with the shared signature
+// (x, w, bias, y, params, stream) for element type T: `prefix` is `extern` in the family's header,
+// empty in its .cu.
+#define JAXCNN_CONV2D_LAUNCHER_OF(T, prefix, name)                                          \
+  prefix template cudaError_t name<T>(const T*, const T*, const T*, T*, const Conv2dParams&, \
+                                      cudaStream_t);
+
+// Declares the conv launcher template `name`: y = epilogue(conv(x, w) + bias), `bias` may be
+// null; then its extern instantiations for every float type (the .cu instantiates them with
+// JAXCNN_CONV2D_LAUNCHER_INSTANTIATE).
+#define JAXCNN_CONV2D_LAUNCHER_DECLARE(name)                                                 \
+  template <typename T>                                                                       \
+  cudaError_t name(const T* x, const T* w, const T* bias, T* y, const Conv2dParams& params,  \
+                   cudaStream_t stream);                                                      \
+  JAXCNN_FOR_EACH_FLOAT_TYPE(JAXCNN_CONV2D_LAUNCHER_OF, extern, name)
+
+#define JAXCNN_CONV2D_LAUNCHER_INSTANTIATE(name) \
+  JAXCNN_FOR_EACH_FLOAT_TYPE(JAXCNN_CONV2D_LAUNCHER_OF, , name)
 
 }  // namespace jaxcnn

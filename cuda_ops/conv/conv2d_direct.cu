@@ -2,30 +2,15 @@
 // pick the grid, launch.
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
+#include "common/host_arith.h"
 #include "conv/conv2d_direct.h"
 #include "conv/conv2d_direct_kernel.cuh"
 
 namespace jaxcnn {
 namespace {
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxGridY = 65535;
-
-bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
-
-// Product of non-negative values; false on int64 overflow.
-bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
-  int64_t acc = 1;
-  for (int64_t f : factors) {
-    if (__builtin_mul_overflow(acc, f, &acc)) return false;
-  }
-  *product = acc;
-  return true;
-}
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Element strides of logical [N, C, H, W] (or y's [N, K, P, Q]) in `layout`.
 void SetStrides(TensorLayout layout, int64_t N, int64_t C, int64_t H, int64_t W,
@@ -40,13 +25,7 @@ void SetStrides(TensorLayout layout, int64_t N, int64_t C, int64_t H, int64_t W,
 }  // namespace
 
 const char* conv2d_direct_unsupported_reason(const Conv2dParams& q) {
-  if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
-      q.K < 0 || q.P < 0 || q.Q < 0)
-    return "negative dimension";
-  if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
-      q.layout != TensorLayout::kCHWN)
-    return "unknown tensor layout";
-  if (q.y_pixel_stride != 0) return "y_pixel_stride is supported by the tensor-core kernel only";
+  if (const char* reason = conv2d_params_unsupported_reason(q)) return reason;
   if (q.groups < 1) return "groups must be >= 1";
   if (q.stride_h < 1 || q.stride_w < 1) return "strides must be >= 1";
   if (q.dil_h < 1 || q.dil_w < 1) return "dilations must be >= 1";
@@ -148,16 +127,6 @@ cudaError_t launch_conv2d_direct(const T* x, const T* w, const T* bias, T* y,
   return cudaGetLastError();
 }
 
-template cudaError_t launch_conv2d_direct<float>(const float*, const float*,
-                                                 const float*, float*,
-                                                 const Conv2dParams&,
-                                                 cudaStream_t);
-template cudaError_t launch_conv2d_direct<__nv_bfloat16>(
-    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
-template cudaError_t launch_conv2d_direct<__half>(const __half*, const __half*,
-                                                  const __half*, __half*,
-                                                  const Conv2dParams&,
-                                                  cudaStream_t);
+JAXCNN_CONV2D_LAUNCHER_INSTANTIATE(launch_conv2d_direct)
 
 }  // namespace jaxcnn

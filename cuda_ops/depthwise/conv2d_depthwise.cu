@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <limits>
 
+#include "common/host_arith.h"
 #include "depthwise/conv2d_depthwise.h"
 #include "depthwise/conv2d_depthwise_kernel.cuh"
 
@@ -14,7 +14,6 @@ namespace {
 
 namespace dw = conv2d_depthwise;
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // H100/H200 SXM. Only sizes the persistent grid and the cost model's waves;
 // a different count costs some balance, never correctness.
 constexpr int64_t kNumSms = 132;
@@ -26,17 +25,6 @@ constexpr int64_t kSmemPerSm = 227 * 1024;
 // at 80 by __launch_bounds__ (kVecMinBlocks), the plane kernels use ~32.
 constexpr int64_t kRegsPerThread = 80;
 constexpr int kVec = 4;  // elements per thread of the vectorized layouts
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
-
-bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
-  int64_t acc = 1;
-  for (int64_t f : factors)
-    if (__builtin_mul_overflow(acc, f, &acc)) return false;
-  *product = acc;
-  return true;
-}
 
 enum class Shape { k3x3s1, k3x3s2, kGeneric };
 
@@ -237,17 +225,11 @@ bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
   return found;
 }
 
-bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
-
 // Vector width the channel-last kernel can use, ignoring pointer alignment.
 int VecWidth(const Conv2dParams& q) {
   if (q.layout == TensorLayout::kNHWC)
     return (q.K == q.C && q.C % kVec == 0) ? kVec : 1;
   return q.N % kVec == 0 ? kVec : 1;
-}
-
-bool Aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 template <typename T, bool kChanInner, int V>
@@ -279,8 +261,8 @@ cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
   const bool chan_inner = q.layout == TensorLayout::kNHWC;
   int V = VecWidth(q);
   const T* residual = static_cast<const T*>(q.residual);
-  if (V > 1 && !(Aligned(x, V * sizeof(T)) && Aligned(y, V * sizeof(T)) &&
-                 Aligned(residual, V * sizeof(T))))
+  if (V > 1 && !(IsAligned(x, V * sizeof(T)) && IsAligned(y, V * sizeof(T)) &&
+                 IsAligned(residual, V * sizeof(T))))
     V = 1;
   VecPlan v{};
   if (!PlanVec(q, sizeof(T), V, &v)) {
@@ -405,13 +387,7 @@ cudaError_t RunPlane(const T* x, const T* w, const T* bias, T* y,
 }  // namespace
 
 const char* conv2d_depthwise_unsupported_reason(const Conv2dParams& q) {
-  if (q.N < 0 || q.H < 0 || q.W < 0 || q.C < 0 || q.R < 0 || q.S < 0 ||
-      q.K < 0 || q.P < 0 || q.Q < 0)
-    return "negative dimension";
-  if (q.layout != TensorLayout::kNHWC && q.layout != TensorLayout::kNCHW &&
-      q.layout != TensorLayout::kCHWN)
-    return "unknown layout";
-  if (q.y_pixel_stride != 0) return "y_pixel_stride is supported by the tensor-core kernel only";
+  if (const char* reason = conv2d_params_unsupported_reason(q)) return reason;
   if (q.C < 1 || q.groups != q.C)
     return "not depthwise: the depthwise kernel needs groups == C >= 1";
   if (q.K < q.C || q.K % q.C != 0)
@@ -465,17 +441,6 @@ cudaError_t launch_conv2d_depthwise(const T* x, const T* w, const T* bias,
                                  : RunVec(x, w, bias, y, params, stream);
 }
 
-template cudaError_t launch_conv2d_depthwise<float>(const float*, const float*,
-                                                    const float*, float*,
-                                                    const Conv2dParams&,
-                                                    cudaStream_t);
-template cudaError_t launch_conv2d_depthwise<__nv_bfloat16>(
-    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
-template cudaError_t launch_conv2d_depthwise<__half>(const __half*,
-                                                     const __half*,
-                                                     const __half*, __half*,
-                                                     const Conv2dParams&,
-                                                     cudaStream_t);
+JAXCNN_CONV2D_LAUNCHER_INSTANTIATE(launch_conv2d_depthwise)
 
 }  // namespace jaxcnn

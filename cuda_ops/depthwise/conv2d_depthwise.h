@@ -8,8 +8,6 @@
 // (NaN stays NaN), fp32 accumulation and one rounding to T.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include "common/conv2d_params.h"
@@ -21,24 +19,12 @@ namespace jaxcnn {
 // receptive field too large for the shared-memory tile).
 const char* conv2d_depthwise_unsupported_reason(const Conv2dParams& params);
 
+// launch_conv2d_depthwise<T>(x, w, bias, y, params, stream) for T = float, bf16, fp16.
 // Returns cudaErrorInvalidValue for unsupported params or missing pointers,
 // cudaSuccess without launching when the output is empty, otherwise the result
 // of cudaGetLastError() after the launch. `bias` may be null. Only kernel
 // launches on `stream`: no allocation, synchronization or device query, so it
 // can be captured into a CUDA graph.
-template <typename T>
-cudaError_t launch_conv2d_depthwise(const T* x, const T* w, const T* bias, T* y,
-                                    const Conv2dParams& params,
-                                    cudaStream_t stream);
-
-extern template cudaError_t launch_conv2d_depthwise<float>(
-    const float*, const float*, const float*, float*, const Conv2dParams&,
-    cudaStream_t);
-extern template cudaError_t launch_conv2d_depthwise<__nv_bfloat16>(
-    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-    __nv_bfloat16*, const Conv2dParams&, cudaStream_t);
-extern template cudaError_t launch_conv2d_depthwise<__half>(
-    const __half*, const __half*, const __half*, __half*, const Conv2dParams&,
-    cudaStream_t);
+JAXCNN_CONV2D_LAUNCHER_DECLARE(launch_conv2d_depthwise)
 
 }  // namespace jaxcnn

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/host_arith.h"
 #include "layout/layout_transform.h"
 #include "layout/layout_transform_kernel.cuh"
 
@@ -35,19 +36,6 @@ int Log2Ceil(int64_t v) {
   int log = 0;
   while ((int64_t{1} << log) < v) ++log;
   return log;
-}
-
-bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
-  int64_t acc = 1;
-  for (int64_t f : factors) {
-    if (__builtin_mul_overflow(acc, f, &acc)) return false;
-  }
-  *product = acc;
-  return true;
-}
-
-bool IsAligned(const void* ptr, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
 struct TileShape {

@@ -2,9 +2,9 @@
 // contiguous, pick the kernel (vec / plane / split) and its vector width, launch.
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
+#include "common/host_arith.h"
 #include "pool/pool2d.h"
 #include "pool/pool2d_kernels.cuh"
 
@@ -14,29 +14,11 @@ namespace {
 using pool2d::Geometry;
 using pool2d::kThreads;
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // Grid-stride loops past this many CTAs (plenty to fill any GPU).
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 // Threads that fill an H100/H200 (132 SMs x 2048): the split kernel adds lanes per output
 // until it has about this many.
 constexpr int64_t kFillThreads = 132 * 2048;
-
-bool FitsInt32(int64_t v) { return v >= 0 && v <= kInt32Max; }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* product) {
-  int64_t acc = 1;
-  for (int64_t f : factors) {
-    if (__builtin_mul_overflow(acc, f, &acc)) return false;
-  }
-  *product = acc;
-  return true;
-}
-
-bool Aligned(const void* p, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
 
 unsigned Blocks(int64_t threads) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(threads, kThreads), kMaxBlocks)));
@@ -56,10 +38,10 @@ template <typename T, typename Fn>
 cudaError_t DispatchVecWidth(const T* x, const T* y, int64_t L, Fn&& fn) {
   constexpr int kWide = 16 / sizeof(T);
   constexpr int kNarrow = 4 / sizeof(T);
-  if (L % kWide == 0 && Aligned(x, 16) && Aligned(y, 16))
+  if (L % kWide == 0 && IsAligned(x, 16) && IsAligned(y, 16))
     return fn(std::integral_constant<int, kWide>{});
   if constexpr (kNarrow > 1) {
-    if (L % kNarrow == 0 && Aligned(x, 4) && Aligned(y, 4))
+    if (L % kNarrow == 0 && IsAligned(x, 4) && IsAligned(y, 4))
       return fn(std::integral_constant<int, kNarrow>{});
   }
   return fn(std::integral_constant<int, 1>{});
@@ -120,7 +102,7 @@ cudaError_t LaunchPlane(const T* x, T* y, const Geometry& g, int64_t B, cudaStre
   const int64_t total = rows * qcs;
   if (!FitsInt32(total)) return LaunchSplit<T, kMode>(x, y, g, B, 1, stream);
   const pool2d::FastDiv qc_div(static_cast<uint32_t>(qcs)), p_div(static_cast<uint32_t>(g.P));
-  const bool vec_store = g.Q % OQ == 0 && Aligned(y, 16);
+  const bool vec_store = g.Q % OQ == 0 && IsAligned(y, 16);
   const int64_t row_bytes = int64_t{g.W} * E;
   const unsigned blocks = Blocks(total);
   auto go = [&](auto vb) -> cudaError_t {
@@ -129,10 +111,10 @@ cudaError_t LaunchPlane(const T* x, T* y, const Geometry& g, int64_t B, cudaStre
         <<<blocks, kThreads, 0, stream>>>(x, y, g, total, qc_div, p_div, vec_store);
     return cudaGetLastError();
   };
-  if (row_bytes % 16 == 0 && Aligned(x, 16)) return go(std::integral_constant<int, 16>{});
-  if (row_bytes % 8 == 0 && Aligned(x, 8)) return go(std::integral_constant<int, 8>{});
+  if (row_bytes % 16 == 0 && IsAligned(x, 16)) return go(std::integral_constant<int, 16>{});
+  if (row_bytes % 8 == 0 && IsAligned(x, 8)) return go(std::integral_constant<int, 8>{});
   if constexpr (E < 4) {
-    if (row_bytes % 4 == 0 && Aligned(x, 4)) return go(std::integral_constant<int, 4>{});
+    if (row_bytes % 4 == 0 && IsAligned(x, 4)) return go(std::integral_constant<int, 4>{});
   }
   return go(std::integral_constant<int, E>{});
 }
@@ -215,11 +197,6 @@ cudaError_t launch_pool2d(const T* x, T* y, const Pool2dParams& q, cudaStream_t 
   return LaunchLayout<T, PoolMode::kAvg>(x, y, q, g, stream);
 }
 
-template cudaError_t launch_pool2d<float>(const float*, float*, const Pool2dParams&,
-                                          cudaStream_t);
-template cudaError_t launch_pool2d<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*,
-                                                  const Pool2dParams&, cudaStream_t);
-template cudaError_t launch_pool2d<__half>(const __half*, __half*, const Pool2dParams&,
-                                           cudaStream_t);
+JAXCNN_XY_LAUNCHER_INSTANTIATE(launch_pool2d, Pool2dParams)
 
 }  // namespace jaxcnn

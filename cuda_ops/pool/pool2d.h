@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/conv2d_params.h"  // TensorLayout
+#include "common/float_types.h"
 
 namespace jaxcnn {
 
@@ -36,17 +37,7 @@ const char* pool2d_unsupported_reason(const Pool2dParams& params);
 // Returns cudaErrorInvalidValue for params pool2d_unsupported_reason rejects,
 // cudaSuccess without launching when the output is empty, else the result of
 // cudaGetLastError() after the launch. x and y must not alias.
-template <typename T>
-cudaError_t launch_pool2d(const T* x, T* y, const Pool2dParams& params,
-                          cudaStream_t stream);
-
-extern template cudaError_t launch_pool2d<float>(const float*, float*,
-                                                 const Pool2dParams&,
-                                                 cudaStream_t);
-extern template cudaError_t launch_pool2d<__nv_bfloat16>(
-    const __nv_bfloat16*, __nv_bfloat16*, const Pool2dParams&, cudaStream_t);
-extern template cudaError_t launch_pool2d<__half>(const __half*, __half*,
-                                                  const Pool2dParams&,
-                                                  cudaStream_t);
+// launch_pool2d<T>(x, y, params, stream) for T = float, bf16, fp16.
+JAXCNN_XY_LAUNCHER_DECLARE(launch_pool2d, Pool2dParams)
 
 }  // namespace jaxcnn

@@ -2,9 +2,9 @@
 // width by alignment, and the per-thread register tile.
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
+#include "common/host_arith.h"
 #include "softmax/softmax.h"
 #include "softmax/softmax_kernels.cuh"
 
@@ -13,14 +13,9 @@ namespace {
 
 namespace sm = softmax;
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride past this many CTAs
 // The online kernel's CTA: a row that long has work for every thread.
 constexpr int kOnlineThreads = 1024;
-
-bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int NextPow2(int64_t v) {
   int p = 1;
@@ -115,7 +110,7 @@ cudaError_t LaunchWithVec(const T* x, T* y, const SoftmaxParams& q, cudaStream_t
 template <typename T, bool kLog>
 cudaError_t LaunchTyped(const T* x, T* y, const SoftmaxParams& q, cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
-  if (VecWidth<T>(q, Aligned(x, 16) && Aligned(y, 16)) == kWide)
+  if (VecWidth<T>(q, IsAligned(x, 16) && IsAligned(y, 16)) == kWide)
     return LaunchWithVec<T, kWide, kLog>(x, y, q, stream);
   return LaunchWithVec<T, 1, kLog>(x, y, q, stream);
 }
@@ -143,11 +138,6 @@ cudaError_t launch_softmax(const T* x, T* y, const SoftmaxParams& q, cudaStream_
   return q.log ? LaunchTyped<T, true>(x, y, q, stream) : LaunchTyped<T, false>(x, y, q, stream);
 }
 
-template cudaError_t launch_softmax<float>(const float*, float*, const SoftmaxParams&,
-                                           cudaStream_t);
-template cudaError_t launch_softmax<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*,
-                                                   const SoftmaxParams&, cudaStream_t);
-template cudaError_t launch_softmax<__half>(const __half*, __half*, const SoftmaxParams&,
-                                            cudaStream_t);
+JAXCNN_XY_LAUNCHER_INSTANTIATE(launch_softmax, SoftmaxParams)
 
 }  // namespace jaxcnn

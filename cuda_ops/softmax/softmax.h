@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/float_types.h"
+
 namespace jaxcnn {
 
 // Matches jax.nn.softmax / jax.nn.log_softmax computed in fp32 and rounded once:
@@ -34,17 +36,7 @@ SoftmaxKernel softmax_kernel_for(const SoftmaxParams& params, int elem_bytes);
 // Returns cudaErrorInvalidValue for params softmax_unsupported_reason rejects,
 // cudaSuccess without launching when there is nothing to write, else the result of
 // cudaGetLastError() after the launch. x and y must not alias.
-template <typename T>
-cudaError_t launch_softmax(const T* x, T* y, const SoftmaxParams& params,
-                           cudaStream_t stream);
-
-extern template cudaError_t launch_softmax<float>(const float*, float*,
-                                                  const SoftmaxParams&, cudaStream_t);
-extern template cudaError_t launch_softmax<__nv_bfloat16>(const __nv_bfloat16*,
-                                                          __nv_bfloat16*,
-                                                          const SoftmaxParams&,
-                                                          cudaStream_t);
-extern template cudaError_t launch_softmax<__half>(const __half*, __half*,
-                                                   const SoftmaxParams&, cudaStream_t);
+// launch_softmax<T>(x, y, params, stream) for T = float, bf16, fp16.
+JAXCNN_XY_LAUNCHER_DECLARE(launch_softmax, SoftmaxParams)
 
 }  // namespace jaxcnn
