@@ -206,55 +206,44 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
   });
 }
 
-ConvAttrs MakeAttrs(int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                    int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                    int64_t activation, int64_t layout, int64_t precision,
-                    int64_t algorithm, float alpha) {
-  return ConvAttrs{stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-                   activation, layout, precision, algorithm, alpha};
-}
-
-ffi::Error Conv2dFwdWithBias(cudaStream_t stream, ffi::AnyBuffer x,
+// The three handler variants: which optional operands (bias, residual) they bind.
+ffi::Error Conv2dFwdWithBias(const ConvAttrs& a, cudaStream_t stream, ffi::AnyBuffer x,
                              ffi::AnyBuffer w, ffi::AnyBuffer bias,
                              ffi::Result<ffi::AnyBuffer> y,
-                             ffi::Result<ffi::AnyBuffer> workspace,
-                             int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                             int64_t pad_w, int64_t dilation_h,
-                             int64_t dilation_w, int64_t groups,
-                             int64_t activation, int64_t layout,
-                             int64_t precision, int64_t algorithm, float alpha) {
-  return Conv2dFwdImpl(stream, x, w, &bias, nullptr, *y, *workspace,
-                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                 groups, activation, layout, precision, algorithm, alpha));
+                             ffi::Result<ffi::AnyBuffer> workspace) {
+  return Conv2dFwdImpl(stream, x, w, &bias, nullptr, *y, *workspace, a);
 }
 
-ffi::Error Conv2dFwdNoBias(cudaStream_t stream, ffi::AnyBuffer x,
+ffi::Error Conv2dFwdNoBias(const ConvAttrs& a, cudaStream_t stream, ffi::AnyBuffer x,
                            ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
-                           ffi::Result<ffi::AnyBuffer> workspace,
-                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                           int64_t pad_w, int64_t dilation_h,
-                           int64_t dilation_w, int64_t groups,
-                           int64_t activation, int64_t layout,
-                           int64_t precision, int64_t algorithm, float alpha) {
-  return Conv2dFwdImpl(stream, x, w, nullptr, nullptr, *y, *workspace,
-                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                 groups, activation, layout, precision, algorithm, alpha));
+                           ffi::Result<ffi::AnyBuffer> workspace) {
+  return Conv2dFwdImpl(stream, x, w, nullptr, nullptr, *y, *workspace, a);
 }
 
-ffi::Error Conv2dFwdResidual(cudaStream_t stream, ffi::AnyBuffer x,
-                             ffi::AnyBuffer w, ffi::AnyBuffer bias,
-                             ffi::AnyBuffer residual,
+ffi::Error Conv2dFwdResidual(const ConvAttrs& a, cudaStream_t stream, ffi::AnyBuffer x,
+                             ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer residual,
                              ffi::Result<ffi::AnyBuffer> y,
-                             ffi::Result<ffi::AnyBuffer> workspace,
-                             int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                             int64_t pad_w, int64_t dilation_h,
-                             int64_t dilation_w, int64_t groups,
-                             int64_t activation, int64_t layout,
-                             int64_t precision, int64_t algorithm, float alpha) {
-  return Conv2dFwdImpl(stream, x, w, &bias, &residual, *y, *workspace,
-                       MakeAttrs(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                 groups, activation, layout, precision, algorithm, alpha));
+                             ffi::Result<ffi::AnyBuffer> workspace) {
+  return Conv2dFwdImpl(stream, x, w, &bias, &residual, *y, *workspace, a);
 }
+
+// ConvHandler<&variant>::Call is the function XLA binds for a variant: the stream, the
+// variant's buffers, then the attribute scalars in WithConvAttrs' order, packed into ConvAttrs.
+template <auto kVariant>
+struct ConvHandler;
+
+template <typename... Buffers,
+          ffi::Error (*kVariant)(const ConvAttrs&, cudaStream_t, Buffers...)>
+struct ConvHandler<kVariant> {
+  static ffi::Error Call(cudaStream_t stream, Buffers... buffers, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                         int64_t dilation_w, int64_t groups, int64_t activation, int64_t layout,
+                         int64_t precision, int64_t algorithm, float alpha) {
+    return kVariant(ConvAttrs{stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                              activation, layout, precision, algorithm, alpha},
+                    stream, buffers...);
+  }
+};
 
 // The conv attributes every handler decodes, in the order the implementations take them.
 template <typename Binding>
@@ -267,15 +256,15 @@ auto WithConvAttrs(Binding binding) {
 }  // namespace
 }  // namespace jaxcnn
 
-JAXCNN_FFI_HANDLER(JaxcnnConv2dFwd, jaxcnn::Conv2dFwdWithBias,
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwd, jaxcnn::ConvHandler<&jaxcnn::Conv2dFwdWithBias>::Call,
                    // x [N,H,W,C], w [R,S,C/G,K], bias [K] -> y [N,P,Q,K] in layout, workspace u8
                    jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<3, 2>()));
 
-JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdNoBias, jaxcnn::Conv2dFwdNoBias,
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdNoBias, jaxcnn::ConvHandler<&jaxcnn::Conv2dFwdNoBias>::Call,
                    // x, w -> y, workspace (as JaxcnnConv2dFwd, without the bias)
                    jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<2, 2>()));
 
-JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdResidual, jaxcnn::Conv2dFwdResidual,
+JAXCNN_FFI_HANDLER(JaxcnnConv2dFwdResidual, jaxcnn::ConvHandler<&jaxcnn::Conv2dFwdResidual>::Call,
                    // x, w, bias, residual (as y) -> y, workspace
                    jaxcnn::WithConvAttrs(jaxcnn::BindBuffers<4, 2>()));
 
