@@ -84,8 +84,30 @@ int64_t Residency(int64_t threads, int64_t smem) {
   return std::max<int64_t>(1, ctas);
 }
 
-struct VecPlan {
-  int V, TH, tcv, slices, TQ, TP, IH, IW, IWs, lanes, threads;
+// A TP x TQ output tile and the input tile it reads, halo included: IH x IW, and IWs
+// columns per stride phase. Both planners' plans start with it.
+struct TileGeometry {
+  int TQ, TP, IH, IW, IWs;
+};
+
+// TileGeometry's input extents in int64: the planners size shared memory from them before
+// narrowing (a tile too large for it is skipped, never truncated).
+struct Halo {
+  int64_t IH, IW, IWs;
+};
+
+Halo HaloOf(const Conv2dParams& q, int TP, int TQ) {
+  const int64_t IH = int64_t{TP - 1} * q.stride_h + (q.R - 1) * q.dil_h + 1;
+  const int64_t IW = int64_t{TQ - 1} * q.stride_w + (q.S - 1) * q.dil_w + 1;
+  return {IH, IW, CeilDiv(IW, q.stride_w)};
+}
+
+TileGeometry GeometryOf(int TP, int TQ, const Halo& h) {
+  return {TQ, TP, static_cast<int>(h.IH), static_cast<int>(h.IW), static_cast<int>(h.IWs)};
+}
+
+struct VecPlan : TileGeometry {
+  int V, TH, tcv, slices, lanes, threads;
   int64_t stage_elems, smem, tiles_q, tiles_p, num_tiles, grid;
 };
 
@@ -116,9 +138,8 @@ bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
         const int64_t threads = int64_t{tcv} * TQ * TPs;
         if (threads > dw::kMaxThreads) continue;
         const int TP = TPs * TH;
-        const int64_t IH = int64_t{TP - 1} * q.stride_h + (q.R - 1) * q.dil_h + 1;
-        const int64_t IW = int64_t{TQ - 1} * q.stride_w + (q.S - 1) * q.dil_w + 1;
-        const int64_t IWs = CeilDiv(IW, q.stride_w);
+        const Halo halo = HaloOf(q, TP, TQ);
+        const int64_t IH = halo.IH, IW = halo.IW, IWs = halo.IWs;
         const int64_t lanes = int64_t{tcv} * V;
         const int64_t stage_elems =
             RoundUp(IH * IWs * q.stride_w * lanes * elem_size, 16) / elem_size;
@@ -138,15 +159,11 @@ bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
         found = true;
         best = cost;
         VecPlan& v = *out;
+        static_cast<TileGeometry&>(v) = GeometryOf(TP, TQ, halo);
         v.V = V;
         v.TH = TH;
         v.tcv = tcv;
         v.slices = static_cast<int>(slices);
-        v.TQ = TQ;
-        v.TP = TP;
-        v.IH = static_cast<int>(IH);
-        v.IW = static_cast<int>(IW);
-        v.IWs = static_cast<int>(IWs);
         v.lanes = static_cast<int>(lanes);
         v.threads = static_cast<int>(threads);
         v.stage_elems = stage_elems;
@@ -165,8 +182,8 @@ bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
   return found;
 }
 
-struct PlanePlan {
-  int TH, PL, TQ, TP, IH, IW, IWs, threads, strips;
+struct PlanePlan : TileGeometry {
+  int TH, PL, threads, strips;
   int64_t smem, tiles_q, tiles_p, num_tiles;
 };
 
@@ -183,9 +200,8 @@ bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
       const int64_t strips = int64_t{TQ} * TPs;
       if (strips > dw::kMaxThreads) continue;
       const int TP = TPs * TH;
-      const int64_t IH = int64_t{TP - 1} * q.stride_h + (q.R - 1) * q.dil_h + 1;
-      const int64_t IW = int64_t{TQ - 1} * q.stride_w + (q.S - 1) * q.dil_w + 1;
-      const int64_t IWs = CeilDiv(IW, q.stride_w);
+      const Halo halo = HaloOf(q, TP, TQ);
+      const int64_t IH = halo.IH, IW = halo.IW, IWs = halo.IWs;
       const int64_t plane_bytes =
           IH * IWs * q.stride_w * 4 + (shape == Shape::kGeneric ? q.R * q.S * 4 : 0);
       int64_t PL = std::min<int64_t>(planes, dw::kMaxThreads / strips);
@@ -207,13 +223,9 @@ bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
       found = true;
       best = cost;
       PlanePlan& v = *out;
+      static_cast<TileGeometry&>(v) = GeometryOf(TP, TQ, halo);
       v.TH = TH;
       v.PL = static_cast<int>(PL);
-      v.TQ = TQ;
-      v.TP = TP;
-      v.IH = static_cast<int>(IH);
-      v.IW = static_cast<int>(IW);
-      v.IWs = static_cast<int>(IWs);
       v.threads = static_cast<int>(threads);
       v.strips = static_cast<int>(strips);
       v.smem = PL * plane_bytes;
@@ -230,6 +242,38 @@ int VecWidth(const Conv2dParams& q) {
   if (q.layout == TensorLayout::kNHWC)
     return (q.K == q.C && q.C % kVec == 0) ? kVec : 1;
   return q.N % kVec == 0 ? kVec : 1;
+}
+
+// The fields dw::VecParams and dw::PlaneParams share: the conv's shape and attributes, the tile
+// geometry and the divisors that decode tiles.
+template <typename KernelParams>
+void SetSharedKernelParams(const Conv2dParams& q, const TileGeometry& g, int64_t tiles_q,
+                           int64_t tiles_p, KernelParams* kp) {
+  kp->H = static_cast<int>(q.H);
+  kp->W = static_cast<int>(q.W);
+  kp->P = static_cast<int>(q.P);
+  kp->Q = static_cast<int>(q.Q);
+  kp->K = static_cast<int>(q.K);
+  kp->R = static_cast<int>(q.R);
+  kp->S = static_cast<int>(q.S);
+  kp->stride_h = q.stride_h;
+  kp->stride_w = q.stride_w;
+  kp->pad_h = q.pad_h;
+  kp->pad_w = q.pad_w;
+  kp->dil_h = q.dil_h;
+  kp->dil_w = q.dil_w;
+  kp->TP = g.TP;
+  kp->TQ = g.TQ;
+  kp->IH = g.IH;
+  kp->IW = g.IW;
+  kp->IWs = g.IWs;
+  kp->div_iw = dw::FastDivmod(g.IW);
+  kp->div_tq = dw::FastDivmod(g.TQ);
+  kp->div_tiles_q = dw::FastDivmod(static_cast<uint32_t>(tiles_q));
+  kp->div_tiles_p = dw::FastDivmod(static_cast<uint32_t>(tiles_p));
+  kp->div_stride_w = dw::FastDivmod(q.stride_w);
+  kp->div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
+  kp->epilogue = q.epilogue;
 }
 
 template <typename T, bool kChanInner, int V>
@@ -271,26 +315,9 @@ cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
   const Shape shape = v.V == 1 ? Shape::kGeneric : FastShape(q);
 
   dw::VecParams kp{};
-  kp.H = static_cast<int>(q.H);
-  kp.W = static_cast<int>(q.W);
-  kp.P = static_cast<int>(q.P);
-  kp.Q = static_cast<int>(q.Q);
+  SetSharedKernelParams(q, v, v.tiles_q, v.tiles_p, &kp);
   kp.inner = static_cast<int>(chan_inner ? q.K : q.N);
   kp.x_inner = static_cast<int>(chan_inner ? q.C : q.N);
-  kp.K = static_cast<int>(q.K);
-  kp.R = static_cast<int>(q.R);
-  kp.S = static_cast<int>(q.S);
-  kp.stride_h = q.stride_h;
-  kp.stride_w = q.stride_w;
-  kp.pad_h = q.pad_h;
-  kp.pad_w = q.pad_w;
-  kp.dil_h = q.dil_h;
-  kp.dil_w = q.dil_w;
-  kp.TP = v.TP;
-  kp.TQ = v.TQ;
-  kp.IH = v.IH;
-  kp.IW = v.IW;
-  kp.IWs = v.IWs;
   kp.row_pitch = v.IWs * q.stride_w * v.lanes;
   kp.phase_pitch = v.IWs * v.lanes;
   kp.lanes = v.lanes;
@@ -299,14 +326,7 @@ cudaError_t RunVec(const T* x, const T* w, const T* bias, T* y,
   kp.stage_elems = static_cast<int>(v.stage_elems);
   kp.num_tiles = static_cast<int>(v.num_tiles);
   kp.div_tcv = dw::FastDivmod(v.tcv);
-  kp.div_iw = dw::FastDivmod(v.IW);
   kp.div_slices = dw::FastDivmod(v.slices);
-  kp.div_tiles_q = dw::FastDivmod(static_cast<uint32_t>(v.tiles_q));
-  kp.div_tiles_p = dw::FastDivmod(static_cast<uint32_t>(v.tiles_p));
-  kp.div_tq = dw::FastDivmod(v.TQ);
-  kp.div_stride_w = dw::FastDivmod(q.stride_w);
-  kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
-  kp.epilogue = q.epilogue;
 
   if (chan_inner) {
     if (v.V == kVec)
@@ -330,41 +350,17 @@ cudaError_t RunPlane(const T* x, const T* w, const T* bias, T* y,
   const Shape shape = FastShape(q);
 
   dw::PlaneParams kp{};
-  kp.H = static_cast<int>(q.H);
-  kp.W = static_cast<int>(q.W);
-  kp.P = static_cast<int>(q.P);
-  kp.Q = static_cast<int>(q.Q);
+  SetSharedKernelParams(q, v, v.tiles_q, v.tiles_p, &kp);
   kp.C = static_cast<int>(q.C);
-  kp.K = static_cast<int>(q.K);
-  kp.R = static_cast<int>(q.R);
-  kp.S = static_cast<int>(q.S);
-  kp.stride_h = q.stride_h;
-  kp.stride_w = q.stride_w;
-  kp.pad_h = q.pad_h;
-  kp.pad_w = q.pad_w;
-  kp.dil_h = q.dil_h;
-  kp.dil_w = q.dil_w;
   kp.planes = static_cast<int>(q.N * q.K);
   kp.PL = v.PL;
-  kp.TP = v.TP;
-  kp.TQ = v.TQ;
-  kp.IH = v.IH;
-  kp.IW = v.IW;
-  kp.IWs = v.IWs;
   kp.row_pitch = v.IWs * q.stride_w;
   kp.plane_pitch = v.IH * kp.row_pitch;
   kp.strips = v.strips;
   kp.num_tiles = static_cast<int>(v.num_tiles);
-  kp.div_iw = dw::FastDivmod(v.IW);
   kp.div_ih = dw::FastDivmod(v.IH);
-  kp.div_tq = dw::FastDivmod(v.TQ);
   kp.div_strips = dw::FastDivmod(v.strips);
-  kp.div_tiles_q = dw::FastDivmod(static_cast<uint32_t>(v.tiles_q));
-  kp.div_tiles_p = dw::FastDivmod(static_cast<uint32_t>(v.tiles_p));
   kp.div_K = dw::FastDivmod(static_cast<uint32_t>(q.K));
-  kp.div_mult = dw::FastDivmod(static_cast<uint32_t>(q.K / q.C));
-  kp.div_stride_w = dw::FastDivmod(q.stride_w);
-  kp.epilogue = q.epilogue;
   const T* residual = static_cast<const T*>(q.residual);
 
   const dim3 grid(static_cast<unsigned>(v.num_tiles));
