@@ -38,6 +38,18 @@ int Log2Ceil(int64_t v) {
   return log;
 }
 
+// The plan's transpose extents and strides, as both kernels' parameters (lt::PackedParams,
+// lt::TransposeParams) name them.
+template <typename KernelParams>
+void SetPlanExtents(const LayoutTransformPlan& plan, KernelParams* p) {
+  p->I = plan.I;
+  p->J = plan.J;
+  p->in_stride_b = plan.in_stride_b;
+  p->in_stride_i = plan.in_stride_i;
+  p->out_stride_b = plan.out_stride_b;
+  p->out_stride_j = plan.out_stride_j;
+}
+
 struct TileShape {
   int log_tb, log_ti, log_tj;
 };
@@ -198,12 +210,7 @@ cudaError_t LaunchPacked(const E* x, E* y, const LayoutTransformPlan& plan,
   const int64_t num_tiles = count_tiles(log_ti, log_tj);
   if (num_tiles >= (int64_t{1} << 31)) return cudaErrorNotSupported;
   lt::PackedParams p;
-  p.I = plan.I;
-  p.J = plan.J;
-  p.in_stride_b = plan.in_stride_b;
-  p.in_stride_i = plan.in_stride_i;
-  p.out_stride_b = plan.out_stride_b;
-  p.out_stride_j = plan.out_stride_j;
+  SetPlanExtents(plan, &p);
   p.tiles_i = static_cast<uint32_t>((plan.I + (int64_t{1} << log_ti) - 1) >> log_ti);
   p.tiles_j = static_cast<uint32_t>((plan.J + (int64_t{1} << log_tj) - 1) >> log_tj);
   p.num_tiles = static_cast<uint32_t>(num_tiles);
@@ -247,12 +254,7 @@ cudaError_t LaunchForType(const void* x_raw, void* y_raw,
       vec_load ? log_v : 0, vec_store ? log_v : 0);
   lt::TransposeParams p;
   p.B = plan.B;
-  p.I = plan.I;
-  p.J = plan.J;
-  p.in_stride_b = plan.in_stride_b;
-  p.in_stride_i = plan.in_stride_i;
-  p.out_stride_b = plan.out_stride_b;
-  p.out_stride_j = plan.out_stride_j;
+  SetPlanExtents(plan, &p);
   p.log_tb = tile.log_tb;
   p.log_ti = tile.log_ti;
   p.log_tj = tile.log_tj;
