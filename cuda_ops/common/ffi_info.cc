@@ -16,11 +16,19 @@
 #define JAXCNN_STRINGIFY_IMPL(x) #x
 #define JAXCNN_STRINGIFY(x) JAXCNN_STRINGIFY_IMPL(x)
 
+// The CMake build defines both; a build without them reports "unknown".
+#if !defined(JAXCNN_JAXLIB_VERSION)
+#define JAXCNN_JAXLIB_VERSION unknown
+#endif
+#if !defined(JAXCNN_CUDA_ARCHS)
+#define JAXCNN_CUDA_ARCHS unknown
+#endif
+
 namespace {
 
 // The build may pass the macros quoted or bare; stringify and drop the quotes
 // so both spellings give the same text.
-[[maybe_unused]] std::string UnquoteMacroText(const char* text) {
+std::string UnquoteMacroText(const char* text) {
   std::string out;
   for (const char* p = text; *p != '\0'; ++p) {
     if (*p != '"') out.push_back(*p);
@@ -32,18 +40,8 @@ std::string MakeBuildInfo() {
   std::string info = "cuda_runtime=";
   info += std::to_string(CUDART_VERSION / 1000) + "." +
           std::to_string((CUDART_VERSION % 1000) / 10);
-  info += " jaxlib=";
-#if defined(JAXCNN_JAXLIB_VERSION)
-  info += UnquoteMacroText(JAXCNN_STRINGIFY(JAXCNN_JAXLIB_VERSION));
-#else
-  info += "unknown";
-#endif
-  info += " cuda_archs=";
-#if defined(JAXCNN_CUDA_ARCHS)
-  info += UnquoteMacroText(JAXCNN_STRINGIFY(JAXCNN_CUDA_ARCHS));
-#else
-  info += "unknown";
-#endif
+  info += " jaxlib=" + UnquoteMacroText(JAXCNN_STRINGIFY(JAXCNN_JAXLIB_VERSION));
+  info += " cuda_archs=" + UnquoteMacroText(JAXCNN_STRINGIFY(JAXCNN_CUDA_ARCHS));
   info += " xla_ffi_api=" + std::to_string(XLA_FFI_API_MAJOR) + "." +
           std::to_string(XLA_FFI_API_MINOR);
   return info;
