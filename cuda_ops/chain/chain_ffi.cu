@@ -73,6 +73,21 @@ const T* In(const ffi::AnyBuffer& buffer) {
   return static_cast<const T*>(buffer.untyped_data());
 }
 
+// The end both handlers share: dispatch on x's dtype, refuse params the launcher's
+// unsupported_reason rejected (`reason`, reported with x's shape and the derived `sizes`), else
+// launch(traits) and report its CUDA error.
+template <typename Launch>
+ffi::Error LaunchChain(const char* op, const ffi::AnyBuffer& x, const char* reason,
+                       const std::string& sizes, Launch&& launch) {
+  return DispatchHalfType(x.element_type(), op, [&](auto traits) -> ffi::Error {
+    if (reason != nullptr)
+      return InvalidArgumentFor(op, std::string("unsupported shape: ") + reason + " (x " +
+                                        DimsToString(x.dimensions()) + ", " + sizes + ")");
+    JAXCNN_RETURN_IF_CUDA_ERROR(launch(traits), (std::string(op) + " launch").c_str());
+    return ffi::Error::Success();
+  });
+}
+
 ffi::Error Conv3x3Conv1x1Fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w3,
                              ffi::AnyBuffer b3, ffi::AnyBuffer w1, ffi::AnyBuffer b1,
                              ffi::Result<ffi::AnyBuffer> y, int64_t act1, int64_t act2) {
@@ -95,18 +110,14 @@ ffi::Error Conv3x3Conv1x1Fwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuff
                                    {"output y", &*y, {p.N, p.H, p.W, p.K}}});
       e.failure())
     return e;
-  return DispatchHalfType(x.element_type(), kOp, [&](auto traits) -> ffi::Error {
-    using T = typename decltype(traits)::type;
-    if (const char* reason = conv3x3_conv1x1_unsupported_reason(p))
-      return InvalidArgumentFor(kOp, std::string("unsupported shape: ") + reason + " (x " +
-                                         DimsToString(x_dims) + ", M " + std::to_string(p.M) +
-                                         ", K " + std::to_string(p.K) + ")");
-    JAXCNN_RETURN_IF_CUDA_ERROR(
-        launch_conv3x3_conv1x1<T>(p, In<T>(x), In<T>(w3), In<T>(b3), In<T>(w1), In<T>(b1),
-                                  static_cast<T*>(y->untyped_data()), stream),
-        "conv3x3_conv1x1 launch");
-    return ffi::Error::Success();
-  });
+  return LaunchChain(kOp, x, conv3x3_conv1x1_unsupported_reason(p),
+                     "M " + std::to_string(p.M) + ", K " + std::to_string(p.K),
+                     [&](auto traits) {
+                       using T = typename decltype(traits)::type;
+                       return launch_conv3x3_conv1x1<T>(p, In<T>(x), In<T>(w3), In<T>(b3),
+                                                        In<T>(w1), In<T>(b1),
+                                                        static_cast<T*>(y->untyped_data()), stream);
+                     });
 }
 
 ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1,
@@ -143,18 +154,14 @@ ffi::Error Conv1x1DepthwiseFwd(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
                                    {"output y", &*y, {p.N, P, Q, p.M}}});
       e.failure())
     return e;
-  return DispatchHalfType(x.element_type(), kOp, [&](auto traits) -> ffi::Error {
-    using T = typename decltype(traits)::type;
-    if (const char* reason = conv1x1_depthwise_unsupported_reason(p))
-      return InvalidArgumentFor(kOp, std::string("unsupported shape: ") + reason + " (x " +
-                                         DimsToString(x_dims) + ", M " + std::to_string(p.M) +
-                                         ")");
-    JAXCNN_RETURN_IF_CUDA_ERROR(
-        launch_conv1x1_depthwise<T>(p, In<T>(x), In<T>(w1), In<T>(b1), In<T>(wd), In<T>(bd),
-                                    static_cast<T*>(y->untyped_data()), stream),
-        "conv1x1_depthwise launch");
-    return ffi::Error::Success();
-  });
+  return LaunchChain(kOp, x, conv1x1_depthwise_unsupported_reason(p), "M " + std::to_string(p.M),
+                     [&](auto traits) {
+                       using T = typename decltype(traits)::type;
+                       return launch_conv1x1_depthwise<T>(p, In<T>(x), In<T>(w1), In<T>(b1),
+                                                          In<T>(wd), In<T>(bd),
+                                                          static_cast<T*>(y->untyped_data()),
+                                                          stream);
+                     });
 }
 
 }  // namespace
