@@ -69,7 +69,9 @@ int64_t CountTiles(const LayoutTransformPlan& plan, const TileShape& t) {
 // tiles, two rounds of latency).
 constexpr int kLogMinTileElems = 10;
 
-int64_t ResidentBlocks() {
+// SMs of the current device; 132 (H100/H200 SXM) when the query fails, its error cleared so
+// that the launch does not report it.
+int CurrentSmCount() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
@@ -77,8 +79,10 @@ int64_t ResidentBlocks() {
     cudaGetLastError();
     sms = 132;
   }
-  return int64_t{sms} * lt::kMinBlocksPerSm;
+  return sms;
 }
+
+int64_t ResidentBlocks() { return int64_t{CurrentSmCount()} * lt::kMinBlocksPerSm; }
 
 // Both sides need long contiguous runs: TJ covers j (the input's contiguous
 // axis), TI covers i (the output's). A short extent is covered whole and the
@@ -139,13 +143,7 @@ cudaError_t LaunchTranspose(const E* x, E* y, const lt::TransposeParams& p,
 template <int kBytes>
 int64_t PackedResidentBlocks(size_t smem_bytes) {
   static std::atomic<int> per_sm_cache[16];  // by log2(smem_bytes)
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
-          cudaSuccess || sms <= 0) {
-    cudaGetLastError();
-    sms = 132;
-  }
+  const int sms = CurrentSmCount();
   const int slot = std::min(15, Log2Ceil(static_cast<int64_t>(smem_bytes)));
   int per_sm = per_sm_cache[slot].load(std::memory_order_relaxed);
   if (per_sm <= 0) {
