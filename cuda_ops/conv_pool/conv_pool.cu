@@ -300,6 +300,25 @@ const char* conv_pool_unsupported_reason(const ConvPoolParams& p) {
   return nullptr;
 }
 
+namespace {
+
+// Settles the plan on `kernel` when it can run (`reason` null; why: "forced" when it was the
+// requested algorithm, else `auto_why`), or as unsupported (`reason`) when it was forced and
+// cannot; returns false, the plan untouched, when the next kernel is to be tried.
+bool Settle(ConvPoolAlgorithm algorithm, ConvPoolAlgorithm kernel, const char* reason,
+            const char* auto_why, ConvPoolPlan* plan) {
+  if (reason != nullptr) {
+    if (algorithm != kernel) return false;
+    plan->unsupported = reason;
+    return true;
+  }
+  plan->kernel = kernel;
+  plan->why = algorithm == kernel ? "forced" : auto_why;
+  return true;
+}
+
+}  // namespace
+
 template <typename T>
 ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b,
                             ConvPoolAlgorithm algorithm) {
@@ -326,15 +345,9 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
           ? conv_pool_wgmma::UnsupportedReason(p, sizeof(T), std::is_same_v<T, float>, b.x, b.w,
                                                b.y)
           : "not requested";
-  if (algorithm == ConvPoolAlgorithm::kWgmma && wgmma_reason != nullptr) {
-    plan.unsupported = wgmma_reason;
-    return plan;
-  }
-  if (wgmma_reason == nullptr) {
-    plan.kernel = ConvPoolAlgorithm::kWgmma;
-    plan.why = algorithm == ConvPoolAlgorithm::kWgmma
-                   ? "forced"
-                   : "3x3 stride-1 conv + 2x2/2 pool, 16-bit, Hopper: wgmma kernel";
+  if (Settle(algorithm, ConvPoolAlgorithm::kWgmma, wgmma_reason,
+             "3x3 stride-1 conv + 2x2/2 pool, 16-bit, Hopper: wgmma kernel", &plan)) {
+    if (plan.unsupported != nullptr) return plan;
     conv_pool_wgmma::TileShape(p, &plan.tile_h, &plan.tile_w);
     plan.pooled_h = plan.tile_h / 2, plan.pooled_w = plan.tile_w / 2;
     plan.block_k = conv_pool_wgmma::BlockN(p);
@@ -393,15 +406,9 @@ ConvPoolPlan plan_conv_pool(const ConvPoolParams& p, const ConvPoolBuffers<T>& b
              std::numeric_limits<int32_t>::max())
       stem_reason = "more than 2^31 - 1 tiles (the stem kernel's tile indices are 32-bit)";
   }
-  if (algorithm == ConvPoolAlgorithm::kStem && stem_reason != nullptr) {
-    plan.unsupported = stem_reason;
-    return plan;
-  }
-  if (stem_reason == nullptr) {
-    plan.kernel = ConvPoolAlgorithm::kStem;
-    plan.why = algorithm == ConvPoolAlgorithm::kStem
-                   ? "forced"
-                   : "small GEMM-K (C below 16 or off the 16-byte multiple): stem kernel";
+  if (Settle(algorithm, ConvPoolAlgorithm::kStem, stem_reason,
+             "small GEMM-K (C below 16 or off the 16-byte multiple): stem kernel", &plan)) {
+    if (plan.unsupported != nullptr) return plan;
     plan.tile_h = stem.conv_h, plan.tile_w = stem.conv_w;
     plan.pooled_h = stem.pooled_h, plan.pooled_w = stem.pooled_w;
     plan.block_k = block_k;
