@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace jaxcnn {
 
 // `kAttr` of the current device (cached per device; every attribute used is > 0, so 0 marks
@@ -26,6 +28,22 @@ cudaError_t CurrentDeviceAttribute(int* value) {
   if (cacheable) cache[device] = queried;
   *value = queried;
   return cudaSuccess;
+}
+
+// The device checks a Hopper wgmma/TMA kernel makes last: `not_hopper` unless the current device
+// is sm_90, `no_smem` unless it has `smem_bytes` of opt-in shared memory per block (a failed
+// query counts as either), else nullptr.
+inline const char* HopperDeviceUnsupportedReason(int64_t smem_bytes, const char* not_hopper,
+                                                 const char* no_smem) {
+  int major = 0, smem_max = 0;
+  if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess ||
+      major != 9)
+    return not_hopper;
+  if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
+          cudaSuccess ||
+      smem_max < smem_bytes)
+    return no_smem;
+  return nullptr;
 }
 
 }  // namespace jaxcnn

@@ -774,15 +774,8 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
   if (Work(p) > std::numeric_limits<int32_t>::max())
     return "wgmma kernel: more than 2^31 - 1 work items";
   if (TensorMapEncoder() == nullptr) return "wgmma kernel: the driver has no cuTensorMapEncodeTiled";
-  int major = 0, smem_max = 0;
-  if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess ||
-      major != 9)
-    return "wgmma kernel: needs an sm_90 (Hopper) device";
-  if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
-          cudaSuccess ||
-      smem_max < SmemBytes(p))
-    return "wgmma kernel: not enough shared memory per block";
-  return nullptr;
+  return HopperDeviceUnsupportedReason(SmemBytes(p), "wgmma kernel: needs an sm_90 (Hopper) device",
+                                       "wgmma kernel: not enough shared memory per block");
 }
 
 template <typename T>

@@ -472,15 +472,8 @@ const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_floa
     return "fused wgmma fire: more than 2^31 - 1 tiles";
   if (TensorMapEncoder() == nullptr)
     return "fused wgmma fire: the driver has no cuTensorMapEncodeTiled";
-  int major = 0, smem_max = 0;
-  if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess ||
-      major != 9)
-    return "fused wgmma fire: needs an sm_90 (Hopper) device";
-  if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
-          cudaSuccess ||
-      smem_max < SmemBytes(p))
-    return "fused wgmma fire: not enough shared memory per block";
-  return nullptr;
+  return HopperDeviceUnsupportedReason(SmemBytes(p), "fused wgmma fire: needs an sm_90 (Hopper) device",
+                                       "fused wgmma fire: not enough shared memory per block");
 }
 
 template <typename T>
