@@ -33,28 +33,32 @@ pool2d::VecIndex<true> MakeIndex(const Geometry& g, int64_t LV) {
 }
 
 // The widest vector (elements) that divides L and keeps every access aligned: 16 bytes,
-// else 4 bytes for half types, else one element; calls fn(integral_constant VEC).
+// else 4 bytes for half types, else one element; calls fn(integral_constant VEC, LV, total):
+// LV = L / VEC vectors per pixel, total = B * P * Q * LV output vectors.
 template <typename T, typename Fn>
-cudaError_t DispatchVecWidth(const T* x, const T* y, int64_t L, Fn&& fn) {
+cudaError_t DispatchVecWidth(const T* x, const T* y, const Geometry& g, int64_t B, int64_t L,
+                             Fn&& fn) {
+  auto with_sizes = [&](auto vec) -> cudaError_t {
+    const int64_t LV = L / decltype(vec)::value;
+    return fn(vec, LV, B * g.P * g.Q * LV);
+  };
   constexpr int kWide = 16 / sizeof(T);
   constexpr int kNarrow = 4 / sizeof(T);
   if (L % kWide == 0 && IsAligned(x, 16) && IsAligned(y, 16))
-    return fn(std::integral_constant<int, kWide>{});
+    return with_sizes(std::integral_constant<int, kWide>{});
   if constexpr (kNarrow > 1) {
     if (L % kNarrow == 0 && IsAligned(x, 4) && IsAligned(y, 4))
-      return fn(std::integral_constant<int, kNarrow>{});
+      return with_sizes(std::integral_constant<int, kNarrow>{});
   }
-  return fn(std::integral_constant<int, 1>{});
+  return with_sizes(std::integral_constant<int, 1>{});
 }
 
 // L > 1, window 2x2 or 3x3: one output vector per thread.
 template <typename T, PoolMode kMode, int kR, int kS>
 cudaError_t LaunchVec(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
                       cudaStream_t stream) {
-  return DispatchVecWidth(x, y, L, [&](auto vec) -> cudaError_t {
+  return DispatchVecWidth(x, y, g, B, L, [&](auto vec, int64_t LV, int64_t total) -> cudaError_t {
     constexpr int VEC = decltype(vec)::value;
-    const int64_t LV = L / VEC;
-    const int64_t total = B * g.P * g.Q * LV;
     const unsigned blocks = Blocks(total);
     if (total <= kInt32Max) {
       pool2d::pool2d_vec_kernel<T, kMode, VEC, kR, kS, true>
@@ -74,10 +78,8 @@ cudaError_t LaunchVec(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
 template <typename T, PoolMode kMode>
 cudaError_t LaunchSplit(const T* x, T* y, const Geometry& g, int64_t B, int64_t L,
                         cudaStream_t stream) {
-  return DispatchVecWidth(x, y, L, [&](auto vec) -> cudaError_t {
+  return DispatchVecWidth(x, y, g, B, L, [&](auto vec, int64_t LV, int64_t total) -> cudaError_t {
     constexpr int VEC = decltype(vec)::value;
-    const int64_t LV = L / VEC;
-    const int64_t total = B * g.P * g.Q * LV;
     const int64_t taps = int64_t{g.R} * g.S;
     int log_g = 0;
     while (log_g < 5 && (int64_t{4} << log_g) <= taps && (total << log_g) < kFillThreads)
