@@ -53,6 +53,23 @@ struct ConvAttrs {
   float alpha;  // leaky_relu's negative slope
 };
 
+// The Conv2dParams the handler launches with and the workspace query plans with (the two must
+// agree): logical sizes, then the attributes; `residual` only matters as null or not to planning.
+Conv2dParams MakeParams(int64_t N, int64_t H, int64_t W, int64_t C, int64_t R, int64_t S,
+                        int64_t K, int64_t P, int64_t Q, const ConvAttrs& a,
+                        const void* residual) {
+  Conv2dParams params{N, H, W, C, R, S, K, P, Q,
+                      static_cast<int>(a.stride_h), static_cast<int>(a.stride_w),
+                      static_cast<int>(a.pad_h), static_cast<int>(a.pad_w),
+                      static_cast<int>(a.dilation_h), static_cast<int>(a.dilation_w),
+                      static_cast<int>(a.groups)};
+  params.epilogue = {static_cast<Activation>(a.activation), a.alpha};
+  params.residual = residual;
+  params.layout = static_cast<TensorLayout>(a.layout);
+  params.precision = static_cast<MathPrecision>(a.precision);
+  return params;
+}
+
 // `bias` is null for the no-bias handler, `residual` for all but the residual one.
 ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
                          const ffi::AnyBuffer& w, const ffi::AnyBuffer* bias,
@@ -158,27 +175,8 @@ ffi::Error Conv2dFwdImpl(cudaStream_t stream, const ffi::AnyBuffer& x,
     return Invalid("output spatial dims P, Q must be >= 1, got shape " +
                    DimsToString(y_dims));
 
-  Conv2dParams params;
-  params.N = N;
-  params.H = H;
-  params.W = W;
-  params.C = C;
-  params.R = R;
-  params.S = S;
-  params.K = K;
-  params.P = P;
-  params.Q = Q;
-  params.stride_h = static_cast<int>(stride_h);
-  params.stride_w = static_cast<int>(stride_w);
-  params.pad_h = static_cast<int>(pad_h);
-  params.pad_w = static_cast<int>(pad_w);
-  params.dil_h = static_cast<int>(dilation_h);
-  params.dil_w = static_cast<int>(dilation_w);
-  params.groups = static_cast<int>(groups);
-  params.epilogue = {static_cast<Activation>(activation), a.alpha};
-  params.residual = residual != nullptr ? residual->untyped_data() : nullptr;
-  params.layout = tensor_layout;
-  params.precision = static_cast<MathPrecision>(precision);
+  const Conv2dParams params = MakeParams(N, H, W, C, R, S, K, P, Q, a,
+                                         residual != nullptr ? residual->untyped_data() : nullptr);
 
   return DispatchFloatType(dtype, kOpName, [&](auto traits) -> ffi::Error {
     using T = typename decltype(traits)::type;
@@ -282,19 +280,13 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv2d_workspace_bytes(
     *reason = "unknown activation code";
     return -1;
   }
-  jaxcnn::Conv2dParams params{n, h, w, c, r, s, k, p, q,
-                              static_cast<int>(stride_h),
-                              static_cast<int>(stride_w),
-                              static_cast<int>(pad_h), static_cast<int>(pad_w),
-                              static_cast<int>(dil_h), static_cast<int>(dil_w),
-                              static_cast<int>(groups)};
-  // The plan depends on the activation's code, not on alpha.
-  params.epilogue.act = static_cast<jaxcnn::Activation>(activation);
+  // The plan depends on the activation's code, not on alpha (left at its default).
+  const jaxcnn::ConvAttrs attrs{stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, activation,
+                                layout, precision, algorithm, jaxcnn::EpilogueActivation{}.alpha};
   // Planning looks only at whether a residual is given: any non-null pointer says so.
   alignas(16) static const int16_t kAnyResidual[8] = {};
-  params.residual = has_residual != 0 ? kAnyResidual : nullptr;
-  params.layout = static_cast<jaxcnn::TensorLayout>(layout);
-  params.precision = static_cast<jaxcnn::MathPrecision>(precision);
+  const jaxcnn::Conv2dParams params = jaxcnn::MakeParams(
+      n, h, w, c, r, s, k, p, q, attrs, has_residual != 0 ? kAnyResidual : nullptr);
   const auto requested = static_cast<jaxcnn::Conv2dAlgorithm>(algorithm);
   jaxcnn::Conv2dPlan plan;
   switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
