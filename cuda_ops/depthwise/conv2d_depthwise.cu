@@ -106,6 +106,15 @@ TileGeometry GeometryOf(int TP, int TQ, const Halo& h) {
   return {TQ, TP, static_cast<int>(h.IH), static_cast<int>(h.IW), static_cast<int>(h.IWs)};
 }
 
+// The planners' choice among candidate tiles: true, `cost` then the new best, for the first
+// candidate and for each strictly cheaper one (ties keep the earlier candidate).
+bool Cheapest(int64_t cost, bool* found, int64_t* best) {
+  if (*found && cost >= *best) return false;
+  *found = true;
+  *best = cost;
+  return true;
+}
+
 struct VecPlan : TileGeometry {
   int V, TH, tcv, slices, lanes, threads;
   int64_t stage_elems, smem, tiles_q, tiles_p, num_tiles, grid;
@@ -155,9 +164,7 @@ bool PlanVec(const Conv2dParams& q, int elem_size, int V, VecPlan* out) {
             tiles, TileCost(IH * IW * SectorBytes(lanes * elem_size),
                             int64_t{TP} * TQ * SectorBytes(lanes * elem_size), threads,
                             int64_t{TH} * V, q.R * q.S));
-        if (found && cost >= best) continue;
-        found = true;
-        best = cost;
+        if (!Cheapest(cost, &found, &best)) continue;
         VecPlan& v = *out;
         static_cast<TileGeometry&>(v) = GeometryOf(TP, TQ, halo);
         v.V = V;
@@ -219,9 +226,7 @@ bool PlanPlane(const Conv2dParams& q, int elem_size, PlanePlan* out) {
           Score(tiles, TileCost(2 * PL * IH * SectorBytes(IW * elem_size),
                                 PL * TP * SectorBytes(TQ * elem_size), threads, TH,
                                 q.R * q.S));
-      if (found && cost >= best) continue;
-      found = true;
-      best = cost;
+      if (!Cheapest(cost, &found, &best)) continue;
       PlanePlan& v = *out;
       static_cast<TileGeometry&>(v) = GeometryOf(TP, TQ, halo);
       v.TH = TH;
