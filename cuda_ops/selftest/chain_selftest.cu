@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -154,6 +155,19 @@ bool Check(const char* desc, const Reference& ref,
   return pass;
 }
 
+// Uploads a chain's five operands (x, the two weights and biases, in launch order), checks
+// launch(device operands, y) against `ref` with Check, frees the operands.
+template <typename T>
+bool CheckUploaded(const char* desc, const Reference& ref, const char* unsupported,
+                   const std::array<const Tensor<T>*, 5>& operands,
+                   const std::function<cudaError_t(T* const*, T*)>& launch) {
+  T* d[5];
+  for (size_t i = 0; i < operands.size(); ++i) d[i] = Upload(*operands[i]);
+  const bool pass = Check<T>(desc, ref, [&](T* y) { return launch(d, y); }, unsupported);
+  for (T* operand : d) CHECK_CUDA(cudaFree(operand));
+  return pass;
+}
+
 struct Chain33 {  // 3x3 -> 1x1
   int64_t N, H, W, C, M, K;
   int a1, a2;
@@ -209,18 +223,16 @@ bool Run(const Chain33& c) {
         ref.slack[i] = terms.slack<T>(M);
       }
   }
-  T *dx = Upload(x), *dw3 = Upload(w3), *db3 = Upload(b3), *dw1 = Upload(w1), *db1 = Upload(b1);
   const Conv3x3Conv1x1Params p = Params(c);
   char desc[160];
   std::snprintf(desc, sizeof desc, "3x3->1x1 N=%lld H=%lld W=%lld C=%lld M=%lld K=%lld act=%s,%s",
                 (long long)N, (long long)H, (long long)W, (long long)C, (long long)M,
                 (long long)K, ActName(c.a1), ActName(c.a2));
-  const bool pass = Check<T>(
-      desc, ref,
-      [&](T* y) { return jaxcnn::launch_conv3x3_conv1x1<T>(p, dx, dw3, db3, dw1, db1, y, g_stream); },
-      jaxcnn::conv3x3_conv1x1_unsupported_reason(p));
-  for (T* d : {dx, dw3, db3, dw1, db1}) CHECK_CUDA(cudaFree(d));
-  return pass;
+  return CheckUploaded<T>(desc, ref, jaxcnn::conv3x3_conv1x1_unsupported_reason(p),
+                         {&x, &w3, &b3, &w1, &b1}, [&](T* const* d, T* y) {
+                           return jaxcnn::launch_conv3x3_conv1x1<T>(p, d[0], d[1], d[2], d[3],
+                                                                    d[4], y, g_stream);
+                         });
 }
 
 template <typename T>
@@ -260,18 +272,16 @@ bool Run(const ChainDw& c) {
           ref.slack[i] = terms.slack<T>(9);
         }
   }
-  T *dx = Upload(x), *dw1 = Upload(w1), *db1 = Upload(b1), *dwd = Upload(wd), *dbd = Upload(bd);
   const Conv1x1DepthwiseParams p = Params(c);
   char desc[160];
   std::snprintf(desc, sizeof desc, "1x1->dw   N=%lld H=%lld W=%lld C=%lld M=%lld stride=%d act=%s,%s",
                 (long long)N, (long long)H, (long long)W, (long long)C, (long long)M, c.stride,
                 ActName(c.a1), ActName(c.a2));
-  const bool pass = Check<T>(
-      desc, ref,
-      [&](T* y) { return jaxcnn::launch_conv1x1_depthwise<T>(p, dx, dw1, db1, dwd, dbd, y, g_stream); },
-      jaxcnn::conv1x1_depthwise_unsupported_reason(p));
-  for (T* d : {dx, dw1, db1, dwd, dbd}) CHECK_CUDA(cudaFree(d));
-  return pass;
+  return CheckUploaded<T>(desc, ref, jaxcnn::conv1x1_depthwise_unsupported_reason(p),
+                         {&x, &w1, &b1, &wd, &bd}, [&](T* const* d, T* y) {
+                           return jaxcnn::launch_conv1x1_depthwise<T>(p, d[0], d[1], d[2], d[3],
+                                                                      d[4], y, g_stream);
+                         });
 }
 
 // Zero-filled device buffer of n elements (at least one), for the refusal checks.
