@@ -223,6 +223,22 @@ struct Fire {
   int64_t hw, C, S, E;
 };
 
+// One element type x kernel that a group of cases runs.
+struct Variant {
+  selftest::DType dtype;
+  FireAlgorithm algo;
+};
+
+// RunCase with the storage type of v.dtype (aligned buffers, default checks, untimed).
+bool RunVariant(const FireParams& p, const Variant& v, const char* label) {
+  switch (v.dtype) {
+    case selftest::DType::kF32: return RunCase<float>(p, v.algo, 0, label);
+    case selftest::DType::kBF16: return RunCase<__nv_bfloat16>(p, v.algo, 0, label);
+    case selftest::DType::kF16: return RunCase<__half>(p, v.algo, 0, label);
+  }
+  return false;
+}
+
 // Every fire module of SqueezeNet 1.0 and 1.1 (torchvision) at 224x224 input.
 const Fire kSqueezeNetFires[] = {
     {"sq1.0 fire2", 55, 96, 16, 64},   {"sq1.0 fire3", 55, 128, 16, 64},
@@ -248,6 +264,8 @@ int main(int argc, char** argv) {
   const FireAlgorithm tc = FireAlgorithm::kTensorCore, fma = FireAlgorithm::kFma,
                       automatic = FireAlgorithm::kAuto, wgmma = FireAlgorithm::kWgmma,
                       two = FireAlgorithm::kTwoPhase;
+  constexpr selftest::DType f32 = selftest::DType::kF32, bf16 = selftest::DType::kBF16,
+                            f16 = selftest::DType::kF16;
 
   // Odd sizes, edge tiles, N = 1, partial input chunks (C = 72, 136), S = 8/24/40 (padded K),
   // expand widths not multiples of 16 or 64 (40, 200).
@@ -256,35 +274,26 @@ int main(int argc, char** argv) {
       {1, 13, 13, 136, 40, 200, 8}, {3, 19, 33, 64, 16, 64, 64}, {1, 8, 16, 128, 32, 128, 128},
       {2, 11, 23, 96, 64, 128, 256},
   };
-  for (const FireParams& p : odd) {
-    count(RunCase<__nv_bfloat16>(p, tc, 0, "odd"));
-    count(RunCase<__half>(p, tc, 0, "odd"));
-    count(RunCase<__nv_bfloat16>(p, fma, 0, "odd"));
-    count(RunCase<float>(p, automatic, 0, "odd"));
-    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "odd"));
-    count(RunCase<__half>(p, wgmma, 0, "odd"));
-    count(RunCase<__nv_bfloat16>(p, two, 0, "odd"));
-    count(RunCase<__half>(p, two, 0, "odd"));
-  }
+  const Variant odd_variants[] = {{bf16, tc},        {f16, tc},    {bf16, fma},
+                                  {f32, automatic}, {bf16, wgmma}, {f16, wgmma},
+                                  {bf16, two},      {f16, two}};
+  for (const FireParams& p : odd)
+    for (const Variant& v : odd_variants) count(RunVariant(p, v, "odd"));
   // The one-launch wgmma kernel (S = 32): 1 to 8 input chunks, 2 to 4 pipeline stages (the
   // expand weights' size), E1 != E3, edge tiles in both directions, a 1x1 image.
   const FireParams fused[] = {{1, 1, 1, 32, 32, 64, 64},       {3, 57, 9, 96, 32, 192, 64},
                               {2, 30, 17, 256, 32, 64, 64},    {5, 29, 31, 160, 32, 128, 128},
                               {1, 55, 55, 128, 32, 128, 128}};
-  for (const FireParams& p : fused) {
-    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "fused"));
-    count(RunCase<__half>(p, wgmma, 0, "fused"));
-  }
+  const Variant fused_variants[] = {{bf16, wgmma}, {f16, wgmma}};
+  for (const FireParams& p : fused)
+    for (const Variant& v : fused_variants) count(RunVariant(p, v, "fused"));
   // No 1x1 expand (E1 = 0): the straight squeeze -> 3x3 chain (jaxcnn.conv1x1_conv3x3).
   const FireParams chains[] = {{1, 13, 13, 64, 16, 0, 64}, {2, 9, 21, 72, 24, 0, 40},
                                {3, 27, 27, 128, 32, 0, 128}};
-  for (const FireParams& p : chains) {
-    count(RunCase<__nv_bfloat16>(p, tc, 0, "1x1->3x3"));
-    count(RunCase<__half>(p, fma, 0, "1x1->3x3"));
-    count(RunCase<float>(p, automatic, 0, "1x1->3x3"));
-    count(RunCase<__nv_bfloat16>(p, wgmma, 0, "1x1->3x3"));
-    count(RunCase<__nv_bfloat16>(p, two, 0, "1x1->3x3"));
-  }
+  const Variant chain_variants[] = {
+      {bf16, tc}, {f16, fma}, {f32, automatic}, {bf16, wgmma}, {bf16, two}};
+  for (const FireParams& p : chains)
+    for (const Variant& v : chain_variants) count(RunVariant(p, v, "1x1->3x3"));
   // Channel counts off the tensor-core constraints and misaligned x/y: auto falls back.
   count(RunCase<__nv_bfloat16>({2, 6, 7, 13, 5, 7, 9}, automatic, 0, "odd channels"));
   count(RunCase<__half>({1, 9, 9, 32, 16, 32, 32}, automatic, 1, "misaligned"));
@@ -299,10 +308,9 @@ int main(int argc, char** argv) {
   // Every SqueezeNet fire configuration at a small odd spatial size, N = 2.
   for (const Fire& f : kSqueezeNetFires) {
     const FireParams p{2, 11, 21, f.C, f.S, f.E, f.E};
-    count(RunCase<__nv_bfloat16>(p, tc, 0, f.name));
-    count(RunCase<__half>(p, tc, 0, f.name));
-    count(RunCase<__nv_bfloat16>(p, wgmma, 0, f.name));
-    count(RunCase<__nv_bfloat16>(p, two, 0, f.name));
+    for (const Variant& v : {Variant{bf16, tc}, Variant{f16, tc}, Variant{bf16, wgmma},
+                             Variant{bf16, two}})
+      count(RunVariant(p, v, f.name));
   }
 
   // 8-row tiles are planned only when 4-row ones would not leave SMs idle: batches of 40
