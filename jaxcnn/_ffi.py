@@ -216,7 +216,7 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) 
     if not handlers_registered():
         return 0
     # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.conv_args import ALGORITHMS, LAYOUTS, PRECISIONS
+    from jaxcnn.ops.conv2d.config import ALGORITHMS, LAYOUTS, PRECISIONS
     from jaxcnn.ops.epilogue import ACTIVATION_CODES
 
     fn = _LOADED["lib"].jaxcnn_conv2d_workspace_bytes
@@ -298,7 +298,7 @@ def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> str
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_fire_plan"):
         return None
     # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.fire_args import ALGORITHMS
+    from jaxcnn.ops.fire.config import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_fire_plan
     fn.restype = ctypes.c_int64
@@ -318,7 +318,7 @@ def fire_workspace_bytes(x_nhwc, squeeze, expand1, expand3, dtype, algorithm) ->
     if not handlers_registered():
         return 0
     # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.fire_args import ALGORITHMS
+    from jaxcnn.ops.fire.config import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_fire_workspace_bytes
     fn.restype = ctypes.c_int64
@@ -336,8 +336,8 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> str | None:
     if not handlers_registered() or not hasattr(_LOADED["lib"], "jaxcnn_conv_pool_plan"):
         return None
     # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.conv_args import PRECISIONS
-    from jaxcnn.ops.conv_pool_args import ALGORITHMS
+    from jaxcnn.ops.conv2d.config import PRECISIONS
+    from jaxcnn.ops.conv2d_pool.config import ALGORITHMS
 
     fn = _LOADED["lib"].jaxcnn_conv_pool_plan
     fn.restype = ctypes.c_int64

@@ -33,9 +33,9 @@ import numpy as np
 
 from jaxcnn.models import XLA_OPS, get_model
 from jaxcnn.models.layers import Net
-from jaxcnn.ops.conv2d import conv2d
-from jaxcnn.ops.conv_args import make_config, normalize_precision
-from jaxcnn.ops.sparse_conv2d import sparse_conv2d
+from jaxcnn.ops.conv2d.api import conv2d
+from jaxcnn.ops.conv2d.config import make_config, normalize_precision
+from jaxcnn.ops.sparse_conv2d.api import sparse_conv2d
 from jaxcnn.profile.device_time import device_time
 from jaxcnn.tuning import cache_file
 from jaxcnn.tuning.autotune_cache import AutotuneCache

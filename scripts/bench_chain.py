@@ -52,8 +52,8 @@ import numpy as np
 
 import jaxcnn
 from jaxcnn.models.backends import xla_conv2d
-from jaxcnn.ops.chain_args import conv1x1_depthwise_fused, conv3x3_conv1x1_fused
-from jaxcnn.ops.chain_reference import chain_layer
+from jaxcnn.ops.chain.config import conv1x1_depthwise_fused, conv3x3_conv1x1_fused
+from jaxcnn.ops.chain.reference import chain_layer
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec, precision_class
 
 # max |jaxcnn - xla| relative to max |xla|: both round t once, so a few ulps of the dtype

@@ -52,8 +52,8 @@ import numpy as np
 
 import jaxcnn
 from jaxcnn import _ffi
-from jaxcnn.ops.conv_pool_args import make_conv_pool_config
-from jaxcnn.ops.conv_pool_reference import xla_conv_pool
+from jaxcnn.ops.conv2d_pool.config import make_conv_pool_config
+from jaxcnn.ops.conv2d_pool.reference import xla_conv_pool
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
 # Peak class of gpu_specs per dtype: tensor cores (fp32 at precision "default" runs TF32).

@@ -38,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jaxcnn  # noqa: E402
-from jaxcnn.ops.conv_args import conv2d_flops, padding_pairs  # noqa: E402
+from jaxcnn.ops.conv2d.config import conv2d_flops, padding_pairs  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
 from jaxcnn.profile.gpu_specs import GpuSpec, floor_ms, lookup_gpu_spec, precision_class  # noqa: E402
 

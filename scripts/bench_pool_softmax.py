@@ -42,7 +42,7 @@ import numpy as np
 from jax import lax
 
 import jaxcnn
-from jaxcnn.ops.pool_args import make_pool_config, pool2d_output_shape
+from jaxcnn.ops.pool2d.config import make_pool_config, pool2d_output_shape
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec
 
 LAYOUTS = ("NHWC", "NCHW", "CHWN")

@@ -48,8 +48,8 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn import _ffi, sparse_dispatch
-from jaxcnn.ops.conv_args import make_config
-from jaxcnn.ops.sparse_args import SparseConfig, kernel_params
+from jaxcnn.ops.conv2d.config import make_config
+from jaxcnn.ops.sparse_conv2d.config import SparseConfig, kernel_params
 from jaxcnn.models import XLA_OPS, get_model, layer_table
 from jaxcnn.models.layers import Net
 from jaxcnn.profile import device_times

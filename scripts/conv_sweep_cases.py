@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcnn.models import layer_table, list_models
-from jaxcnn.ops.conv_args import conv2d_flops, conv2d_output_shape, make_config
+from jaxcnn.ops.conv2d.config import conv2d_flops, conv2d_output_shape, make_config
 from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape
 
 DEFAULT_SEED = 33  # the number: a fixed sweep unless --seed says otherwise

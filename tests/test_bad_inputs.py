@@ -315,7 +315,7 @@ def test_sparse_conv2d_pool(arg, error, changes):
 
 
 # ---------------------------------------------------------------------------- conv2d
-# conv2d's validation is conv_args' (shared with the ops above); these are the rows it passes.
+# conv2d's validation is conv2d's config (shared with the ops above); these are the rows it passes.
 CONV2D_CASES = [
     *CONV_BAD_COMMON,
     case("groups", ValueError, groups=0),

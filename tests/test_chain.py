@@ -18,7 +18,8 @@ from jax.test_util import check_grads
 
 import jaxcnn
 from jaxcnn import _ffi
-from jaxcnn.ops import chain_args, primitive
+from jaxcnn.ops import primitive
+from jaxcnn.ops.chain import config as chain_config
 from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from reference64 import ALLCLOSE_TOL as TOL
@@ -227,7 +228,7 @@ def test_jit_and_eager_agree():
 
 
 def test_fused_kernel_rule():
-    c3c1, c1dw = chain_args.conv3x3_conv1x1_fused, chain_args.conv1x1_depthwise_fused
+    c3c1, c1dw = chain_config.conv3x3_conv1x1_fused, chain_config.conv1x1_depthwise_fused
     bf16, f16, f32 = jnp.bfloat16, jnp.float16, jnp.float32
     assert c3c1((2, 9, 9, 64), 384, 256, bf16) and c3c1((1, 1, 1, 8), 8, 8, f16)
     assert not c3c1((2, 9, 9, 64), 64, 64, f32)
@@ -246,7 +247,7 @@ def test_fused_kernel_rule():
 def test_conv3x3_conv1x1_algorithm_rule():
     """algorithm="fused" runs the kernel where it applies; "auto" is "xla" on every shape for now (the
     kernel measured 0.2-0.8x of cuDNN's convs on an H100)."""
-    runs = chain_args.conv3x3_conv1x1_runs_fused
+    runs = chain_config.conv3x3_conv1x1_runs_fused
     bf16, f32 = jnp.bfloat16, jnp.float32
     for shape, m, k in (((64, 56, 56, 64), 64, 256), ((1, 56, 56, 64), 64, 256),
                         ((64, 28, 28, 128), 128, 512), ((64, 14, 14, 256), 256, 1024),
@@ -340,13 +341,13 @@ def test_conv3x3_conv1x1_algorithms_agree_off_cuda(algorithm):
 
 
 def test_primitive_bind_validates_too():
-    from jaxcnn.ops.chain_args import ChainConfig
-    from jaxcnn.ops.conv1x1_depthwise import Conv1x1DepthwisePrimitive
-    from jaxcnn.ops.conv3x3_conv1x1 import Conv3x3Conv1x1Primitive
+    from jaxcnn.ops.chain.config import ChainConfig
+    from jaxcnn.ops.chain.conv1x1_depthwise import Conv1x1DepthwisePrimitive
+    from jaxcnn.ops.chain.conv3x3_conv1x1 import Conv3x3Conv1x1Primitive
 
     for prim, names, good, bad in (
-            (Conv3x3Conv1x1Primitive, chain_args.CONV3X3_CONV1X1_OPERANDS, C3C1_GOOD, "b3"),
-            (Conv1x1DepthwisePrimitive, chain_args.CONV1X1_DEPTHWISE_OPERANDS, C1DW_GOOD, "bd")):
+            (Conv3x3Conv1x1Primitive, chain_config.CONV3X3_CONV1X1_OPERANDS, C3C1_GOOD, "b3"),
+            (Conv1x1DepthwisePrimitive, chain_config.CONV1X1_DEPTHWISE_OPERANDS, C1DW_GOOD, "bd")):
         ops = {**good, bad: sds((5,))}
         with pytest.raises(ValueError, match=f"{bad} must have shape"):
             jax.eval_shape(lambda *a: prim.outer.bind(*a, cfg=ChainConfig(), operand_names=names),

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxcnn
-from jaxcnn.ops.chain_args import ChainConfig
-from jaxcnn.ops.chain_reference import conv1x1_depthwise_reference, conv3x3_conv1x1_reference
+from jaxcnn.ops.chain.config import ChainConfig
+from jaxcnn.ops.chain.reference import conv1x1_depthwise_reference, conv3x3_conv1x1_reference
 from test_chain import (ACTS, C1DW_TARGET, C3C1_TARGET, as_f64, assert_close, c1dw_oracle,
                         c1dw_operands, c3c1_operands, c3c1_oracle, needs_handlers)
 from poisoned_output import run_poisoned

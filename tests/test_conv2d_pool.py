@@ -17,8 +17,8 @@ from jax.test_util import check_grads
 
 import jaxcnn
 from jaxcnn import _ffi
-from jaxcnn.ops.conv2d_pool import Conv2dPoolPrimitive
-from jaxcnn.ops.conv_pool_args import OPERAND_NAMES, make_conv_pool_config
+from jaxcnn.ops.conv2d_pool.api import Conv2dPoolPrimitive
+from jaxcnn.ops.conv2d_pool.config import OPERAND_NAMES, make_conv_pool_config
 from arrays import as_f64, he_normal, normal, sds, traces
 from cuda_lowering import cuda_text, custom_calls
 from reference64 import conv2d_f64, rel_err

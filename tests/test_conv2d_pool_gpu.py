@@ -14,7 +14,7 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn import _ffi
-from jaxcnn.ops.conv_pool_args import make_conv_pool_config
+from jaxcnn.ops.conv2d_pool.config import make_conv_pool_config
 from arrays import traces
 from poisoned_output import run_poisoned
 from reference64 import rel_err

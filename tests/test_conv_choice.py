@@ -11,7 +11,7 @@ import pytest
 
 import jaxcnn
 from jaxcnn import _ffi
-from jaxcnn.ops.conv_args import make_config
+from jaxcnn.ops.conv2d.config import make_config
 from jaxcnn.tuning import conv_choice as C
 from jaxcnn.tuning import decision as D
 from jaxcnn.tuning import measure

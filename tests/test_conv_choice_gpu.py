@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxcnn
-from jaxcnn.ops.conv_args import make_config
+from jaxcnn.ops.conv2d.config import make_config
 from jaxcnn.tuning import conv_choice as C
 from jaxcnn.tuning import decision as D
 from reference64 import TF32_TOLERANCE, TOLERANCE, conv2d_f64, rel_err

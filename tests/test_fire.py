@@ -18,7 +18,7 @@ from jaxcnn import _ffi
 from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
-from jaxcnn.ops.fire import fire_block
+from jaxcnn.ops.fire.api import fire_block
 from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
@@ -174,8 +174,8 @@ def test_bad_algorithm():
 
 
 def test_primitive_bind_validates_too():
-    from jaxcnn.ops.fire import FirePrimitive
-    from jaxcnn.ops.fire_args import OPERAND_NAMES, FireConfig
+    from jaxcnn.ops.fire.api import FirePrimitive
+    from jaxcnn.ops.fire.config import OPERAND_NAMES, FireConfig
 
     bad = {**GOOD, "expand1_b": sds((5,))}
     with pytest.raises(ValueError, match="expand1_b must have shape"):

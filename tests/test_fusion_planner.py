@@ -374,8 +374,8 @@ def test_measured_candidate_that_cannot_run_is_recorded(fake_gpu, tmp_path, monk
 def conv2d_pool_module(monkeypatch):
     """A stand-in jaxcnn.ops.conv2d_pool with the real one's signature: the unfused
     composition, recorded per call (no CUDA kernel needed to check the planner's plumbing)."""
-    from jaxcnn.ops.conv2d import conv2d
-    from jaxcnn.ops.pool2d import max_pool2d
+    from jaxcnn.ops.conv2d.api import conv2d
+    from jaxcnn.ops.pool2d.api import max_pool2d
 
     calls = []
 

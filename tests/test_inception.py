@@ -18,8 +18,8 @@ from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.googlenet import INCEPTION
 from jaxcnn.models.googlenet import inception as zoo_inception
 from jaxcnn.models.layers import Net
-from jaxcnn.ops.inception import inception_block
-from jaxcnn.ops.inception_args import BRANCH_LAYERS
+from jaxcnn.ops.inception.api import inception_block
+from jaxcnn.ops.inception.config import BRANCH_LAYERS
 from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from host_devices import run_on_8_host_devices
@@ -202,8 +202,8 @@ def test_bad_keywords(kwargs, match):
 
 
 def test_primitive_bind_validates_too():
-    from jaxcnn.ops.inception import InceptionPrimitive
-    from jaxcnn.ops.inception_args import OPERAND_NAMES, InceptionConfig
+    from jaxcnn.ops.inception.api import InceptionPrimitive
+    from jaxcnn.ops.inception.config import OPERAND_NAMES, InceptionConfig
 
     bad = {**GOOD, "b_1x1": sds((5,))}
     with pytest.raises(ValueError, match="b_1x1 must have shape"):
@@ -302,7 +302,7 @@ GOOD8 = dict(x=sds((2, 8, 8, 16)), w_1x1=sds((1, 1, 16, 8)), w_3x3_reduce=sds((1
 @needs_library
 @pytest.mark.parametrize("algorithm,code", [("auto", 0), ("direct", 1), ("tensor_core", 2)])
 def test_cuda_lowering_is_split_gemm_and_jaxcnn_kernels(algorithm, code):
-    from jaxcnn.ops.conv_args import ALGORITHMS
+    from jaxcnn.ops.conv2d.config import ALGORITHMS
 
     assert ALGORITHMS.index(algorithm) == code
     ops = [sds(a.shape, jnp.bfloat16) for a in GOOD8.values()]

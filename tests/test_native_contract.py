@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxcnn import _ffi
-from jaxcnn.ops.conv_args import ALGORITHMS, HANDLER_ALGORITHM, LAYOUTS, PRECISIONS, make_config
+from jaxcnn.ops.conv2d.config import ALGORITHMS, HANDLER_ALGORITHM, LAYOUTS, PRECISIONS, make_config
 from cuda_lowering import needs_library
 
 CUDA_OPS = Path(__file__).resolve().parent.parent / "cuda_ops"

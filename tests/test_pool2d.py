@@ -230,8 +230,8 @@ def test_bad_arguments_raise_at_trace_time(x, kwargs, error, match):
 
 def test_primitive_bind_validates_too():
     """The abstract eval checks operands even when the public wrapper is bypassed."""
-    from jaxcnn.ops.pool2d import Pool2dPrimitive
-    from jaxcnn.ops.pool_args import make_pool_config
+    from jaxcnn.ops.pool2d.api import Pool2dPrimitive
+    from jaxcnn.ops.pool2d.config import make_pool_config
 
     cfg = make_pool_config((2, 8, 8, 4), jnp.float32, mode="max", window=2)
     with pytest.raises(TypeError, match="x dtype"):

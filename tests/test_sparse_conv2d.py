@@ -19,7 +19,7 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn import _ffi, sparse_dispatch
-from jaxcnn.ops.sparse_args import mask_bytes
+from jaxcnn.ops.sparse_conv2d.config import mask_bytes
 from arrays import as_f64, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
 from reference64 import ALLCLOSE_TOL as TOL
@@ -27,8 +27,8 @@ from reference64 import conv2d_f64
 from host_devices import run_on_8_host_devices
 from vmap_batching import check_folds_into_batch
 
-# The module (jaxcnn.ops re-exports the function under the same name).
-sparse_module = importlib.import_module("jaxcnn.ops.sparse_conv2d")
+# The module of the primitive and its entries (the package re-exports only the entries).
+sparse_module = importlib.import_module("jaxcnn.ops.sparse_conv2d.api")
 
 SPARSITIES = (0.0, 0.5, 0.9, 0.99, 1.0)
 
@@ -205,8 +205,8 @@ def test_bad_pool_arguments_name_the_argument(kwargs, error, match):
 
 
 def test_primitive_bind_validates_too():
-    from jaxcnn.ops.conv_args import make_config
-    from jaxcnn.ops.sparse_args import OPERAND_NAMES, SparseConfig
+    from jaxcnn.ops.conv2d.config import make_config
+    from jaxcnn.ops.sparse_conv2d.config import OPERAND_NAMES, SparseConfig
 
     cfg = SparseConfig(make_config(X.shape, W.shape))
     with pytest.raises(ValueError, match="bias must have shape"):

@@ -55,8 +55,8 @@ def test_bad_arguments_raise_at_trace_time(kwargs, error, match):
 
 def test_primitive_bind_validates_too():
     """The abstract eval checks operands even when the public wrapper is bypassed."""
-    from jaxcnn.ops.conv2d_primitive import Conv2dPrimitive
-    from jaxcnn.ops.conv_args import make_config
+    from jaxcnn.ops.conv2d.primitive import Conv2dPrimitive
+    from jaxcnn.ops.conv2d.config import make_config
 
     cfg = make_config((2, 8, 8, 4), (3, 3, 4, 6))
     with pytest.raises(ValueError, match="w input channels"):

@@ -8,9 +8,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxcnn.ops.conv2d import conv2d
-from jaxcnn.ops.fire import fire
-from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
+from jaxcnn.ops.conv2d.api import conv2d
+from jaxcnn.ops.fire.api import fire
+from jaxcnn.ops.pool2d.api import avg_pool2d, max_pool2d
 
 
 def pair(value: Any, name: str, allow_int: bool = True) -> tuple[int, int]:

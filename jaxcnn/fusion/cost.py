@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup, bytes_of
-from jaxcnn.ops.chain_args import conv1x1_depthwise_fused
+from jaxcnn.ops.chain.config import conv1x1_depthwise_fused
 from jaxcnn.perfmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 

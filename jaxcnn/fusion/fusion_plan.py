@@ -34,8 +34,8 @@ from jaxcnn.models.googlenet import inception
 from jaxcnn.models.layers import Net, bind_layer
 from jaxcnn.models.mobilenet import expand_depthwise, inverted_residual_block
 from jaxcnn.models.squeezenet import fire
-from jaxcnn.ops.fire import fire_block
-from jaxcnn.ops.inception import inception_block
+from jaxcnn.ops.fire.api import fire_block
+from jaxcnn.ops.inception.api import inception_block
 from jaxcnn.perfmodel.roofline import KERNEL_FLOOR_MS
 from jaxcnn.tuning import case_timing
 from jaxcnn.tuning import measure as measuring

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcnn.models.backends import XLA_OPS
-from jaxcnn.ops.conv_args import conv2d_flops, make_config
+from jaxcnn.ops.conv2d.config import conv2d_flops, make_config
 
 Shape = tuple[int, ...]
 Pair = tuple[int, int]

@@ -7,7 +7,7 @@ followed by a "relu6" layer that clamps at 6 (jnp.minimum); the layer table list
 
 from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import bind_layer
-from jaxcnn.ops.conv1x1_depthwise import conv1x1_depthwise
+from jaxcnn.ops.chain.conv1x1_depthwise import conv1x1_depthwise
 
 # Inverted residual stages: expansion ratio, output channels, blocks, stride of the first block.
 INVERTED_RESIDUAL_STAGES = (

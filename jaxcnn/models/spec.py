@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxcnn.models.backends import get_ops
 from jaxcnn.models.layers import LayerInfo, Net, bind_layer, describe
-from jaxcnn.ops.conv_args import SUPPORTED_DTYPES
+from jaxcnn.ops.conv2d.config import SUPPORTED_DTYPES
 
 # Biases stand in for folded batch-norm shifts: small but non-zero, so tests see them.
 BIAS_STD = 0.01

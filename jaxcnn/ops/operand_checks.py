@@ -71,7 +71,7 @@ def check_int32(name: str, value: Any) -> None:
 
 
 def check_int32_args(**args: Any) -> None:
-    """check_int32 on raw arguments before they are normalized (conv_args' SAME arithmetic on
+    """check_int32 on raw arguments before they are normalized (conv2d's config: SAME arithmetic on
     a 2**62 dilated window overflows into floats and fails with an unrelated TypeError).
     Values that are not ints or nested ints are left to the normalizer, whose error names them."""
     for name, value in args.items():

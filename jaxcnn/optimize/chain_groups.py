@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 from jax.extend.core import Literal
 
-from jaxcnn.ops.chain_args import ACTIVATIONS as CHAIN_ACTIVATIONS
-from jaxcnn.ops.chain_args import (
+from jaxcnn.ops.chain.config import ACTIVATIONS as CHAIN_ACTIVATIONS
+from jaxcnn.ops.chain.config import (
     CONV1X1_DEPTHWISE_MAX_IN,
     MAX_DEPTHWISE_PAD,
     conv1x1_depthwise_fused,
 )
-from jaxcnn.ops.conv1x1_depthwise import conv1x1_depthwise
+from jaxcnn.ops.chain.conv1x1_depthwise import conv1x1_depthwise
 from jaxcnn.optimize.conv_sites import subgraph_fn
 from jaxcnn.optimize.group_common import (
     FUSED_LAYOUTS,

@@ -34,10 +34,10 @@ from typing import Any, Callable
 import jax
 
 from jaxcnn.fusion.fusion_plan import GroupDecision, decide_groups
-from jaxcnn.ops.conv2d_pool import conv2d_pool
-from jaxcnn.ops.fire import fire
-from jaxcnn.ops.inception import inception
-from jaxcnn.ops.weight_relayout import relayout_weights
+from jaxcnn.ops.conv2d_pool.api import conv2d_pool
+from jaxcnn.ops.fire.api import fire
+from jaxcnn.ops.inception.api import inception
+from jaxcnn.ops.weights.relayout import relayout_weights
 from jaxcnn.optimize.chain_groups import FUSED as CHAIN_FUSED
 from jaxcnn.optimize.chain_groups import ChainSite, chain_sites, decide_chains, replace_chain
 from jaxcnn.optimize.group_common import (

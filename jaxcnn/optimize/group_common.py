@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxcnn.fusion.groups import FusionGroup
 from jaxcnn.models.layers import LayerInfo
-from jaxcnn.ops.conv_args import conv2d_flops
+from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize.patterns import Uses, is_unit_reshape
 from jaxcnn.optimize.rewrite import RewritePlan
 

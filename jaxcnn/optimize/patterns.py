@@ -20,10 +20,10 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal, Var
 
-from jaxcnn.ops.conv2d import conv2d
-from jaxcnn.ops.conv_args import HANDLER_ALGORITHM
-from jaxcnn.ops.pool2d import avg_pool2d, max_pool2d
-from jaxcnn.ops.softmax import log_softmax, softmax
+from jaxcnn.ops.conv2d.api import conv2d
+from jaxcnn.ops.conv2d.config import HANDLER_ALGORITHM
+from jaxcnn.ops.pool2d.api import avg_pool2d, max_pool2d
+from jaxcnn.ops.softmax.api import log_softmax, softmax
 from jaxcnn.optimize.epilogue_patterns import (
     Epilogue,
     epilogue_operands,

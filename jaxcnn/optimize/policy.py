@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax
 
 from jaxcnn import _ffi
-from jaxcnn.ops.conv_args import ALGORITHMS
-from jaxcnn.ops.conv_pool_args import make_conv_pool_config
+from jaxcnn.ops.conv2d.config import ALGORITHMS
+from jaxcnn.ops.conv2d_pool.config import make_conv_pool_config
 from jaxcnn.optimize.patterns import Site
 from jaxcnn.tuning.layer_autotune import autotune_conv, cached_conv_choice
 

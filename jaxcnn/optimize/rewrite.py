@@ -19,7 +19,7 @@ from jax.extend.core import Literal
 from jax.sharding import AxisType
 
 from jaxcnn import sparse_dispatch
-from jaxcnn.ops.sparse_conv2d import sparse_conv2d
+from jaxcnn.ops.sparse_conv2d.api import sparse_conv2d
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
 from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
 from jaxcnn.optimize.policy import auto_policy, choose_algorithm

@@ -30,10 +30,10 @@ from typing import Any, Callable
 import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
-from jaxcnn.ops.conv2d import conv2d
-from jaxcnn.ops.conv_args import HANDLER_ALGORITHM, make_config
-from jaxcnn.ops.conv_reference import xla_conv2d
-from jaxcnn.ops.weight_fold import fold_weights
+from jaxcnn.ops.conv2d.api import conv2d
+from jaxcnn.ops.conv2d.config import HANDLER_ALGORITHM, make_config
+from jaxcnn.ops.conv2d.reference import xla_conv2d
+from jaxcnn.ops.weights.fold import fold_weights
 from jaxcnn.optimize.epilogue_patterns import Epilogue, fold_affine
 from jaxcnn.tuning.decision import Candidate
 

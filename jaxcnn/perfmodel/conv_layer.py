@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxcnn.ops.conv_args import padding_pairs
+from jaxcnn.ops.conv2d.config import padding_pairs
 from jaxcnn.profile.gpu_specs import precision_class
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from jaxcnn.models.layers import LayerInfo
-from jaxcnn.ops.conv_args import conv2d_flops
+from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize import optimize
 from jaxcnn.optimize.conv_sites import subgraph_fn
 from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches

@@ -17,9 +17,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxcnn import _ffi
-from jaxcnn.ops.conv2d_primitive import bind_conv2d
-from jaxcnn.ops.conv_args import Conv2dConfig, conv2d_output_shape
-from jaxcnn.ops.conv_reference import xla_conv2d
+from jaxcnn.ops.conv2d.primitive import bind_conv2d
+from jaxcnn.ops.conv2d.config import Conv2dConfig, conv2d_output_shape
+from jaxcnn.ops.conv2d.reference import xla_conv2d
 from jaxcnn.ops.layout_axes import convert_shape
 from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, Site, decide_all
 from jaxcnn.tuning.layout_rules import rule_conv

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcnn.ops.conv_args import conv2d_output_shape, make_config, normalize_precision
+from jaxcnn.ops.conv2d.config import conv2d_output_shape, make_config, normalize_precision
 from jaxcnn.tuning.tuner_args import Shape, dtype_name, int_pair, shape4
 
 POOL_OPS = ("maxpool", "avgpool")

@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from jaxcnn import ops
-from jaxcnn.ops.conv_args import ALGORITHMS
+from jaxcnn.ops.conv2d.config import ALGORITHMS
 from jaxcnn.ops.layout_axes import LAYOUTS, check_layout, convert_shape, permutation
 from jaxcnn.perfmodel.layout_cost import activation_bytes, conv_candidate_ms, relayout_ms, xla_conv_ms
 from jaxcnn.perfmodel.roofline import memory_ms

@@ -14,7 +14,7 @@ from jaxcnn import ops
 from jaxcnn.models import get_model
 from jaxcnn.models.backends import JAXCNN_OPS
 from jaxcnn.models.layers import Net
-from jaxcnn.ops.conv_args import ALGORITHMS
+from jaxcnn.ops.conv2d.config import ALGORITHMS
 from jaxcnn.tuning.layer import POOL_OPS, Layer
 from jaxcnn.tuning.layer_autotune import pool_fn
 from jaxcnn.tuning.layout_plan import ChainPlan

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jaxcnn.ops.conv_args import SUPPORTED_DTYPES
+from jaxcnn.ops.conv2d.config import SUPPORTED_DTYPES
 from jaxcnn.profile.gpu_specs import GpuSpec, lookup_gpu_spec, spec_by_name
 from jaxcnn.tuning import measure as measuring
 from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
