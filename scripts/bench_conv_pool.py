@@ -51,7 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import queries
+from jaxcnn._native.plans import plan_text
 from jaxcnn.ops.conv2d_pool.config import make_conv_pool_config
 from jaxcnn.ops.conv2d_pool.reference import xla_conv_pool
 from jaxcnn.profile.gpu_specs import lookup_gpu_spec
@@ -163,7 +164,7 @@ def layer_row(layer: Layer, n: int, dtype: str, *, spec, iters: int, warmup: int
         out_shape=list(out_shape), bytes_moved=bytes_moved, gflop=flops / 1e9,
         bytes_floor_ms=bytes_floor_ms, flops_floor_ms=flops_floor_ms, floor_ms=floor_ms,
         peak_class=PEAK_CLASS[dtype], accuracy=accuracy,
-        config=_ffi.conv_pool_plan(x.shape, w.shape, DTYPES[dtype], cfg),
+        config=plan_text(queries.conv_pool_plan(x.shape, w.shape, DTYPES[dtype], cfg)),
         timings=timings,
         pct_of_floor={k: (100.0 * floor_ms / v if v else None) for k, v in med.items()},
         tflops={k: (flops / (v * 1e-3) / 1e12 if v else None) for k, v in med.items()},

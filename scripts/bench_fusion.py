@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import queries
+from jaxcnn._native.plans import plan_text
 from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
@@ -108,9 +109,9 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
     variants = [("jaxcnn", jaxcnn.fire)]
     skipped = {}
     for name, algorithm in FORCED_VARIANTS:
-        plan = _ffi.fire_plan(*shape, algorithm=algorithm)
-        if plan is not None and not plan.startswith("kernel="):
-            skipped[name] = plan  # the library's reason it cannot run
+        plan = queries.fire_plan(*shape, algorithm=algorithm)
+        if plan is not None and plan.kernel is None:
+            skipped[name] = plan.text  # the library's reason it cannot run
         else:
             variants.append((name, functools.partial(jaxcnn.fire, algorithm=algorithm)))
     want = jax.jit(xla_fire)(*ops)
@@ -130,7 +131,7 @@ def fire_row(case: FireCase, n: int, dtype: str, *, iters: int, warmup: int, see
                         max_rel_diff=max(acc["max_rel_diff"] for acc in per_variant.values()))
     timings = timed([*((k, f, ops) for k, f in variants), ("xla", xla_fire, ops)], iters, warmup)
     # The fused kernel's launch configuration (tile, channel split, weight residency).
-    config = _ffi.fire_plan(*shape)
+    config = plan_text(queries.fire_plan(*shape))
     med = {k: t.get("median_ms") for k, t in timings.items()}
     floor_ms = bytes_moved / FLOOR_BANDWIDTH * 1e3
     ours, xla = med.get("jaxcnn"), med.get("xla")

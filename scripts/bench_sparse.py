@@ -47,7 +47,9 @@ import numpy as np
 from jax import lax
 
 import jaxcnn
-from jaxcnn import _ffi, sparse_dispatch
+from jaxcnn import sparse_dispatch
+from jaxcnn._native import queries
+from jaxcnn._native.plans import plan_text
 from jaxcnn.ops.conv2d.config import make_config
 from jaxcnn.ops.sparse_conv2d.config import SparseConfig, kernel_params
 from jaxcnn.models import XLA_OPS, get_model, layer_table
@@ -263,7 +265,7 @@ def synthetic_row(layer: dict, n: int, dtype: str, sparsities, args, spec) -> di
     floor = {f"{s:g}": floors(layer, n, dtype, s, spec) for s in sparsities}
     pct = {f"{s:g}": (100.0 * floor[f"{s:g}"] / med(times[f"sparse@{s:g}"])
                       if med(times[f"sparse@{s:g}"]) else None) for s in sparsities}
-    plan = _ffi.sparse_conv_plan(_plan_params(layer, n, dtype))
+    plan = plan_text(queries.sparse_conv_plan(_plan_params(layer, n, dtype)))
     ok = all("error" not in t for t in times.values()) and all(
         e is not None and e <= TOLERANCE[dtype] for k, e in errors.items() if k != "error")
     return dict(section="synthetic", layer=layer["name"], also=layer.get("also", []), n=n, dtype=dtype,

@@ -114,7 +114,7 @@ else
   fi
 fi
 [ -n "${JAXCNN_PREBUILT_LIB:-}" ] && [ -f "$JAXCNN_PREBUILT_LIB" ] && export JAXCNN_LIBRARY=$JAXCNN_PREBUILT_LIB
-step import $PY -c "import jaxcnn; jaxcnn.require_cuda(); from jaxcnn import _ffi; print(_ffi.library_state())"
+step import $PY -c "import jaxcnn; jaxcnn.require_cuda(); from jaxcnn import _native; print(_native.library_state())"
 
 if has tests; then
   # pytest-xdist workers share the GPU (tests/conftest.py caps each one's share of its memory);

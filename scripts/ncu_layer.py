@@ -20,7 +20,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_layers import EXTRA_VARIANTS, LAYERS_BY_NAME, make_inputs, variants  # noqa: E402
 
-from jaxcnn import _ffi  # noqa: E402
+from jaxcnn._native import library  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(counts))
         return 0
     cases = [prepared(case) for case in argv]
-    lib = ctypes.CDLL(_ffi.library_state().path)
+    lib = ctypes.CDLL(library.library_state().path)
     for fn, inputs in cases:
         if lib.jaxcnn_cuda_profiler_start() != 0:
             raise RuntimeError("cudaProfilerStart failed")

@@ -5,10 +5,10 @@ library's handlers registered (a lowering without them falls back to the referen
 import jax
 import pytest
 
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 needs_library = pytest.mark.skipif(
-    not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded"
+    not library.handlers_registered(), reason=library.library_state().reason or "library loaded"
 )
 
 

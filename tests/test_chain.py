@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops import primitive
 from jaxcnn.ops.chain import config as chain_config
 from arrays import BAD_NHWC_X, as_f64, check_trace_raises, he_normal, normal, sds
@@ -429,7 +429,7 @@ def test_vmap_of_grad():
 def handler_present(monkeypatch):
     """Lower as a library with the chain handlers does. Lowering only names the target, so
     this also runs where the loaded library predates the ops (a rebuild adds the symbols)."""
-    monkeypatch.setattr(_ffi, "target_registered", lambda target: True)
+    monkeypatch.setattr(library, "target_registered", lambda target: True)
 
 
 def c3c1_fused(*a, **kwargs):
@@ -520,7 +520,7 @@ def test_cuda_lowering_of_unsupported_configs_is_xla_convs(handler_present, dtyp
 
 @needs_library
 def test_library_without_the_handlers_falls_back_to_the_reference(monkeypatch):
-    monkeypatch.setattr(_ffi, "target_registered", lambda target: False)
+    monkeypatch.setattr(library, "target_registered", lambda target: False)
     monkeypatch.delenv(primitive.STRICT_ENV, raising=False)
     primitive._warn_fallback_once.cache_clear()
     fns = ((c3c1_fused, c3c1_sds(jnp.bfloat16), C3C1_TARGET),
@@ -539,8 +539,8 @@ def test_library_without_the_handlers_falls_back_to_the_reference(monkeypatch):
 
 # Skips (does not fail) where the loaded library predates the chain handlers.
 needs_handlers = pytest.mark.skipif(
-    not (_ffi.target_registered(C3C1_TARGET) and _ffi.target_registered(C1DW_TARGET)),
-    reason=_ffi.missing_target_reason(C3C1_TARGET) or _ffi.missing_target_reason(C1DW_TARGET))
+    not (library.target_registered(C3C1_TARGET) and library.target_registered(C1DW_TARGET)),
+    reason=library.missing_target_reason(C3C1_TARGET) or library.missing_target_reason(C1DW_TARGET))
 
 
 @needs_handlers
@@ -551,8 +551,8 @@ def test_loaded_library_lowers_to_the_custom_calls():
 
 
 def test_targets_and_exports():
-    assert _ffi.FFI_TARGETS[C3C1_TARGET] == "JaxcnnConv3x3Conv1x1Fwd"
-    assert _ffi.FFI_TARGETS[C1DW_TARGET] == "JaxcnnConv1x1DepthwiseFwd"
+    assert library.FFI_TARGETS[C3C1_TARGET] == "JaxcnnConv3x3Conv1x1Fwd"
+    assert library.FFI_TARGETS[C1DW_TARGET] == "JaxcnnConv1x1DepthwiseFwd"
     for name in ("conv3x3_conv1x1", "conv1x1_depthwise"):
         assert name in jaxcnn.__all__ and name in jaxcnn.ops.__all__
 

@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 pytestmark = pytest.mark.gpu
 
@@ -59,8 +59,8 @@ def chain(p, x):
 
 
 def test_registered_with_the_command_buffer_trait():
-    assert _ffi.library_state().registered, _ffi.library_state().reason
-    assert _ffi.registration_traits() == _ffi.xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
+    assert library.library_state().registered, library.library_state().reason
+    assert library.registration_traits() == library.xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE
 
 
 def test_chain_replayed_on_fresh_inputs_matches_xla():

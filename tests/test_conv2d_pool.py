@@ -16,7 +16,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops.conv2d_pool.api import Conv2dPoolPrimitive
 from jaxcnn.ops.conv2d_pool.config import OPERAND_NAMES, make_conv_pool_config
 from arrays import as_f64, he_normal, normal, sds, traces
@@ -297,7 +297,7 @@ def test_batch_sharded_conv2d_pool_has_no_all_gather():
 def library_registered(monkeypatch):
     """Lower as if the CUDA library were loaded: the custom call is emitted at lowering time,
     the handler is only looked up when compiling for a GPU."""
-    monkeypatch.setattr(_ffi, "handlers_registered", lambda: True)
+    monkeypatch.setattr(library, "handlers_registered", lambda: True)
 
 
 @pytest.mark.parametrize("algorithm,code", [("auto", 0), ("tensor_core", 1), ("direct", 2),
@@ -323,7 +323,7 @@ def test_cuda_lowering_is_one_ffi_custom_call(library_registered, algorithm, cod
 
 
 def test_cuda_lowering_target_is_registered_with_the_library():
-    assert _ffi.FFI_TARGETS["jaxcnn_conv2d_pool_fwd"] == "JaxcnnConv2dPoolFwd"
+    assert library.FFI_TARGETS["jaxcnn_conv2d_pool_fwd"] == "JaxcnnConv2dPoolFwd"
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -340,7 +340,7 @@ def test_sparse_true_routes_to_the_zero_skipping_kernel_with_the_same_result(dty
     tol = 1e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(np.asarray(sparse, np.float32), np.asarray(dense, np.float32),
                                rtol=tol, atol=tol)
-    if not _ffi.target_registered("jaxcnn_sparse_conv2d_fwd"):
+    if not library.target_registered("jaxcnn_sparse_conv2d_fwd"):
         pytest.skip("library built without the sparse handler: CUDA lowering falls back")
     text = cuda_text(lambda *a: jaxcnn.conv2d_pool(*a, sparse=True, **kw), x, w, b)
     assert "jaxcnn_sparse_conv2d_fwd" in text and "jaxcnn_conv2d_pool_fwd" not in text

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops.conv2d.config import make_config
 from jaxcnn.tuning import conv_choice as C
 from jaxcnn.tuning import decision as D
@@ -80,12 +80,12 @@ def test_candidates_are_xla_and_the_families():
     site = C.conv_site(X, W, B, None, cfg_of())
     names = [c.name for c in site.candidates]
     assert names[0] == D.BASELINE and set(names[1:]) <= set(C.FAMILIES) and len(names) > 1
-    if _ffi.handlers_registered():  # the library says which families take the conv
+    if library.handlers_registered():  # the library says which families take the conv
         assert "tensor_core" in names and "depthwise" not in names
 
 
 def test_measure_env_turns_automatic_measurement_off(monkeypatch):
-    monkeypatch.setattr(_ffi, "cuda_available", lambda: True)
+    monkeypatch.setattr(library, "cuda_available", lambda: True)
     monkeypatch.setenv(measure.MEASURE_ENV, "0")
     assert measure.should_measure(None) is False
     monkeypatch.setenv(measure.MEASURE_ENV, "1")

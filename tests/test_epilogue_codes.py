@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops.epilogue import ACTIVATION_CODES
 from cuda_lowering import cuda_text, custom_calls
 
@@ -48,8 +48,8 @@ B = jax.ShapeDtypeStruct((24,), jnp.bfloat16)
 R = jax.ShapeDtypeStruct((2, 9, 10, 24), jnp.bfloat16)
 
 
-@pytest.mark.skipif(not _ffi.target_registered("jaxcnn_conv2d_fwd_residual"),
-                    reason=_ffi.missing_target_reason("jaxcnn_conv2d_fwd_residual") or "registered")
+@pytest.mark.skipif(not library.target_registered("jaxcnn_conv2d_fwd_residual"),
+                    reason=library.missing_target_reason("jaxcnn_conv2d_fwd_residual") or "registered")
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_residual_lowers_to_residual_target_with_alpha(with_bias):
     alpha = 0.2
@@ -78,8 +78,8 @@ def test_residual_lowers_to_residual_target_with_alpha(with_bias):
     assert "stablehlo.convolution" not in text
 
 
-@pytest.mark.skipif(not _ffi.target_registered("jaxcnn_conv2d_fwd"),
-                    reason=_ffi.missing_target_reason("jaxcnn_conv2d_fwd") or "registered")
+@pytest.mark.skipif(not library.target_registered("jaxcnn_conv2d_fwd"),
+                    reason=library.missing_target_reason("jaxcnn_conv2d_fwd") or "registered")
 @pytest.mark.parametrize("activation", [a for a in ACTIVATION_CODES if a is not None])
 def test_every_activation_lowers_with_its_code(activation):
     text = cuda_text(lambda x, w, b: jaxcnn.conv2d(x, w, b, activation=activation), X, W, B)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 NVCC = shutil.which("nvcc")
 CUDA_BUILD_EXPECTED = NVCC is not None and os.environ.get("JAXCNN_CUDA", "AUTO").upper() != "OFF"
@@ -25,7 +25,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(not CUDA_BUILD_EXPECTED, reason="no nvcc here: the CUDA library is not built")
 def test_cuda_sources_compiled_into_library():
     """Where nvcc exists the install built cuda_ops/ and the loader registered every handler."""
-    state = _ffi.library_state()
+    state = library.library_state()
     assert state.path and os.path.exists(state.path), state.reason
     assert state.registered, state.reason
     assert "cuda_archs=" in state.build_info and "jaxlib=" in state.build_info
@@ -33,14 +33,14 @@ def test_cuda_sources_compiled_into_library():
 
 
 def test_abi_check_rejects_newer_library():
-    assert _ffi.check_abi((0, 3), (0, 3)) == ""
-    assert _ffi.check_abi((0, 2), (0, 3)) == ""
-    assert "ABI mismatch" in _ffi.check_abi((0, 4), (0, 3))
-    assert "ABI mismatch" in _ffi.check_abi((1, 0), (0, 9))
+    assert library.check_abi((0, 3), (0, 3)) == ""
+    assert library.check_abi((0, 2), (0, 3)) == ""
+    assert "ABI mismatch" in library.check_abi((0, 4), (0, 3))
+    assert "ABI mismatch" in library.check_abi((1, 0), (0, 9))
 
 
 def test_runtime_ffi_version_is_read_from_jaxlib_headers():
-    version = _ffi.runtime_ffi_api_version()
+    version = library.runtime_ffi_api_version()
     assert version is not None and version[0] >= 0 and version[1] >= 1
 
 
@@ -84,8 +84,8 @@ def test_missing_library_reason(tmp_path):
 @pytest.mark.skipif(not CUDA_BUILD_EXPECTED, reason="no nvcc here: the CUDA library is not built")
 def test_abi_mismatch_is_reported_not_registered(monkeypatch):
     """A library built for a newer FFI API than the runtime's is refused with the reason."""
-    monkeypatch.setattr(_ffi, "runtime_ffi_api_version", lambda: (0, 0))
-    state = _ffi._load(__import__("pathlib").Path(_ffi.library_state().path))
+    monkeypatch.setattr(library, "runtime_ffi_api_version", lambda: (0, 0))
+    state = library._load(__import__("pathlib").Path(library.library_state().path))
     assert not state.registered
     assert "ABI mismatch" in state.reason and "--no-build-isolation" in state.reason
 
@@ -96,14 +96,14 @@ def test_handlers_registered_command_buffer_compatible(monkeypatch, env, expecte
     """jaxlib takes the command-buffer trait from the registration call (the handler's own
     metadata is not consulted): without it XLA never puts our kernels in its CUDA graphs."""
     if env is None:
-        monkeypatch.delenv(_ffi.COMMAND_BUFFERS_ENV, raising=False)
+        monkeypatch.delenv(library.COMMAND_BUFFERS_ENV, raising=False)
     else:
-        monkeypatch.setenv(_ffi.COMMAND_BUFFERS_ENV, env)
+        monkeypatch.setenv(library.COMMAND_BUFFERS_ENV, env)
     calls = []
-    monkeypatch.setattr(_ffi.jax.ffi, "register_ffi_target",
+    monkeypatch.setattr(library.jax.ffi, "register_ffi_target",
                         lambda name, fn, platform, **kw: calls.append((name, platform, kw)))
-    state = _ffi._load(__import__("pathlib").Path(_ffi.library_state().path))
+    state = library._load(__import__("pathlib").Path(library.library_state().path))
     assert state.registered, state.reason
-    assert {name for name, _, _ in calls} == set(_ffi.FFI_TARGETS) - set(state.missing_targets)
-    want = getattr(_ffi.xla_client.CustomCallTargetTraits, expected)
+    assert {name for name, _, _ in calls} == set(library.FFI_TARGETS) - set(state.missing_targets)
+    want = getattr(library.xla_client.CustomCallTargetTraits, expected)
     assert all(p == "CUDA" and kw == {"traits": want} for _, p, kw in calls), calls

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.models.backends import XLA_OPS
 from jaxcnn.models.layers import Net
 from jaxcnn.models.squeezenet import fire as zoo_fire
@@ -278,7 +278,7 @@ def test_cuda_lowering_is_one_ffi_custom_call(algorithm, code):
 
 
 def test_cuda_lowering_target_is_registered_with_the_library():
-    assert _ffi.FFI_TARGETS["jaxcnn_fire_fwd"] == "JaxcnnFireFwd"
+    assert library.FFI_TARGETS["jaxcnn_fire_fwd"] == "JaxcnnFireFwd"
 
 
 # ----------------------------------------------------- straight fusion: conv1x1 -> conv3x3

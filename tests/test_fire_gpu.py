@@ -107,11 +107,11 @@ def test_wgmma_merged_expand_random_shapes(n, h, w, c, s, e1, e3, dtype, seed):
     """S a multiple of 32, E1 and E3 of 64: both expands run as one wgmma launch (1x1 blocks on
     the centre tap alone), 28x8 or 14x8 tiles over odd sizes; with S = 32, C % 32 and expand
     weights that fit shared memory, the whole module is one launch."""
-    from jaxcnn import _ffi
+    from jaxcnn._native import queries
     from jaxcnn.fusion import cost
-    plan = _ffi.fire_plan((n, h, w, c), s, e1, e3, jnp.dtype(dtype), "wgmma")
+    plan = queries.fire_plan((n, h, w, c), s, e1, e3, jnp.dtype(dtype), "wgmma")
     one = cost.fire_one_launch_applies(c, s, e1, e3)
-    assert plan.startswith(f"kernel=wgmma launches={1 if one else 2}"), plan
+    assert (plan.kernel, plan.launches) == ("wgmma", 1 if one else 2), plan.text
     check(fire_operands(seed, n, h, w, c, s, e1, e3, jnp.dtype(dtype)), "wgmma")
 
 
@@ -124,19 +124,19 @@ def test_wgmma_one_launch_random_shapes(n, h, w, c, e1, e3, dtype, seed):
     """S = 32: squeeze, both expands and the concatenation in one launch (s never leaves shared
     memory; 28x8 tiles whose halo pixels outside the image are zeroed), odd sizes, 1 to 8
     input chunks, 2 to 4 pipeline stages."""
-    from jaxcnn import _ffi
+    from jaxcnn._native import queries
     from jaxcnn.fusion import cost
     assert cost.fire_one_launch_applies(c, 32, e1, e3)
-    plan = _ffi.fire_plan((n, h, w, c), 32, e1, e3, jnp.dtype(dtype), "wgmma")
-    assert plan.startswith("kernel=wgmma launches=1") and "workspace=0 " in plan, plan
+    plan = queries.fire_plan((n, h, w, c), 32, e1, e3, jnp.dtype(dtype), "wgmma")
+    assert (plan.kernel, plan.launches, plan.workspace) == ("wgmma", 1, 0), plan.text
     check(fire_operands(seed, n, h, w, c, 32, e1, e3, jnp.dtype(dtype)), "wgmma")
 
 
 def test_wgmma_expands_not_merged_off_the_channel_multiples():
-    from jaxcnn import _ffi
+    from jaxcnn._native import queries
     for s, e1, e3 in [(16, 64, 64), (48, 192, 192), (32, 64, 96), (32, 96, 64)]:
-        plan = _ffi.fire_plan((2, 27, 27, 128), s, e1, e3, jnp.bfloat16, "wgmma")
-        assert plan.startswith("kernel=wgmma launches=3"), (s, e1, e3, plan)
+        plan = queries.fire_plan((2, 27, 27, 128), s, e1, e3, jnp.bfloat16, "wgmma")
+        assert (plan.kernel, plan.launches) == ("wgmma", 3), (s, e1, e3, plan.text)
     check(fire_operands(5, 2, 27, 27, 128, 48, 192, 192, jnp.bfloat16), "wgmma")
 
 
@@ -153,20 +153,20 @@ def test_two_phase_squeezenet_fires(n, hw, c, s, e):
 
 
 def test_auto_plan_takes_wgmma_for_the_headline_fused_mid_size_and_two_phase_for_small():
-    from jaxcnn import _ffi
-    big = _ffi.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
-    mid = _ffi.fire_plan((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16)
-    small = _ffi.fire_plan((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16)
-    assert big.startswith("kernel=wgmma launches=1"), big
-    assert mid.startswith("kernel=tensor_core"), mid
-    assert small.startswith("kernel=two_phase"), small
+    from jaxcnn._native import queries
+    big = queries.fire_plan((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16)
+    mid = queries.fire_plan((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16)
+    small = queries.fire_plan((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16)
+    assert (big.kernel, big.launches) == ("wgmma", 1), big.text
+    assert mid.kernel == "tensor_core", mid.text
+    assert small.kernel == "two_phase", small.text
     # One launch: s stays in shared memory, no workspace.
-    assert _ffi.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == 0
-    assert _ffi.fire_workspace_bytes((64, 13, 13, 384), 64, 256, 256, jnp.bfloat16, "auto") == \
+    assert queries.fire_workspace_bytes((64, 55, 55, 128), 32, 128, 128, jnp.bfloat16, "auto") == 0
+    assert queries.fire_workspace_bytes((64, 13, 13, 384), 64, 256, 256, jnp.bfloat16, "auto") == \
         64 * 13 * 13 * 64 * 2
-    assert _ffi.fire_workspace_bytes((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
+    assert queries.fire_workspace_bytes((1, 55, 55, 64), 16, 64, 64, jnp.bfloat16, "auto") == 0
     # s packed [169][48] bf16, rounded up to 256 bytes.
-    assert _ffi.fire_workspace_bytes((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16, "auto") == \
+    assert queries.fire_workspace_bytes((1, 13, 13, 256), 48, 192, 192, jnp.bfloat16, "auto") == \
         -(-13 * 13 * 48 * 2 // 256) * 256
 
 

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcnn import _ffi, cli, fusion, layouts as L
+from jaxcnn import cli, fusion, layouts as L
+from jaxcnn._native import library
 from jaxcnn.fusion import cost, fusion_plan as P
 from jaxcnn.models import get_model
 from jaxcnn.models.mobilenet import INVERTED_RESIDUAL_STAGES
@@ -551,10 +552,10 @@ def test_apply_mobilenetv2_expand_depthwise_equals_the_unfused_model(dtype, tol)
     assert jaxpr.count("jaxcnn_conv1x1_depthwise[") == 16 and jaxpr.count("jaxcnn_conv2d") == 52 - 32
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@pytest.mark.skipif(not library.handlers_registered(), reason=library.library_state().reason or "library loaded")
 def test_fused_mobilenetv2_lowers_to_conv1x1_depthwise_custom_calls(monkeypatch):
     # Lowering only names the target: also where the loaded library predates the op.
-    monkeypatch.setattr(_ffi, "target_registered", lambda target: True)
+    monkeypatch.setattr(library, "target_registered", lambda target: True)
     plan = fusion.plan_fusion("mobilenetv2", batch=1, dtype="bfloat16", costs="model", kinds=EXPAND_DW)
     assert len(plan.fused_groups) == 16
     params = get_model("mobilenetv2").abstract_params(jnp.bfloat16)

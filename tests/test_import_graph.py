@@ -15,14 +15,16 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxcnn"
 # Imports inside functions in jaxcnn/ when this test was written: the CLI's lazy command
-# imports, _ffi's codes (jaxcnn.ops imports _ffi), conv2d's decision owner, and the optional
-# or slow ones (jax off the dashboard path, scipy.optimize, pandas). Lower it as they go.
+# imports, _native.queries' codes (jaxcnn.ops imports _native), conv2d's decision owner, and
+# the optional or slow ones (jax off the dashboard path, scipy.optimize, pandas). Lower it as
+# they go.
 MAX_FUNCTION_LEVEL_IMPORTS = 39
 # The imports inside functions that close a cycle on purpose, as (importer, imported module
-# prefix): the codes the FFI passes live in jaxcnn.ops, whose primitives import _ffi; conv2d
+# prefix): the codes the queries pass live in jaxcnn.ops, whose primitives import _native; conv2d
 # asks the decision owner, which sits above the ops package. Any other cycle, hidden in a
 # function or not, fails.
-DELIBERATE_CYCLE_IMPORTS = (("jaxcnn._ffi", "jaxcnn.ops"), ("jaxcnn.ops.conv2d.api", "jaxcnn.tuning.conv_choice"))
+DELIBERATE_CYCLE_IMPORTS = (("jaxcnn._native.queries", "jaxcnn.ops"),
+                            ("jaxcnn.ops.conv2d.api", "jaxcnn.tuning.conv_choice"))
 
 
 def module_names() -> dict[str, tuple[Path, bool]]:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from cuda_lowering import cuda_text, needs_library
 
 X = jax.ShapeDtypeStruct((2, 9, 10, 6), jnp.bfloat16)
@@ -69,7 +69,7 @@ def test_cpu_lowering_is_reference():
 
 
 def test_cuda_without_library_falls_back_with_warning(monkeypatch):
-    monkeypatch.setattr(_ffi, "handlers_registered", lambda: False)
+    monkeypatch.setattr(library, "handlers_registered", lambda: False)
     monkeypatch.delenv("JAXCNN_STRICT", raising=False)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -78,7 +78,7 @@ def test_cuda_without_library_falls_back_with_warning(monkeypatch):
 
 
 def test_strict_mode_refuses_fallback(monkeypatch):
-    monkeypatch.setattr(_ffi, "handlers_registered", lambda: False)
+    monkeypatch.setattr(library, "handlers_registered", lambda: False)
     monkeypatch.setenv("JAXCNN_STRICT", "1")
     with pytest.raises(RuntimeError, match="CUDA lowering without the jaxcnn library"):
         cuda_text(lambda x, w: jaxcnn.conv2d(x, w, groups=2, padding=1, algorithm="jaxcnn"), X, W)

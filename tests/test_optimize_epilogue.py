@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from reference64 import rel_err
 
 RNG = np.random.default_rng(0)
@@ -225,7 +225,7 @@ def test_default_policy_explains_kept_sites():
     assert "kept as traced" in text and "per-channel" in text
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason=_ffi.library_state().reason or "library loaded")
+@pytest.mark.skipif(not library.handlers_registered(), reason=library.library_state().reason or "library loaded")
 def test_cuda_lowering_has_one_custom_call_per_site():
     def fn(x, w, w2, m, v, g, b, r):
         y = jax.nn.relu(BN_FORMS["keras"](conv(x, w), m, v, g, b))

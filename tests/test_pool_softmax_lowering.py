@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from cuda_lowering import cuda_text, custom_calls, needs_library
 
 
@@ -68,7 +68,7 @@ def test_cpu_lowering_is_reference():
 
 
 def test_cuda_without_library_falls_back_with_warning(monkeypatch):
-    monkeypatch.setattr(_ffi, "handlers_registered", lambda: False)
+    monkeypatch.setattr(library, "handlers_registered", lambda: False)
     monkeypatch.delenv("JAXCNN_STRICT", raising=False)
     x = jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32)
     with warnings.catch_warnings(record=True):
@@ -78,7 +78,7 @@ def test_cuda_without_library_falls_back_with_warning(monkeypatch):
 
 
 def test_strict_mode_refuses_fallback(monkeypatch):
-    monkeypatch.setattr(_ffi, "handlers_registered", lambda: False)
+    monkeypatch.setattr(library, "handlers_registered", lambda: False)
     monkeypatch.setenv("JAXCNN_STRICT", "1")
     x = jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32)
     for fn in (lambda x: jaxcnn.avg_pool2d(x, 2), jaxcnn.softmax):

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxcnn
-from jaxcnn import _ffi, sparse_dispatch
+from jaxcnn import sparse_dispatch
+from jaxcnn._native import library
 from jaxcnn.ops.sparse_conv2d.config import mask_bytes
 from arrays import as_f64, sds
 from cuda_lowering import cuda_text, custom_calls, needs_library
@@ -303,7 +304,7 @@ def test_batch_sharded_sparse_conv_has_no_all_gather():
 def handler_present(monkeypatch):
     """Lower as a library with the sparse handler does. Lowering only names the target, so
     this also runs where the loaded library predates the op (a rebuild adds the symbol)."""
-    monkeypatch.setattr(_ffi, "target_registered", lambda target: True)
+    monkeypatch.setattr(library, "target_registered", lambda target: True)
 
 
 @needs_library
@@ -338,7 +339,7 @@ def test_cuda_lowering_of_pool_has_no_reduce_window(handler_present):
 
 @needs_library
 def test_library_without_the_handler_falls_back_to_the_reference(monkeypatch):
-    monkeypatch.setattr(_ffi, "target_registered", lambda target: False)
+    monkeypatch.setattr(library, "target_registered", lambda target: False)
     monkeypatch.delenv("JAXCNN_STRICT", raising=False)
     sparse_module._warn_fallback_once.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
@@ -352,16 +353,16 @@ def test_library_without_the_handler_falls_back_to_the_reference(monkeypatch):
 
 
 def test_ffi_target_is_in_the_handler_table():
-    assert _ffi.FFI_TARGETS["jaxcnn_sparse_conv2d_fwd"] == "JaxcnnSparseConv2dFwd"
+    assert library.FFI_TARGETS["jaxcnn_sparse_conv2d_fwd"] == "JaxcnnSparseConv2dFwd"
 
 
 def test_missing_symbols_do_not_block_other_targets():
-    state = _ffi.library_state()
+    state = library.library_state()
     if not state.registered:
         pytest.skip(state.reason)
-    for target in _ffi.FFI_TARGETS:
-        assert _ffi.target_registered(target) == (target not in state.missing_targets)
-    assert _ffi.target_registered("jaxcnn_conv2d_fwd")
+    for target in library.FFI_TARGETS:
+        assert library.target_registered(target) == (target not in state.missing_targets)
+    assert library.target_registered("jaxcnn_conv2d_fwd")
 
 
 # ---------------------------------------------------------------- dispatch

@@ -188,32 +188,33 @@ def test_handler_errors_become_python_exceptions():
 
 
 def test_plan_query_reports_the_launch():
-    from jaxcnn import _ffi
+    from jaxcnn._native import queries
 
     layer = dict(N=1, H=56, W=56, C=256, R=3, S=3, K=256, P=56, Q=56, stride_h=1, stride_w=1, pad_h=1,
                  pad_w=1, dilation_h=1, dilation_w=1)
-    text = _ffi.sparse_conv_plan(layer)
+    plan = queries.sparse_conv_plan(layer)
     # Sixteen warps of 2x8 tiles a CTA on an 8x32 region (56x56 wastes 8 columns, the least of
     # the 16-warp regions, and 8x32 is squarer than 4x64); N=1 fills the GPU only with the input
     # channels split (16 chunks of 16 fp32).
-    assert text is not None and text.startswith(
-        "kernel=tile tile=2x8 k_per_lane=4 warps=4x4 region=8x32 chunk=16 splits="), text
-    splits = int(text.split("splits=")[1].split()[0])
-    assert 1 < splits <= 16 and f"scratch={splits * 56 * 56 * 256 * 4}" in text, text
+    assert plan is not None and (plan.kernel, plan.tile, plan.k_per_lane, plan.warps, plan.region, plan.chunk) == (
+        "tile", (2, 8), 4, (4, 4), (8, 32), 16), plan
+    splits = plan.splits
+    assert 1 < splits <= 16 and plan.scratch == splits * 56 * 56 * 256 * 4, plan.text
     # 16-bit storage stages 32 channels a chunk.
-    assert "chunk=32" in _ffi.sparse_conv_plan({**layer, "elem_bytes": 2})
-    assert _ffi.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
+    assert queries.sparse_conv_plan({**layer, "elem_bytes": 2}).chunk == 32
+    assert queries.sparse_conv_scratch_bytes(layer) == splits * 56 * 56 * 256 * 4
     # VGG conv1_2 at N=1: 98 CTAs leave SMs idle, but splitting its 4 chunks would move 4 x 12.8 MB
     # of fp32 partial sums through memory, more than the idle SMs cost.
     conv1_2 = {**layer, "H": 224, "W": 224, "C": 64, "K": 64, "P": 224, "Q": 224}
-    assert " splits=1 " in _ffi.sparse_conv_plan(conv1_2), _ffi.sparse_conv_plan(conv1_2)
+    assert queries.sparse_conv_plan(conv1_2).splits == 1, queries.sparse_conv_plan(conv1_2).text
     # 28 columns: 7-wide tiles cover them exactly (8-wide ones would compute 32).
     deep = {**layer, "N": 64, "H": 28, "W": 28, "C": 512, "K": 512, "P": 28, "Q": 28}
-    assert _ffi.sparse_conv_plan(deep).startswith(
-        "kernel=tile tile=2x7 k_per_lane=4 warps=8x2 region=16x14 chunk=16 splits=1"), _ffi.sparse_conv_plan(deep)
+    plan = queries.sparse_conv_plan(deep)
+    assert (plan.kernel, plan.tile, plan.k_per_lane, plan.warps, plan.region, plan.chunk, plan.splits) == (
+        "tile", (2, 7), 4, (8, 2), (16, 14), 16, 1), plan.text
     strided = {**layer, "stride_h": 2, "stride_w": 2, "P": 28, "Q": 28}
-    text = _ffi.sparse_conv_plan(strided)
-    assert text.startswith("kernel=walk k_per_lane=") and f"scratch={56 * 56 * 8 * 4}" in text, text
+    plan = queries.sparse_conv_plan(strided)
+    assert plan.kernel == "walk" and plan.k_per_lane is not None and plan.scratch == 56 * 56 * 8 * 4, plan.text
 
 
 @pytest.mark.parametrize("n", [1, 64])

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxcnn
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 PERMS = list(itertools.permutations(range(4)))
 OIHW_TO_HWIO = (2, 3, 1, 0)
@@ -69,7 +69,7 @@ def test_bad_arguments_name_the_weight():
         jaxcnn.relayout_weights([w, w], [OIHW_TO_HWIO])
 
 
-@pytest.mark.skipif(not _ffi.handlers_registered(), reason="the CUDA library is not built here")
+@pytest.mark.skipif(not library.handlers_registered(), reason="the CUDA library is not built here")
 def test_cuda_lowering_is_one_custom_call_per_width():
     ws = random_weights([(4, 3, 1, 1), (6, 4, 3, 3), (5, 5, 1, 1)])
     fn = jax.jit(lambda *w: jaxcnn.relayout_weights(w, [OIHW_TO_HWIO] * 3))

@@ -25,7 +25,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 STRICT_ENV = "JAXCNN_STRICT"  # "1": lowering for CUDA without the library is an error
 
@@ -74,9 +74,9 @@ class BatchShardedPrimitive:
     # --- shared machinery ------------------------------------------------------------------
     @classmethod
     def _cuda_or_reference(cls, ctx, *args, **params):
-        if _ffi.handlers_registered():
+        if library.handlers_registered():
             return cls.cuda_lowering(ctx, *args, **params)
-        allow_reference_fallback(cls.name, _ffi.library_state().reason)
+        allow_reference_fallback(cls.name, library.library_state().reason)
         return cls.reference_lowering(ctx, *args, **params)
 
     @classmethod
@@ -92,10 +92,10 @@ class BatchShardedPrimitive:
         shapes and the loaded library has its handler, else the reference. A missing handler
         alone (a library built before the op) follows the no-library policy: a warning, or an
         error under JAXCNN_STRICT."""
-        if runs_kernel and _ffi.target_registered(target):
+        if runs_kernel and library.target_registered(target):
             return jax.ffi.ffi_lowering(target)(ctx, *args, **attributes)
         if runs_kernel:
-            allow_reference_fallback(cls.name, _ffi.missing_target_reason(target))
+            allow_reference_fallback(cls.name, library.missing_target_reason(target))
         return cls.reference_lowering(ctx, *args, **params)
 
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxcnn import _ffi
+from jaxcnn._native import ConvPoolPlan, library, queries
 from jaxcnn.ops.conv2d.config import ALGORITHMS
 from jaxcnn.ops.conv2d_pool.config import make_conv_pool_config
 from jaxcnn.optimize.patterns import Site
@@ -64,23 +64,23 @@ def auto_policy(site: Site) -> str | None:
     return None
 
 
-def unpooled_plan(site: Site, algorithm: str) -> str:
-    """The library's plan line for running NHWC groups-1 conv `site` as a conv_pool kernel with
+def unpooled_plan(site: Site, algorithm: str) -> ConvPoolPlan | None:
+    """The library's plan for running NHWC groups-1 conv `site` as a conv_pool kernel with
     a 1x1/1 pool (what conv2d's "wgmma" and "stem" algorithms launch), e.g. "kernel=wgmma
-    block=28x8 ... recompute=1.00"; "" where the kernel does not take it or no GPU library is
+    block=28x8 ... recompute=1.00"; None where the kernel does not take it or no GPU library is
     loaded."""
     if (site.op != "conv2d" or site.layout != "NHWC" or site.kwargs["groups"] != 1
-            or jax.default_backend() != "gpu" or not _ffi.handlers_registered()):
-        return ""
+            or jax.default_backend() != "gpu" or not library.handlers_registered()):
+        return None
     k = site.kwargs
     try:
         cfg = make_conv_pool_config(site.x_shape, site.w_shape, stride=k["stride"], padding=k["padding"],
                                     dilation=k["dilation"], pool_window=1, pool_stride=1,
                                     precision=k["precision"], algorithm=algorithm)
     except ValueError:
-        return ""
-    plan = _ffi.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg) or ""
-    return plan if plan.startswith(f"kernel={algorithm}") else ""
+        return None
+    plan = queries.conv_pool_plan(site.x_shape, site.w_shape, site.dtype, cfg)
+    return plan if plan is not None and plan.kernel == algorithm else None
 
 
 def hopper_3x3_choice(site: Site) -> str | None:
@@ -96,9 +96,9 @@ def hopper_3x3_choice(site: Site) -> str | None:
     tensor-core kernel on those 256-512-channel convs beat XLA's (alone: 0.79-1.01x), but on
     nnx_cnn's 32-channel 14x14 conv it ran 0.97x."""
     plan = unpooled_plan(site, "wgmma")
-    if "recompute=" not in plan:
+    if plan is None or plan.recompute is None:
         return None
-    if float(plan.split("recompute=")[1].split()[0]) <= 1.0:
+    if plan.recompute <= 1.0:
         return "wgmma"
     return "tensor_core" if site.logical_x_shape()[3] >= 256 else None
 
@@ -113,7 +113,7 @@ def stem_pays(site: Site) -> bool:
         return False
     if site.logical_x_shape()[3] >= 8 or site.w_shape[3] < 64:
         return False
-    return bool(unpooled_plan(site, "stem"))
+    return unpooled_plan(site, "stem") is not None
 
 
 def _conv_candidates(site: Site) -> list[tuple[str, str]]:

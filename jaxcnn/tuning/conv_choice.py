@@ -16,7 +16,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxcnn import _ffi
+from jaxcnn._native import library, queries
 from jaxcnn.ops.conv2d.primitive import bind_conv2d
 from jaxcnn.ops.conv2d.config import Conv2dConfig, conv2d_output_shape
 from jaxcnn.ops.conv2d.reference import xla_conv2d
@@ -48,7 +48,7 @@ def site_fields(x, w, bias, residual, cfg: Conv2dConfig) -> dict:
 def accepted_families(x, w, residual, cfg: Conv2dConfig) -> tuple[str, ...] | None:
     """The families the loaded library accepts for this conv (it answers the same query its
     handler plans with), or None where no library is loaded to ask."""
-    if not _ffi.handlers_registered():
+    if not library.handlers_registered():
         return None
     x_nhwc = convert_shape(x.shape, cfg.layout, "NHWC")
     out = conv2d_output_shape(x.shape, x.dtype, w.shape, w.dtype, None, None, cfg.replace(algorithm="auto"))
@@ -56,7 +56,7 @@ def accepted_families(x, w, residual, cfg: Conv2dConfig) -> tuple[str, ...] | No
     accepted = []
     for family in FAMILIES:
         try:
-            _ffi.conv2d_workspace_bytes(x_nhwc, w.shape, y_nhwc, x.dtype, cfg.replace(algorithm=family),
+            queries.conv2d_workspace_bytes(x_nhwc, w.shape, y_nhwc, x.dtype, cfg.replace(algorithm=family),
                                         residual=residual is not None)
         except ValueError:
             continue

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcnn._ffi import cuda_available
+from jaxcnn._native.library import cuda_available
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
 from jaxcnn.tuning.measure import device_kind, outside_traces, runtime_errors, should_measure, try_run

@@ -11,7 +11,7 @@ from typing import Callable
 
 import jax
 
-from jaxcnn import _ffi
+from jaxcnn._native import library
 
 # JAXCNN_MEASURE=0: automatic decisions (conv2d "auto", optimize's policy, the layout and fusion
 # planners) read cached measurements and rules but time nothing new on the device.
@@ -41,11 +41,11 @@ def should_measure(measure: bool | None) -> bool:
     reference it falls back to, which says nothing about the kernels. measure=None (automatic)
     is also off where the environment sets MEASURE_ENV=0."""
     if measure is None:
-        return _ffi.cuda_available() and os.environ.get(MEASURE_ENV, "1").strip() != "0"
+        return library.cuda_available() and os.environ.get(MEASURE_ENV, "1").strip() != "0"
     if not isinstance(measure, bool):
         raise TypeError(f"measure must be True, False or None, got {measure!r}")
-    if measure and not _ffi.cuda_available():
-        raise RuntimeError(f"measure=True needs the CUDA kernels: {_ffi.cuda_unavailable_reason()}")
+    if measure and not library.cuda_available():
+        raise RuntimeError(f"measure=True needs the CUDA kernels: {library.cuda_unavailable_reason()}")
     return measure
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
-from jaxcnn import _ffi
+from jaxcnn._native import queries
 from jaxcnn.ops.conv2d.config import (
     ALGORITHMS,
     LAYOUTS,
@@ -84,7 +84,7 @@ class Conv2dPrimitive(BatchShardedPrimitive):
         x_aval, w_aval = ctx.avals_in[:2]
         # Scratch (filter re-layout, fp32 splits) is a second result XLA allocates with the
         # rest of the program's temporaries: no allocation inside the handler, CUDA-graph safe.
-        scratch = _ffi.conv2d_workspace_bytes(
+        scratch = queries.conv2d_workspace_bytes(
             convert_shape(x_aval.shape, cfg.layout, "NHWC"), w_aval.shape,
             convert_shape(ctx.avals_out[0].shape, cfg.layout, "NHWC"), x_aval.dtype, cfg,
             residual="residual" in operand_names,

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
-from jaxcnn import _ffi
+from jaxcnn._native import queries
 from jaxcnn.ops.fire.config import (
     ALGORITHMS,
     OPERAND_NAMES,
@@ -62,7 +62,7 @@ class FirePrimitive(FusedBlockPrimitive):
         x_aval, sq_aval, e1_aval, e3_aval = ctx.avals_in[:4]
         # The wgmma / two-phase paths' squeeze output is a second result XLA allocates with the program's
         # other temporaries: no allocation inside the handler, CUDA-graph safe.
-        scratch = _ffi.fire_workspace_bytes(
+        scratch = queries.fire_workspace_bytes(
             x_aval.shape, sq_aval.shape[3], e1_aval.shape[3], e3_aval.shape[3], x_aval.dtype,
             cfg.algorithm,
         )

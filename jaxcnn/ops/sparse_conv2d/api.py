@@ -22,7 +22,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import mlir
 
-from jaxcnn import _ffi
+from jaxcnn._native import library, queries
 from jaxcnn.ops.conv2d.config import conv2d_output_shape, make_config
 from jaxcnn.ops.conv2d.reference import linear_conv2d
 from jaxcnn.ops.layout_transform.api import to_layout
@@ -59,8 +59,8 @@ class SparseConv2dPrimitive(ConvBiasPrimitive):
     @classmethod
     def _cuda_or_reference(cls, ctx, *args, **params):
         # A library built before this op has no handler for it: same policy as no library.
-        if _ffi.handlers_registered() and not _ffi.target_registered(FFI_TARGET):
-            reason = _ffi.missing_target_reason(FFI_TARGET)
+        if library.handlers_registered() and not library.target_registered(FFI_TARGET):
+            reason = library.missing_target_reason(FFI_TARGET)
             if os.environ.get(STRICT_ENV) == "1":
                 raise RuntimeError(f"{cls.name}: CUDA lowering without its handler: {reason}")
             _warn_fallback_once(cls.name, reason)
@@ -80,7 +80,7 @@ class SparseConv2dPrimitive(ConvBiasPrimitive):
         # The kernels' scratch is a second result: XLA allocates it with the program's
         # temporaries, the handler allocates nothing (CUDA-graph safe). The library sizes it for
         # its own plan; without the library, the walk kernel's masks.
-        scratch_bytes = _ffi.sparse_conv_scratch_bytes(kernel_params(x_aval.shape, w_aval.shape, cfg,
+        scratch_bytes = queries.sparse_conv_scratch_bytes(kernel_params(x_aval.shape, w_aval.shape, cfg,
                                                                   x_aval.dtype))
         if scratch_bytes is None:
             scratch_bytes = mask_bytes(x_aval.shape)

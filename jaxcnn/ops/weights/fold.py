@@ -24,7 +24,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import mlir
 
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops.operand_checks import as_array, check_int32_shape
 from jaxcnn.ops.primitive import _single_device, allow_reference_fallback, multiple_result_primitive
 
@@ -60,13 +60,13 @@ def _abstract(*operands, perms, dtypes, vector_sizes, vector_dtypes, **_):
 
 def _cuda_lowering(ctx, *operands, **params):
     if _single_device(ctx):
-        if _ffi.target_registered(FFI_TARGET):
+        if library.target_registered(FFI_TARGET):
             return jax.ffi.ffi_lowering(FFI_TARGET)(
                 ctx, *operands, perms=np.asarray([p for perm in params["perms"] for p in perm], np.int64),
                 scale_axes=np.asarray(params["scale_axes"], np.int64),
                 scale_offsets=np.asarray(params["scale_offsets"], np.int64),
                 vector_offsets=np.asarray(params["vector_offsets"], np.int64))
-        allow_reference_fallback(NAME, _ffi.missing_target_reason(FFI_TARGET))
+        allow_reference_fallback(NAME, library.missing_target_reason(FFI_TARGET))
     return mlir.lower_fun(functools.partial(_reference, **params), multiple_results=True)(ctx, *operands)
 
 

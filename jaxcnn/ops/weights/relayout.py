@@ -21,7 +21,7 @@ import numpy as np
 from jax.core import ShapedArray
 from jax.interpreters import ad, mlir
 
-from jaxcnn import _ffi
+from jaxcnn._native import library
 from jaxcnn.ops.operand_checks import as_array, check_int32_shape
 from jaxcnn.ops.primitive import _single_device, allow_reference_fallback, multiple_result_primitive
 
@@ -75,10 +75,10 @@ def _reference(*ws, perms):
 def _cuda_lowering(ctx, *ws, perms):
     """One custom call (its operands share an element width: relayout_weights binds per width)."""
     if _single_device(ctx):
-        if _ffi.target_registered(FFI_TARGET):
+        if library.target_registered(FFI_TARGET):
             flat = np.asarray([p for perm in perms for p in perm], np.int64)
             return jax.ffi.ffi_lowering(FFI_TARGET)(ctx, *ws, perms=flat)
-        allow_reference_fallback(NAME, _ffi.missing_target_reason(FFI_TARGET))
+        allow_reference_fallback(NAME, library.missing_target_reason(FFI_TARGET))
     return mlir.lower_fun(functools.partial(_reference, perms=perms), multiple_results=True)(ctx, *ws)
 
 
