@@ -289,7 +289,7 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv2d_workspace_bytes(
       n, h, w, c, r, s, k, p, q, attrs, has_residual != 0 ? kAnyResidual : nullptr);
   const auto requested = static_cast<jaxcnn::Conv2dAlgorithm>(algorithm);
   jaxcnn::Conv2dPlan plan;
-  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+  switch (dtype) {  // codes: jaxcnn/_native/codes.py DTYPE_CODES
     case 0: plan = jaxcnn::plan_conv2d<float>(params, requested); break;
     case 1: plan = jaxcnn::plan_conv2d<__nv_bfloat16>(params, requested); break;
     case 2: plan = jaxcnn::plan_conv2d<__half>(params, requested); break;

@@ -146,7 +146,7 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_conv_pool_plan(const int64_t* dims, cons
   p.PW = (p.Q + pool[6] + pool[7] - pool[1]) / std::max<int64_t>(pool[3], 1) + 1;
   const auto algo = static_cast<jaxcnn::ConvPoolAlgorithm>(algorithm);
   jaxcnn::ConvPoolPlan plan;
-  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+  switch (dtype) {  // codes: jaxcnn/_native/codes.py DTYPE_CODES
     case 0: plan = PlanWithAlignedBuffers<float>(p, algo); break;
     case 1: plan = PlanWithAlignedBuffers<__nv_bfloat16>(p, algo); break;
     case 2: plan = PlanWithAlignedBuffers<__half>(p, algo); break;

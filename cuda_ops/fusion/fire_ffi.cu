@@ -134,7 +134,7 @@ jaxcnn::FirePlan PlanWithAlignedBuffers(const jaxcnn::FireParams& p,
 
 jaxcnn::FirePlan PlanForDtype(const jaxcnn::FireParams& p, int64_t dtype,
                               jaxcnn::FireAlgorithm algorithm) {
-  switch (dtype) {  // codes: jaxcnn/_ffi.py DTYPE_CODES
+  switch (dtype) {  // codes: jaxcnn/_native/codes.py DTYPE_CODES
     case 0: return PlanWithAlignedBuffers<float>(p, algorithm);
     case 1: return PlanWithAlignedBuffers<__nv_bfloat16>(p, algorithm);
     case 2: return PlanWithAlignedBuffers<__half>(p, algorithm);
