@@ -82,11 +82,17 @@ class FoldSite:
         return run
 
 
+def _fold_job(fold: FoldSite, perm: tuple, vector_values: dict) -> tuple:
+    """One site's fold_weights entries: (scale, scale axis, permutation of the user's weight, dtype,
+    shift) for its weight laid out in `perm` (axes in HWIO order)."""
+    scale, shift = fold_affine(fold.epilogue.steps, vector_values, fold.k)
+    return scale, fold.to_hwio[3], tuple(fold.to_hwio[p] for p in perm), fold.dtype, shift
+
+
 def _fold_one(fold: FoldSite, perm: tuple, w, vector_values: dict) -> list:
     """fold_weights on one site: [its weight in `perm` (axes in HWIO order), its bias]."""
-    scale, shift = fold_affine(fold.epilogue.steps, vector_values, fold.k)
-    return fold_weights([w], [scale], [fold.to_hwio[3]], [tuple(fold.to_hwio[p] for p in perm)], [fold.dtype],
-                        vectors=[shift], vector_dtypes=[fold.dtype])
+    scale, axis, w_perm, dtype, shift = _fold_job(fold, perm, vector_values)
+    return fold_weights([w], [scale], [axis], [w_perm], [dtype], vectors=[shift], vector_dtypes=[dtype])
 
 
 def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
@@ -150,12 +156,12 @@ class WeightPrologue:
             bind_eqn(eqns[i], env)
         ws, scales, axes, perms, dtypes, shifts, w_keys, b_keys = [], [], [], [], [], [], [], []
         for fold, perm, w_key, b_key in self.folds:
-            scale, shift = fold_affine(fold.epilogue.steps, {v: env[v] for v in fold.epilogue.vectors}, fold.k)
+            scale, axis, w_perm, dtype, shift = _fold_job(fold, perm, {v: env[v] for v in fold.epilogue.vectors})
             ws.append(env[fold.w])
             scales.append(scale)
-            axes.append(fold.to_hwio[3])
-            perms.append(tuple(fold.to_hwio[p] for p in perm))
-            dtypes.append(fold.dtype)
+            axes.append(axis)
+            perms.append(w_perm)
+            dtypes.append(dtype)
             shifts.append(shift)
             w_keys.append(w_key)
             b_keys.append(b_key)

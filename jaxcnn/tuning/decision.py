@@ -26,7 +26,7 @@ import numpy as np
 from jaxcnn._native.library import cuda_available
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
-from jaxcnn.tuning.measure import device_kind, outside_traces, runtime_errors, should_measure, try_run
+from jaxcnn.tuning.measure import device_kind, error_line, outside_traces, runtime_errors, should_measure, try_run
 
 BASELINE = "xla"  # the site's subgraph exactly as traced
 # A replacement must be this much faster than the baseline to be chosen: smaller gains are
@@ -189,7 +189,7 @@ def _prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
     try:
         return tuple(jax.block_until_ready(jax.jit(c.prepare)(*args))), ""
     except runtime_errors() as err:
-        return args, f"prepare: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return args, f"prepare: {error_line(err)}"
 
 
 def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
@@ -227,7 +227,7 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
         times, errs, notes, shared = {}, {}, {}, {}
         for c in s.candidates:
             t = timings.get((key, c.name))
-            times[c.name] = float(t.median_ms) if t is not None else None
+            times[c.name] = ms((key, c.name))
             if (key, c.name) in errors:
                 errs[c.name] = errors[(key, c.name)]
             elif t is not None and not t.is_device_time:

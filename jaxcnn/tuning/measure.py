@@ -58,10 +58,15 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def error_line(err: BaseException) -> str:
+    """An error as one line: its type and its message's first line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 def try_run(fn: Callable, args: tuple) -> str:
     """'' if jit(fn)(*args) compiles and runs, else the error message."""
     try:
         jax.block_until_ready(jax.jit(fn)(*args))
     except runtime_errors() as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return error_line(err)
     return ""
