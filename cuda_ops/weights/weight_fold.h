@@ -14,7 +14,7 @@
 
 namespace jaxcnn {
 
-// Element types of a fold job, by the codes of jaxcnn/_ffi.py's DTYPE_CODES.
+// Element types of a fold job, by the codes of jaxcnn/_native/codes.py's DTYPE_CODES.
 enum class FoldElement : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 struct WeightFold {
