@@ -18,7 +18,7 @@
 // done 63.6 (held until the next chunk arrived: 66.6). Dropped, all slower than 63.6: TMA L2
 // prefetch of the next tile's x (73.4 us) or of the tile's chunks past the stages (67.5),
 // 256-byte L2 promotion of x (64.2), y tiles copied out by the consumer threads instead of
-// TMA stores (67.5). Report: benchmarks/results/h100-2026-11-27-s18_fire_one_launch.md.
+// TMA stores (67.5). Report: benchmarks/results/h100-2026-11-27-fire_one_launch.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

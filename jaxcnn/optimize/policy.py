@@ -88,7 +88,7 @@ def hopper_3x3_choice(site: Site) -> str | None:
     process's GPU (the library's own plan: bf16/fp16 NHWC 3x3/1 SAME, groups 1, C % 32, K % 64,
     sm_90), else None: "wgmma" where its tiles cover the image exactly (the plan's recompute
     1.00); else "tensor_core" for C >= 256 and XLA's conv (None) below. Measured on an H100
-    (benchmarks/results/h100-2026-11-26-optimize_conv_policy_s15.md), VGG-19 bf16 under
+    (benchmarks/results/h100-2026-11-26-optimize_conv_policy.md), VGG-19 bf16 under
     optimize(fuse="auto") in one process: XLA's convs 1.13-1.17x the original, wgmma
     everywhere 1.12-1.23x, this rule 1.15-1.21x. Alone (XLA's time / the kernel's), the wgmma
     kernel ran 0.97-1.59x on the 224-, 112- and 56-pixel layers and 0.76-0.91x at 28 and 14
