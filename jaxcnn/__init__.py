@@ -28,13 +28,13 @@ _LAZY = {
     "log_softmax": "jaxcnn.ops",
     "sparse_conv2d": "jaxcnn.ops",
     "sparse_conv2d_pool": "jaxcnn.ops",
-    "conv2d_auto_sparse": "jaxcnn.sparse_dispatch",
+    "conv2d_auto_sparse": "jaxcnn.tuning.sparse_dispatch",
     "cuda_available": "jaxcnn._native.library",
     "cuda_unavailable_reason": "jaxcnn._native.library",
     "require_cuda": "jaxcnn._native.library",
-    "jit": "jaxcnn.planner.donation",
-    "plan_donation": "jaxcnn.planner.donation",
-    "max_batch": "jaxcnn.planner.batch",
+    "jit": "jaxcnn.memory.donation",
+    "plan_donation": "jaxcnn.memory.donation",
+    "max_batch": "jaxcnn.memory.batch",
     "optimize": "jaxcnn.optimize",
 }
 

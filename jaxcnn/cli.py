@@ -197,7 +197,7 @@ def _store_for_writing(path: str | None) -> Iterator:
 
 
 def cmd_plan(args) -> int:
-    from jaxcnn.planner.report import plan_model, store_plan, summary
+    from jaxcnn.memory.report import plan_model, store_plan, summary
 
     with _store_for_writing(args.db) as store:
         plan = plan_model(args.model, args.batch, train=args.train, dtype=args.dtype,
@@ -215,8 +215,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_maxbatch(args) -> int:
-    from jaxcnn.planner.batch import max_batch, parse_bytes
-    from jaxcnn.planner.training import OPTIMIZERS
+    from jaxcnn.memory.batch import max_batch, parse_bytes
+    from jaxcnn.memory.training import OPTIMIZERS
 
     model, dtype = args.model, args.dtype
     try:
@@ -253,7 +253,7 @@ def _report_max_batch(args, result, kwargs, store) -> None:
             json.dump(dict(model=model, **kwargs, **result.as_dict()), f, indent=1)
         print(f"wrote {args.json}")
     if store is not None:
-        from jaxcnn.planner.records import record_max_batch
+        from jaxcnn.memory.records import record_max_batch
 
         with store.transaction():
             run_id = record_max_batch(store, result, model=model, dtype=dtype, train=args.train,

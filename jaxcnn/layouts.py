@@ -15,7 +15,7 @@ always *logical* NHWC activations and HWIO weights, whatever layout a candidate 
 Costs come from one of three sources, always labelled:
   "measured": device time of the kernel (jaxcnn.profile.device_times, profiler kernel events)
       on the GPU this process sees, cached on disk per GPU kind;
-  "model":    estimates on a machine without the CUDA kernels: jaxcnn.perfmodel predictions for
+  "model":    estimates on a machine without the CUDA kernels: jaxcnn.costmodel predictions for
       the implicit-GEMM families, else bytes (at 32-byte sector granularity) / DRAM bandwidth of
       the GPU spec, plus a per-kernel floor;
   "given":    costs handed to choose_chain by the caller.
@@ -26,7 +26,7 @@ file atomically; an unreadable file is ignored with a warning.
 
 This module is the public face of the layout choice; the code lives in jaxcnn.tuning (layer,
 layout_rules, layer_autotune, layer_choice, layout_plan, layout_apply, autotune_cache) and
-jaxcnn.perfmodel.layout_cost (the model estimates).
+jaxcnn.costmodel.layout_cost (the model estimates).
 """
 
 from jaxcnn.ops.layout_axes import LAYOUTS

@@ -14,7 +14,7 @@ Sections (each model x case; the report is rewritten after every case):
              residual bytes, predicted and measured footprint, and the advice
              (--remat-models MODEL:BATCH,...).
 Writes OUT/LABEL-memory_planning.json and .md; with --db also records every result as 'plan'
-runs (metric names: jaxcnn/planner/records.py).
+runs (metric names: jaxcnn/memory/records.py).
 
 Exit status: 0 when every case ran, 2 when some case failed, 1 on a crash.
 
@@ -43,10 +43,10 @@ except ImportError:  # run from a checkout that is not pip-installed
 import jax
 
 from jaxcnn.models import list_models
-from jaxcnn.planner.batch import max_batch, parse_bytes
-from jaxcnn.planner.donation import measure_donation
-from jaxcnn.planner.remat import remat_advice
-from jaxcnn.planner.training import train_step, training_args
+from jaxcnn.memory.batch import max_batch, parse_bytes
+from jaxcnn.memory.donation import measure_donation
+from jaxcnn.memory.remat import remat_advice
+from jaxcnn.memory.training import train_step, training_args
 from jaxcnn.profile.environment import collect_environment
 
 SECTIONS = ("donation", "max_batch", "remat")
@@ -205,7 +205,7 @@ def markdown(env: dict, args, results: dict[str, list]) -> str:
 
 
 def record(args, section: str, case: dict) -> None:
-    from jaxcnn.planner import records
+    from jaxcnn.memory import records
     from jaxcnn.store import Store
 
     with Store(args.db) as store:

@@ -15,7 +15,7 @@ per case group, jaxcnn/profile/device_time.py), median and p10-p90 spread over -
    HIGHEST in fp32 on the same values.
 2. real: the actual ReLU outputs feeding each conv layer of the zoo's VGG-19, AlexNet and
    ResNet-50 (random He-init weights, smooth random images normalized like ImageNet input:
-   jaxcnn.sparse_dispatch.realistic_images): measured sparsity, sparse vs dense vs XLA.
+   jaxcnn.tuning.sparse_dispatch.realistic_images): measured sparsity, sparse vs dense vs XLA.
 3. pool: sparse_conv2d_pool (fused ReLU + max-pool) vs XLA conv + bias + ReLU + reduce_window
    (and vs our dense conv + jaxcnn.max_pool2d, and jaxcnn.conv2d_pool where present) on the
    VGG-19 / AlexNet layers followed by a pool, at 0% / 50% / 90% zeros and the real sparsity.
@@ -23,7 +23,7 @@ per case group, jaxcnn/profile/device_time.py), median and p10-p90 spread over -
 Writes <gpu>-<date>-<label>.json / .md into --out after every group, prints the markdown last.
 --quick: two layers, four sparsities, few iterations, VGG-19 real inputs at N=1 and the issue's
 fused headline (VGG conv1_2, N=64, bf16): a few minutes on an H200. --store-crossovers writes
-each synthetic layer's crossover into the dispatch table (jaxcnn.sparse_dispatch).
+each synthetic layer's crossover into the dispatch table (jaxcnn.tuning.sparse_dispatch).
 
   python scripts/bench_sparse.py --out benchmarks/results
   python scripts/bench_sparse.py --out /tmp/sparse --quick
@@ -47,7 +47,7 @@ import numpy as np
 from jax import lax
 
 import jaxcnn
-from jaxcnn import sparse_dispatch
+from jaxcnn.tuning import sparse_dispatch
 from jaxcnn._native import queries
 from jaxcnn._native.plans import plan_text
 from jaxcnn.ops.conv2d.config import make_config

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxcnn
-from jaxcnn import sparse_dispatch
+from jaxcnn.tuning import sparse_dispatch
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--n", type=int, default=64)

@@ -22,8 +22,8 @@ from pathlib import Path
 import jax
 
 from jaxcnn.models import list_models
-from jaxcnn.planner.packing import MIB
-from jaxcnn.planner.report import BOUND_GOAL, NAIVE_GOAL, SOURCES, plan_model, store_plan, to_record
+from jaxcnn.memory.packing import MIB
+from jaxcnn.memory.report import BOUND_GOAL, NAIVE_GOAL, SOURCES, plan_model, store_plan, to_record
 
 ALGOS = ("naive", "greedy_by_size", "best_fit_decreasing", "pack_2d")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hold jaxcnn.perfmodel (DeLTA-style traffic/time model) against measured kernels.
+"""Hold jaxcnn.costmodel (DeLTA-style traffic/time model) against measured kernels.
 
 Reads bench_layers.json rows (scripts/bench_layers.py; the foundation report's `bench_rows`
 work too), optionally the XLA baseline of /work/shared/baseline and an ncu CSV
@@ -32,10 +32,10 @@ except ImportError:  # run from a checkout that is not pip-installed
     sys.path.append(str(REPO_ROOT))  # noqa
 
 # Submodules, not the package: an editable install made before perfmodel/__init__.py existed
-# maps jaxcnn.perfmodel as a namespace package.
-from jaxcnn.perfmodel.calibration import calibrate  # noqa: E402
-from jaxcnn.perfmodel.factors import load_factors, save_factors  # noqa: E402
-from jaxcnn.perfmodel.validation import (  # noqa: E402
+# maps jaxcnn.costmodel as a namespace package.
+from jaxcnn.costmodel.calibration import calibrate  # noqa: E402
+from jaxcnn.costmodel.factors import load_factors, save_factors  # noqa: E402
+from jaxcnn.costmodel.validation import (  # noqa: E402
     attach_counters,
     cross_validated_by_group,
     cross_validated_ms,
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ncu:
         measurements = attach_counters(measurements, read_ncu_csv(args.ncu))
 
-    factors, factors_source = load_factors(gpu), "stored (jaxcnn/perfmodel/calibration)"
+    factors, factors_source = load_factors(gpu), "stored (jaxcnn/costmodel/calibration)"
     fit_info = None
     if args.fit:
         in_scope = deduplicated_samples(measurements)

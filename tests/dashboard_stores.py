@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 from jaxcnn.dashboard import data
 from jaxcnn.models import get_model
-from jaxcnn.planner import compiled_buffers, jaxpr_buffers
-from jaxcnn.planner.packing import plan_all
+from jaxcnn.memory import compiled_buffers, jaxpr_buffers
+from jaxcnn.memory.packing import plan_all
 from jaxcnn.store import Store
 
 PLAN_MODEL = "squeezenet1_1"

@@ -1,5 +1,5 @@
 """Caches survive any bytes in their files: the autotune cache (jaxcnn.tuning), the sparse
-crossover cache (jaxcnn.sparse_dispatch) and the dashboard's cached copy of the shipped data.
+crossover cache (jaxcnn.tuning.sparse_dispatch) and the dashboard's cached copy of the shipped data.
 
 Unusable content is reported once (a CacheFileWarning naming the file and what is wrong), read
 as "no entry", and the next store rewrites a valid file. CPU only: the autotune reader runs as on
@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 import jaxcnn.layouts as L
-from jaxcnn import sparse_dispatch as sd
+from jaxcnn.tuning import sparse_dispatch as sd
 from jaxcnn.dashboard import data
 from jaxcnn.store import Store
 from jaxcnn.tuning import autotune_cache, cache_file, layer_autotune

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import dashboard_stores as stores
 from jaxcnn.dashboard import data
-from jaxcnn.planner import Buffer, live_bytes_lower_bound
+from jaxcnn.memory import Buffer, live_bytes_lower_bound
 from jaxcnn.store import SCHEMA_VERSION, Store, StoreError
 
 
@@ -141,7 +141,7 @@ def test_every_quantity_column_has_a_source():
         data.MODEL: ["pred_floor_ms", "pred_model_ms", "error_pct", "pct_of_floor"]}
     caption = data.sources_caption(frame)
     assert caption.startswith("Sources: **measured** (timed, or read from XLA's compiled program")
-    assert "**model** (predicted by jaxcnn.perfmodel" in caption and caption.endswith("Units are in the column names.")
+    assert "**model** (predicted by jaxcnn.costmodel" in caption and caption.endswith("Units are in the column names.")
     assert data.sources_caption(frame[["idx", "layer", "n"]]) == ""
 
 
@@ -543,8 +543,8 @@ def test_jaxcnn_dashboard_says_what_to_install(monkeypatch, capsys):
 
 def test_max_batch_curve_reads_jaxcnn_maxbatch_runs(tmp_path):
     # The rows `jaxcnn maxbatch --db` writes (planner.records), from a real search on LeNet.
-    from jaxcnn.planner import max_batch
-    from jaxcnn.planner.records import record_max_batch
+    from jaxcnn.memory import max_batch
+    from jaxcnn.memory.records import record_max_batch
     from jaxcnn.store import Store
 
     result = max_batch("lenet5", "4MiB", dtype="float32", limit=512)

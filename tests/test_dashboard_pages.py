@@ -156,7 +156,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert shown["bf16 compute (measured)"] == "708 TFLOP/s"
         assert shown["median |error| of the traffic model (model vs shipped)"].endswith("%")
         assert charts(at) == 3 and len(at.dataframe) == 2
-        assert "**model** (predicted by jaxcnn.perfmodel" in texts(at.caption)
+        assert "**model** (predicted by jaxcnn.costmodel" in texts(at.caption)
         titles = [t for spec in chart_specs(at) for t in axis_titles(spec)]
         assert {"arithmetic intensity (FLOP/byte, log)", "achieved TFLOP/s (log)",
                 "prediction error (% of measured)"} <= set(titles)

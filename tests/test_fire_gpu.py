@@ -108,7 +108,7 @@ def test_wgmma_merged_expand_random_shapes(n, h, w, c, s, e1, e3, dtype, seed):
     the centre tap alone), 28x8 or 14x8 tiles over odd sizes; with S = 32, C % 32 and expand
     weights that fit shared memory, the whole module is one launch."""
     from jaxcnn._native import queries
-    from jaxcnn.fusion import cost
+    from jaxcnn.costmodel import fusion_cost as cost
     plan = queries.fire_plan((n, h, w, c), s, e1, e3, jnp.dtype(dtype), "wgmma")
     one = cost.fire_one_launch_applies(c, s, e1, e3)
     assert (plan.kernel, plan.launches) == ("wgmma", 1 if one else 2), plan.text
@@ -125,7 +125,7 @@ def test_wgmma_one_launch_random_shapes(n, h, w, c, e1, e3, dtype, seed):
     memory; 28x8 tiles whose halo pixels outside the image are zeroed), odd sizes, 1 to 8
     input chunks, 2 to 4 pipeline stages."""
     from jaxcnn._native import queries
-    from jaxcnn.fusion import cost
+    from jaxcnn.costmodel import fusion_cost as cost
     assert cost.fire_one_launch_applies(c, 32, e1, e3)
     plan = queries.fire_plan((n, h, w, c), 32, e1, e3, jnp.dtype(dtype), "wgmma")
     assert (plan.kernel, plan.launches, plan.workspace) == ("wgmma", 1, 0), plan.text

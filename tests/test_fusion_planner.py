@@ -16,7 +16,8 @@ import pytest
 
 from jaxcnn import cli, fusion, layouts as L
 from jaxcnn._native import library
-from jaxcnn.fusion import cost, fusion_plan as P
+from jaxcnn.costmodel import fusion_cost as cost
+from jaxcnn.tuning import fusion_plan as P
 from jaxcnn.models import get_model
 from jaxcnn.models.mobilenet import INVERTED_RESIDUAL_STAGES
 from jaxcnn.models.squeezenet import SQUEEZENET1_0_LAYERS, SQUEEZENET1_1_LAYERS

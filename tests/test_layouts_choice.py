@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import jaxcnn.layouts as L
 from jaxcnn import cli
-from jaxcnn.perfmodel.roofline import KERNEL_FLOOR_MS
+from jaxcnn.costmodel.roofline import KERNEL_FLOOR_MS
 from jaxcnn.tuning import autotune_cache, case_timing, layer_autotune
 from jaxcnn.tuning import measure as measuring
 from jaxcnn.models import get_model, list_models

@@ -392,7 +392,7 @@ def test_sparse_auto_picks_from_measured_crossovers(tmp_path, monkeypatch):
     """sparse="auto": each NHWC conv's input zeros are measured on the concrete arguments, and
     the layer's stored crossover decides; no record -> dense. A record saying sparse wins at
     that sparsity makes the conv a sparse_conv2d with the same values."""
-    from jaxcnn import sparse_dispatch as sd
+    from jaxcnn.tuning import sparse_dispatch as sd
 
     monkeypatch.setenv(sd.CACHE_ENV, str(tmp_path / "crossover.json"))
     x, w1, w2 = rand(20, (2, 9, 9, 8)), rand(21, (3, 3, 8, 16)), rand(22, (3, 3, 16, 8))
@@ -504,7 +504,7 @@ def test_the_callable_module_forwards_every_keyword():
 def test_sparse_auto_leaves_convs_whose_epilogue_it_cannot_run(tmp_path, monkeypatch):
     """sparse_conv2d takes a bias and ReLU only: a conv with BatchNorm folded into it (or a
     residual) is never handed to it, whatever the crossover says; the result is fn's."""
-    from jaxcnn import sparse_dispatch as sd
+    from jaxcnn.tuning import sparse_dispatch as sd
 
     monkeypatch.setenv(sd.CACHE_ENV, str(tmp_path / "crossover.json"))
     x, w1, w2 = rand(30, (2, 9, 9, 8)), rand(31, (3, 3, 8, 16)), rand(32, (3, 3, 16, 8))

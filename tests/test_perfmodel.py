@@ -1,7 +1,7 @@
-"""jaxcnn.perfmodel: DeLTA-style traffic at L1/L2/DRAM and time of implicit-GEMM convolution.
+"""jaxcnn.costmodel: DeLTA-style traffic at L1/L2/DRAM and time of implicit-GEMM convolution.
 
 Submodules are imported directly: an editable install made before perfmodel/__init__.py existed
-maps jaxcnn.perfmodel as a namespace package.
+maps jaxcnn.costmodel as a namespace package.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxcnn.perfmodel.calibration import Sample, calibrate
-from jaxcnn.perfmodel.factors import Factors, load_factors, save_factors
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.model import predict, predict_layer_info, predict_table
-from jaxcnn.perfmodel.tiling import (
+from jaxcnn.costmodel.calibration import Sample, calibrate
+from jaxcnn.costmodel.factors import Factors, load_factors, save_factors
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.model import predict, predict_layer_info, predict_table
+from jaxcnn.costmodel.tiling import (
     JAXCNN_DIRECT_64x64x16,
     PRESETS,
     auto_tiling,
     parse_kernel_tiling,
 )
-from jaxcnn.perfmodel.traffic import cta_window_pixels, traffic, unique_extent
-from jaxcnn.perfmodel.validation import (
+from jaxcnn.costmodel.traffic import cta_window_pixels, traffic, unique_extent
+from jaxcnn.costmodel.validation import (
     attach_counters,
     measurements_from_bench,
     read_ncu_csv,
@@ -243,7 +243,7 @@ def test_predictions_go_into_the_store(tmp_path):
 
 def test_measurements_from_a_profile_store(tmp_path):
     store_module = pytest.importorskip("jaxcnn.store")
-    from jaxcnn.perfmodel.validation import measurements_from_store
+    from jaxcnn.costmodel.validation import measurements_from_store
 
     path = tmp_path / "zoo.sqlite"
     with store_module.Store(path) as store:
@@ -335,7 +335,7 @@ def _synthetic_layers() -> list[tuple[ConvLayer, str]]:
 
 
 def test_partial_wave_quantization_with_latency_hiding():
-    from jaxcnn.perfmodel.traffic import make_grid
+    from jaxcnn.costmodel.traffic import make_grid
 
     spec = H200
     # our kernel: 8 warps, 2 CTAs per SM; 66 CTAs = one per SM on half the SMs
@@ -474,7 +474,7 @@ def test_validate_script_writes_reports(tmp_path, capsys):
 
 
 def test_deduplication_and_leave_one_model_out_groups():
-    from jaxcnn.perfmodel.validation import (
+    from jaxcnn.costmodel.validation import (
         cross_validated_by_group,
         deduplicated_samples,
         make_measurement,

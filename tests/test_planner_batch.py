@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxcnn.planner import footprint_bytes, max_batch, max_batch_curve, parse_bytes
-from jaxcnn.planner.batch import AffineFit, compile_stats, model_program
-from jaxcnn.planner.footprint import memory_stats
+from jaxcnn.memory import footprint_bytes, max_batch, max_batch_curve, parse_bytes
+from jaxcnn.memory.batch import AffineFit, compile_stats, model_program
+from jaxcnn.memory.footprint import memory_stats
 
 
 def _check_boundary(result, program):

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import jaxcnn
 from jaxcnn.models import get_model
-from jaxcnn.planner import measure_donation, plan_donation
-from jaxcnn.planner.footprint import memory_stats
-from jaxcnn.planner.training import adam, sgd_momentum, train_step, training_args
+from jaxcnn.memory import measure_donation, plan_donation
+from jaxcnn.memory.footprint import memory_stats
+from jaxcnn.memory.training import adam, sgd_momentum, train_step, training_args
 
 NOT_USABLE = "Some donated buffers were not usable"
 
@@ -237,7 +237,7 @@ def test_random_functions_never_warn_and_alias_the_best_set(arg_specs, out_specs
 
 
 def test_donation_results_go_to_the_store(tmp_path):
-    from jaxcnn.planner.records import record_donation
+    from jaxcnn.memory.records import record_donation
     from jaxcnn.store import Store
 
     optimizer = sgd_momentum()

@@ -1,4 +1,4 @@
-"""HLO buffer parsing (jaxcnn.planner.hlo) on CPU: compiled conv net / MLP and hand-written HLO."""
+"""HLO buffer parsing (jaxcnn.memory.hlo) on CPU: compiled conv net / MLP and hand-written HLO."""
 
 import re
 
@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxcnn.planner import live_bytes_lower_bound
-from jaxcnn.planner.hlo import (
+from jaxcnn.memory import live_bytes_lower_bound
+from jaxcnn.memory.hlo import (
     compiled_buffers,
     hlo_buffer_roles,
     hlo_buffers,
     leaf_bytes,
     parse_buffer_assignment,
 )
-from jaxcnn.planner.footprint import memory_stats
+from jaxcnn.memory.footprint import memory_stats
 
 
 def conv_net(x, w1, w2):

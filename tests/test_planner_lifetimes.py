@@ -1,4 +1,4 @@
-"""jaxpr lifetimes (jaxcnn.planner.lifetimes): calls inlined, scan/while/cond laid out once per
+"""jaxpr lifetimes (jaxcnn.memory.lifetimes): calls inlined, scan/while/cond laid out once per
 body, exact steps and sizes on small programs."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from jaxcnn.planner import jaxpr_buffers, live_bytes_lower_bound
-from jaxcnn.planner.packing import pack_2d
+from jaxcnn.memory import jaxpr_buffers, live_bytes_lower_bound
+from jaxcnn.memory.packing import pack_2d
 
 
 def _spans(buffers):

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxcnn.planner.lifetimes import Buffer, jaxpr_buffers
-from jaxcnn.planner.packing import (
+from jaxcnn.memory.lifetimes import Buffer, jaxpr_buffers
+from jaxcnn.memory.packing import (
     ALGORITHMS,
     Plan,
     best_fit_decreasing,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxcnn.models import get_model
-from jaxcnn.planner import candidate_policies, remat_advice
-from jaxcnn.planner.remat import RematPolicy, _residual_bytes, remat_forward
+from jaxcnn.memory import candidate_policies, remat_advice
+from jaxcnn.memory.remat import RematPolicy, _residual_bytes, remat_forward
 
 
 def test_candidates_follow_the_model_structure():
@@ -98,8 +98,8 @@ def test_bad_arguments():
 
 
 def test_remat_results_go_to_the_store(tmp_path):
-    from jaxcnn.planner.records import record_remat
-    from jaxcnn.planner.remat import RematAdvice, RematRow
+    from jaxcnn.memory.records import record_remat
+    from jaxcnn.memory.remat import RematAdvice, RematRow
     from jaxcnn.store import Store
 
     rows = (RematRow("none", "no checkpointing", 0, 300, 1000, 1000, 1000, False),

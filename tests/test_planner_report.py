@@ -1,4 +1,4 @@
-"""Zoo planning report (jaxcnn.planner.report), the `jaxcnn plan` command and scripts/plan_zoo.py,
+"""Zoo planning report (jaxcnn.memory.report), the `jaxcnn plan` command and scripts/plan_zoo.py,
 on LeNet-5 (fast to compile on CPU)."""
 
 import importlib.util
@@ -12,8 +12,8 @@ import pytest
 
 from jaxcnn.cli import main as cli_main
 from jaxcnn.models import get_model
-from jaxcnn.planner.packing import ALGORITHMS, lower_bound
-from jaxcnn.planner.report import (
+from jaxcnn.memory.packing import ALGORITHMS, lower_bound
+from jaxcnn.memory.report import (
     example_args,
     plan_buffers,
     plan_model,

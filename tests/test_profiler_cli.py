@@ -14,7 +14,7 @@ from jaxcnn import cli
 from jaxcnn.dashboard import data
 from jaxcnn.models import get_model, list_models
 from jaxcnn.optimize.rewrite import find_matches
-from jaxcnn.planner import Buffer, jaxpr_buffers, live_bytes_lower_bound
+from jaxcnn.memory import Buffer, jaxpr_buffers, live_bytes_lower_bound
 from jaxcnn.profile.device_time import TimingStats, stats_fields
 from jaxcnn.profile.environment import git_state
 from jaxcnn.profile.function_profile import profile_function, site_inputs

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxcnn
-from jaxcnn import sparse_dispatch
+from jaxcnn.tuning import sparse_dispatch
 from jaxcnn._native import library
 from jaxcnn.ops.sparse_conv2d.config import mask_bytes
 from arrays import as_f64, sds

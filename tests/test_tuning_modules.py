@@ -1,5 +1,5 @@
 """The layout choice split into jaxcnn.tuning (one job per module) and the cost model pieces in
-jaxcnn.perfmodel: each module imports on its own in a fresh interpreter (an import cycle among
+jaxcnn.costmodel: each module imports on its own in a fresh interpreter (an import cycle among
 them fails whichever module starts it), and jaxcnn.layouts re-exports exactly its public API."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 import pytest
 
 import jaxcnn.layouts as L
-from jaxcnn.perfmodel import roofline
+from jaxcnn.costmodel import roofline
 from jaxcnn.tuning import autotune_cache, layer_autotune, layout_plan
 
 MODULES = (
     "jaxcnn.layouts",
-    "jaxcnn.perfmodel.roofline",
-    "jaxcnn.perfmodel.layout_cost",
+    "jaxcnn.costmodel.roofline",
+    "jaxcnn.costmodel.layout_cost",
     "jaxcnn.tuning.autotune_cache",
     "jaxcnn.tuning.case_timing",
     "jaxcnn.tuning.layer",
@@ -27,8 +27,8 @@ MODULES = (
     "jaxcnn.tuning.layout_rules",
     "jaxcnn.tuning.text_table",
     "jaxcnn.tuning.tuner_args",
-    "jaxcnn.fusion.fusion_plan",
-    "jaxcnn.sparse_dispatch",
+    "jaxcnn.tuning.fusion_plan",
+    "jaxcnn.tuning.sparse_dispatch",
     "jaxcnn.optimize.policy",
 )
 
@@ -54,9 +54,9 @@ def test_layouts_facade_reexports_its_public_names():
 
 
 def test_one_kernel_floor():
-    """Layout transforms and fusion kernels share perfmodel.roofline's floor: the smallest
+    """Layout transforms and fusion kernels share costmodel.roofline's floor: the smallest
     transform costs exactly the floor, and so does the fusion model's smallest kernel."""
-    from jaxcnn.fusion import cost
+    from jaxcnn.costmodel import fusion_cost as cost
     from jaxcnn.profile.gpu_specs import spec_by_name
 
     assert not hasattr(cost, "KERNEL_FLOOR_MS")

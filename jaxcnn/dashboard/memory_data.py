@@ -12,7 +12,7 @@ import pandas as pd
 from jaxcnn.dashboard.sources import MIB, NoData, _present, _sql, _text
 from jaxcnn.store import Store
 
-# How plan and profile runs name their memory numbers (jaxcnn.planner; profile's memory_analysis).
+# How plan and profile runs name their memory numbers (jaxcnn.memory; profile's memory_analysis).
 MEMORY_STAT_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
                        "generated_code_bytes", "peak_memory_bytes")
 PLAN_HINT = "run `jaxcnn plan MODEL --db DB` to record memory plans"  # what a run without plans needs
@@ -27,7 +27,7 @@ MEMORY_QUANTITIES = {
                        "formula per backend below)",
     "generated_code_mib": "the compiled program's own code, as XLA reports it (not part of the footprint)",
     "footprint_mib": "argument + output - alias + temp: what one call needs if every buffer is allocated at once "
-                     "(what jaxcnn.planner calls a compiled program's peak)",
+                     "(what jaxcnn.memory calls a compiled program's peak)",
 }
 MEMORY_ARENA_NOTE = ("The arenas of the Arena packing section are the jaxcnn planner's packings of the program's "
                      "own buffers (jaxpr or compiled HLO) into one block; the lower bound is the most bytes live at "
@@ -196,7 +196,7 @@ def donation_savings(plan_rows: pd.DataFrame) -> pd.DataFrame:
     rows = plan_rows[(plan_rows["note"] == "donation") & plan_rows["variant"].isin(("undonated", "donated"))]
     if rows.empty:
         raise NoData("no donation results yet: run the planner's donation tuning "
-                     "(jaxcnn.planner.records.record_donation) into the store")
+                     "(jaxcnn.memory.records.record_donation) into the store")
     wide = rows.pivot_table(index=["run_id", "model", "batch"], columns=["metric", "variant"], values="median",
                             aggfunc="last")
 

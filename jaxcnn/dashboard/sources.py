@@ -6,7 +6,7 @@ commit: ``shipped_provenance``) imported once into a cached SQLite file.
 
 Which source each number has (``column_sources``): measured (timed or read from XLA's compile
 on the machine of a run of this store), shipped (the same, from the shipped data), model
-(jaxcnn.perfmodel's predictions and roofline floors) or computed (counted from shapes or
+(jaxcnn.costmodel's predictions and roofline floors) or computed (counted from shapes or
 buffer lifetimes: FLOPs, compulsory bytes, packing arenas).
 
 Also the pieces every reader of the dashboard shares: NoData, read-only SQL on a store
@@ -43,7 +43,7 @@ COMPUTED = "computed"
 SOURCE_MEANINGS = {
     MEASURED: "timed, or read from XLA's compiled program, on the machine of a run in this store",
     SHIPPED: "measured on the GPU of the shipped data (dashboard/shipped/), at its recorded commit",
-    MODEL: "predicted by jaxcnn.perfmodel (traffic/time model, roofline floor)",
+    MODEL: "predicted by jaxcnn.costmodel (traffic/time model, roofline floor)",
     COMPUTED: "counted from shapes or buffer lifetimes (FLOPs, compulsory bytes, packing arenas)",
 }
 # Columns of the dashboard's frames that hold model or computed numbers; other numeric columns

@@ -69,7 +69,7 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="auto", spa
         jaxcnn.fusion's decide_groups measures the fused kernel faster on this GPU, or its cost
         model says so off GPU).
       sparse: "none" (dense convs) or "auto": each top-level NHWC conv (groups 1, undilated)
-        runs jaxcnn.sparse_conv2d where jaxcnn.sparse_dispatch's crossover, measured for that
+        runs jaxcnn.sparse_conv2d where jaxcnn.tuning.sparse_dispatch's crossover, measured for that
         layer on this GPU (sparse_dispatch.measure_crossover), says so at the fraction of zeros
         its input has on the concrete arguments traced (example_args, or the first call outside
         jit); no crossover measured means dense. explain() lists each pick and why. A conv

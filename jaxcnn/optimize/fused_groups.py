@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxcnn.fusion.fusion_plan import GroupDecision, decide_groups
+from jaxcnn.tuning.fusion_plan import GroupDecision, decide_groups
 from jaxcnn.ops.conv2d_pool.api import conv2d_pool
 from jaxcnn.ops.fire.api import fire
 from jaxcnn.ops.inception.api import inception

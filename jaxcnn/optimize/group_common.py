@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxcnn.fusion.groups import FusionGroup
+from jaxcnn.tuning.fusion_groups import FusionGroup
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize.patterns import Uses, is_unit_reshape

@@ -18,7 +18,7 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import AxisType
 
-from jaxcnn import sparse_dispatch
+from jaxcnn.tuning import sparse_dispatch
 from jaxcnn.ops.sparse_conv2d.api import sparse_conv2d
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
 from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
@@ -331,7 +331,7 @@ def plan_sparse(plan: RewritePlan, closed, leaves) -> list:
     """sparse="auto": for each top-level NHWC conv (groups 1, undilated, at most a bias and ReLU
     after it: sparse_conv2d takes no folded BatchNorm or residual; matched by the policy
     or left to XLA by it), the fraction of zeros of its input on these concrete arguments, and
-    jaxcnn.sparse_dispatch's pick at that sparsity from the crossover measured for the layer on
+    jaxcnn.tuning.sparse_dispatch's pick at that sparsity from the crossover measured for the layer on
     this GPU (none measured: dense). A sparse pick swaps the match's build for
     jaxcnn.sparse_conv2d (a conv the policy left to XLA joins the plan); a dense pick leaves
     the conv as the policy had it. Returns (match, Decision)s."""

@@ -12,10 +12,10 @@ XLA's DEFAULT precision uses for float32 convolutions), "fp32" (true float32 on 
 what Precision.HIGHEST gives).
 
 The memory-hierarchy fields (L2 size and bandwidth, L1/shared size and bandwidth, occupancy
-limits) feed the analytical traffic/time model in jaxcnn.perfmodel. Their ceilings may also be
+limits) feed the analytical traffic/time model in jaxcnn.costmodel. Their ceilings may also be
 "derived": computed from other datasheet numbers by the formula in the note. GPU_SPECS are the
 entries lookup_gpu_spec() matches against a device; MODEL_ONLY_SPECS (A100, V100) are there for
-the perfmodel's what-if predictions only (spec_by_name), since no bench floor was checked there.
+the cost model's what-if predictions only (spec_by_name), since no bench floor was checked there.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class GpuSpec:
     boost_clock_hz: float
     memory: Ceiling  # bytes/s, reads + writes
     compute: dict[str, Ceiling] = field(default_factory=dict)  # by precision class
-    # Memory hierarchy, for jaxcnn.perfmodel (0 / None: unknown).
+    # Memory hierarchy, for jaxcnn.costmodel (0 / None: unknown).
     memory_datasheet: Ceiling | None = None  # DRAM peak, where `memory` is a measured number
     l2_bytes: int = 0
     l2_bandwidth: Ceiling | None = None  # bytes/s the SMs can move through L2

@@ -50,7 +50,7 @@ def _predictions(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
             rows.append((index, dict(model="roofline", time_ms=layer.floor["floor_ms"],
                                      extra=json.loads(json.dumps(layer.floor, default=str)))))
     try:
-        from jaxcnn.perfmodel import predict_layer_info
+        from jaxcnn.costmodel import predict_layer_info
     except ImportError:
         return rows
     gpu = profile.environment.get("gpu_name")

@@ -1,6 +1,6 @@
 """Autotuning one layer: every candidate (layout, algorithm) of a conv or a pool, XLA's own
 version and the layout transforms around it, timed on the device and cached (where jaxcnn's
-CUDA kernels run) or estimated by the layout cost model (jaxcnn.perfmodel.layout_cost)
+CUDA kernels run) or estimated by the layout cost model (jaxcnn.costmodel.layout_cost)
 elsewhere; every result labelled with its source ("measured" or "model").
 
 Measured times are device times of `iters` calls of each case in one profiler trace
@@ -21,8 +21,8 @@ from jax import lax
 from jaxcnn import ops
 from jaxcnn.ops.conv2d.config import ALGORITHMS
 from jaxcnn.ops.layout_axes import LAYOUTS, check_layout, convert_shape, permutation
-from jaxcnn.perfmodel.layout_cost import activation_bytes, conv_candidate_ms, relayout_ms, xla_conv_ms
-from jaxcnn.perfmodel.roofline import memory_ms
+from jaxcnn.costmodel.layout_cost import activation_bytes, conv_candidate_ms, relayout_ms, xla_conv_ms
+from jaxcnn.costmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 from jaxcnn.tuning import case_timing
 from jaxcnn.tuning import measure as measuring

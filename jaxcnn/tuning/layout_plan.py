@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxcnn.models import get_model
 from jaxcnn.ops.layout_axes import LAYOUTS, check_layout
-from jaxcnn.perfmodel.roofline import memory_ms
+from jaxcnn.costmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 from jaxcnn.tuning.layer import POOL_OPS, Block, Layer
 from jaxcnn.tuning.layer_autotune import autotune_conv, autotune_transforms, pool_choice

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxcnn.ops.layout_axes import check_layout
-from jaxcnn.perfmodel.layout_cost import TENSOR_CORE_CHANNEL_MULTIPLE
+from jaxcnn.costmodel.layout_cost import TENSOR_CORE_CHANNEL_MULTIPLE
 from jaxcnn.tuning.layer import Layer, conv_layer
 from jaxcnn.tuning.tuner_args import dtype_name, shape4
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxcnn.perfmodel.factors import Factors
-from jaxcnn.perfmodel.traffic import Traffic
-from jaxcnn.perfmodel.tiling import Tiling
+from jaxcnn.costmodel.factors import Factors
+from jaxcnn.costmodel.traffic import Traffic
+from jaxcnn.costmodel.tiling import Tiling
 from jaxcnn.profile.gpu_specs import GpuSpec
 
 INDEXED_SUFFIX = "/indexed"

@@ -3,7 +3,7 @@ transform, for jaxcnn.tuning's layout choice on a machine where nothing can be m
 
 Activations move in 32-byte DRAM sectors: a layout whose innermost dim gives short contiguous
 runs wastes the rest of each sector. The tensor-core and direct conv families and XLA's conv
-are estimated by the implicit-GEMM model (perfmodel.predict); the depthwise family and pools
+are estimated by the implicit-GEMM model (costmodel.predict); the depthwise family and pools
 by roofline bounds (sector bytes / DRAM bandwidth, FLOPs / fp32 FMA peak).
 """
 
@@ -14,10 +14,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.model import predict
-from jaxcnn.perfmodel.roofline import fp32_fma_ms, memory_ms
-from jaxcnn.perfmodel.traffic import SECTOR_BYTES
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.model import predict
+from jaxcnn.costmodel.roofline import fp32_fma_ms, memory_ms
+from jaxcnn.costmodel.traffic import SECTOR_BYTES
 from jaxcnn.profile.gpu_specs import GpuSpec
 
 # The tensor-core family (cuda_ops/conv_tc) runs groups == 1 with K a multiple of 8 (16-byte TMA
@@ -106,9 +106,9 @@ def conv_candidate_ms(layer: LayerShapes, layout: str, algorithm: str,
         return max(memory, compute), "max(sector bytes / DRAM bw, FLOPs / fp32 FMA peak)"
     try:
         return _gemm_candidate_ms(layer, layout, algorithm, spec, memory)
-    except (KeyError, ValueError, ZeroDivisionError) as err:  # a shape the perfmodel cannot tile
+    except (KeyError, ValueError, ZeroDivisionError) as err:  # a shape the cost model cannot tile
         compute = fp32_fma_ms(conv_flops(layer), spec)
-        return max(memory, compute), f"perfmodel failed ({err}): max(bytes / bw, FLOPs / fp32 peak)"
+        return max(memory, compute), f"cost model failed ({err}): max(bytes / bw, FLOPs / fp32 peak)"
 
 
 def _gemm_candidate_ms(layer: LayerShapes, layout: str, algorithm: str, spec: GpuSpec,
@@ -121,18 +121,18 @@ def _gemm_candidate_ms(layer: LayerShapes, layout: str, algorithm: str, spec: Gp
             return None, f"cannot run: needs groups == 1 and K a multiple of {TENSOR_CORE_CHANNEL_MULTIPLE}"
         pred = predict(_conv_layer(layer), spec, impl="xla", precision="default")
         time = pred.time_ms
-        how = f"perfmodel implicit GEMM ({pred.tiling.name})"
+        how = f"cost model implicit GEMM ({pred.tiling.name})"
         if layer.dtype == "float32" and layer.precision == "highest":
             time *= TF32X3_FACTOR
             how += f" x{TF32X3_FACTOR:g} (3xTF32)"
         return max(time, memory), how
     if algorithm in ("direct", "auto"):
         pred = predict(_conv_layer(layer), spec, impl="jaxcnn_direct")
-        # The perfmodel describes the NHWC kernel; other layouts differ in how their gathers
+        # The cost model describes the NHWC kernel; other layouts differ in how their gathers
         # coalesce, i.e. in sector traffic: swap the NHWC activation bytes for this layout's.
         extra = memory_ms(activation_bytes(layer, layout), spec) - memory_ms(activation_bytes(layer, "NHWC"), spec)
         time = max(pred.time_ms + extra, memory)
-        return time, f"perfmodel direct ({pred.tiling.name}), sector traffic of {layout}"
+        return time, f"cost model direct ({pred.tiling.name}), sector traffic of {layout}"
     return None, f"no model for algorithm {algorithm!r}"
 
 
@@ -145,8 +145,8 @@ def xla_conv_ms(layer: LayerShapes, spec: GpuSpec) -> tuple[float, str]:
     try:
         pred = predict(_conv_layer(layer), spec, impl="xla", precision=layer.precision)
     except (KeyError, ValueError, ZeroDivisionError) as err:
-        return max(memory, fp32_fma_ms(conv_flops(layer), spec)), f"perfmodel failed ({err})"
-    return max(pred.time_ms, memory), f"perfmodel ({pred.tiling.name})"
+        return max(memory, fp32_fma_ms(conv_flops(layer), spec)), f"cost model failed ({err})"
+    return max(pred.time_ms, memory), f"cost model ({pred.tiling.name})"
 
 
 def _conv_layer(layer: LayerShapes) -> ConvLayer:

@@ -29,8 +29,8 @@ from typing import Callable, Iterable
 
 import jax
 
-from jaxcnn.planner.footprint import memory_stats
-from jaxcnn.planner.lifetimes import Buffer
+from jaxcnn.memory.footprint import memory_stats
+from jaxcnn.memory.lifetimes import Buffer
 
 # Bits per element; sub-byte types are packed, so sizes round up to whole bytes.
 _DTYPE_BITS = {

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import jax
 
-from jaxcnn.planner.batch import MaxBatch
-from jaxcnn.planner.donation import DonationSavings
-from jaxcnn.planner.footprint import footprint_bytes
-from jaxcnn.planner.remat import RematAdvice
+from jaxcnn.memory.batch import MaxBatch
+from jaxcnn.memory.donation import DonationSavings
+from jaxcnn.memory.footprint import footprint_bytes
+from jaxcnn.memory.remat import RematAdvice
 from jaxcnn.profile.environment import collect_environment
 
 _STAT_METRICS = {

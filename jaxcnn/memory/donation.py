@@ -40,7 +40,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from jaxcnn.planner.footprint import footprint_bytes, memory_stats
+from jaxcnn.memory.footprint import footprint_bytes, memory_stats
 
 # Up to this many candidate arguments the donated set is found by trying every subset.
 EXACT_SEARCH_LIMIT = 16

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxcnn.models import get_model
-from jaxcnn.planner.footprint import memory_stats
-from jaxcnn.planner.hlo import hlo_buffers, parse_buffer_assignment
-from jaxcnn.planner.lifetimes import Buffer, jaxpr_buffers
-from jaxcnn.planner.packing import ALGORITHMS, DEFAULT_ALIGNMENT, MIB, Plan, lower_bound
+from jaxcnn.memory.footprint import memory_stats
+from jaxcnn.memory.hlo import hlo_buffers, parse_buffer_assignment
+from jaxcnn.memory.lifetimes import Buffer, jaxpr_buffers
+from jaxcnn.memory.packing import ALGORITHMS, DEFAULT_ALIGNMENT, MIB, Plan, lower_bound
 from jaxcnn.profile.environment import collect_environment
 
 SOURCES = ("jaxpr", "hlo")

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.factors import Factors
-from jaxcnn.perfmodel.model import KernelSetup, kernel_setup
-from jaxcnn.perfmodel.tiling import Tiling
-from jaxcnn.perfmodel.timing import kernel_time
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.factors import Factors
+from jaxcnn.costmodel.model import KernelSetup, kernel_setup
+from jaxcnn.costmodel.tiling import Tiling
+from jaxcnn.costmodel.timing import kernel_time
 from jaxcnn.profile.gpu_specs import GpuSpec
 _LATENCY_START_US = 1.0
 # Physical ranges of the fitted factors. Compute: a measured ceiling (H200: 708 of 989 bf16

@@ -1,6 +1,6 @@
 """Analytical GPU traffic/time model of implicit-GEMM convolution (after DeLTA, Lym et al. 2019).
 
-    from jaxcnn.perfmodel import ConvLayer, predict
+    from jaxcnn.costmodel import ConvLayer, predict
     p = predict(ConvLayer(64, 56, 56, 128, 256, 3, 3, padding=1, dtype="bf16"), gpu="H200")
     p.traffic.l2_bytes, p.time_ms, p.bound
 
@@ -12,11 +12,11 @@ layout_cost (the layout choice's estimates: sector traffic per layout, transform
 candidates).
 """
 
-from jaxcnn.perfmodel.calibration import Calibration, Sample, calibrate
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.factors import Factors, load_factors, save_factors
-from jaxcnn.perfmodel.model import Prediction, predict, predict_layer_info, predict_table
-from jaxcnn.perfmodel.tiling import (
+from jaxcnn.costmodel.calibration import Calibration, Sample, calibrate
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.factors import Factors, load_factors, save_factors
+from jaxcnn.costmodel.model import Prediction, predict, predict_layer_info, predict_table
+from jaxcnn.costmodel.tiling import (
     JAXCNN_DIRECT_64x64x16,
     PRESETS,
     Tiling,
@@ -24,8 +24,8 @@ from jaxcnn.perfmodel.tiling import (
     get_tiling,
     parse_kernel_tiling,
 )
-from jaxcnn.perfmodel.traffic import Traffic, traffic
-from jaxcnn.perfmodel.validation import validate
+from jaxcnn.costmodel.traffic import Traffic, traffic
+from jaxcnn.costmodel.validation import validate
 
 __all__ = [
     "Calibration",

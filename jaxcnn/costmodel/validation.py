@@ -22,12 +22,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from jaxcnn.perfmodel.calibration import Sample, calibrate
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.factors import Factors
-from jaxcnn.perfmodel.model import BACKEND_IMPLS, predict
-from jaxcnn.perfmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
-from jaxcnn.perfmodel.traffic import ceil_div
+from jaxcnn.costmodel.calibration import Sample, calibrate
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.factors import Factors
+from jaxcnn.costmodel.model import BACKEND_IMPLS, predict
+from jaxcnn.costmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
+from jaxcnn.costmodel.traffic import ceil_div
 from jaxcnn.profile.gpu_specs import spec_by_name
 from jaxcnn.store import Store
 

@@ -5,7 +5,7 @@ What fusion saves is explicit: the DRAM bytes of intermediates that stay on chip
 once and read by each consumer) and of the concatenate copy (the branch outputs read again and
 the output written again), and the launches of the kernels that disappear. Peaks and bandwidth
 come from jaxcnn.profile.gpu_specs (H200 when no GPU is visible, as the layout choice does); the
-kernel floor and DRAM time are jaxcnn.perfmodel.roofline's.
+kernel floor and DRAM time are jaxcnn.costmodel.roofline's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxcnn.fusion.groups import FusionGroup, bytes_of
+from jaxcnn.tuning.fusion_groups import FusionGroup, bytes_of
 from jaxcnn.ops.chain.config import conv1x1_depthwise_fused
-from jaxcnn.perfmodel.roofline import memory_ms
+from jaxcnn.costmodel.roofline import memory_ms
 from jaxcnn.profile.gpu_specs import GpuSpec
 
 # Cost of one more kernel in a program beyond its own run time: launch and the gap between

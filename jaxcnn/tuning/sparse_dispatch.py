@@ -335,7 +335,7 @@ def choose_from(record: Crossover | None, sparsity: float, *, device: str = "?",
         raise ValueError(f"margin must be >= 0, got {margin}")
     if record is None:
         return Decision(False, sparsity, "no crossover measured for this layer on this GPU "
-                        "(run jaxcnn.sparse_dispatch.measure_crossover); dense is the safe default",
+                        "(run jaxcnn.tuning.sparse_dispatch.measure_crossover); dense is the safe default",
                         device)
     sparse_ms = record.sparse_ms_at(sparsity)
     use_sparse = sparse_ms * (1.0 + margin) <= record.dense_ms
@@ -380,7 +380,7 @@ def conv2d_auto_sparse(x, w, bias=None, *, sparse: Any = "auto", sparsity: float
     if sparse == "auto":
         if sparsity is None:
             raise ValueError("sparse='auto' needs the layer's measured input sparsity "
-                             "(sparsity=..., see jaxcnn.sparse_dispatch.measure_sparsity)")
+                             "(sparsity=..., see jaxcnn.tuning.sparse_dispatch.measure_sparsity)")
         if dilation not in (1, (1, 1)):
             sparse = False  # crossovers are measured for undilated layers only
         else:

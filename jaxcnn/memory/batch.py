@@ -22,9 +22,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxcnn.planner import training
-from jaxcnn.planner.donation import jit as donating_jit
-from jaxcnn.planner.footprint import footprint_bytes, memory_stats
+from jaxcnn.memory import training
+from jaxcnn.memory.donation import jit as donating_jit
+from jaxcnn.memory.footprint import footprint_bytes, memory_stats
 
 # program(batch) -> (fn, example args): fn is jitted here unless it has .lower (jax.jit or
 # jaxcnn.jit objects keep their own donation); args may be ShapeDtypeStructs.

@@ -45,10 +45,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxcnn.models.backends import get_ops
 from jaxcnn.models.layers import LayerInfo, Net
-from jaxcnn.planner import training
-from jaxcnn.planner.batch import compile_stats, parse_bytes
-from jaxcnn.planner.donation import jit as donating_jit
-from jaxcnn.planner.lifetimes import jaxpr_buffers, live_bytes_lower_bound
+from jaxcnn.memory import training
+from jaxcnn.memory.batch import compile_stats, parse_bytes
+from jaxcnn.memory.donation import jit as donating_jit
+from jaxcnn.memory.lifetimes import jaxpr_buffers, live_bytes_lower_bound
 
 SCOPES = ("none", "layers", "blocks", "model")
 EVERY_K = (2, 4)

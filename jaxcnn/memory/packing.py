@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from jaxcnn.planner.lifetimes import Buffer, live_bytes_lower_bound
+from jaxcnn.memory.lifetimes import Buffer, live_bytes_lower_bound
 
 DEFAULT_ALIGNMENT = 256
 MIB = 1 << 20

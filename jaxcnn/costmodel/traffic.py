@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.tiling import Tiling
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.tiling import Tiling
 from jaxcnn.profile.gpu_specs import GpuSpec
 
 SECTOR_BYTES = 32

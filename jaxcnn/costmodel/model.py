@@ -6,11 +6,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from jaxcnn.perfmodel.conv_layer import ConvLayer
-from jaxcnn.perfmodel.factors import Factors, load_factors
-from jaxcnn.perfmodel.tiling import Tiling, resolve_tiling
-from jaxcnn.perfmodel.timing import Keys, TimeBreakdown, kernel_keys, kernel_time, math_precision
-from jaxcnn.perfmodel.traffic import Traffic, traffic
+from jaxcnn.costmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.factors import Factors, load_factors
+from jaxcnn.costmodel.tiling import Tiling, resolve_tiling
+from jaxcnn.costmodel.timing import Keys, TimeBreakdown, kernel_keys, kernel_time, math_precision
+from jaxcnn.costmodel.traffic import Traffic, traffic
 from jaxcnn.profile.gpu_specs import GpuSpec, spec_by_name
 
 MODEL_NAME = "delta"

@@ -1,8 +1,8 @@
 """Roofline terms every estimate of jaxcnn shares: the shortest time a kernel shows, the time to
 move bytes through DRAM and the time of FLOPs at the fp32 FMA peak (CUDA-core kernels).
 
-Used by the layout cost model (perfmodel.layout_cost) and the fusion cost model
-(jaxcnn.fusion.cost); peaks and bandwidth come from jaxcnn.profile.gpu_specs.
+Used by the layout cost model (costmodel.layout_cost) and the fusion cost model
+(jaxcnn.costmodel.fusion_cost); peaks and bandwidth come from jaxcnn.profile.gpu_specs.
 """
 
 from __future__ import annotations

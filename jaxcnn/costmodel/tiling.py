@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from jaxcnn.perfmodel.conv_layer import ConvLayer
+from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.profile.gpu_specs import GpuSpec
 
 

@@ -12,7 +12,7 @@ jaxcnn.conv1x1_depthwise), "xla"
 (the same layers one jaxcnn kernel each). Where the CUDA kernels run, every candidate's device
 time is measured (one profiler trace for all groups) and cached per GPU kind, shapes and dtype
 in the autotune cache (jaxcnn.tuning.autotune_cache); the decision is the fastest measured candidate. Elsewhere
-the decision is jaxcnn.fusion.cost's estimate, fused vs XLA.
+the decision is jaxcnn.costmodel.fusion_cost's estimate, fused vs XLA.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcnn.fusion import cost as cost_model
-from jaxcnn.fusion.groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
+from jaxcnn.costmodel import fusion_cost as cost_model
+from jaxcnn.tuning.fusion_groups import KINDS, FusionGroup, conv2d_pool_fn, find_groups
 from jaxcnn.models import get_model
 from jaxcnn.models.backends import JAXCNN_OPS, XLA_OPS, get_ops
 from jaxcnn.models.googlenet import inception
@@ -36,7 +36,7 @@ from jaxcnn.models.mobilenet import expand_depthwise, inverted_residual_block
 from jaxcnn.models.squeezenet import fire
 from jaxcnn.ops.fire.api import fire_block
 from jaxcnn.ops.inception.api import inception_block
-from jaxcnn.perfmodel.roofline import KERNEL_FLOOR_MS
+from jaxcnn.costmodel.roofline import KERNEL_FLOOR_MS
 from jaxcnn.tuning import case_timing
 from jaxcnn.tuning import measure as measuring
 from jaxcnn.tuning.autotune_cache import AutotuneCache, created_now

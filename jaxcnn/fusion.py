@@ -8,11 +8,15 @@ with decide_groups here.)
     plan = fusion.plan_fusion("squeezenet1_1", batch=64, dtype="bfloat16")
     print(plan.explain())
     logits = jax.jit(plan.apply)(params, x)
+
+This module is the public face of the zoo fusion plan; the code lives in jaxcnn.tuning
+(fusion_groups: finding the groups; fusion_plan: deciding and applying them) and
+jaxcnn.costmodel.fusion_cost (the fused / unfused cost off GPU).
 """
 
-from jaxcnn.fusion.cost import fused_cost, unfused_cost
-from jaxcnn.fusion.groups import KINDS, FusionGroup, conv_pool_available, find_groups
-from jaxcnn.fusion.fusion_plan import (
+from jaxcnn.costmodel.fusion_cost import fused_cost, unfused_cost
+from jaxcnn.tuning.fusion_groups import KINDS, FusionGroup, conv_pool_available, find_groups
+from jaxcnn.tuning.fusion_plan import (
     CANDIDATES,
     Candidate,
     FusionPlan,
