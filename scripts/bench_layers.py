@@ -38,6 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jaxcnn  # noqa: E402
+from jaxcnn.costmodel.conv_layer import ConvShape  # noqa: E402
 from jaxcnn.ops.conv2d.config import conv2d_flops, padding_pairs  # noqa: E402
 from jaxcnn.profile import device_time  # noqa: E402
 from jaxcnn.profile.gpu_specs import GpuSpec, floor_ms, lookup_gpu_spec, precision_class  # noqa: E402
@@ -52,17 +53,11 @@ REPORT = "bench_layers"  # bench_layers.json / .md
 
 
 @dataclass(frozen=True)
-class Layer:
-    """One convolution: x [n, h, w, c], weights [r, s, c // groups, k]."""
+class Layer(ConvShape):
+    """One convolution: x [n, h, w, c], weights [r, s, c // groups, k] (ConvShape's sizes
+    first), then its name and the conv's arguments."""
 
     name: str
-    n: int
-    h: int
-    w: int
-    c: int
-    k: int
-    r: int
-    s: int
     stride: int = 1
     padding: Any = 0  # anything jaxcnn.conv2d takes: int, (ph, pw), pairs, "SAME", "VALID"
     dilation: int = 1
@@ -70,7 +65,7 @@ class Layer:
 
     @property
     def x_shape(self) -> tuple[int, ...]:
-        return (self.n, self.h, self.w, self.c)
+        return self.x_nhwc
 
     @property
     def w_shape(self) -> tuple[int, ...]:
@@ -93,7 +88,7 @@ class Layer:
 
 
 def _square(name, n, hw, c, k, rs, stride, padding, **kw) -> Layer:
-    return Layer(name, n, hw, hw, c, k, rs, rs, stride, padding, **kw)
+    return Layer(n, hw, hw, c, k, rs, rs, name=name, stride=stride, padding=padding, **kw)
 
 
 # Same shapes as /work/shared/baseline/measure_xla_baseline.py.
@@ -117,12 +112,12 @@ EXTRA_LAYERS = (
 )
 # Tiny versions for smoke tests (--quick): every code path, seconds on a CPU.
 QUICK_LAYERS = (
-    Layer("tiny_3x3", 2, 8, 8, 8, 16, 3, 3, padding=1),
-    Layer("tiny_1x1", 2, 8, 8, 16, 8, 1, 1, padding="VALID"),
-    Layer("tiny_stem_s2", 2, 16, 16, 3, 8, 7, 7, stride=2, padding="SAME"),
-    Layer("tiny_dw", 2, 8, 8, 8, 8, 3, 3, padding=1, groups=8),
-    Layer("tiny_grouped_9x7", 2, 9, 7, 8, 16, 3, 3, padding="SAME", groups=4),
-    Layer("tiny_dilated", 2, 9, 9, 8, 8, 3, 3, padding=2, dilation=2),
+    Layer(2, 8, 8, 8, 16, 3, 3, name="tiny_3x3", padding=1),
+    Layer(2, 8, 8, 16, 8, 1, 1, name="tiny_1x1", padding="VALID"),
+    Layer(2, 16, 16, 3, 8, 7, 7, name="tiny_stem_s2", stride=2, padding="SAME"),
+    Layer(2, 8, 8, 8, 8, 3, 3, name="tiny_dw", padding=1, groups=8),
+    Layer(2, 9, 7, 8, 16, 3, 3, name="tiny_grouped_9x7", padding="SAME", groups=4),
+    Layer(2, 9, 9, 8, 8, 3, 3, name="tiny_dilated", padding=2, dilation=2),
 )
 # VGG-19's unpooled 3x3 convs (bf16 on Hopper: the wgmma kernel), by --layers name only.
 VGG19_UNPOOLED = tuple(

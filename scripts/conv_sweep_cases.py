@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcnn.costmodel.conv_layer import ConvShape
 from jaxcnn.models import layer_table, list_models
 from jaxcnn.ops.conv2d.config import conv2d_flops, conv2d_output_shape, make_config
 from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape
@@ -65,19 +66,13 @@ REFERENCE_IMAGES = 2  # the first and the last image of the batch
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(ConvShape):
     """One conv: logical x [n, h, w, c] in `layout`, HWIO weights [r, s, c // groups, k], a bias,
-    the activation and (residual) a residual operand of the output's shape."""
+    the activation and (residual) a residual operand of the output's shape. Its sizes are
+    ConvShape's fields (n, h, w, c, k, r, s: built by keyword)."""
 
     name: str
     source: str  # "random" | "zoo"
-    n: int
-    h: int
-    w: int
-    c: int
-    k: int
-    r: int
-    s: int
     stride: tuple[int, int]
     padding: Any  # as conv2d takes it: "SAME", "VALID", an int, (h, w) or ((t, b), (l, r))
     dilation: tuple[int, int]
@@ -100,10 +95,6 @@ class Case:
     def input_key(self) -> str:
         """Names the inputs: cases differing only in precision draw the same ones."""
         return f"{self.name.rsplit('/', 1)[0] if self.source == 'zoo' else self.name}/{self.dtype}"
-
-    @property
-    def x_nhwc(self) -> tuple[int, int, int, int]:
-        return (self.n, self.h, self.w, self.c)
 
     @property
     def x_shape(self) -> tuple[int, ...]:

@@ -24,7 +24,10 @@ def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class ConvLayer:
+class ConvShape:
+    """A convolution's sizes: input x [n, h, w, c] (NHWC), weights [r, s, c per group, k]
+    (HWIO). The records of one conv (ConvLayer here, the benchmark scripts' cases) extend it."""
+
     n: int
     h: int
     w: int
@@ -32,6 +35,17 @@ class ConvLayer:
     k: int
     r: int
     s: int
+
+    @property
+    def x_nhwc(self) -> tuple[int, int, int, int]:
+        return (self.n, self.h, self.w, self.c)
+
+
+@dataclass(frozen=True)
+class ConvLayer(ConvShape):
+    """A conv layer for the cost model: its sizes (ConvShape's n, h, w, c, k, r, s first), then
+    stride, padding, dilation and groups (normalised to pairs and explicit pads), the dtype."""
+
     stride: Any = 1  # int or (sh, sw)
     padding: Any = 0  # int, (ph, pw), ((top, bottom), (left, right)), "SAME" or "VALID"
     dilation: Any = 1  # int or (dh, dw)
