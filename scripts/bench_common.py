@@ -421,11 +421,11 @@ def report_name(report: str, label: str) -> str:
 
 
 def run_rows(jobs: Iterable[Callable[[], dict]], progress_line: Callable[[dict], str],
-             write: Callable[[list[dict]], str]) -> int:
+             write: Callable[[list[dict]], str], *, require_rows: bool = False) -> int:
     """Runs each job (one report row each), printing its progress line and rewriting the reports
     after every row (an interrupted run keeps what it measured); the reports are written once
     before the first row, so a bad --out fails early. Prints the final markdown. Exit status:
-    0 when every row is ok, 2 when some row failed."""
+    0 when every row is ok (and, with require_rows, there is one), 2 when some row failed."""
     rows: list[dict] = []
     markdown = write(rows)
     for job in jobs:
@@ -433,7 +433,7 @@ def run_rows(jobs: Iterable[Callable[[], dict]], progress_line: Callable[[dict],
         rows.append(row)
         print(progress_line(row), flush=True)
         markdown = write(rows)
-    return final_status(markdown, rows)
+    return final_status(markdown, rows, require_rows=require_rows)
 
 
 def final_status(markdown: str, rows: list[dict], *, require_rows: bool = False) -> int:

@@ -23,6 +23,7 @@ Exit status: 0 when every row ran and passed its accuracy check, 2 otherwise, 1 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import traceback
@@ -31,7 +32,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
 
-from bench_common import (DTYPES, dated_stem, environment, final_status, int_list, str_list,  # noqa: E402
+from bench_common import (DTYPES, dated_stem, environment, int_list, run_rows, str_list,  # noqa: E402
                           timing_defaults, write_report)
 from bench_common import fmt as _fmt  # noqa: E402
 
@@ -67,6 +68,7 @@ def timing_dict(t) -> dict:
 
 def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int | None = None,
             policy: str = "auto", fuse: str = "none") -> dict:
+    started = time.time()
     row = dict(model=name, n=batch, dtype=dtype, policy=policy, fuse=fuse, ok=False, timings={})
     try:
         # --hw applies to the ImageNet models; the small ones keep their own input size
@@ -96,7 +98,14 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
     except Exception as e:  # one broken row must not hide the others
         row["error"] = f"{type(e).__name__}: {e}"[:500]
         row["traceback"] = traceback.format_exc()[-3000:]
+    row["seconds"] = time.time() - started
     return row
+
+
+def progress_line(row: dict) -> str:
+    return (f"{row['model']:<24} N={row['n']:<3} {row['dtype']} ratio {_fmt(row.get('ratio'), '.2f'):>5} "
+            f"rel diff {_fmt(row.get('max_rel_diff'), '.1e')} {'ok' if row['ok'] else 'FAIL ' + row.get('error', 'accuracy')}"
+            f" ({row['seconds']:.0f} s)")
 
 
 def cell_ms(t: dict | None) -> str:
@@ -195,19 +204,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     env = environment(lookup_gpu_spec())
     stem = dated_stem(args.name)
-    rows: list[dict] = []
-    markdown = write_reports(args.out, env, rows, args.iters, stem)
-    for name in args.models:
-        for dtype in args.dtypes:
-            for n in args.batches:
-                t0 = time.time()
-                row = run_row(name, n, dtype, args.iters, args.warmup, args.hw, args.policy, args.fuse)
-                rows.append(row)
-                print(f"{name:<24} N={n:<3} {dtype} ratio {_fmt(row.get('ratio'), '.2f'):>5} "
-                      f"rel diff {_fmt(row.get('max_rel_diff'), '.1e')} {'ok' if row['ok'] else 'FAIL ' + row.get('error', 'accuracy')}"
-                      f" ({time.time() - t0:.0f} s)", flush=True)
-                markdown = write_reports(args.out, env, rows, args.iters, stem)
-    return final_status(markdown, rows, require_rows=True)
+    jobs = [functools.partial(run_row, name, n, dtype, args.iters, args.warmup, args.hw, args.policy, args.fuse)
+            for name in args.models for dtype in args.dtypes for n in args.batches]
+    return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, stem),
+                    require_rows=True)
 
 
 if __name__ == "__main__":
