@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +20,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from jaxcnn.store import StoreError
+import pandas as pd
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from jaxcnn.dashboard.data import compare_refusal, reference_path_run
+from jaxcnn.store import DEFAULT_FILENAME, Store, StoreError
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
@@ -89,11 +95,6 @@ def _progress(enabled: bool) -> Iterator:
     if not enabled:
         yield None
         return
-    try:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    except ImportError:
-        yield lambda message: print(f"... {message}", file=sys.stderr)
-        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=True) as progress:
         task = progress.add_task("starting", total=None)
@@ -149,8 +150,6 @@ def cmd_profile(args) -> int:
 def _profile_fn(args, progress):
     from jaxcnn.profile.function_profile import profile_function
     from jaxcnn.profile.user_model import build_user_model
-    from jaxcnn.store import Store
-
     # The store first: a bad one fails before the user's model is built.
     with Store(args.db, read_only=False) as store:
         model = build_user_model(args.fn, batch=args.batch, dtype=args.dtype)
@@ -162,8 +161,6 @@ def _profile_fn(args, progress):
 
 
 def cmd_layers(args) -> int:
-    import pandas as pd
-
     from jaxcnn.models import get_model, layer_rows
 
     layers = get_model(args.model).layers(args.batch, args.dtype)
@@ -190,8 +187,6 @@ def _store_for_writing(path: str | None) -> Iterator:
     if path is None:
         yield None
         return
-    from jaxcnn.store import Store
-
     with Store(path, read_only=False) as store:
         yield store
 
@@ -239,8 +234,6 @@ def cmd_maxbatch(args) -> int:
 
 
 def _report_max_batch(args, result, kwargs, store) -> None:
-    import json
-
     model, dtype = args.model, args.dtype
     what = f"training step ({args.optimizer}{', undonated' if args.no_donate else ''})" if args.train else "inference"
     print(f"{model} {what} {dtype} backend={args.backend}")
@@ -264,8 +257,6 @@ def _report_max_batch(args, result, kwargs, store) -> None:
 def _print_plan(args, plan_with_costs) -> int:
     """A planner subcommand: plan_with_costs(costs=, cache=) with the costs --autotune /
     --model-only ask for, the plan written to --json if given, and its explanation printed."""
-    import json
-
     costs = "measured" if args.autotune else "model" if args.model_only else "auto"
     try:
         plan = plan_with_costs(costs=costs, cache=args.cache if args.cache else None)
@@ -297,11 +288,6 @@ def cmd_fuse(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import pandas as pd
-
-    from jaxcnn.dashboard.data import compare_refusal, reference_path_run
-    from jaxcnn.store import Store
-
     run_ids = (args.run_a, args.run_b)
     with Store(args.db, read_only=True) as store:  # a reader: never creates or changes the file
         runs = store.runs().set_index("id")
@@ -352,8 +338,6 @@ def _has_layer_metric(store, run_id: int, metric: str | None) -> bool:
 def cmd_dashboard(args) -> int:
     if not DASHBOARD_APP.exists():
         raise UsageError(f"the dashboard app is not installed ({DASHBOARD_APP} is missing)")
-    import importlib.util
-
     missing = [m for m in ("streamlit", "altair") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"the dashboard needs {' and '.join(missing)}: pip install 'jaxcnn[dashboard]'")
@@ -369,7 +353,6 @@ def cmd_dashboard(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxcnn.models import list_models
-    from jaxcnn.store import DEFAULT_FILENAME
 
     default_db = os.environ.get("JAXCNN_DB", DEFAULT_FILENAME)
     db_help = f"profile store file (default $JAXCNN_DB or ./{DEFAULT_FILENAME}; now {default_db})"
