@@ -36,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # benchmarks.thirdparty_models (and jaxcnn from a checkout)
 
 from bench_common import (DTYPES, dated_stem, environment, final_status, fmt, int_list, str_list,  # noqa: E402
-                          timing_defaults, write_report)
+                          table_row, timing_defaults, write_report)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -112,11 +112,11 @@ def render_markdown(env, rows, args) -> str:
     for r in rows:
         coll = ", ".join(f"{k} {v}" for k, v in r.get("collectives", {}).items()) or "none"
         status = "ok" if r["ok"] else ("FAIL: " + r.get("error", "all-gather or mismatch"))[:100]
-        lines.append(
-            f"| {r['model']} | {r['dtype']} | {r['kind']} | {r['gpus']} | {r['batch']} | "
-            f"{fmt(r.get('per_gpu_busy_ms'), '.3f')} | {fmt(r.get('images_per_s_device'), '.0f')} | "
-            f"{fmt(r.get('images_per_s_wall'), '.0f')} | {fmt(r.get('scaling_device'), '.2f')} | "
-            f"{fmt(r.get('scaling_wall'), '.2f')} | {coll} | {fmt(r.get('max_rel_diff'), '.1e')} | {status} |")
+        lines.append(table_row([
+            r["model"], r["dtype"], r["kind"], str(r["gpus"]), str(r["batch"]), fmt(r.get("per_gpu_busy_ms"), ".3f"),
+            fmt(r.get("images_per_s_device"), ".0f"), fmt(r.get("images_per_s_wall"), ".0f"),
+            fmt(r.get("scaling_device"), ".2f"), fmt(r.get("scaling_wall"), ".2f"), coll,
+            fmt(r.get("max_rel_diff"), ".1e"), status]))
     lines += ["", "## Goal", ""]
     for r in rows:
         if r["kind"] == "weak" and r["gpus"] == 2 and "scaling_device" in r:
