@@ -185,6 +185,7 @@ PRESETS: dict[str, Tiling] = {
 
 
 def get_tiling(name: str) -> Tiling:
+    """The preset tiling named `name` (a key of PRESETS); KeyError naming the known ones."""
     try:
         return PRESETS[name]
     except KeyError:

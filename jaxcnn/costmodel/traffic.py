@@ -333,6 +333,8 @@ def padded_work_flops(tiling: Tiling, grid: Grid) -> float:
 
 
 def traffic(layer: ConvLayer, tiling: Tiling, spec: GpuSpec) -> Traffic:
+    """The L1, L2 and DRAM traffic of `layer` run with `tiling` on `spec`'s GPU: its grid, the
+    requests each cache level sees and the DRAM bytes."""
     grid = make_grid(layer, tiling, spec)
     l1 = l1_requests(layer, tiling, grid)
     l2 = l2_requests(layer, tiling, spec, grid, l1)

@@ -41,10 +41,12 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def list_models() -> list[str]:
+    """The zoo's model names, in the order MODELS holds them."""
     return list(MODELS)
 
 
 def get_model(name: str) -> ModelSpec:
+    """The zoo model `name` (one of list_models()); ValueError naming the known ones."""
     try:
         return MODELS[name]
     except (KeyError, TypeError):
