@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 
+from jaxcnn.ops.layout_axes import LAYOUT_CODES
 from jaxcnn.ops.operand_checks import as_array, is_empty_batch
 from jaxcnn.ops.pool2d.config import (
-    LAYOUT_CODES,
     Pool2dConfig,
     make_pool_config,
     pool2d_output_shape,

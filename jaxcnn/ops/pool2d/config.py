@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcnn.ops.conv2d.config import SUPPORTED_DTYPES, _int_pair, padding_pairs
+from jaxcnn.ops.layout_axes import LAYOUTS
 from jaxcnn.ops.operand_checks import (
     INT32_LIMIT,
     check_int32,
@@ -21,9 +22,6 @@ from jaxcnn.ops.operand_checks import (
 
 Pair = tuple[int, int]
 
-LAYOUTS = ("NHWC", "NCHW", "CHWN")
-# The FFI `layout` attribute; same codes as TensorLayout in cuda_ops/common/conv2d_params.h.
-LAYOUT_CODES = {"NHWC": 0, "NCHW": 1, "CHWN": 2}
 MODES = ("max", "avg")
 
 
