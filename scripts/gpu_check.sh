@@ -17,26 +17,26 @@
 #     poolsoftmax scripts/bench_pool_softmax.py: pooling and softmax vs XLA vs copy
 #     layoutchoice scripts/bench_layout_choice.py: autotuned per-layer layouts + chain DP vs XLA
 #     fusion     fused fire module: fire_selftest (standalone nvcc build), pytest -m gpu
-#                tests/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
+#                tests/ops/test_fire_gpu.py, scripts/bench_fusion.py (FUSION_BENCH_ARGS)
 #     chain      straight conv chains (3x3->1x1, 1x1->depthwise): chain_selftest (standalone nvcc
-#                build) + memcheck/racecheck (--small), pytest -m gpu tests/test_chain_gpu.py,
+#                build) + memcheck/racecheck (--small), pytest -m gpu tests/ops/test_chain_gpu.py,
 #                scripts/bench_chain.py (CHAIN_BENCH_ARGS, e.g. "--batches 64"; its report lands in OUTDIR),
 #                scripts/bench_mobilenetv2.py: MobileNetV2 end to end, XLA vs the fusion plan
 #     convpool   fused conv + bias + ReLU + max-pool: conv_pool_selftest (standalone nvcc build),
-#                pytest -m gpu tests/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
+#                pytest -m gpu tests/ops/test_conv2d_pool_gpu.py, scripts/bench_conv_pool.py
 #                (CONVPOOL_BENCH_ARGS, e.g. "--quick")
 #     sparse     zero-skipping conv: sparse_selftest (standalone nvcc build) + memcheck/racecheck
-#                (--skip-large), pytest -m gpu tests/test_sparse_conv2d_gpu.py, scripts/bench_sparse.py
+#                (--skip-large), pytest -m gpu tests/ops/test_sparse_conv2d_gpu.py, scripts/bench_sparse.py
 #                (SPARSE_BENCH_ARGS, e.g. "--quick"; its report lands in OUTDIR)
-#     fusionplan fusion planner + fused inception: pytest -m gpu tests/test_fusion_planner_gpu.py
-#                tests/test_inception_gpu.py, scripts/bench_squeezenet.py (FUSIONPLAN_BENCH_ARGS,
+#     fusionplan fusion planner + fused inception: pytest -m gpu tests/tuning/test_fusion_planner_gpu.py
+#                tests/ops/test_inception_gpu.py, scripts/bench_squeezenet.py (FUSIONPLAN_BENCH_ARGS,
 #                e.g. "--quick"): SqueezeNet 1.0/1.1 end to end, fire modules, inception blocks
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
 #                NCU_TIMEOUT, NCU_XLA_FLAGS)
 #     perfmodel  scripts/validate_perfmodel.py on the bench (and ncu) results
-#     flax       jaxcnn.optimize on Flax/Equinox models: pytest -m gpu tests/test_optimize_gpu.py,
+#     flax       jaxcnn.optimize on Flax/Equinox models: pytest -m gpu tests/optimize/test_optimize_gpu.py,
 #                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
 #                adds a --policy autotune run; a --fuse auto run of SqueezeNet/VGG-19 follows);
 #                needs flax + equinox
@@ -47,7 +47,7 @@
 #     convsweep  scripts/bench_conv_sweep.py (CONVSWEEP_ARGS, e.g. "--quick"; CONVSWEEP_TIMEOUT):
 #                conv2d(algorithm="auto") vs XLA on >= 300 random conv shapes + every zoo conv layer, correctness
 #                vs float64, ratio distribution and issue 33's goals; report in OUTDIR, its decision caches in raw/
-#     multigpu   tests/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
+#     multigpu   tests/ops/test_sharding.py on the GPUs' host, scripts/bench_multigpu.py (MULTIGPU_ARGS):
 #                data-parallel optimized SqueezeNet 1.1 / VGG-19, 1 vs all visible GPUs
 #   REPORT_LABEL names the report (default: the sections joined by '+').
 set -uo pipefail
@@ -184,7 +184,7 @@ if has fusion; then
   # The fire launcher's wgmma path calls the CUTLASS conv kernels: link the selftest against the
   # build step's kernel archive (no second CUTLASS compile).
   standalone_selftest fire_selftest "${FIRE_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --skip-large
-  step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/test_fire_gpu.py
+  step pytest_fire_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fire_gpu.xml" tests/ops/test_fire_gpu.py
   # shellcheck disable=SC2086
   step fusion_bench $PY scripts/bench_fusion.py --out "$RAW" --label "${FUSION_LABEL:-fire}" ${FUSION_BENCH_ARGS:-}
 fi
@@ -192,7 +192,7 @@ fi
 if has chain; then
   # Links the build step's kernel archive, like the fusion section.
   standalone_selftest chain_selftest "${CHAIN_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --small
-  step pytest_chain_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_chain_gpu.xml" tests/test_chain_gpu.py
+  step pytest_chain_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_chain_gpu.xml" tests/ops/test_chain_gpu.py
   # shellcheck disable=SC2086
   step chain_bench $PY scripts/bench_chain.py --out "$OUT" ${CHAIN_BENCH_ARGS:-}
   step mobilenetv2_e2e $PY scripts/bench_mobilenetv2.py --out "$OUT"
@@ -201,7 +201,7 @@ fi
 if has convpool; then
   # The launcher's wgmma kernel is a CUTLASS/CuTe sm_90a TU: link the build step's kernel archive.
   standalone_selftest conv_pool_selftest "${CONVPOOL_SELFTEST_ARCH:-sm_90a}" missing-libjaxcnn_kernels.a --skip-large
-  step pytest_conv2d_pool_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_conv2d_pool_gpu.xml" tests/test_conv2d_pool_gpu.py
+  step pytest_conv2d_pool_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_conv2d_pool_gpu.xml" tests/ops/test_conv2d_pool_gpu.py
   # shellcheck disable=SC2086
   step conv_pool_bench $PY scripts/bench_conv_pool.py --out "$RAW" ${CONVPOOL_BENCH_ARGS:-}
 fi
@@ -211,7 +211,7 @@ if has sparse; then
   # one (a failed build) it compiles the launcher standalone.
   standalone_selftest sparse_selftest "${SPARSE_SELFTEST_ARCH:-sm_90a}" cuda_ops/sparse/sparse_conv.cu --skip-large
   step pytest_sparse_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_sparse_gpu.xml" \
-    tests/test_sparse_conv2d_gpu.py
+    tests/ops/test_sparse_conv2d_gpu.py
   # shellcheck disable=SC2086
   step sparse_bench timeout "${SPARSE_BENCH_TIMEOUT:-3600}" $PY scripts/bench_sparse.py --out "$OUT" \
     --label "${SPARSE_LABEL:-sparse}" ${SPARSE_BENCH_ARGS:-}
@@ -219,7 +219,7 @@ fi
 
 if has fusionplan; then
   step pytest_fusionplan_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_fusionplan_gpu.xml" \
-    tests/test_fusion_planner_gpu.py tests/test_inception_gpu.py
+    tests/tuning/test_fusion_planner_gpu.py tests/ops/test_inception_gpu.py
   # shellcheck disable=SC2086
   step fusionplan_bench timeout "${FUSIONPLAN_TIMEOUT:-1800}" $PY scripts/bench_squeezenet.py --out "$OUT" \
     --cache "$RAW/fusion_autotune.json" ${FUSIONPLAN_BENCH_ARGS:-}
@@ -265,7 +265,7 @@ fi
 if has flax; then
   step flax_import $PY -c "import flax, equinox; print('flax', flax.__version__, 'equinox', equinox.__version__)"
   step pytest_optimize_gpu $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$RAW/pytest_optimize_gpu.xml" \
-    tests/test_optimize_gpu.py
+    tests/optimize/test_optimize_gpu.py
   # shellcheck disable=SC2086
   step bench_optimize_flax timeout "${FLAX_BENCH_TIMEOUT:-2400}" $PY scripts/bench_optimize_flax.py --out "$OUT" \
     ${FLAX_BENCH_ARGS:-}
@@ -314,8 +314,8 @@ if has multigpu; then
   step gpu_count $PY -c "import jax; print(jax.device_count(), jax.devices())"
   # The CPU sharding checks (8 forced host devices) and the optimize'd-model data-parallel test.
   step pytest_sharding env JAX_PLATFORMS=cpu $PY -m pytest -q -p no:cacheprovider --junitxml="$RAW/pytest_sharding.xml" \
-    tests/test_sharding.py tests/test_pool_softmax_sharding.py
-  step pytest_multigpu $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_optimize_gpu.py -k data_parallel
+    tests/ops/test_sharding.py tests/ops/test_pool_softmax_sharding.py
+  step pytest_multigpu $PY -m pytest -q -m gpu -p no:cacheprovider tests/optimize/test_optimize_gpu.py -k data_parallel
   # shellcheck disable=SC2086
   step bench_multigpu timeout "${MULTIGPU_TIMEOUT:-2400}" $PY scripts/bench_multigpu.py --out "$OUT" ${MULTIGPU_ARGS:-}
   # The unmodified models' scaling: is a wall-time gap jaxcnn's or the multi-device dispatch's?

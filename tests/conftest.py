@@ -1,6 +1,14 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The shared helper modules (tests/helpers/) are imported by their own names (`from arrays import
+# ...`) from the test folders: put their folder on sys.path before any test module is collected.
+HELPERS_DIR = Path(__file__).resolve().parent / "helpers"
+if str(HELPERS_DIR) not in sys.path:
+    sys.path.insert(0, str(HELPERS_DIR))
 
 # pytest-xdist workers (-n N) share one GPU: each takes device memory as it needs it, capped at its
 # share, instead of preallocating 75% of the card. Set before jax starts a GPU client; values

@@ -1,6 +1,6 @@
 // The conv epilogue shared by every conv kernel family:
 //   y = activation(acc + bias[k] + residual[n,p,q,k])   in fp32, one rounding to the output type.
-// The codes are jaxcnn/ops/epilogue.py's ACTIVATION_CODES (tests/test_epilogue_codes.py checks that
+// The codes are jaxcnn/ops/epilogue.py's ACTIVATION_CODES (tests/ops/test_epilogue_codes.py checks that
 // the two tables agree); the math is jax.nn's.
 #pragma once
 

@@ -2,7 +2,7 @@
 
 The op tables whose index is the code (conv2d's LAYOUTS, PRECISIONS and ALGORITHMS, the fire
 and conv+pool ALGORITHMS, the epilogue's ACTIVATION_CODES) stay with their ops, which validate
-arguments against them; tests/test_native_contract.py and tests/test_epilogue_codes.py check
+arguments against them; tests/native/test_native_contract.py and tests/ops/test_epilogue_codes.py check
 them against the C++ source.
 """
 

@@ -8,7 +8,7 @@ flat_k=0". This module is the one place that reads those lines: each plan keeps 
 `text` (for explain output and reports) and its `key=value` tokens as typed fields, None where
 the line has no such token. A line that does not start with "kernel=" is the library's reason
 nothing can run the shapes: `kernel` is None and `text` holds the reason.
-tests/test_native_contract.py checks the fields against the keys the C++ writers print.
+tests/native/test_native_contract.py checks the fields against the keys the C++ writers print.
 """
 
 from __future__ import annotations

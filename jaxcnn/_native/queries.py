@@ -23,7 +23,7 @@ from jaxcnn._native.plans import (
 )
 
 # The int64 parameters of jaxcnn_conv2d_workspace_bytes (cuda_ops/conv/conv2d_ffi.cu), in the
-# C signature's order and spelling (tests/test_native_contract.py checks it against the source);
+# C signature's order and spelling (tests/native/test_native_contract.py checks it against the source);
 # a `const char** reason` follows them.
 CONV2D_QUERY_FIELDS = (
     "n", "h", "w", "c", "r", "s", "k", "p", "q", "stride_h", "stride_w", "pad_h", "pad_w",
