@@ -42,7 +42,7 @@ report of all. Exit status: 0 when every case that ran was correct, 2 otherwise.
 # zoo layers), conv_sweep_correctness (the float64 reference and the tolerance) and
 # conv_sweep_report (the distributions, issue 33's goals, the markdown and JSON). This file
 # measures (decisions, compiles, device times) and holds the command line; it re-exports the
-# names tests/test_conv_sweep_script.py takes from it (__all__).
+# names tests/repo/test_conv_sweep_script.py takes from it (__all__).
 
 from __future__ import annotations
 

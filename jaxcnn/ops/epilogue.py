@@ -3,7 +3,7 @@
     y = activation(acc + bias[k] + residual[n, p, q, k])        (fp32, one rounding to x.dtype)
 
 bias and residual are optional. The activation names, their codes (shared with
-cuda_ops/common/epilogue.cuh's `Activation`, checked by tests/test_epilogue_codes.py) and their
+cuda_ops/common/epilogue.cuh's `Activation`, checked by tests/ops/test_epilogue_codes.py) and their
 reference math live here, so the reference lowering, the gradients, the rewriter's pattern
 matcher and the FFI attributes all read one table.
 """

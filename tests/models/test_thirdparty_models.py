@@ -129,19 +129,37 @@ def test_keras_bf16_policy_applies_to_one_build_only():
 
 @pytest.mark.slow
 @needs_keras
-@pytest.mark.xfail(reason="BatchNorm folded into bf16 weights and a bf16 bias: on this small random MobileNetV2 "
-                          "the optimized error against float32 is ~2.5x XLA's own (issue 32)", strict=False)
+@pytest.mark.xfail(reason="BatchNorm folded into bf16 weights: the rounding of w * scale to bf16, which XLA's "
+                          "unfolded program does not make, leaves the optimized output of this small random "
+                          "MobileNetV2 ~2x further from float32 than XLA's (with the folded weights kept in float32 "
+                          "it is as close as XLA's; issue 32)", strict=False)
 def test_keras_bf16_optimize_is_as_accurate_as_xla():
     """Two bf16 programs that round differently drift apart in a deep model (MobileNetV2's output
     moves by ~0.1 relative), so the optimized one is judged as the benchmark judges it: against
-    the same model in float32, its error at most bench_thirdparty.ERROR_GROWTH x XLA's own."""
+    the same model in float32 (relative RMS error over bench_thirdparty.ACCURACY_IMAGES images),
+    its error at most bench_thirdparty.ERROR_GROWTH x XLA's own."""
     name = "keras_mobilenetv2"
     m = build(name, jnp.bfloat16)
-    want = jax.jit(m.apply)(m.params, m.x)
-    got = jax.jit(jaxcnn.optimize(m.apply, policy="all"))(m.params, m.x)
-    errors = bench_thirdparty.float32_errors(name, m.x.shape[0], m.x.shape[1], CLASSES, m, got, want)
+    optimized = jax.jit(jaxcnn.optimize(m.apply, policy="all"))
+    errors = bench_thirdparty.float32_errors(name, m.x.shape[0], m.x.shape[1], CLASSES, m, optimized,
+                                             jax.jit(m.apply))
+    assert errors["accuracy_images"] >= bench_thirdparty.ACCURACY_IMAGES
     assert errors["err_f32_optimized"] <= max(REL_TOL[jnp.bfloat16],
                                               bench_thirdparty.ERROR_GROWTH * errors["err_f32_xla"]), errors
+
+
+def test_accuracy_inputs_fill_the_images_with_fresh_batches():
+    x = jnp.ones((3, 4, 4, 2), jnp.bfloat16)
+    inputs = bench_thirdparty.accuracy_inputs(x, images=8)
+    assert len(inputs) == 3 and inputs[0] is x  # 9 images >= 8
+    assert all(i.shape == x.shape and i.dtype == x.dtype for i in inputs)
+    assert not np.array_equal(np.asarray(inputs[1], np.float32), np.asarray(inputs[2], np.float32))
+    assert bench_thirdparty.accuracy_inputs(jnp.ones((64, 4, 4, 2)), images=8)[1:] == []
+
+
+def test_rel_rms_is_the_error_norm_over_the_reference_norm():
+    assert bench_thirdparty.rel_rms(1.0, 4.0) == 0.5
+    assert bench_thirdparty.rel_rms(1.0, 0.0) == float("inf")
 
 
 # -- scripts/bench_thirdparty.py ----------------------------------------------------------------
