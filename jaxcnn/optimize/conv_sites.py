@@ -11,7 +11,8 @@ Candidates:
                  are tried by name where their plan takes the shape).
 Where the epilogue folds (BatchNorm), the two replacements are measured as the program's weight
 prologue runs them (weight_prologue.prologue_candidate): on weights folded beforehand, plus the
-site's share of the program's one fold.
+site's share of the program's one fold; with no share where the weights and vectors are the
+program's constants (folded once, when the program is traced).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jax.extend.core import Literal
 
 from jaxcnn.optimize.patterns import Match, Uses
 from jaxcnn.optimize.policy import unpooled_plan
-from jaxcnn.optimize.weight_prologue import prologue_candidate
+from jaxcnn.optimize.weight_prologue import derives_from_constants, prologue_candidate
 from jaxcnn.tuning.decision import BASELINE, Candidate, Site, fingerprint
 
 FOLDED = "xla_folded"
@@ -62,15 +63,17 @@ def conv_site(uses: Uses, match: Match, rule: Callable[[], tuple[str, str]]) -> 
     candidates = [Candidate(BASELINE, subgraph_fn(uses, match))]
     replacements = [(FOLDED, "xla")] if not match.plain else []
     replacements += [(OURS + a, a) for a in kernel_algorithms(match)]
+    constant = match.fold is not None and derives_from_constants(
+        uses, [match.fold.w, *match.fold.epilogue.vectors])
     for name, algorithm in replacements:
-        candidates.append(prologue_candidate(name, match.fold, algorithm) if match.fold is not None
+        candidates.append(prologue_candidate(name, match.fold, algorithm, constant) if match.fold is not None
                           else Candidate(name, match.make_build(algorithm)))
     formulation = " ".join(match.replaced) + " | " + " ".join(
         f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
     fields = dict(kind="conv_epilogue", x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,
                   kwargs={k: v for k, v in s.kwargs.items()}, residual=s.residual, folded=s.folded,
                   formulation=fingerprint(formulation), candidates=[c.name for c in candidates],
-                  weights="prologue" if match.fold is not None else "own")
+                  weights="constant" if constant else "prologue" if match.fold is not None else "own")
     return Site(fields, candidates, [v.aval for v in match.in_vars], rule)
 
 

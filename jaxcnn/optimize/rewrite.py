@@ -92,10 +92,12 @@ class RewritePlan:
         for child in self.calls.values():
             child.forget_folds()
 
-    def folded_convs(self) -> int:
-        """Convs folded by the weight prologues of this plan and its call bodies."""
+    def folded_convs(self, constant: bool = False) -> int:
+        """Convs folded by the weight prologues of this plan and its call bodies (constant: those
+        whose weights are the program's constants, folded once when it is traced)."""
         folds = self.folds()
-        return (len(folds.folds) if folds is not None else 0) + sum(c.folded_convs() for c in self.calls.values())
+        own = 0 if folds is None else folds.constant if constant else len(folds.folds)
+        return own + sum(c.folded_convs(constant) for c in self.calls.values())
 
     def declined(self) -> list[Match]:
         """The sites found but kept as traced (their policy or decision chose XLA's own)."""
@@ -505,6 +507,10 @@ class Optimized:
         if folded:
             lines.append(f"weight prologue: {folded} conv(s) take their folded weights and bias from one "
                          "jaxcnn.fold_weights per program (each conv's own layout)")
+            constant = traced.plan.folded_convs(constant=True)
+            if constant:
+                lines.append(f"  {constant} of them fold once, when the program is traced: their weights and "
+                             "BatchNorm vectors are the function's constants (closed over)")
         if declined:
             lines.append(f"{len(declined)} site(s) found and kept as traced (XLA's own):")
             for m in declined:

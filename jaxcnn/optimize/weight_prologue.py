@@ -20,6 +20,13 @@ and the factor computations, which the program pays once for all sites). Timed
 with a fold of their own, small convs lose to XLA by that fold's launch at batch 1. A site
 whose weights turn out not to come from parameters folds on its own; the whole-program check
 measures the program with its prologue either way.
+
+Weights the function closes over (constants of its jaxpr, e.g. a Keras model called inside
+jax.jit, whose variables trace as constants) fold once, when the program is traced: the folds
+and the equations before them whose inputs are all concrete run eagerly
+(jax.ensure_compile_time_eval), so the compiled program holds the folded weights as constants
+and runs no fold at all. Such a site's candidates are measured on folded weights with no share
+of a fold (`prologue_candidate(..., constant=True)`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
@@ -95,10 +103,11 @@ def _fold_one(fold: FoldSite, perm: tuple, w, vector_values: dict) -> list:
     return fold_weights([w], [scale], [axis], [w_perm], [dtype], vectors=[shift], vector_dtypes=[dtype])
 
 
-def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
+def prologue_candidate(name: str, fold: FoldSite, algorithm: str, constant: bool = False) -> Candidate:
     """The decision-owner candidate of a conv site run as the prologue runs it: on inputs
     (x, w, *vectors, [residual]) (the match's in_vars), the conv with `algorithm` on the weight
-    and bias folded beforehand in its layout, plus this site's share of the one fold."""
+    and bias folded beforehand in its layout, plus this site's share of the one fold; with
+    `constant` (weights and vectors the program's constants: folded once, at trace time) no share."""
     spec, perm = fold.target(algorithm)
     n_vectors = len(fold.epilogue.vectors)
 
@@ -120,7 +129,31 @@ def prologue_candidate(name: str, fold: FoldSite, algorithm: str) -> Candidate:
         shape[fold.to_hwio[3]] = fold.k
         return _fold_one(fold, perm, jnp.ones(shape, w.dtype), vectors)
 
+    if constant:
+        return Candidate(name, fold.build(algorithm, spec), prepare=prepare)
     return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=floor)
+
+
+def _concrete(value) -> bool:
+    return not isinstance(value, jax.core.Tracer)
+
+
+def derives_from_constants(uses, roots) -> bool:
+    """Whether every value of `roots` is computed, without effects, from the jaxpr's constants
+    and literals alone (no input): then it is concrete when the program is traced."""
+    constants = {id(v) for v in uses.jaxpr.constvars}
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Literal) or id(v) in constants or id(v) in seen:
+            continue
+        seen.add(id(v))
+        index = uses.producer.get(v)
+        if index is None or uses.jaxpr.eqns[index].effects:
+            return False
+        stack.extend(u for u in uses.jaxpr.eqns[index].invars if isinstance(u, Var))
+    return True
 
 
 class _Folded:
@@ -144,6 +177,7 @@ class WeightPrologue:
     folds: list[tuple[FoldSite, tuple, Any, Any]] = field(default_factory=list)
     # per match (by its last equation index): (in_vars, build) replacing the match's own
     replaced: dict[int, tuple[tuple, Callable]] = field(default_factory=dict)
+    constant: int = 0  # folds whose weight and vectors are the program's constants (folded when traced)
 
     def fold(self, fold: FoldSite, perm: tuple) -> tuple:
         """Adds a conv's fold; its (weight, bias) environment keys."""
@@ -152,10 +186,31 @@ class WeightPrologue:
         return keys
 
     def run(self, env: dict, bind_eqn: Callable, eqns) -> None:
+        """The early equations, then the folds. Where all of an equation's or a fold's inputs
+        are concrete (the program's constants), it runs now, eagerly, and its results enter the
+        traced program as constants; the rest folds in one fold_weights of the program."""
         for i in self.early:
-            bind_eqn(eqns[i], env)
+            if all(_concrete(v.val if isinstance(v, Literal) else env[v]) for v in eqns[i].invars):
+                with jax.ensure_compile_time_eval():
+                    bind_eqn(eqns[i], env)
+            else:
+                bind_eqn(eqns[i], env)
+        constant, traced = [], []
+        for entry in self.folds:
+            fold = entry[0]
+            inputs = [env[fold.w], *(env[v] for v in fold.epilogue.vectors)]
+            (constant if all(map(_concrete, inputs)) else traced).append(entry)
+        if constant:
+            with jax.ensure_compile_time_eval():
+                self._fold(env, constant)
+        if traced:
+            self._fold(env, traced)
+
+    @staticmethod
+    def _fold(env: dict, folds: list) -> None:
+        """One fold_weights of `folds`, its outputs put in env under their keys."""
         ws, scales, axes, perms, dtypes, shifts, w_keys, b_keys = [], [], [], [], [], [], [], []
-        for fold, perm, w_key, b_key in self.folds:
+        for fold, perm, w_key, b_key in folds:
             scale, axis, w_perm, dtype, shift = _fold_job(fold, perm, {v: env[v] for v in fold.epilogue.vectors})
             ws.append(env[fold.w])
             scales.append(scale)
@@ -211,6 +266,7 @@ def plan_weight_prologue(plan) -> WeightPrologue | None:
         if None in needs:
             continue
         early = early.union(*needs)
+        prologue.constant += sum(derives_from_constants(plan.found.uses, [f.w, *f.epilogue.vectors]) for f in folds)
         if m.op == "conv2d":
             (fold,) = folds
             spec, perm = fold.target(m.algorithm)

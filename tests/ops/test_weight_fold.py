@@ -214,6 +214,55 @@ def test_folding_sites_are_measured_on_prologue_weights(monkeypatch):
             assert w1.size == 8 and np.array_equal(np.asarray(b1), np.asarray(b))
 
 
+@pytest.mark.parametrize("choice", ["xla_folded", "jaxcnn:auto"])
+def test_closed_over_weights_fold_once_when_traced(monkeypatch, choice):
+    """Weights the function closes over are constants of its jaxpr: their fold runs when the
+    program is traced, so the compiled program holds folded weights and runs no fold, and the
+    sites are measured with no share of one."""
+    from jaxcnn.optimize import rewrite
+    seen = []
+
+    def decide_all(sites, **kw):
+        seen.extend(sites)
+        return fake_decisions(choice)(sites, **kw)
+
+    monkeypatch.setattr(rewrite, "decide_all", decide_all)
+    fn, params = bn_model(jnp.float32), bn_params(8, seed=10)
+    x = jnp.asarray(np.random.default_rng(11).standard_normal((2, 6, 6, 8)), jnp.float32)
+    closed = lambda x: fn(params, x)  # noqa: E731
+    opt = jaxcnn.optimize(closed, fuse="none")
+    np.testing.assert_allclose(jax.jit(opt)(x), fn(params, x), rtol=1e-4, atol=1e-4)
+    assert not custom_calls(cuda_text(opt, x), "jaxcnn_weight_fold")
+    assert "weight_fold" not in str(jax.make_jaxpr(opt)(x))
+    explained = opt.explain(x)
+    assert "weight prologue: 2 conv(s)" in explained and "2 of them fold once, when the program is traced" in explained
+    folded = [s for s in seen if s.key_fields.get("folded")]
+    assert len(folded) == 2 and all(s.key_fields["weights"] == "constant" for s in folded)
+    for s in folded:
+        assert all(c.prepare is not None and c.shared is None for c in s.candidates[1:])
+    # the same model with its weights as arguments folds on every call
+    assert custom_calls(cuda_text(jaxcnn.optimize(fn, fuse="none"), params, x), "jaxcnn_weight_fold")
+
+
+def test_weights_mixing_constants_and_inputs_fold_every_call(monkeypatch):
+    """A BatchNorm whose gamma is an argument while the weight is a constant folds in the
+    program, and still matches the traced function."""
+    from jaxcnn.optimize import rewrite
+    monkeypatch.setattr(rewrite, "decide_all", fake_decisions("xla_folded"))
+    fn, params = bn_model(jnp.float32), bn_params(8, seed=12)
+    x = jnp.asarray(np.random.default_rng(13).standard_normal((2, 6, 6, 8)), jnp.float32)
+
+    def half_closed(gammas, x):
+        p = [dict(layer, gamma=g) for layer, g in zip(params, gammas)]
+        return fn(p, x)
+
+    gammas = [layer["gamma"] for layer in params]
+    opt = jaxcnn.optimize(half_closed, fuse="none")
+    np.testing.assert_allclose(jax.jit(opt)(gammas, x), fn(params, x), rtol=1e-4, atol=1e-4)
+    assert custom_calls(cuda_text(opt, gammas, x), "jaxcnn_weight_fold")
+    assert "fold once, when the program is traced" not in opt.explain(gammas, x)
+
+
 def test_shared_work_is_measured_once_and_charged_per_site(monkeypatch):
     """_measure_sites times fn on the prepared inputs and adds the site's shared work less its
     floor; a shared case without a timing fails the candidate."""
