@@ -69,6 +69,9 @@ PRECISION_CLASS = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
 SMOKE_HW = 64  # --smoke image side (InceptionV3: its minimum, below)
 SMOKE_CLASSES = 10
 TOP_KERNELS = 5
+# How a row passes the model's weights: "args" (fn(params, x), Keras's stateless_call, Flax's
+# apply) or "closed" (fn(x) closing over them: constants of the traced program).
+WEIGHTS = ("args", "closed")
 
 
 def geomean_goal(dtype: str, batch: int) -> float | None:
@@ -146,28 +149,41 @@ def kernel_list(timing) -> list[dict]:
                  share=k.us_per_call / total_us if total_us else None) for k in timing.kernels]
 
 
+def model_function(m, weights: str):
+    """(fn, args, as_params_fn) of model m run with its weights as an argument (weights="args":
+    fn(params, x)) or closed over (weights="closed": fn(x), the weights constants of the traced
+    program, as a Keras model called inside jax.jit has them); as_params_fn turns a callable of
+    fn's arguments into one of (params, x)."""
+    if weights == "args":
+        return m.apply, (m.params, m.x), lambda fn: fn
+    if weights == "closed":
+        params = m.params
+        return (lambda x: m.apply(params, x)), (m.x,), lambda fn: (lambda _params, x: fn(x))
+    raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+
+
 def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int | None = None,
-            num_classes: int | None = None, spec=None, top_kernels: int = TOP_KERNELS) -> dict:
-    """One model x batch x dtype. A failing jaxcnn.optimize is recorded (optimize_error) and
-    XLA's program is still timed; a failing build or XLA run ends the row (error). Where the
-    whole-program check declines the rewrites, the rewritten program is timed too ("rewritten":
-    by how much, and on which kernels, it lost)."""
-    row = dict(model=name, library=tm.MODELS[name][0], n=batch, dtype=dtype, ok=False, timings={},
-               first_call_s={}, wall_ms={})
+            num_classes: int | None = None, spec=None, top_kernels: int = TOP_KERNELS, weights: str = "args") -> dict:
+    """One model x batch x dtype x weights form. A failing jaxcnn.optimize is recorded
+    (optimize_error) and XLA's program is still timed; a failing build or XLA run ends the row
+    (error). Where the whole-program check declines the rewrites, the rewritten program is timed
+    too ("rewritten": by how much, and on which kernels, it lost)."""
+    row = dict(model=name, library=tm.MODELS[name][0], n=batch, dtype=dtype, weights=weights, ok=False,
+               timings={}, first_call_s={}, wall_ms={})
     started = time.perf_counter()
     try:
         size = hw if hw is None else max(hw, min_image_size(name))
         m = tm.build(name, batch=batch, hw=size, dtype=DTYPES[dtype], num_classes=num_classes)
         row["input_shape"] = list(m.x.shape)
-        args = (m.params, m.x)
-        xla_jit = jax.jit(m.apply)
+        apply, args, as_params_fn = model_function(m, weights)
+        xla_jit = jax.jit(apply)
         row["first_call_s"]["xla"], want = first_call_s(xla_jit, args)
-        row["cost"] = cost_of(m.apply, args)
+        row["cost"] = cost_of(apply, args)
         row["io_bytes"] = io_bytes(m, want)
         row["floor"] = floors(row["cost"], row["io_bytes"], spec, dtype)
-        cases = [("xla", m.apply, args)]
+        cases = [("xla", apply, args)]
         try:
-            opt = jaxcnn.optimize(m.apply)
+            opt = jaxcnn.optimize(apply)
             opt_jit = jax.jit(opt)
             row["first_call_s"]["optimized"], got = first_call_s(opt_jit, args)
             row["max_rel_diff"] = max_rel_diff(got, want)
@@ -175,7 +191,7 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
             if dtype != "fp32" and not row["accurate"]:
                 # Two 16-bit programs that round differently drift apart in a deep model: judge
                 # both against the same model in float32 instead (same weights and input).
-                row.update(float32_errors(name, batch, size, num_classes, m, opt_jit, xla_jit))
+                row.update(float32_errors(name, batch, size, num_classes, m, as_params_fn(opt_jit), as_params_fn(xla_jit)))
                 row["accurate"] = bool(math.isfinite(row["err_f32_optimized"])
                                        and row["err_f32_optimized"] <= max(TOLERANCE[dtype],
                                                                             ERROR_GROWTH * row["err_f32_xla"]))
@@ -270,17 +286,18 @@ def min_image_size(name: str) -> int:
 def geomeans(rows: list[dict]) -> list[dict]:
     """Geometric mean of the ratios over KERAS_MODELS per (batch, dtype), against its goal."""
     out = []
-    for n, dtype in sorted({(r["n"], r["dtype"]) for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["n"] == n and r["dtype"] == dtype and r["model"] in KERAS_MODELS
-                  and "ratio" in r]
+    for n, dtype, weights in sorted({(r["n"], r["dtype"], r.get("weights", "args")) for r in rows}):
+        group = [r for r in rows if r["n"] == n and r["dtype"] == dtype and r.get("weights", "args") == weights
+                 and "ratio" in r]
+        ratios = [r["ratio"] for r in group if r["model"] in KERAS_MODELS]
         if not ratios:
             continue
         goal = geomean_goal(dtype, n)
         value = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-        device = all(r["device_time"] for r in rows if r["n"] == n and r["dtype"] == dtype and "ratio" in r)
+        device = all(r["device_time"] for r in group)
         complete = len(ratios) == len(KERAS_MODELS)
         met = None if goal is None or not device or not complete else value >= goal
-        out.append(dict(n=n, dtype=dtype, geomean=value, models=len(ratios), goal=goal, met=met))
+        out.append(dict(n=n, dtype=dtype, weights=weights, geomean=value, models=len(ratios), goal=goal, met=met))
     return out
 
 
@@ -329,7 +346,7 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
             status = "OPTIMIZE FAILED: " + r["optimize_error"][:120]
         else:
             status = "ok" if r["ok"] else "INACCURATE"
-        lines.append(f"| {r['model']} | {r['n']} | {r['dtype']} | {cell_ms(r['timings'].get('xla'))} | "
+        lines.append(f"| {_label(r)} | {r['n']} | {r['dtype']} | {cell_ms(r['timings'].get('xla'))} | "
                      f"{cell_ms(r['timings'].get('optimized'))} | {_fmt(r.get('ratio'), '.3f')} | {wall} | {first} | "
                      f"{_fmt(r.get('max_rel_diff'), '.1e')}{_vs_f32(r)} | {rw} | {status} |")
 
@@ -351,7 +368,7 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
             f, c = r["floor"], r["cost"]
             pct = {k: (f"{f['floor_ms'] / r['timings'][k]['median_ms']:.0%}" if k in r["timings"] else "-")
                    for k in ("xla", "optimized")}
-            lines.append(f"| {r['model']} | {r['n']} | {r['dtype']} | {c['flops'] / 1e9:.1f} | {f['compute_ms']:.3f} | "
+            lines.append(f"| {_label(r)} | {r['n']} | {r['dtype']} | {c['flops'] / 1e9:.1f} | {f['compute_ms']:.3f} | "
                          f"{c['bytes_accessed'] / 1e6:.1f} | {f['memory_ms']:.3f} | {f['least_memory_ms']:.3f} | "
                          f"{pct['xla']} | {pct['optimized']} |")
 
@@ -359,13 +376,13 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     for r in rows:
         if "rewrites" in r:
             patterns = r["rewrites"]["patterns"]
-            lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: "
+            lines.append(f"- {_label(r)} N={r['n']} {r['dtype']}: "
                          + ("; ".join(f"{p}: {n}" for p, n in patterns.items()) or "none"))
 
     lines += ["", "## Top kernels of the optimized program (us per call, share of its time, launches)", ""]
     with_kernels = [r for r in rows if r.get("top_kernels", {}).get("optimized")]
     for r in with_kernels:
-        lines.append(f"- {r['model']} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'][:TOP_KERNELS])}")
+        lines.append(f"- {_label(r)} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'][:TOP_KERNELS])}")
     if not with_kernels:
         lines.append("- none: no GPU kernel trace.")
 
@@ -373,7 +390,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     for g in geomeans(rows):
         goal = "-" if g["goal"] is None else f">= {g['goal']}x"
         partial = "" if g["models"] == len(KERAS_MODELS) else f" ({g['models']} of {len(KERAS_MODELS)} models)"
-        lines.append(f"- Keras geomean N={g['n']} {g['dtype']}: {g['geomean']:.3f}x{partial} (goal {goal}): "
+        form = "" if g["weights"] == "args" else f", weights {g['weights']} over"
+        lines.append(f"- Keras geomean N={g['n']} {g['dtype']}{form}: {g['geomean']:.3f}x{partial} (goal {goal}): "
                      f"{_verdict(g['met']) if device_time else 'n/a (wall time)'}")
     timed = [r for r in rows if "ratio" in r]
     if timed and device_time:
@@ -387,12 +405,18 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
     failed = [r for r in rows if "optimize_error" in r or "error" in r]
     if failed:
         lines += ["", "## Failures", ""]
-        lines += [f"- {r['model']} N={r['n']} {r['dtype']}: {r.get('optimize_error') or r.get('error')}" for r in failed]
+        lines += [f"- {_label(r)} N={r['n']} {r['dtype']}: {r.get('optimize_error') or r.get('error')}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
+def _label(row: dict) -> str:
+    """The row's model, and how its weights reach it where they are not arguments."""
+    weights = row.get("weights", "args")
+    return row["model"] if weights == "args" else f"{row['model']} (weights {weights} over)"
+
+
 def _where(row: dict) -> str:
-    return f"{row['model']} N={row['n']} {row['dtype']} ({row['ratio']:.3f}x)"
+    return f"{_label(row)} N={row['n']} {row['dtype']} ({row['ratio']:.3f}x)"
 
 
 def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str) -> str:
@@ -403,7 +427,7 @@ def write_reports(out: Path, env: dict, rows: list[dict], iters: int, stem: str)
 
 def progress_line(row: dict) -> str:
     problem = row.get("error") or row.get("optimize_error") or ("" if row["ok"] else "inaccurate")
-    return (f"{row['model']:<20} N={row['n']:<3} {row['dtype']} ratio {_fmt(row.get('ratio'), '.3f'):>6} rel diff "
+    return (f"{row['model']:<20} N={row['n']:<3} {row['dtype']} {row.get('weights', 'args')} ratio {_fmt(row.get('ratio'), '.3f'):>6} rel diff "
             f"{_fmt(row.get('max_rel_diff'), '.1e')}{_vs_f32(row)} first call "
             f"{_fmt(row['first_call_s'].get('optimized'), '.1f')} s "
             f"{'ok' if row['ok'] else 'FAIL ' + problem[:200]} ({row['seconds']:.0f} s)")
@@ -423,6 +447,9 @@ def parse_args(argv=None):
     p.add_argument("--kernels", type=int, default=TOP_KERNELS,
                    help=f"kernels kept per program in the JSON, longest first (default {TOP_KERNELS}; the"
                         " markdown lists the top few)")
+    p.add_argument("--weights", type=str_list, default=["args"],
+                   help=f"how the weights reach the model, among {WEIGHTS}: 'args' fn(params, x), 'closed' fn(x) "
+                        "closing over them (default args)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_MODELS}, bf16, N=1 and 64")
     p.add_argument("--smoke", action="store_true",
                    help=f"a cheap run that anything can do (CPU too): {SMOKE_HW}x{SMOKE_HW} images (InceptionV3 its "
@@ -430,9 +457,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.models = args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS)
     args.dtypes = args.dtypes or (["bf16"] if args.quick else ["bf16", "fp32"])
-    bad = [m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]
+    bad = ([m for m in args.models if m not in tm.MODELS] + [d for d in args.dtypes if d not in DTYPES]
+           + [w for w in args.weights if w not in WEIGHTS])
     if bad:
-        p.error(f"unknown models/dtypes {bad}: models {sorted(tm.MODELS)}, dtypes {list(DTYPES)}")
+        p.error(f"unknown models/dtypes/weights {bad}: models {sorted(tm.MODELS)}, dtypes {list(DTYPES)}, "
+                f"weights {list(WEIGHTS)}")
     args.batches = args.batches or ([1] if args.smoke else [1, 64])
     if args.smoke:
         args.hw = args.hw or SMOKE_HW
@@ -448,8 +477,8 @@ def main(argv=None) -> int:
     env["libraries"] = library_versions()
     stem = dated_stem(args.name)
     jobs = [functools.partial(run_row, name, n, dtype, args.iters, args.warmup, args.hw, args.num_classes, spec,
-                              args.kernels)
-            for name in args.models for dtype in args.dtypes for n in args.batches]
+                              args.kernels, weights)
+            for weights in args.weights for name in args.models for dtype in args.dtypes for n in args.batches]
     return run_rows(jobs, progress_line, lambda rows: write_reports(args.out, env, rows, args.iters, stem))
 
 

@@ -188,13 +188,18 @@ def test_geomean_over_the_keras_models_against_the_goal():
 def test_bench_smoke_run_writes_its_report(tmp_path):
     models = ["keras_mobilenetv2", "linen_resnet18"]
     subprocess.run([sys.executable, "scripts/bench_thirdparty.py", "--smoke", "--out", str(tmp_path), "--models",
-                    ",".join(models), "--dtypes", "fp32"], cwd=REPO_ROOT, check=True, timeout=1200,
-                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                    ",".join(models), "--dtypes", "fp32", "--weights", "args,closed"], cwd=REPO_ROOT, check=True,
+                   timeout=1200, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     (report,) = tmp_path.glob("*-thirdparty.json")
-    assert report.with_suffix(".md").read_text().startswith("# jaxcnn.optimize on third-party CNNs")
+    markdown = report.with_suffix(".md").read_text()
+    assert markdown.startswith("# jaxcnn.optimize on third-party CNNs")
+    assert "keras_mobilenetv2 (weights closed over)" in markdown
     data = json.loads(report.read_text())
     assert {"environment", "rows", "geomeans", "goals"} <= set(data)
-    assert [r["model"] for r in data["rows"]] == models
+    assert [(r["model"], r["weights"]) for r in data["rows"]] == [(m, w) for w in ("args", "closed") for m in models]
+    closed = [r for r in data["rows"] if r["weights"] == "closed"]
+    # BatchNorm of closed-over weights folds when the program is traced
+    assert all("fold once, when the program is traced" in r["explain"] for r in closed if "weight prologue" in r["explain"])
     for row in data["rows"]:
         assert row["ok"] and "error" not in row and "optimize_error" not in row, row.get("traceback")
         assert {"xla", "optimized"} == set(row["timings"]) == set(row["wall_ms"]) == set(row["first_call_s"])
