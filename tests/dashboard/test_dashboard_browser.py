@@ -6,6 +6,9 @@ all so the shipped data itself is shown with what it was made from ("shipped"), 
 profile, whose pages must show no speedup ("cpu"). On every page: no exception or error, chart
 titles inside their chart, tables of the Runs page no wider than the page.
 
+Server start and stop, the browser launch and the wait until a page has settled come from
+scripts/dashboard_browser.py, shared with the render benchmark (scripts/bench_dashboard.py).
+
 Skips only when Playwright or a Chromium binary is missing (CI installs both: see .ci/run).
 """
 
@@ -13,12 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,11 @@ import dashboard_stores as stores  # noqa: E402
 from jaxcnn.dashboard import data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import dashboard_browser  # noqa: E402
+
 SCREENSHOTS = Path(os.environ.get("JAXCNN_TEST_OUTPUT", ROOT / "tests" / "_output")) / "screenshots"
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-NAV = ["Runs", "Speed", "Roofline", "Memory", "Sparsity"]
+NAV = list(dashboard_browser.PAGES.values())
 SHIPPED_MADE = "made 2026-11-21, commits 37d5348-dirty, e40c6e2"
 
 # store -> page url -> (title, texts that must be on it, texts that must not be, least charts drawn)
@@ -85,63 +86,9 @@ TABLE_OVERFLOW_JS = """() => [...document.querySelectorAll('[data-testid="stData
   s => s.scrollWidth - s.clientWidth)"""
 
 
-def chromium_path() -> str | None:
-    candidates = [os.environ.get("JAXCNN_CHROMIUM")] + [shutil.which(n) for n in CHROMIUM_NAMES]
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening_addresses(port: int) -> set[str]:
-    """Local IPv4/IPv6 addresses with a socket listening on `port` (from /proc/net/tcp*)."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.split(":")
-            if int(hex_port, 16) == port and state == "0A":  # 0A: LISTEN
-                found.add(address)
-    return found
-
-
-def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}: {process.stdout.read()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as reply:
-                if reply.read().strip() == b"ok":
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"no healthy Streamlit server on port {port} after {timeout} s")
-
-
-def start(command: list[str], env: dict, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture(scope="module")
 def chromium():
-    path = chromium_path()
+    path = dashboard_browser.chromium_path()
     if path is None:
         pytest.skip("no Chromium binary found (apt-get install -y chromium, or set JAXCNN_CHROMIUM)")
     return path
@@ -168,32 +115,25 @@ def store_paths(store_env):
 def test_every_page_in_chromium(chromium, store_env, store_paths, store):
     env, root = store_env
     env = dict(env, JAXCNN_DB=str(store_paths[store]))
-    port = free_port()
-    # Started from another directory: the bind address must come from dashboard/.streamlit/.
-    server = start([sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
-                    "--server.port", str(port)], env, cwd=root)
     prefix = "" if store == "planned" else f"{store}-"
     seconds = {}
-    try:
-        wait_healthy(port, server)
-        assert listening_addresses(port) == {"0100007F"}, "the dashboard must listen on 127.0.0.1 only"
+    # Started from another directory: the bind address must come from dashboard/.streamlit/.
+    with dashboard_browser.dashboard_server(env, cwd=root) as port:
+        assert dashboard_browser.listening_addresses(port) == {"0100007F"}, \
+            "the dashboard must listen on 127.0.0.1 only"
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                         args=["--no-sandbox", "--disable-dev-shm-usage"])
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            browser = dashboard_browser.launch_chromium(pw, chromium)
+            page = browser.new_page(viewport=dashboard_browser.VIEWPORT)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             for url, (title, expected, absent, least_charts) in PAGES[store].items():
                 started = time.monotonic()
-                page.goto(f"http://127.0.0.1:{port}/{url}")
-                page.get_by_role("heading", name=title, level=1).wait_for(timeout=60_000)
+                page.goto(dashboard_browser.page_url(port, url))
+                dashboard_browser.wait_until_settled(page, title, least_charts)
                 for text in expected:
                     page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
                 charts = page.locator('[data-testid="stVegaLiteChart"]')
-                page.wait_for_function(
-                    "n => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
-                    "[data-testid=\"stVegaLiteChart\"] svg.marks').length >= n", arg=least_charts, timeout=60_000)
                 seconds[title] = round(time.monotonic() - started, 2)
                 assert charts.count() >= least_charts
                 assert page.locator('[data-testid="stException"]').count() == 0
@@ -214,14 +154,12 @@ def test_every_page_in_chromium(chromium, store_env, store_paths, store):
                 # Streamlit scrolls inside its main block, so grow the window to the page's height
                 # for a screenshot of the whole page.
                 height = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-                page.set_viewport_size({"width": 1440, "height": min(int(height) + 40, 9000)})
+                page.set_viewport_size({**dashboard_browser.VIEWPORT, "height": min(int(height) + 40, 9000)})
                 page.wait_for_timeout(1200)
                 page.screenshot(path=str(SCREENSHOTS / f"{prefix}{title.lower()}.png"), full_page=True)
-                page.set_viewport_size({"width": 1440, "height": 1000})
+                page.set_viewport_size(dashboard_browser.VIEWPORT)
             browser.close()
             assert not errors, errors
-    finally:
-        stop(server)
     # Seconds from opening each page to its expected texts and charts on screen (first visit).
     (SCREENSHOTS / f"{prefix}page_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
     # Every page's screenshot exists (the folder also holds other stores' prefixed ones).
@@ -231,16 +169,16 @@ def test_every_page_in_chromium(chromium, store_env, store_paths, store):
 
 def test_jaxcnn_dashboard_binds_to_localhost(store_env):
     env, root = store_env
-    port = free_port()
-    server = start([sys.executable, "-m", "jaxcnn.cli", "dashboard", "--db", env["JAXCNN_DB"], "--port", str(port)],
-                   {**env, "STREAMLIT_SERVER_HEADLESS": "true"}, cwd=root)
+    port = dashboard_browser.free_port()
+    server = dashboard_browser.start([sys.executable, "-m", "jaxcnn.cli", "dashboard", "--db", env["JAXCNN_DB"],
+                                      "--port", str(port)], {**env, "STREAMLIT_SERVER_HEADLESS": "true"}, cwd=root)
     try:
-        wait_healthy(port, server)
-        assert listening_addresses(port) == {"0100007F"}
+        dashboard_browser.wait_healthy(port, server)
+        assert dashboard_browser.listening_addresses(port) == {"0100007F"}
     finally:
-        stop(server)
+        dashboard_browser.stop(server)
     # The CLI is the server (no orphaned child keeps the port once it is stopped).
     deadline = time.monotonic() + 10
-    while listening_addresses(port) and time.monotonic() < deadline:
+    while dashboard_browser.listening_addresses(port) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not listening_addresses(port)
+    assert not dashboard_browser.listening_addresses(port)
