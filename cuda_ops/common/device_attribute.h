@@ -30,20 +30,53 @@ cudaError_t CurrentDeviceAttribute(int* value) {
   return cudaSuccess;
 }
 
-// The device checks a Hopper wgmma/TMA kernel makes last: `not_hopper` unless the current device
-// is sm_90, `no_smem` unless it has `smem_bytes` of opt-in shared memory per block (a failed
-// query counts as either), else nullptr.
+// The device attributes the launchers' plans read: the current device's (CurrentDeviceLimits)
+// or a described GPU's (jaxcnn_fire_plan_for_device: the cost model plans for a GPU it does not
+// run on).
+struct DeviceLimits {
+  int sm_count = 0;
+  int smem_optin = 0;   // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int smem_per_sm = 0;  // cudaDevAttrMaxSharedMemoryPerMultiprocessor
+  int major = 0;        // compute capability major
+  int cooperative = 0;  // cudaDevAttrCooperativeLaunch
+};
+
+// The current device's DeviceLimits (each attribute cached).
+inline cudaError_t CurrentDeviceLimits(DeviceLimits* info) {
+  cudaError_t status;
+  if ((status = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&info->sm_count)) !=
+          cudaSuccess ||
+      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+           &info->smem_optin)) != cudaSuccess ||
+      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
+           &info->smem_per_sm)) != cudaSuccess)
+    return status;
+  if ((status = CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major)) !=
+      cudaSuccess)
+    return status;
+  return CurrentDeviceAttribute<cudaDevAttrCooperativeLaunch>(&info->cooperative);
+}
+
+// The device checks a Hopper wgmma/TMA kernel makes last, on `dev`: `not_hopper` unless it is
+// sm_90, `no_smem` unless it has `smem_bytes` of opt-in shared memory per block, else nullptr.
+inline const char* HopperDeviceUnsupportedReason(const DeviceLimits& dev, int64_t smem_bytes,
+                                                 const char* not_hopper, const char* no_smem) {
+  if (dev.major != 9) return not_hopper;
+  if (dev.smem_optin < smem_bytes) return no_smem;
+  return nullptr;
+}
+
+// The same checks on the current device (a failed query counts as failing its check).
 inline const char* HopperDeviceUnsupportedReason(int64_t smem_bytes, const char* not_hopper,
                                                  const char* no_smem) {
-  int major = 0, smem_max = 0;
-  if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&major) != cudaSuccess ||
-      major != 9)
+  DeviceLimits dev;
+  if (CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&dev.major) != cudaSuccess)
     return not_hopper;
-  if (CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&smem_max) !=
-          cudaSuccess ||
-      smem_max < smem_bytes)
+  if (dev.major == 9 &&
+      CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(&dev.smem_optin) !=
+          cudaSuccess)
     return no_smem;
-  return nullptr;
+  return HopperDeviceUnsupportedReason(dev, smem_bytes, not_hopper, no_smem);
 }
 
 }  // namespace jaxcnn

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/device_attribute.h"
 #include "common/epilogue.cuh"
 #include "conv_pool/conv_pool.h"
 
@@ -37,9 +38,12 @@ int64_t SmemBytes(const ConvPoolParams& p);
 // nullptr if the wgmma kernel runs this layer with these pointers, else why not. Checks the
 // shape family (3x3, stride 1, dilation 1, padding 1 on both sides, a 2x2/2 unpadded pool or
 // none: a 1x1/1 pool, which conv2d's wgmma algorithm passes),
-// 16-bit dtype, C % 32, K % 64, 16-byte alignment and an sm_90 device.
+// 16-bit dtype, C % 32, K % 64, 16-byte alignment and an sm_90 device: `device` where given
+// (its driver taken to encode tensor maps, as every CUDA 12 driver does), else the current
+// device and this process's driver.
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
-                              const void* x, const void* w, const void* y);
+                              const void* x, const void* w, const void* y,
+                              const DeviceLimits* device = nullptr);
 
 // Persistent CTAs: min(work items, SMs); work item = (image, tile row, tile column, channel
 // block).
@@ -86,7 +90,7 @@ struct FireExpandBuffers {
 };
 const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_bytes, bool is_float,
                                         const void* s, const void* w1, const void* w3,
-                                        const void* y);
+                                        const void* y, const DeviceLimits* device = nullptr);
 template <typename T>
 cudaError_t LaunchFireExpand(const FireExpandParams& f, const FireExpandBuffers<T>& b,
                              cudaStream_t stream);

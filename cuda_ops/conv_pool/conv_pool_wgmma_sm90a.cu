@@ -606,7 +606,8 @@ bool Unpooled(const ConvPoolParams& p) { return p.pool_h == 1; }
 
 // fire_expand: channels-as-M only (64-channel blocks never straddle the 1x1 / 3x3 boundary;
 // LaunchFireExpand decides on the resident filter itself).
-Config ConfigFor(const ConvPoolParams& p, bool fire_expand = false) {
+// sms: the SMs to spread the work over (0: the current device's).
+Config ConfigFor(const ConvPoolParams& p, bool fire_expand = false, int sms = 0) {
   if (p.K == 64 && p.C <= 64 && !fire_expand) return Config::kChannels32Resident;
   struct Candidate {
     Config config;
@@ -616,7 +617,7 @@ Config ConfigFor(const ConvPoolParams& p, bool fire_expand = false) {
                                        {Config::kChannels32, 20},
                                        {Config::kPixelsM, 21},
                                        {Config::kChannels14, 28}};
-  const int sms = SmCount();
+  if (sms <= 0) sms = SmCount();
   Config best = Config::kChannels28;
   int64_t best_cost = std::numeric_limits<int64_t>::max();
   for (const Candidate& c : kCandidates) {
@@ -748,15 +749,25 @@ void TileShape(const ConvPoolParams& p, int* tile_h, int* tile_w) {
   });
 }
 
-int64_t SmemBytes(const ConvPoolParams& p) {
+namespace {
+
+// Shared memory per CTA of the configuration ConfigFor picks over `sms` SMs (0: the current
+// device's).
+int64_t SmemBytesOver(const ConvPoolParams& p, int sms) {
   return WithShape(
-      ConfigFor(p), [](auto s) { return int64_t{decltype(s)::kSmemBytes}; }, Unpooled(p));
+      ConfigFor(p, false, sms), [](auto s) { return int64_t{decltype(s)::kSmemBytes}; },
+      Unpooled(p));
 }
+
+}  // namespace
+
+int64_t SmemBytes(const ConvPoolParams& p) { return SmemBytesOver(p, 0); }
 
 int64_t Grid(const ConvPoolParams& p) { return std::min<int64_t>(Work(p), SmCount()); }
 
 const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_float,
-                              const void* x, const void* w, const void* y) {
+                              const void* x, const void* w, const void* y,
+                              const DeviceLimits* device) {
   if (is_float || dtype_bytes != 2) return "wgmma kernel: bfloat16 / float16 only";
   if (p.R != 3 || p.S != 3 || p.stride_h != 1 || p.stride_w != 1 || p.dilation_h != 1 ||
       p.dilation_w != 1 || p.pad_top != 1 || p.pad_left != 1 || p.P != p.H || p.Q != p.W)
@@ -773,9 +784,13 @@ const char* UnsupportedReason(const ConvPoolParams& p, int dtype_bytes, bool is_
     return "wgmma kernel: x, w and y must be 16-byte aligned";
   if (Work(p) > std::numeric_limits<int32_t>::max())
     return "wgmma kernel: more than 2^31 - 1 work items";
+  const char* not_hopper = "wgmma kernel: needs an sm_90 (Hopper) device";
+  const char* no_smem = "wgmma kernel: not enough shared memory per block";
+  if (device != nullptr)
+    return HopperDeviceUnsupportedReason(*device, SmemBytesOver(p, device->sm_count), not_hopper,
+                                         no_smem);
   if (TensorMapEncoder() == nullptr) return "wgmma kernel: the driver has no cuTensorMapEncodeTiled";
-  return HopperDeviceUnsupportedReason(SmemBytes(p), "wgmma kernel: needs an sm_90 (Hopper) device",
-                                       "wgmma kernel: not enough shared memory per block");
+  return HopperDeviceUnsupportedReason(SmemBytes(p), not_hopper, no_smem);
 }
 
 template <typename T>
@@ -825,7 +840,7 @@ ConvPoolParams FireExpandAsConv(const FireExpandParams& f) {
 
 const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_bytes, bool is_float,
                                         const void* s, const void* w1, const void* w3,
-                                        const void* y) {
+                                        const void* y, const DeviceLimits* device) {
   const bool both = f.E1 > 0 && f.E3 > 0 && f.E1 % 64 == 0 && f.E3 % 64 == 0;
   const bool only_1x1 = f.E3 == 0 && f.E1 > 0 && f.E1 % 8 == 0;
   if (!both && !only_1x1)
@@ -836,7 +851,7 @@ const char* FireExpandUnsupportedReason(const FireExpandParams& f, int dtype_byt
   // of a 1x1-only layer is clipped).
   ConvPoolParams p = FireExpandAsConv(f);
   p.K = CeilDiv(p.K, 64) * 64;
-  return UnsupportedReason(p, dtype_bytes, is_float, s, only_1x1 ? w1 : w3, y);
+  return UnsupportedReason(p, dtype_bytes, is_float, s, only_1x1 ? w1 : w3, y, device);
 }
 
 // The fire module ReLUs both expands and its squeeze.

@@ -24,30 +24,6 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The current device's attributes the plan needs (each cached: common/device_attribute.h).
-struct DeviceInfo {
-  int sm_count = 0;
-  int smem_optin = 0;
-  int smem_per_sm = 0;
-  int major = 0;
-  int cooperative = 0;  // cudaDevAttrCooperativeLaunch
-};
-
-cudaError_t CurrentDeviceInfo(DeviceInfo* info) {
-  cudaError_t status;
-  if ((status = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(&info->sm_count)) !=
-          cudaSuccess ||
-      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
-           &info->smem_optin)) != cudaSuccess ||
-      (status = CurrentDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
-           &info->smem_per_sm)) != cudaSuccess)
-    return status;
-  if ((status = CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(&info->major)) !=
-      cudaSuccess)
-    return status;
-  return CurrentDeviceAttribute<cudaDevAttrCooperativeLaunch>(&info->cooperative);
-}
-
 int SqueezeK(int64_t S) { return static_cast<int>(CeilDiv(S, 16) * 16); }
 int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
@@ -156,7 +132,7 @@ int ForcedCtasPerSm() {
 // per SM (one-row expand items, 128 registers) hide latency that one CTA of 8 warps leaves
 // exposed; they are taken when their layout needs no more expand-channel slices (squeeze
 // recompute) than one CTA's.
-bool ChooseTcLayout(const FireParams& p, const DeviceInfo& dev, fire::TcArgs* out) {
+bool ChooseTcLayout(const FireParams& p, const DeviceLimits& dev, fire::TcArgs* out) {
   fire::TcArgs one, two;
   const bool fits1 = ChooseTcLayoutFor(p, dev.sm_count, 1, dev.smem_optin, &one);
   const int64_t half = std::min<int64_t>(dev.smem_optin, dev.smem_per_sm / 2 - kSmemReservedPerCta);
@@ -245,43 +221,48 @@ std::string FireWgmmaOverride() {
   return value;
 }
 
-// The whole module as one launch (fire_fused_wgmma.h: s never leaves shared memory), or why not.
-// JAXCNN_FIRE_WGMMA=two_launch (or any other override) keeps the squeeze + merged expand path.
+// The whole module as one launch (fire_fused_wgmma.h: s never leaves shared memory), or why not,
+// on `device` (nullptr: the current one). JAXCNN_FIRE_WGMMA=two_launch (or any other override)
+// keeps the squeeze + merged expand path.
 template <typename T>
-const char* FusedUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+const char* FusedUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
+                                   const DeviceLimits* device = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     return "float32";
   } else {
     if (!FireWgmmaOverride().empty()) return "JAXCNN_FIRE_WGMMA is set";
     return fire_fused_wgmma::UnsupportedReason(p, sizeof(T), false, b.x, b.w_sq, b.w_e1,
-                                               b.w_e3, b.y);
+                                               b.w_e3, b.y, device);
   }
 }
 
-// Both expands as one wgmma launch (nullptr), or why not.
+// Both expands as one wgmma launch (nullptr), or why not, on `device` (nullptr: the current one).
 template <typename T>
-const char* MergedExpandUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+const char* MergedExpandUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
+                                          const DeviceLimits* device = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     return "float32";
   } else {
     if (FireWgmmaOverride() == "conv_tc") return "JAXCNN_FIRE_WGMMA=conv_tc";
     return conv_pool_wgmma::FireExpandUnsupportedReason(
-        {p.N, p.H, p.W, p.S, p.E1, p.E3}, sizeof(T), false, b.workspace, b.w_e1, b.w_e3, b.y);
+        {p.N, p.H, p.W, p.S, p.E1, p.E3}, sizeof(T), false, b.workspace, b.w_e1, b.w_e3, b.y,
+        device);
   }
 }
 
-// The squeeze as a 1x1-only launch of the wgmma conv kernel (nullptr), or why not. Only on
-// request: against the CUTLASS 1x1 conv it measured no faster on SqueezeNet's fires
-// (bench_fusion reports).
+// The squeeze as a 1x1-only launch of the wgmma conv kernel (nullptr), or why not, on `device`
+// (nullptr: the current one). Only on request: against the CUTLASS 1x1 conv it measured no
+// faster on SqueezeNet's fires (bench_fusion reports).
 template <typename T>
-const char* WgmmaSqueezeUnsupportedReason(const FireParams& p, const FireBuffers<T>& b) {
+const char* WgmmaSqueezeUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
+                                          const DeviceLimits* device = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     return "float32";
   } else {
     if (FireWgmmaOverride() != "squeeze_wgmma") return "the CUTLASS squeeze measured faster";
     return conv_pool_wgmma::FireExpandUnsupportedReason({p.N, p.H, p.W, p.C, p.S, 0}, sizeof(T),
                                                         false, b.x, b.w_sq, nullptr,
-                                                        b.workspace);
+                                                        b.workspace, device);
   }
 }
 
@@ -334,7 +315,7 @@ int64_t TwoPhaseExpandItems(const FireParams& p) {
 }
 
 // The two-phase kernel's work split and shared-memory layout (fire_two_phase_kernel.cuh).
-fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
+fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceLimits& dev,
                                   TwoPhaseLaunch* launch) {
   using namespace fire;
   TwoPhaseArgs a{};
@@ -381,7 +362,7 @@ fire::TwoPhaseArgs TwoPhaseLayout(const FireParams& p, const DeviceInfo& dev,
 // `launch` (workspace aside), or nullptr.
 template <typename T>
 const char* TwoPhaseUnsupportedReason(const FireParams& p, const FireBuffers<T>& b,
-                                      cudaError_t dev_status, const DeviceInfo& dev,
+                                      cudaError_t dev_status, const DeviceLimits& dev,
                                       const TwoPhaseLaunch& launch) {
   if constexpr (std::is_same_v<T, float>) {
     return "the two-phase fire kernel is bf16/fp16 only (float32 runs the CUDA-core kernel)";
@@ -429,8 +410,15 @@ const char* fire_unsupported_reason(const FireParams& p) {
   return nullptr;
 }
 
+namespace {
+
+// plan_fire and plan_fire_for_device: `dev` (whose query returned `dev_status`) is the device
+// planned for; `described` is it when it was described rather than queried (the wgmma
+// kernels' checks then skip this process's device and driver), else nullptr.
 template <typename T>
-FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm algorithm) {
+FirePlan PlanFire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm algorithm,
+                  cudaError_t dev_status, const DeviceLimits& dev,
+                  const DeviceLimits* described) {
   FirePlan plan;
   if (const char* reason = fire_unsupported_reason(p)) {
     plan.unsupported = reason;
@@ -443,8 +431,6 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
   }
   // The fused kernel's layout, worked out once: auto's choice at scale and the tensor-core
   // plan both read it.
-  DeviceInfo dev;
-  const cudaError_t dev_status = CurrentDeviceInfo(&dev);
   const char* tc_reason = TcUnsupportedReason(p, b);
   if (tc_reason == nullptr) {
     if (dev_status != cudaSuccess) {
@@ -495,11 +481,11 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
         wg_reason = "the wgmma fire path needs a compute capability 9.0 (Hopper) GPU";
     }
     // One launch needs no workspace: s stays in shared memory.
-    const int launches = FusedUnsupportedReason(p, b) == nullptr           ? 1
-                         : MergedExpandUnsupportedReason(p, b) == nullptr ? 2
-                                                                           : 3;
+    const int launches = FusedUnsupportedReason(p, b, described) == nullptr           ? 1
+                         : MergedExpandUnsupportedReason(p, b, described) == nullptr ? 2
+                                                                                      : 3;
     const int64_t need = launches == 1 ? 0 : WgmmaWorkspaceBytes(p, sizeof(T));
-    plan.wgmma_squeeze = WgmmaSqueezeUnsupportedReason(p, b) == nullptr;
+    plan.wgmma_squeeze = WgmmaSqueezeUnsupportedReason(p, b, described) == nullptr;
     if (algorithm == FireAlgorithm::kWgmma) {
       plan.unsupported = wg_reason;
       plan.kernel = FireAlgorithm::kWgmma;
@@ -544,13 +530,28 @@ FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm a
   return plan;
 }
 
+}  // namespace
+
+template <typename T>
+FirePlan plan_fire(const FireParams& p, const FireBuffers<T>& b, FireAlgorithm algorithm) {
+  DeviceLimits dev;
+  const cudaError_t dev_status = CurrentDeviceLimits(&dev);
+  return PlanFire(p, b, algorithm, dev_status, dev, nullptr);
+}
+
+template <typename T>
+FirePlan plan_fire_for_device(const FireParams& p, const FireBuffers<T>& b,
+                              FireAlgorithm algorithm, const DeviceLimits& device) {
+  return PlanFire(p, b, algorithm, cudaSuccess, device, &device);
+}
+
 namespace {
 
 template <typename T, int SK, int TH, int kBlocks>
 cudaError_t LaunchTc(const FireParams& p, const FireBuffers<T>& b, const FirePlan& plan,
                      cudaStream_t stream) {
-  DeviceInfo dev;
-  cudaError_t status = CurrentDeviceInfo(&dev);
+  DeviceLimits dev;
+  cudaError_t status = CurrentDeviceLimits(&dev);
   if (status != cudaSuccess) return status;
   fire::TcArgs a;
   if (!ChooseTcLayout(p, dev, &a) || a.ctas_per_sm != kBlocks) return cudaErrorInvalidValue;
@@ -610,8 +611,8 @@ cudaError_t LaunchWgmma(const FireParams& p, const FireBuffers<T>& b, cudaStream
 // grid that cannot be).
 template <typename T, int SK>
 cudaError_t LaunchTwoPhase(const FireParams& p, const FireBuffers<T>& b, cudaStream_t stream) {
-  DeviceInfo dev;
-  cudaError_t status = CurrentDeviceInfo(&dev);
+  DeviceLimits dev;
+  cudaError_t status = CurrentDeviceLimits(&dev);
   if (status != cudaSuccess) return status;
   TwoPhaseLaunch launch;
   const fire::TwoPhaseArgs a = TwoPhaseLayout(p, dev, &launch);
@@ -701,6 +702,13 @@ template FirePlan plan_fire<float>(const FireParams&, const FireBuffers<float>&,
 template FirePlan plan_fire<__nv_bfloat16>(const FireParams&, const FireBuffers<__nv_bfloat16>&,
                                            FireAlgorithm);
 template FirePlan plan_fire<__half>(const FireParams&, const FireBuffers<__half>&, FireAlgorithm);
+template FirePlan plan_fire_for_device<float>(const FireParams&, const FireBuffers<float>&,
+                                              FireAlgorithm, const DeviceLimits&);
+template FirePlan plan_fire_for_device<__nv_bfloat16>(const FireParams&,
+                                                      const FireBuffers<__nv_bfloat16>&,
+                                                      FireAlgorithm, const DeviceLimits&);
+template FirePlan plan_fire_for_device<__half>(const FireParams&, const FireBuffers<__half>&,
+                                               FireAlgorithm, const DeviceLimits&);
 template cudaError_t launch_fire<float>(const FireParams&, const FireBuffers<float>&,
                                         FireAlgorithm, cudaStream_t);
 template cudaError_t launch_fire<__nv_bfloat16>(const FireParams&,

@@ -28,6 +28,8 @@
 
 #include <cstdint>
 
+#include "common/device_attribute.h"
+
 namespace jaxcnn {
 
 // Which kernel runs the fire module.
@@ -106,10 +108,16 @@ struct FireBuffers {
 const char* fire_unsupported_reason(const FireParams& params);
 
 // Plan for `algorithm`; plan.unsupported says why a forced kernel cannot run. Queries the
-// current device's shared-memory limit (cached per device).
+// current device's attributes (cached per device).
 template <typename T>
 FirePlan plan_fire(const FireParams& params, const FireBuffers<T>& buffers,
                    FireAlgorithm algorithm);
+
+// plan_fire's decisions for a described device instead of the current one (the cost model
+// plans for a GPU it does not run on; its driver is taken to encode tensor maps).
+template <typename T>
+FirePlan plan_fire_for_device(const FireParams& params, const FireBuffers<T>& buffers,
+                              FireAlgorithm algorithm, const DeviceLimits& device);
 
 // cudaErrorInvalidValue when plan_fire(...).unsupported is set or the plan's workspace is
 // missing; cudaSuccess without
@@ -126,6 +134,14 @@ extern template FirePlan plan_fire<__nv_bfloat16>(const FireParams&,
                                                   FireAlgorithm);
 extern template FirePlan plan_fire<__half>(const FireParams&, const FireBuffers<__half>&,
                                            FireAlgorithm);
+extern template FirePlan plan_fire_for_device<float>(const FireParams&,
+                                                     const FireBuffers<float>&, FireAlgorithm,
+                                                     const DeviceLimits&);
+extern template FirePlan plan_fire_for_device<__nv_bfloat16>(
+    const FireParams&, const FireBuffers<__nv_bfloat16>&, FireAlgorithm, const DeviceLimits&);
+extern template FirePlan plan_fire_for_device<__half>(const FireParams&,
+                                                      const FireBuffers<__half>&, FireAlgorithm,
+                                                      const DeviceLimits&);
 extern template cudaError_t launch_fire<float>(const FireParams&, const FireBuffers<float>&,
                                                FireAlgorithm, cudaStream_t);
 extern template cudaError_t launch_fire<__nv_bfloat16>(const FireParams&,

@@ -114,10 +114,12 @@ JAXCNN_FFI_HANDLER(JaxcnnFireFwd, jaxcnn::FireFwd,
 namespace {
 
 // The plan for XLA's buffers: 16-byte aligned (only the addresses' alignment matters to the
-// plan) and whatever workspace the plan asks for (the lowering allocates it).
+// plan) and whatever workspace the plan asks for (the lowering allocates it), on `device`
+// (nullptr: the current device).
 template <typename T>
 jaxcnn::FirePlan PlanWithAlignedBuffers(const jaxcnn::FireParams& p,
-                                        jaxcnn::FireAlgorithm algorithm) {
+                                        jaxcnn::FireAlgorithm algorithm,
+                                        const jaxcnn::DeviceLimits* device) {
   const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
   const jaxcnn::FireBuffers<T> buffers{aligned,
                                        aligned,
@@ -129,15 +131,17 @@ jaxcnn::FirePlan PlanWithAlignedBuffers(const jaxcnn::FireParams& p,
                                        const_cast<T*>(aligned),
                                        const_cast<T*>(aligned),
                                        std::numeric_limits<size_t>::max()};
-  return jaxcnn::plan_fire<T>(p, buffers, algorithm);
+  return device == nullptr ? jaxcnn::plan_fire<T>(p, buffers, algorithm)
+                           : jaxcnn::plan_fire_for_device<T>(p, buffers, algorithm, *device);
 }
 
 jaxcnn::FirePlan PlanForDtype(const jaxcnn::FireParams& p, int64_t dtype,
-                              jaxcnn::FireAlgorithm algorithm) {
+                              jaxcnn::FireAlgorithm algorithm,
+                              const jaxcnn::DeviceLimits* device = nullptr) {
   switch (dtype) {  // codes: jaxcnn/_native/codes.py DTYPE_CODES
-    case 0: return PlanWithAlignedBuffers<float>(p, algorithm);
-    case 1: return PlanWithAlignedBuffers<__nv_bfloat16>(p, algorithm);
-    case 2: return PlanWithAlignedBuffers<__half>(p, algorithm);
+    case 0: return PlanWithAlignedBuffers<float>(p, algorithm, device);
+    case 1: return PlanWithAlignedBuffers<__nv_bfloat16>(p, algorithm, device);
+    case 2: return PlanWithAlignedBuffers<__half>(p, algorithm, device);
     default: {
       jaxcnn::FirePlan plan;
       plan.unsupported = "unknown dtype code";
@@ -146,20 +150,10 @@ jaxcnn::FirePlan PlanForDtype(const jaxcnn::FireParams& p, int64_t dtype,
   }
 }
 
-}  // namespace
-
-// The configuration the handler will launch on the current device, as one line of text
-// ("kernel=tensor_core tile=8x16 split=1 grid=264 ctas_per_sm=2 smem=... sq_resident=1
-// expand_chunk=128"),
-// for benchmarks and logs. Returns the text's length (truncated to out_len - 1), or -1 when
-// the kernel cannot run these params (out then holds the reason).
-extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t w, int64_t c,
-                                                  int64_t s, int64_t e1, int64_t e3,
-                                                  int64_t dtype, int64_t algorithm, char* out,
-                                                  int64_t out_len) {
-  const jaxcnn::FireParams p{n, h, w, c, s, e1, e3};
-  const jaxcnn::FirePlan plan =
-      PlanForDtype(p, dtype, static_cast<jaxcnn::FireAlgorithm>(algorithm));
+// The plan as one line of text (the format jaxcnn_fire_plan documents), written into `out`
+// (truncated to out_len - 1). Returns the text's length, or -1 when the kernel cannot run these
+// params (out then holds the reason).
+int64_t WritePlanLine(const jaxcnn::FirePlan& plan, char* out, int64_t out_len) {
   std::string text;
   if (plan.unsupported != nullptr) {
     text = plan.unsupported;
@@ -193,6 +187,42 @@ extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t 
     out[n_copy] = '\0';
   }
   return plan.unsupported != nullptr ? -1 : static_cast<int64_t>(text.size());
+}
+
+}  // namespace
+
+// The configuration the handler will launch on the current device, as one line of text
+// ("kernel=tensor_core tile=8x16 split=1 grid=264 ctas_per_sm=2 smem=... sq_resident=1
+// expand_chunk=128"),
+// for benchmarks and logs. Returns the text's length (truncated to out_len - 1), or -1 when
+// the kernel cannot run these params (out then holds the reason).
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan(int64_t n, int64_t h, int64_t w, int64_t c,
+                                                  int64_t s, int64_t e1, int64_t e3,
+                                                  int64_t dtype, int64_t algorithm, char* out,
+                                                  int64_t out_len) {
+  const jaxcnn::FireParams p{n, h, w, c, s, e1, e3};
+  return WritePlanLine(PlanForDtype(p, dtype, static_cast<jaxcnn::FireAlgorithm>(algorithm)),
+                       out, out_len);
+}
+
+// jaxcnn_fire_plan's line for a described GPU instead of the current device (SMs, opt-in shared
+// memory per block, shared memory per SM, compute capability major, cooperative launch support
+// 0/1): the plan a cost model asks for on a machine without that GPU (or without any). The
+// same decisions, the same format.
+extern "C" JAXCNN_EXPORT int64_t jaxcnn_fire_plan_for_device(
+    int64_t n, int64_t h, int64_t w, int64_t c, int64_t s, int64_t e1, int64_t e3, int64_t dtype,
+    int64_t algorithm, int64_t sm_count, int64_t smem_optin, int64_t smem_per_sm, int64_t major,
+    int64_t cooperative, char* out, int64_t out_len) {
+  const jaxcnn::FireParams p{n, h, w, c, s, e1, e3};
+  jaxcnn::DeviceLimits device;
+  device.sm_count = static_cast<int>(sm_count);
+  device.smem_optin = static_cast<int>(smem_optin);
+  device.smem_per_sm = static_cast<int>(smem_per_sm);
+  device.major = static_cast<int>(major);
+  device.cooperative = static_cast<int>(cooperative);
+  return WritePlanLine(
+      PlanForDtype(p, dtype, static_cast<jaxcnn::FireAlgorithm>(algorithm), &device), out,
+      out_len);
 }
 
 // Workspace bytes the handler will need for these shapes, dtype code and algorithm code (the

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/device_attribute.h"
 #include "fusion/fire.h"
 
 namespace jaxcnn {
@@ -27,10 +28,12 @@ namespace fire_fused_wgmma {
 
 // nullptr if the fused kernel runs these params with these pointers, else why not: 16-bit
 // types, 32 squeeze channels, C a multiple of 32, E1 and E3 positive multiples of 64 whose
-// weights fit shared memory next to the pipeline, 16-byte aligned buffers, an sm_90 device.
+// weights fit shared memory next to the pipeline, 16-byte aligned buffers, an sm_90 device:
+// `device` where given (its driver taken to encode tensor maps, as every CUDA 12 driver does),
+// else the current device and this process's driver.
 const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_float, const void* x,
                               const void* w_sq, const void* w_e1, const void* w_e3,
-                              const void* y);
+                              const void* y, const DeviceLimits* device = nullptr);
 
 // p must pass UnsupportedReason; biases may be null (zero).
 template <typename T>

@@ -458,7 +458,7 @@ int64_t Grid(const FireParams& p) { return std::min<int64_t>(WorkOf(p), SmCount(
 
 const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_float, const void* x,
                               const void* w_sq, const void* w_e1, const void* w_e3,
-                              const void* y) {
+                              const void* y, const DeviceLimits* device) {
   if (is_float || dtype_bytes != 2) return "fused wgmma fire: bfloat16 / float16 only";
   if (p.S != kSqueeze) return "fused wgmma fire: 32 squeeze channels only";
   if (p.C <= 0 || p.C % kChunkC != 0) return "fused wgmma fire: C must be a multiple of 32";
@@ -470,10 +470,12 @@ const char* UnsupportedReason(const FireParams& p, int dtype_bytes, bool is_floa
     return "fused wgmma fire: x, y and the weights must be 16-byte aligned";
   if (WorkOf(p) > std::numeric_limits<int32_t>::max())
     return "fused wgmma fire: more than 2^31 - 1 tiles";
+  const char* not_hopper = "fused wgmma fire: needs an sm_90 (Hopper) device";
+  const char* no_smem = "fused wgmma fire: not enough shared memory per block";
+  if (device != nullptr) return HopperDeviceUnsupportedReason(*device, SmemBytes(p), not_hopper, no_smem);
   if (TensorMapEncoder() == nullptr)
     return "fused wgmma fire: the driver has no cuTensorMapEncodeTiled";
-  return HopperDeviceUnsupportedReason(SmemBytes(p), "fused wgmma fire: needs an sm_90 (Hopper) device",
-                                       "fused wgmma fire: not enough shared memory per block");
+  return HopperDeviceUnsupportedReason(SmemBytes(p), not_hopper, no_smem);
 }
 
 template <typename T>

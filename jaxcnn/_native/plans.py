@@ -16,6 +16,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jaxcnn.profile.gpu_specs import GpuSpec
 
 
 def _dims(value: str) -> tuple[int, ...]:
@@ -86,6 +90,25 @@ class FirePlan:
     launches: int | None = None  # wgmma: 1 (all fused), 2 or 3
     squeeze: str | None = None  # wgmma: "fused", "wgmma" or "conv_tc"
     workspace: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The GPU attributes a plan reads (cuda_ops/common/device_attribute.h DeviceLimits), for a
+    plan query about a described GPU instead of the current device (jaxcnn_fire_plan_for_device):
+    the cost model plans for the GPU it is asked about, on a machine without it."""
+
+    sm_count: int
+    smem_optin: int  # bytes of shared memory one block may opt in to
+    smem_per_sm: int  # bytes of shared memory per SM
+    major: int  # compute capability major
+    cooperative: bool = True  # cooperative (grid-barrier) launches
+
+    @classmethod
+    def from_spec(cls, spec: GpuSpec) -> DeviceLimits:
+        """The limits of a jaxcnn.profile.gpu_specs entry."""
+        return cls(spec.sm_count, spec.smem_per_block_optin_bytes, spec.smem_per_sm_bytes,
+                   spec.compute_capability_major, spec.cooperative_launch)
 
 
 @dataclass(frozen=True)

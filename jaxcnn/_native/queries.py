@@ -15,6 +15,7 @@ from jaxcnn._native import library
 from jaxcnn._native.codes import dtype_code
 from jaxcnn._native.plans import (
     ConvPoolPlan,
+    DeviceLimits,
     FirePlan,
     SparsePlan,
     parse_conv_pool_plan,
@@ -125,22 +126,27 @@ def sparse_conv_scratch_bytes(params: dict) -> int | None:
     return None if size < 0 else int(size)
 
 
-def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto") -> FirePlan | None:
-    """The fire module's kernel configuration for these shapes on the current device, read from
-    the library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ...", or
-    "kernel=wgmma launches=2 workspace=..."): what the handler will launch. None when the library
-    is not loaded (or predates the query)."""
-    fn = _export("jaxcnn_fire_plan")
+def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto",
+              device: DeviceLimits | None = None) -> FirePlan | None:
+    """The fire module's kernel configuration for these shapes on the current device (or on the
+    described `device`: jaxcnn_fire_plan_for_device, the same decisions), read from the
+    library's one line ("kernel=tensor_core tile=8x16 split=1 grid=132 smem=... ...", or
+    "kernel=wgmma launches=2 workspace=..."): what the handler will launch. None when the
+    library is not loaded (or predates the query)."""
+    fn = _export("jaxcnn_fire_plan" if device is None else "jaxcnn_fire_plan_for_device")
     if fn is None:
         return None
     # imported here: jaxcnn.ops holds these codes, and its primitives import this module
     from jaxcnn.ops.fire.config import ALGORITHMS
 
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_int64] * 9 + [ctypes.c_char_p, ctypes.c_int64]
     n, h, w, c = x_nhwc
-    return parse_fire_plan(_plan_line(fn, n, h, w, c, squeeze, expand1, expand3, dtype_code(dtype),
-                                      ALGORITHMS.index(algorithm)))
+    args = [n, h, w, c, squeeze, expand1, expand3, dtype_code(dtype), ALGORITHMS.index(algorithm)]
+    if device is not None:
+        args += [device.sm_count, device.smem_optin, device.smem_per_sm, device.major,
+                 int(device.cooperative)]
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64] * len(args) + [ctypes.c_char_p, ctypes.c_int64]
+    return parse_fire_plan(_plan_line(fn, *args))
 
 
 def fire_workspace_bytes(x_nhwc, squeeze, expand1, expand3, dtype, algorithm) -> int:

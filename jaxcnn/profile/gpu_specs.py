@@ -52,6 +52,9 @@ class GpuSpec:
     l2_bandwidth: Ceiling | None = None  # bytes/s the SMs can move through L2
     l1_smem_per_sm_bytes: int = 0  # unified L1 + shared memory per SM
     smem_per_sm_bytes: int = 0  # the most of it that can be shared memory
+    smem_per_block_optin_bytes: int = 0  # the most one CTA may opt in to (the rest: reserved)
+    compute_capability_major: int = 0  # 9 Hopper, 8 Ampere, 7 Volta
+    cooperative_launch: bool = True  # grid-wide barriers (every part since Pascal)
     l1_bandwidth: Ceiling | None = None  # bytes/s, all SMs: 128 B/clk/SM * SMs * clock
     fp32_lanes_per_sm: int = FP32_LANES_PER_SM
     max_threads_per_sm: int = 2048
@@ -104,16 +107,22 @@ class _Die:
     l2_note: str  # where the per-clock L2 figure comes from
     l1_smem_per_sm_bytes: int
     smem_per_sm_bytes: int
+    smem_per_block_optin_bytes: int
+    compute_capability_major: int
     fp32_lanes_per_sm: int
 
 
 # 50 MB L2 on every H100/H200 product. NVIDIA publishes no Hopper L2 bandwidth: assume A100's
-# 5120 B/clk (A100 whitepaper) per clock.
+# 5120 B/clk (A100 whitepaper) per clock. Opt-in shared memory per block: the CUDA programming
+# guide's table of compute capabilities (what cudaDevAttrMaxSharedMemoryPerBlockOptin reports).
 _GH100 = _Die(
-    50 * MIB, 5120, "A100's per-clock figure, assumed for Hopper", 256 * KIB, 228 * KIB, 128
+    50 * MIB, 5120, "A100's per-clock figure, assumed for Hopper", 256 * KIB, 228 * KIB,
+    227 * KIB, 9, 128
 )
-_GA100 = _Die(40 * MIB, 5120, "A100 whitepaper L2 read bandwidth", 192 * KIB, 164 * KIB, 64)
-_GV100 = _Die(6 * MIB, 2048, "A100 whitepaper's V100 figure", 128 * KIB, 96 * KIB, 64)
+_GA100 = _Die(40 * MIB, 5120, "A100 whitepaper L2 read bandwidth", 192 * KIB, 164 * KIB,
+              163 * KIB, 8, 64)
+_GV100 = _Die(6 * MIB, 2048, "A100 whitepaper's V100 figure", 128 * KIB, 96 * KIB, 96 * KIB, 7,
+              64)
 
 
 def _dense_compute(tensor_per_s: float, fp32_per_s: float) -> dict[str, Ceiling]:
@@ -151,6 +160,8 @@ def _gpu(
         l2_bandwidth=_l2_bandwidth(die.l2_bytes_per_clk, boost_clock_hz, die.l2_note),
         l1_smem_per_sm_bytes=die.l1_smem_per_sm_bytes,
         smem_per_sm_bytes=die.smem_per_sm_bytes,
+        smem_per_block_optin_bytes=die.smem_per_block_optin_bytes,
+        compute_capability_major=die.compute_capability_major,
         l1_bandwidth=_l1_bandwidth(sm_count, boost_clock_hz),
         fp32_lanes_per_sm=die.fp32_lanes_per_sm,
     )

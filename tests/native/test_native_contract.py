@@ -17,11 +17,16 @@ from cuda_lowering import needs_library
 CUDA_OPS = Path(__file__).resolve().parents[2] / "cuda_ops"
 PARAMS_HEADER = CUDA_OPS / "common" / "conv2d_params.h"
 CONV2D_FFI = CUDA_OPS / "conv" / "conv2d_ffi.cu"
-# Plan query -> (its source, the record Python reads its line into).
+FIRE_FFI = CUDA_OPS / "fusion" / "fire_ffi.cu"
+# Plan query -> (its source, the record Python reads its line into, the function that prints
+# the line: the query itself or the one printer it shares).
 PLAN_QUERIES = {
-    "jaxcnn_conv_pool_plan": (CUDA_OPS / "conv_pool" / "conv_pool_ffi.cu", plans.ConvPoolPlan),
-    "jaxcnn_fire_plan": (CUDA_OPS / "fusion" / "fire_ffi.cu", plans.FirePlan),
-    "jaxcnn_sparse_conv_plan": (CUDA_OPS / "sparse" / "sparse_ffi.cu", plans.SparsePlan),
+    "jaxcnn_conv_pool_plan": (CUDA_OPS / "conv_pool" / "conv_pool_ffi.cu", plans.ConvPoolPlan,
+                              "jaxcnn_conv_pool_plan"),
+    "jaxcnn_fire_plan": (FIRE_FFI, plans.FirePlan, "WritePlanLine"),
+    "jaxcnn_fire_plan_for_device": (FIRE_FFI, plans.FirePlan, "WritePlanLine"),
+    "jaxcnn_sparse_conv_plan": (CUDA_OPS / "sparse" / "sparse_ffi.cu", plans.SparsePlan,
+                                "jaxcnn_sparse_conv_plan"),
 }
 # Python's "xla" runs lax's own conv; its code is reserved in the C++ enum (never sent).
 PYTHON_ONLY = {"xla"}
@@ -86,20 +91,41 @@ def test_the_loaded_library_answers_the_query():
                                     cfg.replace(algorithm="depthwise"))
 
 
-def plan_keys(source: Path, query: str) -> set[str]:
-    """The `key=` names in the string literals of `query`'s body in `source`."""
-    body = re.search(rf"{query}\(.*?\n}}\n", source.read_text(), re.S)
-    assert body, f"no {query} in {source}"
-    return {key for literal in re.findall(r'"([^"]*)"', body.group(0)) for key in re.findall(r"(\w+)=", literal)}
+def function_body(source: Path, name: str) -> str:
+    """The text of function `name` in `source`, from its name to its closing brace."""
+    body = re.search(rf"\b{name}\(.*?\n}}\n", source.read_text(), re.S)
+    assert body, f"no {name} in {source}"
+    return body.group(0)
+
+
+def plan_keys(source: Path, function: str) -> set[str]:
+    """The `key=` names in the string literals of `function`'s body in `source`."""
+    body = function_body(source, function)
+    return {key for literal in re.findall(r'"([^"]*)"', body) for key in re.findall(r"(\w+)=", literal)}
 
 
 @pytest.mark.parametrize("query", sorted(PLAN_QUERIES))
 def test_plan_records_have_a_field_for_every_printed_key(query):
-    source, record = PLAN_QUERIES[query]
-    keys = plan_keys(source, query)
+    source, record, printer = PLAN_QUERIES[query]
+    if printer != query:
+        assert f"{printer}(" in function_body(source, query), f"{query} does not print with {printer}"
+    keys = plan_keys(source, printer)
     assert "kernel" in keys
     fields = {f.name for f in dataclasses.fields(record)} - {"text", "why"}
     assert keys == fields
+
+
+def test_fire_plan_for_device_takes_the_device_limits_fields():
+    """jaxcnn_fire_plan_for_device's parameters: jaxcnn_fire_plan's shape, dtype and algorithm,
+    then DeviceLimits' fields in order (queries.fire_plan passes them so), then the buffer."""
+    def params(name):
+        m = re.search(rf"\b{name}\((.*?)\)\s*\{{", FIRE_FFI.read_text(), re.S)
+        assert m, f"no {name} in {FIRE_FFI}"
+        return [" ".join(p.split()).rsplit(" ", 1)[1] for p in m.group(1).split(",")]
+
+    plain, for_device = params("jaxcnn_fire_plan"), params("jaxcnn_fire_plan_for_device")
+    device = [f.name for f in dataclasses.fields(plans.DeviceLimits)]
+    assert for_device == plain[:-2] + device + plain[-2:]
 
 
 def test_plan_lines_read_into_typed_fields():

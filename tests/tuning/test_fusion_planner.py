@@ -83,6 +83,15 @@ def test_kinds_are_validated():
 # ---------------------------------------------------------------- the cost model
 
 
+def fire_plan_or_skip(group, spec):
+    """The library's plan for `group` on `spec`'s GPU (the cost model's source), or a skip when
+    the library (or its plan_for_device export) is not loaded."""
+    plan = cost.fire_plan(group, spec)
+    if plan is None:
+        pytest.skip("the library's jaxcnn_fire_plan_for_device is not loaded")
+    return plan
+
+
 def test_fire_cost_model_counts_saved_bytes_and_launches():
     """Small fires, and big ones with a 16-channel squeeze, run the single fused kernel (saves
     s's round trip and the concatenate); big ones with a wider squeeze on Hopper the wgmma
@@ -101,9 +110,10 @@ def test_fire_cost_model_counts_saved_bytes_and_launches():
         assert g.attrs["squeeze"] == s and g.x_shape[1] == hw
         fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
         assert (fused.launches, xla.launches) == (launches, 4)
-        assert cost.fire_uses_wgmma(g, spec) == wgmma
-        assert cost.fire_merges_expands(g) == (s % 32 == 0)
-        assert cost.fire_runs_one_launch(g) == (s == 32)
+        plan = fire_plan_or_skip(g, spec)
+        assert (plan.kernel == "wgmma") == wgmma, plan.text
+        if wgmma:  # one launch with S = 32, merged expands with S % 32, else one conv each
+            assert plan.launches == launches, plan.text
         squeeze = batch * hw * hw * s * item
         y = batch * hw * hw * 2 * e * item
         # The concatenate's copy (read + write of y); the fused kernel also keeps s on chip
@@ -119,31 +129,34 @@ def test_fire_cost_model_takes_two_phase_for_small_problems():
     kernel: one launch, s's three transfers as XLA's, the concatenate gone."""
     spec = resolve_spec("H200", False)[0]
     groups, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="bfloat16", kinds=BLOCKS)
-    small = [g for g in groups if g.x_shape[1] * g.x_shape[2] <= cost.FIRE_TWO_PHASE_MAX_PIXELS]
+    small = [g for g in groups if g.x_shape[1] * g.x_shape[2] <= 1024]  # fire.cu kTwoPhaseMaxPixels
     assert [g.x_shape[1] for g in small] == [27, 27, 13, 13, 13, 13]
     for g in groups:
-        assert cost.fire_uses_two_phase(g) == (g in small)
+        assert (fire_plan_or_skip(g, spec).kernel == "two_phase") == (g in small)
     g = small[-1]
-    assert not cost.fire_uses_wgmma(g, spec)
     fused, xla = fusion.fused_cost(g, spec), fusion.unfused_cost(g, spec)
     assert fused.launches == 1
     y = 13 * 13 * 512 * 2
     assert xla.dram_bytes - fused.dram_bytes == pytest.approx(2 * y)
     # fp32 and off-multiple channels never take it.
     g32, _ = fusion.find_groups("squeezenet1_1", batch=1, dtype="float32", kinds=BLOCKS)
-    assert not any(cost.fire_uses_two_phase(g) for g in g32)
+    assert all(fire_plan_or_skip(g, spec).kernel == "fma" for g in g32)
 
 
-def test_fire_two_cta_layout_mirrors_the_launcher():
-    """The cost model's shared-memory estimate equals fire.cu's TcLayout (H200 plan text:
-    SqueezeNet 1.1 fire2 at N=64 smem=109632, fire3 112704) and rejects wide expands."""
-    assert cost.fire_fits_two_ctas_unsplit(64, 55, 55, 64, 16, 64, 64)
-    assert cost.fire_fits_two_ctas_unsplit(64, 55, 55, 128, 16, 64, 64)
-    assert not cost.fire_fits_two_ctas_unsplit(64, 27, 27, 128, 32, 128, 128)
-    assert not cost.fire_fits_two_ctas_unsplit(64, 55, 55, 128, 16, 128, 128)
-    # Not on other GPUs: wgmma is Hopper's.
-    (g, *_), _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
-    assert not cost.fire_uses_wgmma(g, resolve_spec("A100 SXM 80GB", False)[0])
+def test_fire_model_reads_the_launchers_two_cta_layout():
+    """The cost model's fused fire is the library's plan for the spec's GPU: SqueezeNet 1.1
+    fire2/fire3 at N=64 on H200 run the fused kernel two CTAs per SM unsplit (the planner's
+    answers: smem=109632 and 112704), so they stay off the wgmma path; the same fires on an
+    A100 (no wgmma) keep the fused kernel too."""
+    spec = resolve_spec("H200", False)[0]
+    groups, _ = fusion.find_groups("squeezenet1_1", batch=64, dtype="bfloat16", kinds=BLOCKS)
+    for g, smem in zip(groups[:2], (109632, 112704)):
+        plan = fire_plan_or_skip(g, spec)
+        assert (plan.kernel, plan.ctas_per_sm, plan.split, plan.smem) == ("tensor_core", 2, 1, smem)
+        assert fusion.fused_cost(g, spec).config == f"library plan: {plan.text}"
+    a100 = resolve_spec("A100 SXM 80GB", False)[0]
+    assert fire_plan_or_skip(groups[2], a100).kernel == "tensor_core"
+    assert fire_plan_or_skip(groups[2], spec).kernel == "wgmma"
 
 
 def test_fp32_fire_at_large_batch_is_left_to_xla_by_the_model():
