@@ -12,7 +12,15 @@ import ctypes
 import jax
 
 from jaxcnn._native import library
-from jaxcnn._native.codes import dtype_code
+from jaxcnn._native.codes import (
+    ACTIVATION_CODES,
+    CONV2D_ALGORITHMS,
+    CONV2D_PRECISIONS,
+    CONV_POOL_ALGORITHMS,
+    FIRE_ALGORITHMS,
+    LAYOUTS,
+    dtype_code,
+)
 from jaxcnn._native.plans import (
     ConvPoolPlan,
     DeviceLimits,
@@ -39,10 +47,6 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) 
     residual operand. Asks the library, so the size always matches the handler's own choice."""
     if not library.handlers_registered():
         return 0
-    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.conv2d.config import ALGORITHMS, LAYOUTS, PRECISIONS
-    from jaxcnn.ops.epilogue import ACTIVATION_CODES
-
     fn = library.loaded_library().jaxcnn_conv2d_workspace_bytes
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_int64] * len(CONV2D_QUERY_FIELDS) + [ctypes.POINTER(ctypes.c_char_p)]
@@ -53,8 +57,8 @@ def conv2d_workspace_bytes(x_nhwc, w_shape, y_nhwc, dtype, cfg, residual=False) 
         stride_h=cfg.stride[0], stride_w=cfg.stride[1], pad_h=pt, pad_w=pl,
         dil_h=cfg.dilation[0], dil_w=cfg.dilation[1], groups=cfg.groups,
         activation=ACTIVATION_CODES[cfg.activation], has_residual=int(bool(residual)),
-        layout=LAYOUTS.index(cfg.layout), precision=PRECISIONS.index(cfg.precision),
-        algorithm=ALGORITHMS.index(cfg.algorithm), dtype=dtype_code(dtype),
+        layout=LAYOUTS.index(cfg.layout), precision=CONV2D_PRECISIONS.index(cfg.precision),
+        algorithm=CONV2D_ALGORITHMS.index(cfg.algorithm), dtype=dtype_code(dtype),
     )
     reason = ctypes.c_char_p()
     size = fn(*(fields[name] for name in CONV2D_QUERY_FIELDS), ctypes.byref(reason))
@@ -136,11 +140,8 @@ def fire_plan(x_nhwc, squeeze, expand1, expand3, dtype, algorithm="auto",
     fn = _export("jaxcnn_fire_plan" if device is None else "jaxcnn_fire_plan_for_device")
     if fn is None:
         return None
-    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.fire.config import ALGORITHMS
-
     n, h, w, c = x_nhwc
-    args = [n, h, w, c, squeeze, expand1, expand3, dtype_code(dtype), ALGORITHMS.index(algorithm)]
+    args = [n, h, w, c, squeeze, expand1, expand3, dtype_code(dtype), FIRE_ALGORITHMS.index(algorithm)]
     if device is not None:
         args += [device.sm_count, device.smem_optin, device.smem_per_sm, device.major,
                  int(device.cooperative)]
@@ -156,15 +157,12 @@ def fire_workspace_bytes(x_nhwc, squeeze, expand1, expand3, dtype, algorithm) ->
     error to report, at run time."""
     if not library.handlers_registered():
         return 0
-    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.fire.config import ALGORITHMS
-
     fn = library.loaded_library().jaxcnn_fire_workspace_bytes
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_int64] * 9
     n, h, w, c = x_nhwc
     return int(fn(n, h, w, c, squeeze, expand1, expand3,
-                  dtype_code(dtype), ALGORITHMS.index(algorithm)))
+                  dtype_code(dtype), FIRE_ALGORITHMS.index(algorithm)))
 
 
 def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> ConvPoolPlan | None:
@@ -175,10 +173,6 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> ConvPoolPlan | None:
     fn = _export("jaxcnn_conv_pool_plan")
     if fn is None:
         return None
-    # imported here: jaxcnn.ops holds these codes, and its primitives import this module
-    from jaxcnn.ops.conv2d.config import PRECISIONS
-    from jaxcnn.ops.conv2d_pool.config import ALGORITHMS
-
     fn.restype = ctypes.c_int64
     i64s = ctypes.POINTER(ctypes.c_int64)
     fn.argtypes = [i64s, i64s, i64s, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -190,4 +184,4 @@ def conv_pool_plan(x_nhwc, w_shape, dtype, cfg) -> ConvPoolPlan | None:
     conv_attrs = (ctypes.c_int64 * 8)(*conv.stride, pt, pb, pl, pr, *conv.dilation)
     pool_attrs = (ctypes.c_int64 * 8)(*cfg.pool_window, *cfg.pool_stride, qt, qb, ql, qr)
     return parse_conv_pool_plan(_plan_line(fn, dims, conv_attrs, pool_attrs, dtype_code(dtype),
-                                           PRECISIONS.index(conv.precision), ALGORITHMS.index(cfg.algorithm)))
+                                           CONV2D_PRECISIONS.index(conv.precision), CONV_POOL_ALGORITHMS.index(cfg.algorithm)))

@@ -15,18 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-# name -> code sent to the kernels as the `activation` attribute (cuda_ops/common/epilogue.cuh).
-ACTIVATION_CODES = {
-    None: 0,
-    "relu": 1,
-    "relu6": 2,
-    "silu": 3,
-    "hard_swish": 4,
-    "gelu_tanh": 5,
-    "gelu_erf": 6,
-    "sigmoid": 7,
-    "leaky_relu": 8,
-}
+from jaxcnn._native.codes import ACTIVATION_CODES  # name -> the kernels' `activation` attribute
+
 ACTIVATIONS = tuple(ACTIVATION_CODES)
 # leaky_relu's negative slope when none is given (jax.nn.leaky_relu's default).
 DEFAULT_LEAKY_ALPHA = 0.01

@@ -1,4 +1,4 @@
-"""Activation layouts: names, their C++ codes, validation, permutations and axes (no jax needed).
+"""Activation layouts: names, their C++ codes (from jaxcnn._native.codes), validation, permutations and axes.
 
 A layout string names the memory order of a 4-D activation with logical dims N (batch),
 C (channels), H and W. The codes match `TensorLayout` in cuda_ops/common/conv2d_params.h.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-NHWC, NCHW, CHWN = "NHWC", "NCHW", "CHWN"
-LAYOUTS: tuple[str, ...] = (NHWC, NCHW, CHWN)
-LAYOUT_CODES: dict[str, int] = {NHWC: 0, NCHW: 1, CHWN: 2}
+from jaxcnn._native.codes import LAYOUT_CODES, LAYOUTS  # noqa: F401  (their names, and codes)
+
+NHWC, NCHW, CHWN = LAYOUTS
 
 
 def check_layout(layout, arg: str = "layout") -> str:

@@ -11,7 +11,10 @@ import jax.numpy as jnp
 import pytest
 
 from jaxcnn._native import codes, plans, queries
-from jaxcnn.ops.conv2d.config import ALGORITHMS, HANDLER_ALGORITHM, LAYOUTS, PRECISIONS, make_config
+from jaxcnn._native.codes import CONV2D_ALGORITHMS as ALGORITHMS
+from jaxcnn._native.codes import CONV2D_PRECISIONS as PRECISIONS
+from jaxcnn._native.codes import CONV_POOL_ALGORITHMS, FIRE_ALGORITHMS, LAYOUTS
+from jaxcnn.ops.conv2d.config import HANDLER_ALGORITHM, make_config
 from cuda_lowering import needs_library
 
 CUDA_OPS = Path(__file__).resolve().parents[2] / "cuda_ops"
@@ -32,10 +35,10 @@ PLAN_QUERIES = {
 PYTHON_ONLY = {"xla"}
 
 
-def header_enum(name: str) -> dict[str, int]:
-    """`kName = code` entries of `enum class <name> : int { ... }` in conv2d_params.h."""
-    body = re.search(rf"enum class {name}\s*:\s*int\s*\{{(.*?)\}};", PARAMS_HEADER.read_text(), re.S)
-    assert body, f"no enum class {name} in {PARAMS_HEADER}"
+def header_enum(name: str, header: Path = PARAMS_HEADER) -> dict[str, int]:
+    """`kName = code` entries of `enum class <name> : int { ... }` in `header` (conv2d_params.h)."""
+    body = re.search(rf"enum class {name}\s*:\s*int\s*\{{(.*?)\}};", header.read_text(), re.S)
+    assert body, f"no enum class {name} in {header}"
     return {k: int(v) for k, v in re.findall(r"\bk(\w+)\s*=\s*(\d+)", body.group(1))}
 
 
@@ -57,6 +60,14 @@ def test_algorithm_codes():
     assert header_enum("Conv2dAlgorithm") == want
     assert set(header_enum("Conv2dAlgorithm").values()).isdisjoint(ALGORITHMS.index(n) for n in PYTHON_ONLY)
     assert HANDLER_ALGORITHM not in ALGORITHMS  # a public alias of "auto", never a code
+
+
+@pytest.mark.parametrize("codes,enum,header", [
+    (FIRE_ALGORITHMS, "FireAlgorithm", CUDA_OPS / "fusion" / "fire.h"),
+    (CONV_POOL_ALGORITHMS, "ConvPoolAlgorithm", CUDA_OPS / "conv_pool" / "conv_pool.h"),
+])
+def test_fused_op_algorithm_codes(codes, enum, header):
+    assert header_enum(enum, header) == {camel(name): i for i, name in enumerate(codes)}
 
 
 def query_signature() -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ import pytest
 
 import jaxcnn
 from jaxcnn._native import library
-from jaxcnn.ops.epilogue import ACTIVATION_CODES
+from jaxcnn._native.codes import ACTIVATION_CODES
 from cuda_lowering import cuda_text, custom_calls
 
 EPILOGUE_HEADER = Path(__file__).resolve().parents[2] / "cuda_ops" / "common" / "epilogue.cuh"

@@ -15,16 +15,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jaxcnn"
 # Imports inside functions in jaxcnn/: the CLI's per-command imports of the modules that load
-# jax (the dashboard command stays jax-free), _native.queries' codes (jaxcnn.ops imports
-# _native), conv2d's decision owner, and the optional or slow ones (jax off the dashboard path,
-# scipy.optimize, pandas in the store reader). Lower it as they go.
-MAX_FUNCTION_LEVEL_IMPORTS = 25
+# jax (the dashboard command stays jax-free), conv2d's decision owner, and the optional or slow
+# ones (jax off the dashboard path, scipy.optimize, pandas in the store reader). Lower it as
+# they go.
+MAX_FUNCTION_LEVEL_IMPORTS = 19
 # The imports inside functions that close a cycle on purpose, as (importer, imported module
-# prefix): the codes the queries pass live in jaxcnn.ops, whose primitives import _native; conv2d
-# asks the decision owner, which sits above the ops package. Any other cycle, hidden in a
-# function or not, fails.
-DELIBERATE_CYCLE_IMPORTS = (("jaxcnn._native.queries", "jaxcnn.ops"),
-                            ("jaxcnn.ops.conv2d.api", "jaxcnn.tuning.conv_choice"))
+# prefix): conv2d asks the decision owner, which sits above the ops package. Any other cycle,
+# hidden in a function or not, fails.
+DELIBERATE_CYCLE_IMPORTS = (("jaxcnn.ops.conv2d.api", "jaxcnn.tuning.conv_choice"),)
 
 
 def module_names() -> dict[str, tuple[Path, bool]]:

@@ -13,19 +13,16 @@ from typing import Any, Sequence
 import numpy as np
 from jax import lax
 
+from jaxcnn._native.codes import CONV2D_ALGORITHMS, CONV2D_PRECISIONS
 from jaxcnn.ops.epilogue import ACTIVATIONS, check_activation
 from jaxcnn.ops.layout_axes import LAYOUTS, convert_shape  # x and y memory orders; weights are HWIO
 from jaxcnn.ops.operand_checks import check_int32, check_int32_extent, check_int32_shape
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("bfloat16"), np.dtype("float16"))
-# fp32 math: "default" may use TF32 tensor cores (as XLA's DEFAULT does on GPUs), "highest" is
-# fp32-accurate. Codes match cuda_ops' MathPrecision.
-PRECISIONS = ("default", "highest")
-# Kernel family; "auto" lets the CUDA handler pick. Codes match cuda_ops' Conv2dAlgorithm;
-# "xla" (last, never sent to the handler) runs XLA's own convolution: the layout planner picks it
-# for layers where XLA's kernel measures faster than ours.
-# Index = the handler's algorithm code ("xla", 4, never reaches it).
-ALGORITHMS = ("auto", "direct", "tensor_core", "depthwise", "xla", "wgmma", "stem")
+# fp32 math ("default" may use TF32, "highest" is fp32-accurate) and kernel family ("auto": the
+# CUDA handler picks; "xla" runs XLA's own convolution), their codes the index.
+PRECISIONS = CONV2D_PRECISIONS
+ALGORITHMS = CONV2D_ALGORITHMS
 # jaxcnn.conv2d's algorithm="auto" is a decision between XLA's conv and jaxcnn's families
 # (jaxcnn/tuning/conv_choice.py); "jaxcnn" skips it and sends "auto" to the handler, which picks
 # among its families alone (what measurements of "our kernel" and fused rewrites want).

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from jaxcnn._native.codes import CONV_POOL_ALGORITHMS
 from jaxcnn.ops.conv2d.config import (
     Conv2dConfig,
     check_conv_ints,
@@ -32,7 +33,7 @@ Pair = tuple[int, int]
 # a multiple of 4; a small or unaligned C runs the stem kernel where R*S*C <= 512, else the
 # implicit-GEMM kernel's flat-K mode) else the CUDA-core kernel; "tensor_core" (implicit GEMM), "stem" and "wgmma" fail where they
 # cannot run; "direct" is the CUDA-core kernel (fp32-accurate, any shape).
-ALGORITHMS = ("auto", "tensor_core", "direct", "stem", "wgmma")
+ALGORITHMS = CONV_POOL_ALGORITHMS
 # Operand order of the primitive and the custom call (bias is always present: zeros for None).
 OPERAND_NAMES = ("x", "w", "bias")
 

@@ -11,13 +11,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcnn._native.codes import FIRE_ALGORITHMS
 from jaxcnn.ops.operand_checks import check_float_dtype, check_int32_shape
 
 # Kernel choice; codes match cuda_ops' FireAlgorithm. "auto": the two-phase kernel for small
 # problems (<= 1024 output pixels); on Hopper, the wgmma path (one launch for S = 32, else
 # squeeze conv + merged expands) for big problems or S > 32; else the fused mma.sync kernel (bf16/fp16, channel counts
 # multiples of 8, 16-byte aligned buffers); else the CUDA-core kernel.
-ALGORITHMS = ("auto", "tensor_core", "fma", "wgmma", "two_phase")
+ALGORITHMS = FIRE_ALGORITHMS
 # Operand order of the primitive and the custom call.
 OPERAND_NAMES = ("x", "squeeze_w", "expand1_w", "expand3_w", "squeeze_b", "expand1_b", "expand3_b")
 
