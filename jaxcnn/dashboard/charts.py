@@ -41,8 +41,33 @@ def chart_title(text: str | list[str], source: str | None = None) -> alt.TitlePa
 
 
 def _framed(chart, title: str | list[str], height: int, source: str | None):
-    """A single-view or layered chart with its title, source, plot height and sizing."""
-    return chart.properties(title=chart_title(title, source), height=height, padding=_PADDING, autosize=_AUTOSIZE)
+    """A single-view or layered chart with its title, source, plot height and sizing; each view
+    carries only the columns it draws."""
+    return _drawn_columns_only(chart).properties(title=chart_title(title, source), height=height, padding=_PADDING,
+                                                autosize=_AUTOSIZE)
+
+
+def _encoded_fields(encoding: object) -> set[str]:
+    """Every field name an encoding (as a dict, nested channels and tooltips included) refers to."""
+    if isinstance(encoding, list):
+        return set().union(*map(_encoded_fields, encoding)) if encoding else set()
+    if not isinstance(encoding, dict):
+        return set()
+    found = {encoding["field"]} if isinstance(encoding.get("field"), str) else set()
+    return found.union(*map(_encoded_fields, encoding.values()))
+
+
+def _drawn_columns_only(chart):
+    """`chart` with each view's DataFrame cut to the columns its encoding uses (marks and
+    tooltips): the rest of a frame (shapes, other backends' columns) would only be sent to the
+    browser and decoded there. Views with transforms keep their data whole."""
+    if isinstance(chart, alt.LayerChart):
+        chart.layer = [_drawn_columns_only(view) for view in chart.layer]
+    elif (isinstance(chart, alt.Chart) and isinstance(chart.data, pd.DataFrame)
+          and chart.encoding is not alt.Undefined and chart.transform is alt.Undefined):
+        used = _encoded_fields(chart.encoding.to_dict(validate=False))
+        chart.data = chart.data[[c for c in chart.data.columns if c in used]]
+    return chart
 
 
 def _layer_tooltip(frame: pd.DataFrame, *extra: alt.Tooltip) -> list[alt.Tooltip]:

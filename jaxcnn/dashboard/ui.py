@@ -24,6 +24,7 @@ from jaxcnn.store import Store, StoreError
 DB_INPUT_KEY = "db_path"  # sidebar text input: the DB to show
 SHIPPED_KEY = "use_shipped"  # sidebar toggle: show the shipped data whatever the DB holds
 PICKED_KEY = "picked_runs"  # run ids picked on the Runs page (kept across pages)
+DICTIONARY_ROWS = 1000  # tables this long send repeated text once per distinct value (table())
 
 
 def file_stamp(path: str | os.PathLike) -> tuple:
@@ -169,13 +170,25 @@ def shipped_provenance() -> pd.DataFrame:
 
 def table(frame: pd.DataFrame, name: str, *, key: str, caption: str | None = None) -> None:
     """A dataframe with a CSV download of exactly what is shown, and where its numbers come from."""
-    st.dataframe(frame, hide_index=True, width="stretch")
+    st.dataframe(_dictionary_encoded(frame), hide_index=True, width="stretch")
     st.download_button(f"Download {name}.csv", frame.to_csv(index=False).encode(), file_name=f"{name}.csv",
                        mime="text/csv", key=f"csv-{key}", on_click="ignore")
     sources = data.sources_caption(frame, measured())
     text = " ".join(t for t in (caption, sources) if t)
     if text:
         st.caption(text)
+
+
+def _dictionary_encoded(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` as the browser gets it: in a frame of DICTIONARY_ROWS rows or more, a text column
+    whose values repeat (at most half as many distinct values as rows) becomes a categorical, so
+    each distinct value is sent and decoded once (an Arrow dictionary) with the same cells shown.
+    A plan's buffer table lists every buffer once per packing algorithm."""
+    if len(frame) < DICTIONARY_ROWS:
+        return frame
+    repeated = {column: "category" for column in frame.columns
+                if pd.api.types.is_string_dtype(frame[column]) and frame[column].nunique() <= len(frame) // 2}
+    return frame.astype(repeated) if repeated else frame
 
 
 def chart(spec) -> None:
