@@ -188,9 +188,10 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
             row["first_call_s"]["optimized"], got = first_call_s(opt_jit, args)
             row["max_rel_diff"] = max_rel_diff(got, want)
             row["accurate"] = bool(math.isfinite(row["max_rel_diff"]) and row["max_rel_diff"] <= TOLERANCE[dtype])
-            if dtype != "fp32" and not row["accurate"]:
-                # Two 16-bit programs that round differently drift apart in a deep model: judge
-                # both against the same model in float32 instead (same weights and input).
+            if not row["accurate"]:
+                # Two programs that round differently (16-bit, or float32 convs on TF32 tensor
+                # cores as XLA's default precision runs them) drift apart in a deep model: judge
+                # both against the same model in float32 at HIGHEST precision instead.
                 row.update(float32_errors(name, batch, size, num_classes, m, as_params_fn(opt_jit), as_params_fn(xla_jit)))
                 row["accurate"] = bool(math.isfinite(row["err_f32_optimized"])
                                        and row["err_f32_optimized"] <= max(TOLERANCE[dtype],
@@ -222,11 +223,12 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
     return row
 
 
-# A 16-bit optimized program passes when its error against float32 is at most this many times
-# XLA's own 16-bit error (or within TOLERANCE): BatchNorm folded into 16-bit weights and bias
-# rounds differently from XLA's unfolded program, as every inference engine's folding does.
+# An optimized program passes when its error against float32 (HIGHEST precision) is at most this
+# many times XLA's own error (or within TOLERANCE): BatchNorm folded into 16-bit (or TF32-rounded)
+# weights and bias rounds differently from XLA's unfolded program, as every inference engine's
+# folding does.
 ERROR_GROWTH = 2.0
-# Images both 16-bit programs and the float32 model run for that judgement (more batches of fresh
+# Images both programs and the float32 reference model run for that judgement (more batches of fresh
 # inputs where the row's batch is smaller): one image's output is too few numbers for a stable
 # error, and the error is their relative RMS (||y - y32|| / ||y32|| over all of them), not the
 # largest single difference, which one outlier decides.
@@ -255,12 +257,19 @@ def rel_rms(errors_sq: float, reference_sq: float) -> float:
 
 
 def float32_errors(name, batch, size, num_classes, m, optimized, xla, images: int = ACCURACY_IMAGES) -> dict:
-    """The optimized and XLA's 16-bit programs (jitted callables of (params, x)) against the float32
-    model with the same weights, over accuracy_inputs(m.x): relative RMS errors (the judgement) and
+    """The optimized and XLA's programs (jitted callables of (params, x)) against the float32 model
+    with the same weights at HIGHEST precision (no TF32), over accuracy_inputs(m.x): relative RMS errors (the judgement) and
     the largest relative difference of either (max |y - y32| / max |y32|, for the record)."""
     m32 = tm.build(name, batch=batch, hw=size, dtype=jnp.float32, num_classes=num_classes)
     params32 = jax.tree.map(lambda a, b: jnp.asarray(a, b.dtype), m.params, m32.params)
-    reference = jax.jit(m32.apply)
+    reference_jit = jax.jit(m32.apply)
+
+    def reference(params, x):
+        # True float32 arithmetic: XLA's default precision runs float32 convs and matmuls on TF32
+        # tensor cores (10-bit mantissa), which would put the reference's own error into both.
+        with jax.default_matmul_precision("highest"):
+            return reference_jit(params, x)
+
     sums = {"optimized": 0.0, "xla": 0.0, "reference": 0.0}
     largest = {"optimized": 0.0, "xla": 0.0}
     inputs = accuracy_inputs(m.x, images)
@@ -323,8 +332,9 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
            "HOST WALL TIME (no GPU trace: not a device-time measurement)."),
         "- ratio = XLA / optimized: jax.jit(apply) vs jax.jit(jaxcnn.optimize(apply)), optimize with no arguments.",
         "- wall = host wall time per call (median); first call = trace + rewrite + tuning + compile + run, s.",
-        "- rel diff = max |optimized - XLA| / max |XLA| of the model outputs; where a 16-bit row exceeds the"
-        " tolerance, `vs f32` gives both programs' error against the same model in float32 (relative RMS"
+        "- rel diff = max |optimized - XLA| / max |XLA| of the model outputs; where a row exceeds the"
+        " tolerance, `vs f32` gives both programs' error against the same model in float32 at HIGHEST"
+        " precision (no TF32; relative RMS"
         f" over at least {ACCURACY_IMAGES} images; accurate: the optimized error <= {ERROR_GROWTH}x XLA's own).",
         "",
         "| model | N | dtype | XLA ms | optimized ms | ratio | wall XLA / opt ms | first call XLA / opt s | rel diff "
