@@ -31,6 +31,9 @@
 #     fusionplan fusion planner + fused inception: pytest -m gpu tests/tuning/test_fusion_planner_gpu.py
 #                tests/ops/test_inception_gpu.py, scripts/bench_squeezenet.py (FUSIONPLAN_BENCH_ARGS,
 #                e.g. "--quick"): SqueezeNet 1.0/1.1 end to end, fire modules, inception blocks
+#     shipped    scripts/make_shipped.py --out OUTDIR/shipped (SHIPPED_ARGS, e.g. "--parts zoo,optimized"): the
+#                dashboard's shipped data from this code (zoo, optimize(fn), third-party, plans, memory), one
+#                export per part; copy them into dashboard/shipped/ (older exports of a part go)
 #     planner    scripts/plan_zoo.py (+ bench_memory_planning.py): packing vs XLA's assignment
 #     zoo        scripts/profile_zoo.py: every zoo model at batch 1 and 64 into a store + JSON
 #     ncu        ncu memory counters (DRAM, L2, L1) of bench layers, jaxcnn and XLA (NCU_LAYERS,
@@ -235,6 +238,10 @@ if has planner; then
     step memory_planning timeout "${PLANNER_TIMEOUT:-600}" $PY scripts/bench_memory_planning.py --out "$RAW" \
       --label memory_planning ${MEMORY_PLANNING_ARGS:-}
   fi
+fi
+
+if has shipped; then
+  step make_shipped $PY scripts/make_shipped.py --out "$OUT/shipped" ${SHIPPED_ARGS:-}
 fi
 
 if has zoo; then

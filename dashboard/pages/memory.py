@@ -75,7 +75,12 @@ with ui.guard("Memory"):
                     st.info(f"{algorithm}: the plan records no buffer offsets.")
                     continue
                 ui.chart(charts.buffer_rectangles(placed, algorithm, float(arena_of[algorithm]), source=computed))
-            ui.table(buffers, f"run{run_id}_buffers", key="buffers")
+            # The buffer table follows the same pick: every algorithm lists the same buffers again
+            # (thousands of rows on a large plan), so it shows the packings being looked at.
+            listed = buffers[buffers["algorithm"].isin(shown)] if shown else buffers
+            ui.table(listed, f"run{run_id}_buffers", key="buffers",
+                     caption="Buffers of the algorithms picked above (pick more to list theirs): lifetime in "
+                             "program steps, size, and where each packing puts them.")
 
     st.subheader("XLA's compiled memory (per backend)")
     stats_runs = runs[(runs["measurements"] > 0) & (runs["kind"] == "profile")]

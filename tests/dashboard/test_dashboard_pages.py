@@ -185,6 +185,8 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
             t.get("text") if isinstance(t, dict) else t for t in titles}
         # plans, buffers, memory analysis, donation savings, plan measurements
         assert len(at.dataframe) == 5
+        # The buffer table lists the buffers of the picked algorithms only.
+        assert set(at.dataframe[1].value["algorithm"]) == {"pack_2d", "xla"}
     elif page == "sparsity":
         assert shown["max input zeros (shipped)"].endswith("%")
         assert "no sparse-kernel measurements yet" in banner
