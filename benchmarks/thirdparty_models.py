@@ -621,6 +621,14 @@ MODELS = {
     "keras_mobilenetv2": ("keras", "MobileNetV2", 224, 3),
     "keras_vgg16": ("keras", "VGG16", 224, 3),
     "keras_inceptionv3": ("keras", "InceptionV3", 299, 3),
+    # Models outside the goal's list, to check that the speedups generalize: SiLU and sigmoid
+    # gates (squeeze-excite), hard-swish, pre-activation BatchNorm (BN -> ReLU -> conv),
+    # concatenated feature maps, LayerNorm + GELU with 7x7 depthwise convs.
+    "keras_efficientnetb0": ("keras", "EfficientNetB0", 224, 3),
+    "keras_mobilenetv3small": ("keras", "MobileNetV3Small", 224, 3),
+    "keras_resnet50v2": ("keras", "ResNet50V2", 224, 3),
+    "keras_densenet121": ("keras", "DenseNet121", 224, 3),
+    "keras_convnexttiny": ("keras", "ConvNeXtTiny", 224, 3),
 }
 
 

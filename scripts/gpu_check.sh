@@ -43,7 +43,7 @@
 #                scripts/bench_optimize_flax.py (FLAX_BENCH_ARGS, e.g. "--quick"; FLAX_BENCH_AUTOTUNE=1
 #                adds a --policy autotune run; a --fuse auto run of SqueezeNet/VGG-19 follows);
 #                needs flax + equinox
-#     thirdparty scripts/bench_thirdparty.py (THIRDPARTY_ARGS, e.g. "--quick" or "--weights args,closed"; THIRDPARTY_TIMEOUT): Keras 3
+#     thirdparty scripts/bench_thirdparty.py (THIRDPARTY_ARGS, e.g. "--quick", "--weights args,closed" or "--generalization"; THIRDPARTY_TIMEOUT): Keras 3
 #                applications and Flax/Equinox ResNets, XLA vs jaxcnn.optimize(fn); needs keras + flax + equinox
 #     weightfold scripts/bench_weight_fold.py (WEIGHTFOLD_ARGS): fold_weights' batched kernel vs XLA's fusion per
 #                weight on ResNet-50 / MobileNetV2 weight sets, then ncu sections of the kernel

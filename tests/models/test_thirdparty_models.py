@@ -106,7 +106,7 @@ def test_keras_build_rejects_bad_arguments_before_importing_keras():
 
 @pytest.mark.slow
 @needs_keras
-@pytest.mark.parametrize("name", KERAS_MODELS)
+@pytest.mark.parametrize("name", KERAS_MODELS + bench_thirdparty.GENERALIZATION_MODELS)
 def test_keras_model_runs_and_optimize_matches(name):
     m = check_model(name)
     assert m.layout == "NHWC" and len(m.params) == 2  # (trainable, non-trainable) values
@@ -181,6 +181,17 @@ def test_geomean_over_the_keras_models_against_the_goal():
     assert got[(1, "fp32")]["met"] is None  # 3 of 4 models: no verdict
     wall = [_row(m, 64, "bf16", 2.0, device_time=False) for m in KERAS_MODELS]
     assert bench_thirdparty.geomeans(wall)[0]["met"] is None  # host wall time says nothing of the goal
+
+
+def test_generalization_models_get_their_own_geomean_without_a_goal():
+    general = bench_thirdparty.GENERALIZATION_MODELS
+    assert not set(general) & set(KERAS_MODELS) and set(general) <= set(tm.MODELS)
+    rows = [_row(m, 64, "bf16", 2.0) for m in KERAS_MODELS] + [_row(m, 64, "bf16", 0.5) for m in general[:2]]
+    got = {g["set"]: g for g in bench_thirdparty.geomeans(rows)}
+    assert got["goal"]["geomean"] == pytest.approx(2.0) and got["goal"]["met"] is True
+    assert got["generalization"]["geomean"] == pytest.approx(0.5)
+    assert got["generalization"]["goal"] is None and got["generalization"]["met"] is None
+    assert (got["generalization"]["models"], got["generalization"]["of"]) == (2, len(general))
 
 
 @pytest.mark.slow
