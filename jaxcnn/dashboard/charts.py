@@ -257,6 +257,12 @@ def buffer_rectangles(buffers: pd.DataFrame, algorithm: str, arena_mib: float | 
 def live_bytes_chart(curve: pd.DataFrame, lower_bound_mib: float, arenas: dict[str, float] | None = None,
                      source: str | None = None) -> alt.LayerChart:
     """Live MiB over program order, the lower bound (its max) marked, and each plan's arena as a rule."""
+    # A step-after curve needs a point only where the value changes (and its last step): the
+    # same drawing with fewer points for the browser.
+    if len(curve):
+        changes = curve["live_mib"].ne(curve["live_mib"].shift())
+        changes.iloc[-1] = True
+        curve = curve[changes]
     area = alt.Chart(curve).mark_area(line=True, opacity=0.35, interpolate="step-after").encode(
         x=alt.X("step:Q", title="program step"), y=alt.Y("live_mib:Q", title="live bytes (MiB)"),
         tooltip=[alt.Tooltip("step:Q", title="step"), alt.Tooltip("live_mib:Q", title="live (MiB)", format=".3f")])

@@ -147,6 +147,14 @@ def test_live_bytes_chart_marks_peak_and_bound():
                                                                        ("xla", 4.0)}
 
 
+def test_live_bytes_chart_draws_only_the_steps_where_live_bytes_change():
+    curve = pd.DataFrame({"step": range(7), "live_mib": [1.0, 1.0, 3.0, 3.0, 3.0, 0.5, 0.5]})
+    chart = charts.live_bytes_chart(curve, 3.0)
+    area = layers_of(chart.to_dict())[0]
+    # The same step-after drawing: each change, and the last step so the curve reaches the end.
+    assert [(p["step"], p["live_mib"]) for p in data_of(chart, area)] == [(0, 1.0), (2, 3.0), (5, 0.5), (6, 0.5)]
+
+
 def test_arena_bars_order_and_roles():
     summary = pd.DataFrame(dict(algorithm=["pack_2d", "naive", "xla", "greedy_by_size"],
                                 arena_mib=[3.0, 16.0, 6.0, 3.2], lower_bound_mib=[3.0] * 4,
