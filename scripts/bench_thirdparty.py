@@ -262,8 +262,9 @@ def rel_rms(errors_sq: float, reference_sq: float) -> float:
 
 def float32_errors(name, batch, size, num_classes, m, optimized, xla, images: int = ACCURACY_IMAGES) -> dict:
     """The optimized and XLA's programs (jitted callables of (params, x)) against the float32 model
-    with the same weights at HIGHEST precision (no TF32), over accuracy_inputs(m.x): relative RMS errors (the judgement) and
-    the largest relative difference of either (max |y - y32| / max |y32|, for the record)."""
+    with the same weights at HIGHEST precision (no TF32), over accuracy_inputs(m.x): relative RMS
+    errors (the judgement) and the largest relative difference of either (max |y - y32| /
+    max |y32|, for the record)."""
     m32 = tm.build(name, batch=batch, hw=size, dtype=jnp.float32, num_classes=num_classes)
     params32 = jax.tree.map(lambda a, b: jnp.asarray(a, b.dtype), m.params, m32.params)
     reference_jit = jax.jit(m32.apply)
@@ -307,13 +308,13 @@ def geomeans(rows: list[dict]) -> list[dict]:
     for n, dtype, weights in sorted({(r["n"], r["dtype"], r.get("weights", "args")) for r in rows}):
         group = [r for r in rows if r["n"] == n and r["dtype"] == dtype and r.get("weights", "args") == weights
                  and "ratio" in r]
+        device = all(r["device_time"] for r in group)
         for models_set, models in GEOMEAN_SETS.items():
             ratios = [r["ratio"] for r in group if r["model"] in models]
             if not ratios:
                 continue
             goal = geomean_goal(dtype, n) if models_set == "goal" else None
             value = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-            device = all(r["device_time"] for r in group)
             complete = len(ratios) == len(models)
             met = None if goal is None or not device or not complete else value >= goal
             out.append(dict(set=models_set, n=n, dtype=dtype, weights=weights, geomean=value, models=len(ratios),

@@ -18,8 +18,9 @@ and environment (the dashboard shows them as "made from"):
 
 A part is profiled into its own fresh store and exported (written beside its final name, then
 renamed into place); only then are older exports of the same part in --out removed (git keeps
-their history). So --out never holds half a part, nor two dates of one. A model that fails is reported, the part
-goes on with the others and is not published (its older export stays); the exit status is 1.
+their history). So --out never holds half a part, nor two dates of one. A model that fails is
+reported, the part goes on with the others and is not published (its older export stays); the
+exit status is 1.
 """
 
 from __future__ import annotations
@@ -48,18 +49,6 @@ from jaxcnn.profile.function_profile import profile_function  # noqa: E402
 from jaxcnn.profile.profiler import profile_model, sample_input, summarize  # noqa: E402
 from jaxcnn.store import Store  # noqa: E402
 
-PARTS = ("zoo", "optimized", "thirdparty", "plans", "memory")
-DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-
-
-def zoo_part(store: Store, models, batches, dtype, iters, say) -> list[str]:
-    failures = []
-    for model in models:
-        for batch in batches:
-            failures += _attempt(f"{model} N={batch}", say, lambda: profile_model(
-                model, batch=batch, dtype=dtype, iters=iters, store=store))
-    return failures
-
 
 def zoo_forward(model: str, batch: int, dtype: str, seed: int = 0):
     """(fn, (params, x)) of zoo model `model` as plain JAX (its XLA backend): what a user's
@@ -70,43 +59,58 @@ def zoo_forward(model: str, batch: int, dtype: str, seed: int = 0):
     return (lambda p, xs: spec.apply(p, xs, backend="xla")), (params, x)
 
 
-def optimized_part(store: Store, models, batches, dtype, iters, say) -> list[str]:
-    failures = []
-    for model in models:
-        for batch in batches:
-            def run(model=model, batch=batch):
-                fn, args = zoo_forward(model, batch, dtype)
-                return profile_function(fn, args, name=model, batch=batch, iters=iters, store=store,
-                                        note="optimize(fn) defaults", extra={"source": "zoo"})
-            failures += _attempt(f"{model} optimize(fn) N={batch}", say, run)
-    return failures
+def profile_zoo_model(model, batch, args, store):
+    return profile_model(model, batch=batch, dtype=args.dtype, iters=args.iters, store=store)
 
 
-def thirdparty_part(store: Store, models, batches, dtype, iters, say) -> list[str]:
-    failures = []
-    for model in models:
-        for batch in batches:
-            def run(model=model, batch=batch):
-                m = tm.build(model, batch=batch, dtype=jax.numpy.dtype(dtype))
-                return profile_function(m.apply, (m.params, m.x), name=model, batch=batch, iters=iters, store=store,
-                                        note="optimize(fn) defaults",
-                                        extra={"source": "third-party", "library": tm.MODELS[model][0]})
-            failures += _attempt(f"{model} N={batch}", say, run)
-    return failures
+def profile_zoo_optimized(model, batch, args, store):
+    fn, example = zoo_forward(model, batch, args.dtype)
+    return profile_function(fn, example, name=model, batch=batch, iters=args.iters, store=store,
+                            note="optimize(fn) defaults", extra={"source": "zoo"})
 
 
-def plans_part(store_path: Path, models, batches, work: Path, say) -> list[str]:
-    say(f"plans: {', '.join(models)} N={batches}")
-    rc = plan_zoo.main(["--out", str(work), "--label", "plans", "--models", ",".join(models),
-                        "--batches", ",".join(map(str, batches)), "--db", str(store_path)])
+def profile_thirdparty(model, batch, args, store):
+    m = tm.build(model, batch=batch, dtype=jax.numpy.dtype(args.dtype))
+    return profile_function(m.apply, (m.params, m.x), name=model, batch=batch, iters=args.iters, store=store,
+                            note="optimize(fn) defaults",
+                            extra={"source": "third-party", "library": tm.MODELS[model][0]})
+
+
+def profiled_part(profile, models_of):
+    """A part that profiles each of its models at each --batches into the part's store."""
+    def run(args, store_path: Path, work: Path, say) -> list[str]:
+        failures = []
+        with Store(store_path) as store:
+            for model in models_of(args):
+                for batch in args.batches:
+                    failures += _attempt(f"{model} N={batch}", say, lambda: profile(model, batch, args, store))
+        return failures
+    return run
+
+
+def plans_part(args, store_path: Path, work: Path, say) -> list[str]:
+    say(f"plans: {', '.join(args.models)} N={args.plan_batches}")
+    rc = plan_zoo.main(["--out", str(work), "--label", "plans", "--models", ",".join(args.models),
+                        "--batches", ",".join(map(str, args.plan_batches)), "--db", str(store_path)])
     return [] if rc == 0 else [f"plan_zoo exited {rc} (its report in the work directory lists the failures)"]
 
 
-def memory_part(store_path: Path, models, batches, work: Path, say) -> list[str]:
-    say(f"memory: donation, max batch, remat of {', '.join(models)}")
-    rc = bench_memory_planning.main(["--out", str(work), "--label", "memory", "--models", ",".join(models),
-                                     "--batches", ",".join(map(str, batches)), "--db", str(store_path)])
+def memory_part(args, store_path: Path, work: Path, say) -> list[str]:
+    say(f"memory: donation, max batch, remat of {', '.join(args.models)}")
+    rc = bench_memory_planning.main(["--out", str(work), "--label", "memory", "--models", ",".join(args.models),
+                                     "--batches", ",".join(map(str, args.batches)), "--db", str(store_path)])
     return [] if rc == 0 else [f"bench_memory_planning exited {rc}"]
+
+
+# part -> run(args, store path, work directory, say) -> failures
+PARTS = {
+    "zoo": profiled_part(profile_zoo_model, lambda args: args.models),
+    "optimized": profiled_part(profile_zoo_optimized, lambda args: args.models),
+    "thirdparty": profiled_part(profile_thirdparty, lambda args: args.thirdparty_models),
+    "plans": plans_part,
+    "memory": memory_part,
+}
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _attempt(what: str, say, run) -> list[str]:
@@ -136,18 +140,18 @@ def publish(store_path: Path, out: Path, part: str) -> Path:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "dashboard" / "shipped", help="where the exports go")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list among {PARTS}")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list among {tuple(PARTS)}")
     p.add_argument("--models", help="zoo models of zoo/optimized/plans/memory (default: every zoo model)")
     p.add_argument("--thirdparty-models", help=f"models of the thirdparty part (default {THIRDPARTY_MODELS})")
     p.add_argument("--batches", default="1,64", help="batches of the profiling parts")
     p.add_argument("--plan-batches", default="64", help="batches of the plans part")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="dtype of the profiling parts")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="dtype of the profiling parts")
     p.add_argument("--iters", type=int, default=20, help="timed calls per measurement")
     args = p.parse_args(argv)
     args.parts = [s for s in args.parts.split(",") if s]
     bad = [s for s in args.parts if s not in PARTS]
     if bad or not args.parts:
-        p.error(f"--parts: unknown {bad}, choose among {PARTS}")
+        p.error(f"--parts: unknown {bad}, choose among {tuple(PARTS)}")
     args.models = args.models.split(",") if args.models else list_models()
     args.thirdparty_models = args.thirdparty_models.split(",") if args.thirdparty_models else list(THIRDPARTY_MODELS)
     unknown = [m for m in args.models if m not in list_models()] + \
@@ -170,17 +174,8 @@ def main(argv=None) -> int:
     for part in args.parts:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix=f"shipped-{part}-") as work:
-            work = Path(work)
-            store_path = work / f"{part}.sqlite"
-            if part in ("plans", "memory"):
-                run = plans_part if part == "plans" else memory_part
-                batches = args.plan_batches if part == "plans" else args.batches
-                failed = run(store_path, args.models, batches, work, say)
-            else:
-                run = {"zoo": zoo_part, "optimized": optimized_part, "thirdparty": thirdparty_part}[part]
-                models = args.thirdparty_models if part == "thirdparty" else args.models
-                with Store(store_path) as store:
-                    failed = run(store, models, args.batches, args.dtype, args.iters, say)
+            store_path = Path(work) / f"{part}.sqlite"
+            failed = PARTS[part](args, store_path, Path(work), say)
             failures += failed
             if failed:  # the shipped export of this part stays as it was: never a part with holes
                 say(f"== {part}: not published, {len(failed)} failed (rerun them with --parts/--models)")
