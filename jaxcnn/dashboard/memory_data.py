@@ -111,30 +111,38 @@ def algorithm_role(algorithm: str) -> str:
 
 def plan_runs(store: Store) -> pd.DataFrame:
     """One row per run with plans: run_id, its algorithms (comma separated), the most buffers any
-    of its plans packs, and whether it has our plan (pack_2d) and XLA's own to compare."""
+    of its plans packs, whether it has our plan (pack_2d) and XLA's own to compare, and whether
+    XLA's places each buffer (offsets from its buffer assignment: the same buffers as ours, drawn
+    side by side) rather than giving only its total."""
     plans = store.plans()
     if plans.empty:
         return pd.DataFrame({"run_id": pd.Series(dtype="int64"), "algorithms": pd.Series(dtype="object"),
-                             "buffers": pd.Series(dtype="int64"), "ours_vs_xla": pd.Series(dtype="bool")})
-    rows = plans.groupby("run_id", as_index=False).agg(algorithms=("algorithm", ",".join),
-                                                        buffers=("n_buffers", "max"))
+                             "buffers": pd.Series(dtype="int64"), "ours_vs_xla": pd.Series(dtype="bool"),
+                             "xla_placed": pd.Series(dtype="bool")})
+    placed = plans.assign(placed=[algorithm_role(a) == "XLA" and bool((e or {}).get("offsets_from"))
+                                  for a, e in zip(plans["algorithm"], plans["extra"])])
+    rows = placed.groupby("run_id", as_index=False).agg(algorithms=("algorithm", ",".join),
+                                                         buffers=("n_buffers", "max"), xla_placed=("placed", "any"))
     rows["run_id"] = rows["run_id"].astype("int64")
     roles = [{algorithm_role(a) for a in names.split(",")} for names in rows["algorithms"]]
     rows["ours_vs_xla"] = [{"ours", "XLA"} <= r for r in roles]
-    return rows
+    return rows[["run_id", "algorithms", "buffers", "ours_vs_xla", "xla_placed"]]
 
 
 def default_plan_run_id(planned: pd.DataFrame, plans: pd.DataFrame, model: str | None = None) -> int | None:
     """The plan the Memory page starts from: a run with our plan and XLA's (of `model` when it has
-    one), the one packing the most buffers (a real model, not LeNet), the latest among equals."""
+    one), XLA's buffers placed where any run has them, the one packing the most buffers (a real
+    model, not LeNet), the latest among equals."""
     if planned.empty:
         return None
-    compared = plans.loc[plans["ours_vs_xla"], ["run_id", "buffers"]].rename(columns={"run_id": "id"})
+    compared = plans.loc[plans["ours_vs_xla"], ["run_id", "buffers", "xla_placed"]].rename(columns={"run_id": "id"})
     candidates = planned.merge(compared, on="id")
     if candidates.empty:
         return int(planned["id"].max())
     if model is not None and (candidates["model"] == model).any():
         candidates = candidates[candidates["model"] == model]
+    if candidates["xla_placed"].any():
+        candidates = candidates[candidates["xla_placed"]]
     most = candidates[candidates["buffers"] == candidates["buffers"].max()]
     return int(most["id"].max())
 

@@ -164,7 +164,9 @@ def shipped_provenance(shipped_dir: Path = SHIPPED_DIR) -> pd.DataFrame:
 
 
 def shipped_summary(provenance: pd.DataFrame) -> str:
-    """'NVIDIA H200, made 2026-11-21, commits 37d5348-dirty, e40c6e2 (18 of 57 runs record no commit)'."""
+    """The GPUs, dates and commits of the shipped exports in one line, e.g. 'NVIDIA H200, made
+    2026-11-21 to 2026-11-29, commits 37d5348-dirty, cc1624b (3 of 75 runs record no commit)'
+    (-dirty: made from a tree with uncommitted changes)."""
     if provenance.empty:
         return "no shipped exports"
     gpus = sorted({g.strip() for text in provenance["gpu"] for g in text.split(",")} - {"not recorded"})

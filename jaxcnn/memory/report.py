@@ -261,7 +261,8 @@ def store_plan(store, plan: ModelPlan, *, device: str | None = None, note: str =
                environment: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Record each source as a run of kind 'plan' with one plan per algorithm (buffers with
     lifetimes and offsets) and XLA's: offsets from its buffer assignment where the backend
-    dumped one (hlo source), else none. Returns {source: run id}. Each run records the
+    dumped one (hlo source), else none. Each run's note ends with its source (`note` defaults
+    to the plan's mode). Returns {source: run id}. Each run records the
     environment (default: this process's) and its git commit."""
     environment = collect_environment() if environment is None else environment
     git = (environment.get("extra") or {}).get("git") or {}
@@ -272,7 +273,7 @@ def store_plan(store, plan: ModelPlan, *, device: str | None = None, note: str =
                      temp_bound=sp.temp_bound, aligned_lower_bound=sp.aligned_bound)
         run_id = store.add_run(
             "plan", model=plan.model, backend=plan.backend, batch=plan.batch, dtype=plan.dtype,
-            device=device or plan.platform, note=note or f"{plan.mode} {source}",
+            device=device or plan.platform, note=f"{note or plan.mode} {source}",
             git_commit=git.get("commit"), environment=environment, extra=extra,
         )
         for name, p in sp.plans.items():

@@ -35,12 +35,18 @@ def _shipped_runs() -> list[dict]:
     return runs
 
 
+def _run_id(model: str, batch: int, kind: str = "profile") -> int:
+    """The shipped store's id of the first run of `kind` of `model` at `batch` (ids follow
+    _shipped_runs' order)."""
+    return next(i for i, r in enumerate(_shipped_runs(), 1) if (r["kind"], r["model"], r.get("batch")) == (kind, model, batch))
+
+
 @pytest.fixture(scope="module")
 def profiles_only(tmp_path_factory):
     """A store holding only the shipped zoo profiles: no plans, no donation or max-batch runs."""
     root = tmp_path_factory.mktemp("profiles_only")
     (root / "shipped").mkdir()
-    export = next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json"))
+    export = next(f for f in data.shipped_files() if f.name.endswith("-zoo.json"))
     (root / "shipped" / export.name).write_bytes(export.read_bytes())
     return Store(data.shipped_store(root / "shipped", root / "cache"))
 
@@ -109,15 +115,17 @@ def test_shipped_data_is_at_the_store_schema_version():
 
 def test_shipped_provenance_says_what_the_data_was_made_from(tmp_path):
     provenance = data.shipped_provenance().set_index("file")
-    profiles = provenance.loc["h200-2026-11-21-zoo_profiles.json"]
+    profiles = provenance.loc["h200-2026-11-29-zoo.json"]
     assert (profiles["runs"], profiles["kinds"], profiles["gpu"]) == (18, "profile", "NVIDIA H200")
-    assert (profiles["made"], profiles["commits"], profiles["schema_version"]) == ("2026-11-21", "e40c6e2", 1)
-    # Made from a tree with uncommitted changes: said so.
-    assert provenance.loc["h200-2026-11-21-memory_planning.json", "commits"] == "37d5348-dirty"
-    plans = provenance.loc["h200-2026-11-21-plans_b64.json"]
-    assert (plans["commits"], plans["no_commit"], plans["gpu"]) == ("not recorded", 18, "not recorded")
+    # Made on the GPU machine from a copy of the tree whose git metadata says uncommitted: said so.
+    assert (profiles["made"], profiles["commits"], profiles["schema_version"]) == ("2026-11-29", "cc1624b-dirty", 1)
+    assert provenance.loc["h200-2026-11-21-memory.json", "commits"] == "37d5348-dirty"
+    plans = provenance.loc["h200-2026-11-29-plans.json"]
+    assert (plans["runs"], plans["no_commit"], plans["gpu"]) == (36, 0, "NVIDIA H200")
     assert data.shipped_summary(provenance.reset_index()) == (
-        "NVIDIA H200, made 2026-11-21, commits 37d5348-dirty, e40c6e2 (18 of 57 runs record no commit)")
+        "NVIDIA H200, made 2026-11-21 to 2026-11-29, commits 37d5348-dirty, cc1624b-dirty")
+    unrecorded = provenance.reset_index().assign(no_commit=[0, 36, 0])
+    assert data.shipped_summary(unrecorded).endswith("(36 of 75 runs record no commit)")
     # A store exported here records the schema version and the commit of each run.
     with Store(tmp_path / "s.sqlite") as store:
         store.add_run("profile", model="m", device="gpu", git_commit="0123456789abcdef",
@@ -163,16 +171,18 @@ def test_runs_table_counts_what_each_run_holds(shipped):
     assert runs["measurements"].tolist() == [len(r["measurements"]) for r in exported]
     assert runs["sparsity"].tolist() == [len(r["sparsity"]) for r in exported]
     assert runs["plans"].tolist() == [len(r["plans"]) for r in exported]
-    # Imported oldest export first: the zoo profiles keep ids 1-18 whatever exports come after.
+    # Imported oldest export first, so a new export's runs come after every older one: the
+    # memory planning (2026-11-21) keeps ids 1-21, then the zoo profiles, then the buffer plans.
     recorded = pd.to_datetime(runs["created_at"])
-    blocks = [recorded.iloc[:18], recorded.iloc[18:36], recorded.iloc[36:]]  # profiles, plans, memory planning
+    blocks = [recorded.iloc[:21], recorded.iloc[21:39], recorded.iloc[39:]]  # memory planning, profiles, plans
     assert all(older.max() < newer.min() for older, newer in zip(blocks, blocks[1:]))
-    assert (runs["kind"].iloc[:18] == "profile").all() and (runs["kind"].iloc[18:] == "plan").all()
-    assert runs.loc[0, "label"] == "#1 squeezenet1_1 b1 bfloat16 · NVIDIA H200 · profile"
-    # 18 planner-zoo runs (5 plans each: naive, 3 peers/ours, XLA) and 21 donation/max-batch/remat runs.
-    assert (runs["plans"] == 5).sum() == 18 and set(runs.loc[runs["plans"] == 0, "kind"]) == {"profile", "plan"}
-    trained = runs[(runs["model"] == "resnet50") & (runs["note"] == "planner_zoo training")].iloc[0]
-    assert trained["label"] == f"#{trained['id']} resnet50 b64 float32 · gpu · plan (planner_zoo training)"
+    assert (runs["kind"].iloc[21:39] == "profile").all() and (runs["kind"].drop(range(21, 39)) == "plan").all()
+    assert runs.loc[21, "label"] == "#22 lenet5 b1 bfloat16 · NVIDIA H200 · profile"
+    # 36 plan runs (each zoo model, inference and training, buffers from the jaxpr and from XLA's
+    # HLO; 5 plans each: naive, 3 peers/ours, XLA) and 21 donation/max-batch/remat runs.
+    assert (runs["plans"] == 5).sum() == 36 and set(runs.loc[runs["plans"] == 0, "kind"]) == {"profile", "plan"}
+    trained = runs[(runs["model"] == "resnet50") & (runs["note"] == "plans training hlo")].iloc[0]
+    assert trained["label"] == f"#{trained['id']} resnet50 b64 float32 · NVIDIA H200 · plan (plans training hlo)"
 
 
 def test_pages_start_from_the_latest_profile_of_the_biggest_model(shipped):
@@ -183,11 +193,17 @@ def test_pages_start_from_the_latest_profile_of_the_biggest_model(shipped):
     assert (start["kind"], start["model"], start["batch"], start["layers"]) == ("profile", "mobilenetv2", 64, 99)
     planned = runs[runs["plans"] > 0]
     plans = data.plan_runs(shipped)
-    assert plans["ours_vs_xla"].all() and len(plans) == 18
+    assert plans["ours_vs_xla"].all() and len(plans) == 36
+    # XLA places the buffers of its own HLO (its buffer assignment), not those of the jaxpr.
+    notes = runs.set_index("id").loc[plans["run_id"], "note"]
+    assert (plans["xla_placed"].to_numpy() == notes.str.endswith(" hlo").to_numpy()).all()
+    # Where XLA's buffers are placed, the plan with the most buffers: googlenet training (756).
     biggest = runs[runs["id"] == data.default_plan_run_id(planned, plans)].iloc[0]
-    assert (biggest["model"], biggest["note"]) == ("googlenet", "planner_zoo training")  # 756 buffers
+    assert (biggest["model"], biggest["note"]) == ("googlenet", "plans training hlo")
     same = runs[runs["id"] == data.default_plan_run_id(planned, plans, "resnet50")].iloc[0]
-    assert (same["model"], same["note"]) == ("resnet50", "planner_zoo training")
+    assert (same["model"], same["note"]) == ("resnet50", "plans training hlo")
+    unplaced = runs[runs["id"] == data.default_plan_run_id(planned, plans.assign(xla_placed=False))].iloc[0]
+    assert (unplaced["model"], unplaced["note"]) == ("mobilenetv2", "plans training jaxpr")  # 1163 buffers
     assert data.default_plan_run_id(planned, plans, "no_such_model") == biggest["id"]
     assert data.default_run_id(runs.iloc[0:0]) is None
 
@@ -208,8 +224,9 @@ def test_default_run_is_the_latest_profile_with_the_most_layers(kinds_layers):
 
 
 def test_layer_times_and_speedup_match_the_export(shipped):
-    run = _shipped_runs()[0]
-    long, metric = data.layer_times(shipped, 1)
+    run_id = _run_id("squeezenet1_1", 1)
+    run = _shipped_runs()[run_id - 1]
+    long, metric = data.layer_times(shipped, run_id)
     assert metric == "device_time_ms"
     expected = {(m["layer"], m["backend"]): m["median"] for m in run["measurements"]
                 if m.get("layer") and m["metric"] == "device_time_ms"}
@@ -219,7 +236,7 @@ def test_layer_times_and_speedup_match_the_export(shipped):
     wide = data.speedup_table(long)
     conv1 = wide[wide["layer"] == "conv1"].iloc[0]
     assert conv1["speedup"] == pytest.approx(expected[("conv1", "xla")] / expected[("conv1", "jaxcnn")])
-    assert conv1["jaxcnn_variant"] == "conv2d_direct_kernel"
+    assert conv1["jaxcnn_variant"] == "conv_pool_stem_kernel"  # the stem conv, its pool fused
     assert wide["idx"].is_monotonic_increasing and len(wide) == len(run["layers"])
 
 
@@ -247,7 +264,9 @@ def test_runs_summary_fits_the_page(shipped):
     summary = data.runs_summary(runs)
     assert list(summary.columns) == list(data.RUN_SUMMARY_COLUMNS) and len(summary) == len(runs)
     first = summary.iloc[0]
-    assert (first["recorded"], first["where"], first["commit"]) == ("2026-11-21 06:26", "NVIDIA H200", "e40c6e2")
+    assert (first["recorded"], first["where"], first["commit"]) == ("2026-11-21 11:14", "NVIDIA H200", "37d5348-dirty")
+    profile = summary[runs["kind"] == "profile"].iloc[0]
+    assert (profile["recorded"], profile["commit"]) == ("2026-11-29 04:45", "cc1624b-dirty")
     # The memory-planning runs were made from a tree with uncommitted changes.
     assert set(summary.loc[runs["note"] == "donation", "commit"]) == {"37d5348-dirty"}
     # Narrow enough for one page: no cell is long (the environment is in each run's panel).
@@ -263,7 +282,8 @@ def test_cpu_runs_are_reference_path_runs_and_never_compared(shipped, tmp_path):
         cpu = data.runs_table(cpu_store).iloc[0].to_dict()
         _, metric = data.layer_times(cpu_store, cpu["id"])
     assert data.reference_path_run(cpu) and metric == "wall_time_ms"
-    gpu = data.runs_table(shipped).iloc[0].to_dict()
+    runs = data.runs_table(shipped)
+    gpu = runs[runs["id"] == _run_id("squeezenet1_1", 1)].iloc[0].to_dict()
     assert not data.reference_path_run(gpu)
     assert data.compare_refusal(gpu, dict(gpu, id=99)) is None
     assert "were both timed on a CPU" in data.compare_refusal(cpu, dict(cpu, id=2))
@@ -275,49 +295,52 @@ def test_cpu_runs_are_reference_path_runs_and_never_compared(shipped, tmp_path):
     assert data.compare_candidates(runs, cpu | {"id": 3}).empty
     # A store holding both: compare_runs refuses, naming why.
     with Store(tmp_path / "both.sqlite") as both:
-        both.import_json(next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json")))
+        both.import_json(next(f for f in data.shipped_files() if f.name.endswith("-zoo.json")))
     stores.cpu_profile(tmp_path / "both.sqlite")
     with Store(tmp_path / "both.sqlite") as both:
         with pytest.raises(ValueError, match="was timed on a CPU .* not comparable"):
-            data.compare_runs(both, 18, 19)
+            data.compare_runs(both, 18, 19)  # the last shipped profile vs the CPU one
 
 
 def test_default_compare_prefers_the_same_setup_at_another_commit(shipped):
     runs = data.runs_table(shipped)
-    run = runs[runs["id"] == 14].iloc[0].to_dict()  # mobilenetv2 b64
+    b64, b1 = _run_id("mobilenetv2", 64), _run_id("mobilenetv2", 1)
+    run = runs[runs["id"] == b64].iloc[0].to_dict()
     candidates = data.compare_candidates(runs, run)
-    assert data.default_compare_id(candidates, run) == 13  # the same model (b1): no other commit exists
-    later = candidates[candidates["id"] == 13].assign(id=99, batch=64, commit="abcdef0")
-    assert data.default_compare_id(pd.concat([candidates, later]), run) == 99
+    assert data.default_compare_id(candidates, run) == b1  # the same model (b1): no other commit exists
+    later = candidates[candidates["id"] == b1].assign(id=999, batch=64, commit="abcdef0")
+    assert data.default_compare_id(pd.concat([candidates, later]), run) == 999
     assert data.default_compare_id(candidates[candidates["model"] != "mobilenetv2"], run) is None
     header = data.compare_header(run, later.iloc[0].to_dict())
-    assert header.to_dict("list") == {"run": ["A", "B"], "label": [run["label"], run["label"].replace("#14", "#13")
+    assert header.to_dict("list") == {"run": ["A", "B"], "label": [run["label"], run["label"].replace(f"#{b64}", f"#{b1}")
                                                                     .replace("b64", "b1")],
-                                      "commit": ["e40c6e2", "abcdef0"], "where": ["NVIDIA H200"] * 2,
+                                      "commit": ["cc1624b-dirty", "abcdef0"], "where": ["NVIDIA H200"] * 2,
                                       "recorded": [str(run["created_at"])[:16], str(later["created_at"].iloc[0])[:16]]}
 
 
 def test_end_to_end_and_compare(shipped):
-    e2e = data.end_to_end(shipped, 1)
+    b1, b64, vgg19 = _run_id("squeezenet1_1", 1), _run_id("squeezenet1_1", 64), _run_id("vgg19", 1)
+    e2e = data.end_to_end(shipped, b1)
     assert set(zip(e2e["backend"], e2e["what"])) == {(b, w) for b in ("xla", "jaxcnn")
                                                      for w in ("device time", "host latency")}
     assert (e2e["p10_ms"] <= e2e["time_ms"]).all() and (e2e["time_ms"] <= e2e["p90_ms"]).all()
-    table, metric = data.compare_runs(shipped, 1, 2)  # squeezenet1_1 batch 1 vs 64
+    table, metric = data.compare_runs(shipped, b1, b64)
     assert metric == "device_time_ms"
     assert (table["b_over_a"] == table["b_ms"] / table["a_ms"]).all()
     with pytest.raises(data.NoData, match="share no layer"):
-        data.compare_runs(shipped, 1, 3)  # squeezenet vs vgg19: no common layer names
+        data.compare_runs(shipped, b1, vgg19)  # no common layer names
 
 
 # -- roofline -----------------------------------------------------------------------------------
 
 
 def test_roofline_points_and_ceilings(shipped):
-    run = data.runs_table(shipped).iloc[0].to_dict()
+    runs = data.runs_table(shipped)
+    run = runs[runs["id"] == _run_id("squeezenet1_1", 1)].iloc[0].to_dict()
     ceilings = data.run_ceilings(run)
     assert (ceilings.gpu, ceilings.precision) == ("H200", "bf16")
     assert ceilings.memory_source == ceilings.compute_source == "measured"
-    points = data.roofline_points(shipped, 1)
+    points = data.roofline_points(shipped, run["id"])
     conv1 = points[(points["layer"] == "conv1") & (points["backend"] == "xla")].iloc[0]
     assert conv1["flop_per_byte"] == pytest.approx(conv1["flops"] / conv1["bytes"])
     assert conv1["tflops"] == pytest.approx(conv1["flops"] / (conv1["time_ms"] / 1e3) / 1e12)
@@ -394,15 +417,17 @@ def test_plans_and_batch_curve_from_real_compiles(tmp_path):
 
 def test_memory_readers_say_what_to_run(shipped, profiles_only):
     with pytest.raises(data.NoData, match="jaxcnn plan MODEL --db"):
-        data.plan_summary(shipped, 1)  # a profile run
+        data.plan_summary(shipped, _run_id("squeezenet1_1", 1))  # a profile run
     with pytest.raises(data.NoData, match="jaxcnn maxbatch"):
         data.max_batch_curve(data.plan_measurements(profiles_only))
     with pytest.raises(data.NoData, match="no donation results yet"):
         data.donation_savings(data.plan_measurements(profiles_only))
     assert data.plan_runs(profiles_only).empty
-    stats = data.memory_stats(shipped, 1)
+    stats = data.memory_stats(shipped, _run_id("squeezenet1_1", 1))
     assert set(stats["backend"]) == {"xla", "jaxcnn"}
-    assert stats["argument_mib"].iloc[0] == pytest.approx(2772048 / data.MIB)
+    exported = _shipped_runs()[_run_id("squeezenet1_1", 1) - 1]["measurements"]
+    argument = next(m["median"] for m in exported if m["metric"] == "argument_bytes" and m["backend"] == "xla")
+    assert stats.set_index("backend").loc["xla", "argument_mib"] == pytest.approx(argument / data.MIB)
 
 
 @pytest.mark.parametrize("stats, formula", [
@@ -421,7 +446,7 @@ def test_peak_formula_says_what_xla_peak_counts(stats, formula):
 
 
 def test_memory_stats_explain_peak_and_footprint(shipped, tmp_path):
-    stats = data.memory_stats(shipped, 14).set_index("backend")
+    stats = data.memory_stats(shipped, _run_id("mobilenetv2", 64)).set_index("backend")
     assert stats.loc["xla", "footprint_mib"] == pytest.approx(
         stats.loc["xla", ["argument_mib", "output_mib", "temp_mib"]].sum() - stats.loc["xla", "alias_mib"])
     assert set(stats["peak_is"]) == {"argument + output - alias + temp"}
@@ -444,7 +469,7 @@ def test_shipped_h200_plans_match_the_export(shipped):
         # Our packing never needs more than the peers it is compared with on these programs.
         assert summary.loc["pack_2d", "arena_mib"] <= summary.loc[["greedy_by_size", "best_fit_decreasing"],
                                                                   "arena_mib"].min()
-    resnet = runs[(runs["model"] == "resnet50") & (runs["note"] == "planner_zoo training")]["id"].iloc[0]
+    resnet = runs[(runs["model"] == "resnet50") & (runs["note"] == "plans training hlo")]["id"].iloc[0]
     buffers = data.plan_buffers(shipped, resnet)
     assert buffers.groupby("algorithm").size().eq(634).all() and buffers["offset_mib"].notna().all()
     curve = data.live_bytes_curve(buffers[buffers["algorithm"] == "pack_2d"])
@@ -482,8 +507,9 @@ def test_algorithm_roles(algorithm, role):
 
 
 def test_sparsity_table_matches_the_export(shipped):
-    table = data.sparsity_table(shipped, 1)
-    expected = {s["layer"]: s["zero_fraction"] for s in _shipped_runs()[0]["sparsity"]}
+    run_id = _run_id("squeezenet1_1", 1)
+    table = data.sparsity_table(shipped, run_id)
+    expected = {s["layer"]: s["zero_fraction"] for s in _shipped_runs()[run_id - 1]["sparsity"]}
     assert dict(zip(table["layer"], table["input_zero_pct"] / 100)) == pytest.approx(expected)
     assert table["output_zero_pct"].between(0, 100).all()
 
@@ -521,7 +547,7 @@ def test_crossover_recovers_a_linear_ratio(tmp_path_factory, crossing, slope, ze
 
 def test_no_sparse_measurements_says_so(shipped):
     with pytest.raises(data.NoData, match="no sparse-kernel measurements"):
-        data.dense_sparse_decisions(shipped, 1)
+        data.dense_sparse_decisions(shipped, _run_id("squeezenet1_1", 1))
     one = pd.DataFrame({"input_zero_pct": [50.0], "sparse_over_dense": [0.8]})
     assert data.crossover_zero_pct(one) is None
     flat = pd.DataFrame({"input_zero_pct": [10.0, 90.0], "sparse_over_dense": [2.0, 2.0]})

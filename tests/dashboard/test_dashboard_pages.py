@@ -34,9 +34,13 @@ def plan_metrics(measured: str) -> dict[str, str]:
             "ours": "ours (computed)", "XLA": f"XLA ({measured})"}
 
 
-SHIPPED_RUNS = 57  # 18 zoo profiles, 18 planner-zoo plans, 21 donation / max-batch / remat runs
-START_RUN = 14  # mobilenetv2 batch 64: the latest profile of the model with the most layers (99)
-MOBILENET_TRAINING_PLAN = 26  # its pack_2d-vs-XLA plan (planner_zoo training, 607 buffers)
+# Run ids of the shipped store (exports imported oldest first): 21 donation / max-batch / remat
+# runs, then 18 zoo profiles (each model at batch 1 then 64, in the export's order), then 36 plans.
+SHIPPED_RUNS = 75
+START_RUN = 31  # mobilenetv2 batch 64: the latest profile of the model with the most layers (99)
+PROFILES_ONLY_START = 10  # the same run in a store of the zoo profiles alone
+MOBILENET_TRAINING_PLAN = 75  # its pack_2d-vs-XLA plan on XLA's own buffers (training, HLO, 607 buffers)
+RESNET50_B1, RESNET50_B64, VGG19_B1, VGG19_B64, LENET5_B64 = 32, 33, 38, 39, 23
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +118,8 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
     assert not at.error, texts(at.error)
     banner = texts(at.info)
     # What the shipped data is and what it was made from, on every page.
-    assert "showing the shipped measurements (dashboard/shipped/: NVIDIA H200, made 2026-11-21, commits " \
-           "37d5348-dirty, e40c6e2 (18 of 57 runs record no commit))" in banner
+    assert "showing the shipped measurements (dashboard/shipped/: NVIDIA H200, made 2026-11-21 to 2026-11-29, " \
+           "commits 37d5348-dirty, cc1624b-dirty)" in banner
     assert ("no store at" if which == "missing" else "holds no runs yet") in banner
     shown = metrics(at)
     # Every number a page shows says where it comes from; the shipped data is never called "measured" here.
@@ -128,7 +132,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert shown["Kinds"] == "plan, profile"
         runs_table = at.dataframe[1].value
         assert len(runs_table) == SHIPPED_RUNS and list(runs_table.columns) == list(data.RUN_SUMMARY_COLUMNS)
-        assert runs_table.loc[0, "commit"] == "e40c6e2" and runs_table.loc[0, "where"] == "NVIDIA H200"
+        assert runs_table.loc[0, "commit"] == "37d5348-dirty" and runs_table.loc[0, "where"] == "NVIDIA H200"
         provenance = at.dataframe[0].value
         assert provenance["schema_version"].tolist() == [SCHEMA_VERSION] * 3
         assert "Made from: **NVIDIA H200, made 2026-11-21" in texts(at.markdown)
@@ -143,9 +147,9 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert all(v.endswith("ms") for k, v in shown.items() if "device time" in k)
         assert charts(at) == 4 and len(at.dataframe) == 4  # end to end, per layer, run A/B, run vs run
         header = at.dataframe[2].value
-        assert header["run"].tolist() == ["A", "B"] and header["commit"].tolist() == ["e40c6e2", "e40c6e2"]
+        assert header["run"].tolist() == ["A", "B"] and header["commit"].tolist() == ["cc1624b-dirty"] * 2
         assert header["where"].tolist() == ["NVIDIA H200"] * 2
-        assert "Both runs are of commit e40c6e2" in texts(at.caption)
+        assert "Both runs are of commit cc1624b-dirty" in texts(at.caption)
         titles = [t for spec in chart_specs(at) for t in axis_titles(spec)]
         assert "device time (ms)" in titles and "time (ms)" in titles
         assert any(t.startswith("speedup (xla ms / jaxcnn ms") for t in titles)
@@ -165,7 +169,8 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert "No data yet" not in banner and "no data yet" not in banner
         plan = at.selectbox(key="memory-run")
         assert plan.value == MOBILENET_TRAINING_PLAN
-        assert plan.options[plan.index] == f"#{MOBILENET_TRAINING_PLAN} mobilenetv2 b64 float32 · gpu · plan (planner_zoo training)"
+        assert plan.options[plan.index] == (f"#{MOBILENET_TRAINING_PLAN} mobilenetv2 b64 float32 · NVIDIA H200 · plan "
+                                            "(plans training hlo)")
         assert set(plan_metrics("shipped").values()) <= set(shown)
         mib = {k: float(shown[v].split()[0]) for k, v in plan_metrics("shipped").items()}
         assert mib["lower bound"] <= mib["ours"] <= mib["peer"] < mib["naive"]
@@ -265,9 +270,12 @@ def gpu_and_cpu(tmp_path_factory, dbs):
     root = tmp_path_factory.mktemp("gpu_and_cpu")
     path = stores.shipped_copy(root, dbs[1])
     stores.cpu_profile(path)
-    export = next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json"))
+    export = next(f for f in data.shipped_files() if f.name.endswith("-zoo.json"))
     run = next(r for r in json.loads(export.read_text())["runs"] if r["model"] == "lenet5" and r["batch"] == 64)
+    environment = dict(run["environment"], extra=dict(run["environment"]["extra"],
+                                                      git={"commit": "abcdef0", "dirty": False}))
     run = dict(run, uid="later-commit", git_commit="abcdef0123456789", created_at="2026-11-30T00:00:00+00:00",
+               environment=environment,
                measurements=[dict(m, **{k: m[k] / 2 for k in ("median", "p10", "p90", "min", "max") if k in m})
                              if m["metric"].endswith("_ms") else m for m in run["measurements"]])
     later = root / "later.json"
@@ -286,12 +294,12 @@ def test_run_vs_run_compares_gpu_runs_of_two_commits(gpu_and_cpu):
     other = at.selectbox(key="speed-other")
     # B starts at the same model, batch and dtype at the other commit (not lenet5 b1), and the CPU
     # run of lenet5 is not offered at all.
-    assert other.value == 18 and cpu_run not in other.options and later_run not in other.options
+    assert other.value == LENET5_B64 and cpu_run not in other.options and later_run not in other.options
     header = at.dataframe[2].value
-    assert header["commit"].tolist() == ["abcdef0", "e40c6e2"]
+    assert header["commit"].tolist() == ["abcdef0", "cc1624b-dirty"]
     assert header["where"].tolist() == ["NVIDIA H200", "NVIDIA H200"]
     compared = at.dataframe[3].value
-    assert compared["b_over_a"].dropna().round(6).eq(2.0).all()  # B (e40c6e2) took twice as long
+    assert compared["b_over_a"].dropna().round(6).eq(2.0).all()  # B (cc1624b) took twice as long
     assert "Both runs are of commit" not in texts(at.caption)
     # Picking the CPU run as A: nothing to compare with, and the page says why.
     at.selectbox(key="speed-run").set_value(cpu_run).run()
@@ -308,7 +316,7 @@ def test_memory_page_of_a_profile_only_store_says_what_to_run(dbs):
     assert "No data yet: no memory plans in this store. Run `jaxcnn plan MODEL --db DB`" in info
     assert "No data yet: no max-batch or donation results in this store" in info and "jaxcnn maxbatch MODEL" in info
     assert charts(at) == 1 and len(at.dataframe) == 1 and not at.metric
-    assert at.selectbox(key="memory-stats-run").value == START_RUN
+    assert at.selectbox(key="memory-stats-run").value == PROFILES_ONLY_START
 
 
 def test_memory_page_with_real_plans(dbs):
@@ -341,23 +349,24 @@ def test_memory_page_with_real_plans(dbs):
 
 def test_runs_picked_on_the_runs_page_drive_the_other_pages(dbs):
     at = open_page(dbs[0]["missing"], "runs")
-    at.multiselect(key="runs-pick").set_value([5, 6]).run()  # resnet50 batch 1 and batch 64
+    at.multiselect(key="runs-pick").set_value([RESNET50_B1, RESNET50_B64]).run()
     at.switch_page("pages/speed.py").run()
     assert not at.exception
-    assert at.selectbox(key="speed-run").value == 5 and at.selectbox(key="speed-other").value == 6
+    assert at.selectbox(key="speed-run").value == RESNET50_B1
+    assert at.selectbox(key="speed-other").value == RESNET50_B64
     at.switch_page("pages/roofline.py").run()
-    assert at.selectbox(key="roofline-run").value == 5
+    assert at.selectbox(key="roofline-run").value == RESNET50_B1
     at.switch_page("pages/memory.py").run()
     assert not at.exception
     plan = at.selectbox(key="memory-run")
-    assert plan.options[plan.index].endswith("resnet50 b64 float32 · gpu · plan (planner_zoo training)")
+    assert plan.options[plan.index].endswith("resnet50 b64 float32 · NVIDIA H200 · plan (plans training hlo)")
 
 
 def test_compare_defaults_to_a_run_of_the_same_model(dbs):
     at = open_page(dbs[0]["missing"], "runs")
-    at.multiselect(key="runs-pick").set_value([3]).run()  # vgg19 batch 1
+    at.multiselect(key="runs-pick").set_value([VGG19_B1]).run()
     at.switch_page("pages/speed.py").run()
-    assert at.selectbox(key="speed-other").value == 4  # vgg19 batch 64, not the latest run (lenet5)
+    assert at.selectbox(key="speed-other").value == VGG19_B64  # the same model, not the latest run
     assert "b_over_a < 1 means run B is faster" in texts(at.caption)
 
 

@@ -112,7 +112,7 @@ def cpu_profile(path: Path, model: str = CURVE_MODEL) -> Path:
 
 def profiles_only(path: Path) -> Path:
     """A store holding only the shipped H200 zoo profiles (no plans, donation or max-batch runs)."""
-    export = next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json"))
+    export = next(f for f in data.shipped_files() if f.name.endswith("-zoo.json"))
     with Store(path) as store:
         store.import_json(export)
     return path

@@ -315,7 +315,7 @@ def test_profile_function_checks_its_arguments_before_any_work():
 def test_cli_compare_refuses_a_cpu_run_against_a_gpu_run(tmp_path, capsys):
     db = tmp_path / "both.sqlite"
     with Store(db) as store:  # the shipped H200 zoo profiles (runs 1-18), then a CPU run (19)
-        store.import_json(next(f for f in data.shipped_files() if f.name.endswith("zoo_profiles.json")))
+        store.import_json(next(f for f in data.shipped_files() if f.name.endswith("-zoo.json")))
     profile_model("lenet5", batch=1, dtype="float32", iters=1, warmup=0, sparsity=False, store=str(db))
     if jax.default_backend() != "cpu":
         pytest.skip("the second run was timed on this GPU")
