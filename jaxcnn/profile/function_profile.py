@@ -5,24 +5,33 @@
 
 The layers are the conv sites jaxcnn.optimize's rewriter finds in fn's jaxpr (a conv with its
 epilogue: bias or folded BatchNorm, residual add, activation; also inside jit / custom_jvp /
-custom_vjp bodies). Each site is timed alone on its own inputs as fn computes them from
-example_args, on two backends:
+custom_vjp bodies). jaxcnn.optimize(fn) with its defaults decides first; then each site is timed
+alone on its own inputs as fn computes them from example_args, on two backends:
 
     xla     the site's equations exactly as traced (what fn runs);
-    jaxcnn  jaxcnn.conv2d with the whole epilogue, algorithm "auto" (the kernel optimize runs
-            where it rewrites the site).
+    jaxcnn  what that optimize runs at the site, as the decision owner's candidate of that name
+            (jaxcnn.optimize.conv_sites): "xla_folded" (XLA's conv on BatchNorm-folded weights)
+            or "jaxcnn:<alg>" (jaxcnn.conv2d with the whole epilogue) where optimize rewrote the
+            site alone, timed as optimize measures it (where BatchNorm folds: on weights folded
+            beforehand, plus the site's share of the program's one fold, none where the weights
+            are fn's constants); "xla", the traced equations again (its xla time, ratio 1.0),
+            where optimize kept the site as traced or fused it into a group, whose gain shows
+            end to end only.
 
-End to end, "xla" is fn itself and "jaxcnn" is jaxcnn.optimize(fn) with its defaults; each site
-records what that optimize decided for it (its params' "optimize"). Like profile_model, a
-machine without a GPU times the lax reference path with host wall time and says so.
+End to end, "xla" is fn itself and "jaxcnn" is that optimize(fn); each site records what it
+decided there (its params' "optimize"), the candidate its jaxcnn time is of ("candidate") and
+the fold share that time includes ("fold_share_ms", None without one).
+Like profile_model, a machine without a GPU times the lax reference path with host wall time
+(and optimize decides by its rules, unmeasured) and says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -30,9 +39,10 @@ import numpy as np
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize import optimize
-from jaxcnn.optimize.conv_sites import subgraph_fn
+from jaxcnn.optimize.conv_sites import FOLDED, OURS, conv_site, subgraph_fn
 from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches
-from jaxcnn.profile.device_time import device_times
+from jaxcnn.optimize.weight_prologue import prologue_candidate
+from jaxcnn.profile.device_time import DeviceTiming, device_times, stats_fields
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
 from jaxcnn.profile.model_profile import LayerProfile, ModelProfile
@@ -44,8 +54,18 @@ from jaxcnn.profile.profiler import (
     zero_fraction,
 )
 from jaxcnn.profile.record import record_profile, writable_store
+from jaxcnn.tuning.decision import BASELINE, Candidate, candidate_runs, prepared, shared_share_ms
 
-JAXCNN_ALGORITHM = "auto"  # conv2d's algorithm for a site's "jaxcnn" timing: the library's pick
+# Any algorithm puts a match in the plan site_inputs evaluates (its build is then replaced).
+RECORDING_ALGORITHM = "auto"
+
+
+class SiteChoice(NamedTuple):
+    """What jaxcnn.optimize(fn) runs at a conv site: in words, and as the name of the decision
+    owner's candidate the site's "jaxcnn" time is of."""
+
+    optimize: str
+    candidate: str
 
 
 def profile_function(
@@ -105,21 +125,20 @@ def _profile(fn, example_args, name, batch, backends, iters, warmup, sparsity, n
     say(f"computing the inputs of {len(sites)} conv sites")
     inputs = site_inputs(closed, found, [m for _, _, m in sites], leaves)
 
-    say("timing conv sites")
-    builds = {"xla": lambda where, m: subgraph_fn(where.uses, m),
-              "jaxcnn": lambda where, m: m.make_build(JAXCNN_ALGORITHM)}
-    timings = {}
-    for backend in backends:
-        unique = {}
-        for _, where, m in sites:
-            unique.setdefault(_site_key(m), (builds[backend](where, m), inputs[id(m)][0]))
-        timings[backend] = device_times([(key, f, args) for key, (f, args) in unique.items()], iters=iters,
-                                        warmup=warmup, progress=lambda key, b=backend: say(f"{b} conv site"))
-
-    say("timing end to end (and jaxcnn.optimize's decisions)")
+    say("jaxcnn.optimize deciding")
     optimized = optimize(fn)
-    optimized(*example_args)  # decide (and on a GPU measure) before the timed calls
+    optimized(*example_args)  # decide (and on a GPU measure) before any timing
     choices = optimize_choices(optimized.rewrites(*example_args), [(path, m) for path, _, m in sites])
+
+    say("timing conv sites")
+    timings, shares = {}, [None] * len(sites)
+    if "xla" in backends:
+        timings["xla"] = time_traced(sites, inputs, iters, warmup, say)
+    if "jaxcnn" in backends:
+        candidates = [site_candidate(where.uses, m, c.candidate) for (_, where, m), c in zip(sites, choices)]
+        timings["jaxcnn"], shares = time_candidates(sites, inputs, candidates, timings.get("xla"), iters, warmup, say)
+
+    say("timing end to end")
     forwards = {"xla": fn, "jaxcnn": optimized}
     end_to_end, wall, memory = whole_model_timings({b: forwards[b] for b in backends}, example_args,
                                                    iters=iters, warmup=warmup)
@@ -131,10 +150,12 @@ def _profile(fn, example_args, name, batch, backends, iters, warmup, sparsity, n
         info = site_layer_info(f"conv{index}", m, path)
         zin, zout = (zero_fraction(args[0]), zero_fraction(out)) if sparsity else (None, None)
         layers.append(LayerProfile(
-            info, {b: timings[b][_site_key(m)] for b in backends}, zin, zout,
+            info, {b: timings[b][index] for b in backends}, zin, zout,
             floor_ms(info.flops, info.bytes, gpu, info.dtype) if gpu else None,
             params=dict(replaced=list(m.replaced), layout=m.site.layout, residual=m.site.residual,
-                        folded=m.site.folded, optimize=choices[index]),
+                        folded=m.site.folded, optimize=choices[index].optimize,
+                        candidate=choices[index].candidate,
+                        fold_share_ms=shares[index]),
         ))
     is_device = all(t.is_device_time for t in end_to_end.values())
     first_n = sites[0][2].site.logical_x_shape()[0]
@@ -149,7 +170,7 @@ def site_inputs(closed, found, matches, leaves) -> dict[int, tuple[tuple, Any]]:
     """id(match) -> (the match's input values, its output) when fn runs on `leaves`: the jaxpr
     evaluated by jaxcnn.optimize's own evaluator with each match run as traced and recorded."""
     for m in matches:
-        m.algorithm = JAXCNN_ALGORITHM  # puts the match in the plan (its build is replaced below)
+        m.algorithm = RECORDING_ALGORITHM  # puts the match in the plan (its build is replaced below)
     plan = assemble(found)
     record: dict[int, tuple[tuple, Any]] = {}
     wanted = {id(m) for m in matches}
@@ -166,6 +187,74 @@ def _recording(run: Callable, match, record: dict) -> Callable:
         record[id(match)] = (values, out)
         return out
     return build
+
+
+def time_traced(sites, inputs, iters, warmup, say) -> list[DeviceTiming]:
+    """Each (path, Found, match) site's equations as traced, on its recorded inputs: one timing
+    per site, sites of one _site_key timed once."""
+    unique = {}
+    for _, where, m in sites:
+        unique.setdefault(_site_key(m), (subgraph_fn(where.uses, m), inputs[id(m)][0]))
+    timed = device_times([(key, f, args) for key, (f, args) in unique.items()], iters=iters, warmup=warmup,
+                         progress=lambda key: say("xla conv site"))
+    return [timed[_site_key(m)] for _, _, m in sites]
+
+
+def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list[DeviceTiming] | None,
+                    iters, warmup, say) -> tuple[list[DeviceTiming], list[float | None]]:
+    """(timing, fold share in ms or None) of each site's candidate on its recorded inputs, timed
+    as the decision owner measures it (decision.candidate_runs: its fn on its prepared inputs,
+    plus the site's share of work shared across sites). A site whose candidate is the baseline
+    (the traced equations) takes its `traced` timing where there is one: the same function on
+    the same inputs, so its ratio is 1.0."""
+    cases, keys = {}, []
+    for (_, _, m), c in zip(sites, candidates):
+        key = (_site_key(m), c.name, c.shared is not None)
+        keys.append(key)
+        if key not in cases and not (c.name == BASELINE and traced is not None):
+            for case, fn, args, prepare in candidate_runs(key, c, inputs[id(m)][0]):
+                args, error = prepared(prepare, args) if prepare is not None else (args, "")
+                if error:
+                    raise RuntimeError(f"{c.name} at a conv site of shape {m.site.x_shape}: {error}")
+                cases[case] = (fn, args)
+    timed = device_times([(case, fn, args) for case, (fn, args) in cases.items()], iters=iters, warmup=warmup,
+                         progress=lambda case: say("jaxcnn conv site")) if cases else {}
+    out, shares = [], []
+    for index, (key, c) in enumerate(zip(keys, candidates)):
+        if (key, c.name) not in timed:
+            out.append(traced[index])
+            shares.append(None)
+        elif (key, c.name, "shared") in timed:
+            share = shared_share_ms(timed[(key, c.name, "shared")].median_ms, timed[(key, c.name, "floor")].median_ms)
+            out.append(_plus(timed[(key, c.name)], share))
+            shares.append(share)
+        else:
+            out.append(timed[(key, c.name)])
+            shares.append(None)
+    return out, shares
+
+
+def _plus(t: DeviceTiming, ms: float) -> DeviceTiming:
+    """The timing with `ms` added to every sample (a constant share of shared work)."""
+    return dataclasses.replace(t, **stats_fields([v + ms for v in t.samples_ms]))
+
+
+def site_candidate(uses, m, name: str) -> Candidate:
+    """The decision owner's candidate `name` of conv match m (conv_sites.conv_site's, built as
+    optimize measures it). A rule's pick outside the measured set (an algorithm by name) is built
+    the same way conv_site builds its replacements."""
+    site = conv_site(uses, m, _no_rule)
+    named = {c.name: c for c in site.candidates}
+    if name in named:
+        return named[name]
+    algorithm = "xla" if name == FOLDED else name.removeprefix(OURS)
+    if m.fold is None:
+        return Candidate(name, m.make_build(algorithm))
+    return prologue_candidate(name, m.fold, algorithm, constant=site.key_fields["weights"] == "constant")
+
+
+def _no_rule() -> tuple[str, str]:
+    raise AssertionError("the profiler takes a conv site's candidates, never its rule's decision")
 
 
 def _site_key(m) -> tuple:
@@ -194,26 +283,31 @@ def site_layer_info(name: str, m, path: str) -> LayerInfo:
                      flops=conv2d_flops(x, s.w_shape, out), bytes=itemsize * elements)
 
 
-def optimize_choices(rewrites, sites) -> list[str]:
-    """What jaxcnn.optimize(fn) runs at each (path, match) site: 'fused into jaxcnn.<op>' for a
-    site inside a fused group's rewrite (same path, its conv among the group's equations),
-    'jaxcnn.conv2d (algorithm X)' for a site it rewrote alone (its Rewrite: same path and
-    shapes, in program order), else 'kept as traced (XLA)'."""
+def optimize_choices(rewrites, sites) -> list[SiteChoice]:
+    """What jaxcnn.optimize(fn) runs at each (path, match) site, from its Rewrites:
+      * inside a fused group's rewrite (same path, its conv among the group's equations):
+        'fused into jaxcnn.<op>', candidate "xla" (the group kernel has no per-site time);
+      * rewritten alone (its Rewrite: same path and shapes, in program order) with algorithm A:
+        'jaxcnn.conv2d (algorithm A)', candidate "xla_folded" where A is "xla" and the site has
+        something to fold (not match.plain), else "jaxcnn:A";
+      * else 'kept as traced (XLA)', candidate "xla"."""
     left = [r for r in rewrites if r.op == "conv2d"]
     groups = [r for r in rewrites if r.op != "conv2d"]
     out = []
     for path, m in sites:
         group = next((r for r in groups if r.path == path and m.eqn_indices[0] in r.eqn_indices), None)
         if group is not None:
-            out.append(f"fused into jaxcnn.{group.op}" + (f": {group.why}" if group.why else ""))
+            out.append(SiteChoice(f"fused into jaxcnn.{group.op}" + (f": {group.why}" if group.why else ""), BASELINE))
             continue
         hit = next((r for r in left if r.path == path and r.x_shape == m.site.x_shape
                     and r.w_shape == m.site.w_shape), None)
         if hit is None:
-            out.append("kept as traced (XLA)")
+            out.append(SiteChoice("kept as traced (XLA)", BASELINE))
             continue
         left.remove(hit)
-        out.append(f"jaxcnn.conv2d (algorithm {hit.algorithm})" + (f": {hit.why}" if hit.why else ""))
+        candidate = FOLDED if hit.algorithm == "xla" and not m.plain else OURS + hit.algorithm
+        out.append(SiteChoice(f"jaxcnn.conv2d (algorithm {hit.algorithm})" + (f": {hit.why}" if hit.why else ""),
+                              candidate))
     return out
 
 

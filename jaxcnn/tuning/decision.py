@@ -182,7 +182,25 @@ def _random_inputs(avals, seed: int):
     return out
 
 
-def _prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
+def candidate_runs(key: Any, c: Candidate, args: tuple) -> list[tuple]:
+    """What timing candidate c on a site's inputs runs, as (case key, fn, inputs, candidate whose
+    prepare makes fn's inputs, or None): its fn at (key, c.name) and, where it shares work across
+    sites, that work on this site at (key, c.name, "shared") and its floor at (key, c.name,
+    "floor"); the candidate's time is its fn's plus shared_share_ms of the two."""
+    runs = [((key, c.name), c.fn, args, c)]
+    if c.shared is not None:
+        runs.append(((key, c.name, "shared"), c.shared, args, None))
+        runs.append(((key, c.name, "floor"), c.shared_floor, args, None))
+    return runs
+
+
+def shared_share_ms(alone_ms: float, floor_ms: float) -> float:
+    """A site's share of work shared across sites: that work on the site alone less its floor
+    (the fixed costs every site shares), never negative."""
+    return max(0.0, alone_ms - floor_ms)
+
+
+def prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
     """(fn's inputs, '' or the error that stopped prepare)."""
     if c.prepare is None:
         return args, ""
@@ -200,15 +218,12 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
     for key, s in pending.items():
         args = tuple(_random_inputs(s.input_avals, seed=int(fingerprint(key)[:6], 16)))
         for c in s.candidates:
-            runs.append(((key, c.name), c.fn, args, c))
-            if c.shared is not None:
-                runs.append(((key, c.name, "shared"), c.shared, args, None))
-                runs.append(((key, c.name, "floor"), c.shared_floor, args, None))
+            runs += candidate_runs(key, c, args)
 
     # Compiling dominates a first measurement: compile (and run once) the candidates on
     # several threads; the timed calls below then hit jax's compile cache.
     def compile_run(run):
-        args, error = _prepared(run[3], run[2]) if run[3] is not None else (run[2], "")
+        args, error = prepared(run[3], run[2]) if run[3] is not None else (run[2], "")
         return args, error or try_run(run[1], args)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
@@ -239,7 +254,7 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
                     errs[c.name] = (errors.get((key, c.name, "shared")) or errors.get((key, c.name, "floor"))
                                     or "its shared work could not be measured")
                 else:
-                    shared[c.name] = max(0.0, alone - floor)
+                    shared[c.name] = shared_share_ms(alone, floor)
                     times[c.name] += shared[c.name]
         records[key] = dict(op="site", created=created, iters=MEASURE_ITERS, times_ms=times, errors=errs,
                             notes=notes, fields=json.loads(json.dumps(s.key_fields, default=list)))
