@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +18,8 @@ import dashboard_stores as stores
 from jaxcnn.dashboard import data
 from jaxcnn.memory import Buffer, live_bytes_lower_bound
 from jaxcnn.store import SCHEMA_VERSION, Store, StoreError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +116,26 @@ def test_shipped_data_is_at_the_store_schema_version():
     behind = provenance[provenance["schema_version"] != SCHEMA_VERSION]
     assert behind.empty, (f"dashboard/shipped/ exports at schema version(s) {sorted(set(behind['schema_version']))}, "
                           f"the store is at {SCHEMA_VERSION}: regenerate them ({', '.join(behind['file'])})")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_shipped_profiles_are_of_todays_kernels():
+    """Fails when cuda_ops/ changed after the commit the shipped profiles were made from: the
+    dashboard would show kernels that no longer run (regenerate: scripts/make_shipped.py)."""
+    if shutil.which("git") is None or _git("rev-parse", "--git-dir").returncode != 0:
+        pytest.skip("no git checkout to compare commits in")
+    kernels = _git("log", "-1", "--format=%H", "--", "cuda_ops").stdout.strip()
+    commits = {r["git_commit"] for r in _shipped_runs() if r["kind"] == "profile"}
+    assert commits and all(commits), "every shipped profile records its commit"
+    for commit in commits:
+        if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            pytest.skip(f"commit {commit[:7]} is not in this clone (shallow?)")
+        behind = _git("merge-base", "--is-ancestor", kernels, commit).returncode != 0
+        assert not behind, (f"shipped profiles made from {commit[:7]}, before the kernels' last change "
+                            f"{kernels[:7]}: regenerate dashboard/shipped/ (scripts/make_shipped.py)")
 
 
 def test_shipped_provenance_says_what_the_data_was_made_from(tmp_path):
