@@ -27,6 +27,7 @@ from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.factors import Factors
 from jaxcnn.costmodel.model import BACKEND_IMPLS, predict
 from jaxcnn.costmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
+from jaxcnn.costmodel.kernel_families import impl_of_kernel
 from jaxcnn.costmodel.traffic import ceil_div
 from jaxcnn.profile.gpu_specs import spec_by_name
 from jaxcnn.store import Store
@@ -35,8 +36,6 @@ from jaxcnn.store import Store
 _GLUE = re.compile(
     r"transpose|memset|_fusion|nhwcToNchw|nchwToNhwc|AddPadding|convertTensor", re.IGNORECASE
 )
-# Main kernels the model covers: one implicit GEMM (or a GEMM, for 1x1 convolutions).
-_IMPLICIT_GEMM = re.compile(r"implicit_gemm|conv2d_direct_kernel|nvjet|xmma_gemm")
 _OUT_OF_MODEL = (
     (re.compile(r"fft|cf32"), "FFT algorithm"),
     (re.compile(r"conv2d_c1_k1"), "XLA depthwise kernel"),
@@ -92,7 +91,7 @@ def split_kernels(kernels: Iterable[tuple[str, float]]) -> tuple[float, str, str
     main = max(conv, key=lambda kv: kv[1])[0]
     names = " ".join(name for name, _ in conv)
     note = next((why for pattern, why in _OUT_OF_MODEL if pattern.search(names)), "")
-    if not note and not _IMPLICIT_GEMM.search(main):
+    if not note and impl_of_kernel(main) is None:
         note = "not an implicit-GEMM kernel"
     return sum(us for _, us in conv), main, note
 
@@ -178,8 +177,10 @@ def measurements_from_baseline(
 
 
 def measurements_from_store(path: str | Path) -> list[Measurement]:
-    """Per-layer device times of conv2d layers in a profile store (scripts/profile_zoo.py):
-    backend "xla" -> XLA at default precision, "jaxcnn" -> our direct kernel."""
+    """Per-layer device times of conv2d layers in a profile store (scripts/profile_zoo.py), each
+    as the model family of the kernel that ran (kernel_families.impl_of_kernel of its main
+    kernel: a jaxcnn layer that ran XLA's cuDNN kernel is an XLA measurement), else, where no
+    kernel is recorded or the model does not cover it, as its backend's (BACKEND_IMPLS)."""
     import pandas as pd  # kept here: a heavy import that only this reader of the store needs
 
     with Store(path, read_only=True) as store:  # a reader: never creates or migrates the file
@@ -188,7 +189,9 @@ def measurements_from_store(path: str | Path) -> list[Measurement]:
     convs = {int(row.id): row for row in layers.itertuples() if row.op == "conv2d"}
     found = []
     for row in times.itertuples():
-        impl = BACKEND_IMPLS.get(row.backend)
+        kernels = _kernel_list((row.extra or {}).get("kernels"))
+        main = split_kernels(kernels)[1] if kernels else ""
+        impl = impl_of_kernel(main) or BACKEND_IMPLS.get(row.backend)
         layer_row = None if pd.isna(row.layer_id) else convs.get(int(row.layer_id))
         if layer_row is None or impl is None:
             continue
@@ -201,7 +204,6 @@ def measurements_from_store(path: str | Path) -> list[Measurement]:
             dtype=params.get("dtype", "float32"),
         )
         layer = ConvLayer.from_layer_info(info)
-        kernels = _kernel_list((row.extra or {}).get("kernels"))
         variant = "jaxcnn" if impl == "jaxcnn_direct" else "xla_default"
         time_ms = float(row.median)
         found.append(make_measurement(layer, layer.dtype, variant, time_ms, kernels, "store"))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from jaxcnn.costmodel.kernel_families import impl_of_kernel
 from jaxcnn.dashboard.runs_data import reference_path_run, run_where, timed_runs
 from jaxcnn.dashboard.sources import MIB, NoData, _sql, _text
 from jaxcnn.store import Store
@@ -37,15 +38,19 @@ def short_kernel_name(name: str) -> str:
     return name.rsplit("::", 1)[-1] or name
 
 
+def _main_kernel(row: dict[str, Any]) -> str:
+    """The full name of the kernel that took most of a measurement's time, "" when none is recorded."""
+    kernels = (row.get("extra") or {}).get("kernels") if isinstance(row.get("extra"), dict) else None
+    if not kernels:
+        return ""
+    return max(kernels, key=lambda k: k.get("us_per_call") or 0.0).get("name", "")
+
+
 def _variant(row: dict[str, Any]) -> str:
     """The kernel/layout the backend ran: the variant column, else the main kernel's name."""
     if _text(row.get("variant")):
         return row["variant"]
-    kernels = (row.get("extra") or {}).get("kernels") if isinstance(row.get("extra"), dict) else None
-    if kernels:
-        main = max(kernels, key=lambda k: k.get("us_per_call") or 0.0)
-        return short_kernel_name(main.get("name", ""))
-    return ""
+    return short_kernel_name(_main_kernel(row))
 
 
 def _shape_text(shape: Any) -> str:
@@ -79,7 +84,7 @@ def layer_times(store: Store, run_id: int) -> tuple[pd.DataFrame, str]:
     """Per-layer times in long form (one row per layer and backend) and the metric used.
 
     Columns: idx, layer, op, input_shapes, weight_shape, output_shape, gflop, mib, backend,
-    time_ms, p10_ms, p90_ms, variant.
+    time_ms, p10_ms, p90_ms, variant, kernel (the main kernel's full name, "" if not recorded).
     """
     metric = time_metric(store, run_id)
     rows = store.measurements(int(run_id), metric=metric)
@@ -90,6 +95,7 @@ def layer_times(store: Store, run_id: int) -> tuple[pd.DataFrame, str]:
         "layer": rows["layer"], "backend": rows["backend"], "time_ms": rows["median"].astype("float64"),
         "p10_ms": rows["p10"].astype("float64"), "p90_ms": rows["p90"].astype("float64"),
         "variant": [_variant(r) for r in rows.to_dict("records")],
+        "kernel": [_main_kernel(r) for r in rows.to_dict("records")],
     })
     table = layer_table(store, run_id).merge(times, on="layer", how="inner")
     return table.sort_values(["idx", "backend"], ignore_index=True), metric
@@ -240,8 +246,11 @@ def roofline_points(store: Store, run_id: int) -> pd.DataFrame:
     traffic model's predictions beside the measurement.
 
     pred_floor_ms: the roofline floor (max of bytes/bandwidth and FLOPs/peak); pred_model_ms:
-    the traffic/time model ('delta') for this backend's implementation, where it predicts the
-    layer; error_pct = 100 * (predicted - measured) / measured of the model (else the floor).
+    the traffic/time model ('delta') of the kernel family that ran (costmodel.impl_of_kernel of
+    the measured main kernel: a jaxcnn layer that ran XLA's cuDNN kernel gets XLA's prediction),
+    where the model covers that family and the store holds its prediction; error_pct = 100 *
+    (predicted - measured) / measured of the model (else the floor); model_family: the family
+    ("" where the model does not cover the kernel).
     """
     long, metric = layer_times(store, run_id)
     if metric != "device_time_ms":
@@ -256,15 +265,13 @@ def roofline_points(store: Store, run_id: int) -> pd.DataFrame:
     points = points.merge(floor[["layer", "time_ms"]].rename(columns={"time_ms": "pred_floor_ms"}),
                           on="layer", how="left")
     model = predictions[predictions["model"] != "roofline"].copy()
-    # The model names implementations more finely than backends ('jaxcnn_direct' for jaxcnn).
-    impls = [(e or {}).get("impl") if isinstance(e, dict) else None for e in model["extra"]]
-    backends = set(long["backend"])
-    model["impl"] = [i if i is None or i in backends else i.split("_", 1)[0] for i in impls]
-    model = model.dropna(subset=["impl"]).drop_duplicates(["layer", "impl"], keep="last")
-    model = model[["layer", "impl", "time_ms", "dram_bytes", "l2_bytes"]].rename(columns={
-        "impl": "backend", "time_ms": "pred_model_ms", "dram_bytes": "pred_dram_bytes",
-        "l2_bytes": "pred_l2_bytes"})
-    points = points.merge(model, on=["layer", "backend"], how="left")
+    # A prediction is of a layer run by one kernel family (its impl), whichever backend ran it.
+    model["model_family"] = [(e or {}).get("impl") if isinstance(e, dict) else None for e in model["extra"]]
+    model = model.dropna(subset=["model_family"]).drop_duplicates(["layer", "model_family"], keep="last")
+    model = model[["layer", "model_family", "time_ms", "dram_bytes", "l2_bytes"]].rename(columns={
+        "time_ms": "pred_model_ms", "dram_bytes": "pred_dram_bytes", "l2_bytes": "pred_l2_bytes"})
+    points["model_family"] = [impl_of_kernel(k) or "" for k in points["kernel"]]
+    points = points.merge(model, on=["layer", "model_family"], how="left")
     predicted = points["pred_model_ms"].fillna(points["pred_floor_ms"])
     points["prediction"] = points["pred_model_ms"].notna().map({True: "traffic model", False: "roofline floor"})
     points.loc[predicted.isna(), "prediction"] = ""

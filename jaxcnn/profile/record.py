@@ -43,21 +43,22 @@ def _layer_row(index: int, info, extra_params: dict[str, Any]) -> dict[str, Any]
 
 def _predictions(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
     """(layer index, row) of the roofline floor of every layer, plus the traffic model's for conv
-    layers if importable."""
+    layers if importable: one per kernel family the model describes, whichever backends ran (a
+    jaxcnn layer may run XLA's kernel; readers pick the family of the kernel that ran)."""
     rows = []
     for index, layer in enumerate(profile.layers):
         if layer.floor:
             rows.append((index, dict(model="roofline", time_ms=layer.floor["floor_ms"],
                                      extra=json.loads(json.dumps(layer.floor, default=str)))))
     try:
-        from jaxcnn.costmodel import predict_layer_info
+        from jaxcnn.costmodel.model import IMPLS, predict_layer_info
     except ImportError:
         return rows
     gpu = profile.environment.get("gpu_name")
     for index, layer in enumerate(profile.layers):
         if layer.info.op != "conv2d" or not gpu:
             continue
-        for impl in profile.backends:
+        for impl in IMPLS:
             row = predict_layer_info(layer.info, gpu=gpu, impl=impl)
             if row is not None:
                 rows.append((index, row))

@@ -15,6 +15,7 @@ import pytest
 
 from jaxcnn.costmodel.calibration import Sample, calibrate
 from jaxcnn.costmodel.factors import Factors, load_factors, save_factors
+from jaxcnn.costmodel.kernel_families import impl_of_kernel
 from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.model import predict, predict_layer_info, predict_table
 from jaxcnn.costmodel.tiling import (
@@ -500,3 +501,19 @@ def test_deduplication_and_leave_one_model_out_groups():
     held = cross_validated_by_group([a, b, other], groups, "H200")
     # vgg16 held out: its shape is removed from training too, leaving alexnet's row alone
     assert set(held) == {a.label, b.label, other.label}
+
+
+@pytest.mark.parametrize("kernel, family", [
+    ("void jaxcnn::conv2d_direct::conv2d_direct_kernel<__nv_bfloat16>(int, int)", "jaxcnn_direct"),
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "xla"),
+    ("nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT", "xla"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align8>(Params)", "xla"),
+    # families the model does not describe: ours beyond the direct kernel, cuDNN's non-GEMM engines
+    ("void jaxcnn::conv_pool::conv_pool_stem_kernel<__nv_bfloat16, 1>(Params)", None),
+    ("void jaxcnn::chain::conv1x1_depthwise_kernel<__nv_bfloat16, 1, false>(Params)", None),
+    ("void convolve_common_engine_float_NHWC<__nv_bfloat16, __nv_bfloat16, 128, 5, 5>(int)", None),
+    ("conv2d_c1_k1_nhwc_specialized", None),
+    ("", None),
+])
+def test_kernel_family_of_a_measured_kernel(kernel, family):
+    assert impl_of_kernel(kernel) == family

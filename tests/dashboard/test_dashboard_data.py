@@ -366,13 +366,22 @@ def test_roofline_points_and_ceilings(shipped):
     assert (ceilings.gpu, ceilings.precision) == ("H200", "bf16")
     assert ceilings.memory_source == ceilings.compute_source == "measured"
     points = data.roofline_points(shipped, run["id"])
-    conv1 = points[(points["layer"] == "conv1") & (points["backend"] == "xla")].iloc[0]
-    assert conv1["flop_per_byte"] == pytest.approx(conv1["flops"] / conv1["bytes"])
-    assert conv1["tflops"] == pytest.approx(conv1["flops"] / (conv1["time_ms"] / 1e3) / 1e12)
-    assert conv1["prediction"] == "traffic model"
-    assert conv1["error_pct"] == pytest.approx(100 * (conv1["pred_model_ms"] / conv1["time_ms"] - 1))
-    # jaxcnn's direct kernel is predicted too (the model calls it 'jaxcnn_direct').
-    assert points.loc[(points["backend"] == "jaxcnn") & (points["op"] == "conv2d"), "pred_model_ms"].notna().all()
+    squeeze = points[(points["layer"] == "fire2/squeeze1x1") & (points["backend"] == "xla")].iloc[0]
+    assert squeeze["flop_per_byte"] == pytest.approx(squeeze["flops"] / squeeze["bytes"])
+    assert squeeze["tflops"] == pytest.approx(squeeze["flops"] / (squeeze["time_ms"] / 1e3) / 1e12)
+    assert (squeeze["model_family"], squeeze["prediction"]) == ("xla", "traffic model")  # a cuBLAS GEMM
+    assert squeeze["error_pct"] == pytest.approx(100 * (squeeze["pred_model_ms"] / squeeze["time_ms"] - 1))
+    # A prediction is the family's of the kernel that ran: jaxcnn's layers that ran XLA's kernels
+    # get XLA's prediction; the stem kernel (conv + pool) and cuDNN's direct engine have no model.
+    convs = points[points["op"] == "conv2d"].set_index(["layer", "backend"])
+    ran_xla = convs.xs("jaxcnn", level="backend")
+    ran_xla = ran_xla[ran_xla["model_family"] == "xla"]
+    assert len(ran_xla) > 20 and (ran_xla["pred_model_ms"] == convs.xs("xla", level="backend").loc[
+        ran_xla.index, "pred_model_ms"]).all()
+    assert convs.loc[("conv1", "jaxcnn"), "variant"] == "conv_pool_stem_kernel"
+    for backend in ("jaxcnn", "xla"):
+        stem = convs.loc[("conv1", backend)]
+        assert (stem["model_family"], stem["prediction"]) == ("", "roofline floor") and pd.isna(stem["pred_model_ms"])
     roof = data.ceiling_lines(ceilings, 0.1, 1e4)
     ridge = roof[np.isclose(roof["flop_per_byte"], ceilings.ridge_flop_per_byte)]
     assert len(ridge) == 1 and ridge["tflops"].iloc[0] == pytest.approx(708.0)
