@@ -16,6 +16,7 @@ import concurrent.futures
 import datetime
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -36,7 +37,9 @@ MIN_GAIN = 0.03
 DECISION_VERSION = 1
 MEASURE_ITERS = 10
 MEASURE_WARMUP = 2
-COMPILE_THREADS = 8
+# Threads compiling a measurement's candidates (XLA compiles outside the GIL): one per core of
+# this machine, at most 32 (each holds a compile's host memory).
+COMPILE_THREADS = min(32, os.cpu_count() or 8)
 
 
 @dataclass(frozen=True)
