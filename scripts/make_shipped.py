@@ -18,7 +18,9 @@ and environment (the dashboard shows them as "made from"):
 
 A part is profiled into its own fresh store and exported (written beside its final name, then
 renamed into place); only then are older exports of the same part in --out removed (git keeps
-their history). So --out never holds half a part, nor two dates of one. A model that fails is
+their history). With --add the export also keeps the previous export's runs of the models not
+profiled now, so a part can be made a few models at a time:
+    python scripts/make_shipped.py --out dashboard/shipped --parts thirdparty --thirdparty-models keras_vgg16 --add So --out never holds half a part, nor two dates of one. A model that fails is
 reported, the part goes on with the others and is not published (its older export stays); the
 exit status is 1.
 """
@@ -26,6 +28,7 @@ exit status is 1.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -125,11 +128,26 @@ def _attempt(what: str, say, run) -> list[str]:
     return []
 
 
-def publish(store_path: Path, out: Path, part: str) -> Path:
+def publish(store_path: Path, out: Path, part: str, work: Path, add_to_models: list[str] | None = None) -> Path:
     """Export every run of the part's store to out/<gpu>-<date>-<part>.json (export_json writes
-    beside it and renames), then remove out's older exports of the same part."""
+    beside it and renames), then remove out's older exports of the same part.
+
+    add_to_models: the models just profiled, to add to the part's latest export in `out`: its
+    runs of other models come first, unchanged; its runs of these models are replaced."""
     final = out / f"{dated_stem(part)}.json"
-    with Store(store_path) as store:
+    source = store_path
+    previous = sorted(out.glob(f"*-{part}.json"), key=lambda p: p.name.split("-", 1)[1])
+    if add_to_models is not None and previous:
+        document = json.loads(previous[-1].read_text())
+        document["runs"] = [r for r in document["runs"] if r.get("model") not in add_to_models]
+        (work / "kept.json").write_text(json.dumps(document))
+        with Store(store_path) as store:
+            store.export_json(work / "new.json")
+        source = work / "merged.sqlite"
+        with Store(source) as merged:
+            merged.import_json(work / "kept.json")
+            merged.import_json(work / "new.json")
+    with Store(source) as store:
         store.export_json(final)
     for old in out.glob(f"*-{part}.json"):
         if old != final:
@@ -147,6 +165,10 @@ def parse_args(argv=None):
     p.add_argument("--plan-batches", default="64", help="batches of the plans part")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="dtype of the profiling parts")
     p.add_argument("--iters", type=int, default=20, help="timed calls per measurement")
+    p.add_argument("--add", action="store_true",
+                   help="add the models profiled now to each part's latest export in --out (its runs of other "
+                        "models kept, of these replaced) instead of replacing the export: a part made over "
+                        "several sessions or machines")
     args = p.parse_args(argv)
     args.parts = [s for s in args.parts.split(",") if s]
     bad = [s for s in args.parts if s not in PARTS]
@@ -180,7 +202,8 @@ def main(argv=None) -> int:
             if failed:  # the shipped export of this part stays as it was: never a part with holes
                 say(f"== {part}: not published, {len(failed)} failed (rerun them with --parts/--models)")
             else:
-                path = publish(store_path, args.out, part)
+                added = (args.thirdparty_models if part == "thirdparty" else args.models) if args.add else None
+                path = publish(store_path, args.out, part, Path(work), added)
                 say(f"== {part}: {path} ({time.perf_counter() - started:.0f} s)")
     for failure in failures:
         print("FAILED", failure.splitlines()[0], file=sys.stderr)

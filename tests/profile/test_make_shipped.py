@@ -68,3 +68,22 @@ def test_bad_arguments_name_what_is_wrong(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         make_shipped.parse_args(["--out", str(tmp_path), *argv])
     assert message in capsys.readouterr().err
+
+
+def test_add_keeps_the_other_models_of_the_previous_export(tmp_path, capsys):
+    out = tmp_path / "shipped"
+    out.mkdir()
+    with Store(tmp_path / "old.sqlite") as old:
+        for model in ("squeezenet1_1", "lenet5"):
+            old.add_run("profile", model=model, batch=2, device="gpu", note="made earlier",
+                        created_at="2000-01-01T00:00:00+00:00")
+        old.export_json(out / "h200-2000-01-01-zoo.json")
+    rc = make_shipped.main(["--out", str(out), "--parts", "zoo", "--models", "lenet5", "--batches", "2",
+                            "--iters", "1", "--dtype", "float32", "--add"])
+    assert rc == 0, capsys.readouterr().err
+    (export,) = out.glob("*-zoo.json")
+    assert export.name != "h200-2000-01-01-zoo.json"
+    runs = json.loads(export.read_text())["runs"]
+    # The earlier squeezenet1_1 run stays (first, unchanged); lenet5's earlier run is replaced.
+    assert [r["model"] for r in runs] == ["squeezenet1_1", "lenet5"]
+    assert runs[0]["note"] == "made earlier" and runs[1]["note"] != "made earlier" and runs[1]["layers"]
