@@ -91,11 +91,11 @@ def layer_times(store: Store, run_id: int) -> tuple[pd.DataFrame, str]:
     rows = rows[rows["layer_id"].notna()]
     # A layer measured twice on one backend: the latest row counts (as in Store.compare).
     rows = rows.drop_duplicates(["layer", "backend"], keep="last")
+    records = rows.to_dict("records")
     times = pd.DataFrame({
         "layer": rows["layer"], "backend": rows["backend"], "time_ms": rows["median"].astype("float64"),
         "p10_ms": rows["p10"].astype("float64"), "p90_ms": rows["p90"].astype("float64"),
-        "variant": [_variant(r) for r in rows.to_dict("records")],
-        "kernel": [_main_kernel(r) for r in rows.to_dict("records")],
+        "variant": [_variant(r) for r in records], "kernel": [_main_kernel(r) for r in records],
     })
     table = layer_table(store, run_id).merge(times, on="layer", how="inner")
     return table.sort_values(["idx", "backend"], ignore_index=True), metric

@@ -60,14 +60,9 @@ def kernel_algorithms(match: Match) -> list[str]:
 def conv_site(uses: Uses, match: Match, rule: Callable[[], tuple[str, str]]) -> Site:
     """The decision-owner Site for a conv match."""
     s = match.site
-    candidates = [Candidate(BASELINE, subgraph_fn(uses, match))]
-    replacements = [(FOLDED, "xla")] if not match.plain else []
-    replacements += [(OURS + a, a) for a in kernel_algorithms(match)]
-    constant = match.fold is not None and derives_from_constants(
-        uses, [match.fold.w, *match.fold.epilogue.vectors])
-    for name, algorithm in replacements:
-        candidates.append(prologue_candidate(name, match.fold, algorithm, constant) if match.fold is not None
-                          else Candidate(name, match.make_build(algorithm)))
+    names = [BASELINE] + ([FOLDED] if not match.plain else []) + [OURS + a for a in kernel_algorithms(match)]
+    constant = _weights_constant(uses, match)
+    candidates = [_candidate(uses, match, name, constant) for name in names]
     formulation = " ".join(match.replaced) + " | " + " ".join(
         f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
     fields = dict(kind="conv_epilogue", x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,
@@ -75,6 +70,26 @@ def conv_site(uses: Uses, match: Match, rule: Callable[[], tuple[str, str]]) -> 
                   formulation=fingerprint(formulation), candidates=[c.name for c in candidates],
                   weights="constant" if constant else "prologue" if match.fold is not None else "own")
     return Site(fields, candidates, [v.aval for v in match.in_vars], rule)
+
+
+def site_candidate(uses: Uses, match: Match, name: str) -> Candidate:
+    """Candidate `name` of a conv match ("xla", "xla_folded" or "jaxcnn:<alg>" for any conv2d
+    algorithm, also one conv_site does not measure), built as conv_site builds its candidates."""
+    return _candidate(uses, match, name, _weights_constant(uses, match))
+
+
+def _weights_constant(uses: Uses, match: Match) -> bool:
+    """The match folds weights and vectors that are all the program's constants (folded once)."""
+    return match.fold is not None and derives_from_constants(uses, [match.fold.w, *match.fold.epilogue.vectors])
+
+
+def _candidate(uses: Uses, match: Match, name: str, constant: bool) -> Candidate:
+    algorithm = algorithm_for(name)
+    if algorithm is None:
+        return Candidate(BASELINE, subgraph_fn(uses, match))
+    if match.fold is not None:
+        return prologue_candidate(name, match.fold, algorithm, constant)
+    return Candidate(name, match.make_build(algorithm))
 
 
 def algorithm_for(choice: str) -> str | None:

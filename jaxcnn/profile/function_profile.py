@@ -39,9 +39,8 @@ import numpy as np
 from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize import optimize
-from jaxcnn.optimize.conv_sites import FOLDED, OURS, conv_site, subgraph_fn
+from jaxcnn.optimize.conv_sites import FOLDED, OURS, site_candidate, subgraph_fn
 from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches
-from jaxcnn.optimize.weight_prologue import prologue_candidate
 from jaxcnn.profile.device_time import DeviceTiming, device_times, stats_fields
 from jaxcnn.profile.environment import collect_environment
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec
@@ -209,9 +208,9 @@ def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list
     the same inputs, so its ratio is 1.0."""
     cases, keys = {}, []
     for (_, _, m), c in zip(sites, candidates):
-        key = (_site_key(m), c.name, c.shared is not None)
+        key = _site_key(m)
         keys.append(key)
-        if key not in cases and not (c.name == BASELINE and traced is not None):
+        if (key, c.name) not in cases and not (c.name == BASELINE and traced is not None):
             for case, fn, args, prepare in candidate_runs(key, c, inputs[id(m)][0]):
                 args, error = prepared(prepare, args) if prepare is not None else (args, "")
                 if error:
@@ -237,24 +236,6 @@ def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list
 def _plus(t: DeviceTiming, ms: float) -> DeviceTiming:
     """The timing with `ms` added to every sample (a constant share of shared work)."""
     return dataclasses.replace(t, **stats_fields([v + ms for v in t.samples_ms]))
-
-
-def site_candidate(uses, m, name: str) -> Candidate:
-    """The decision owner's candidate `name` of conv match m (conv_sites.conv_site's, built as
-    optimize measures it). A rule's pick outside the measured set (an algorithm by name) is built
-    the same way conv_site builds its replacements."""
-    site = conv_site(uses, m, _no_rule)
-    named = {c.name: c for c in site.candidates}
-    if name in named:
-        return named[name]
-    algorithm = "xla" if name == FOLDED else name.removeprefix(OURS)
-    if m.fold is None:
-        return Candidate(name, m.make_build(algorithm))
-    return prologue_candidate(name, m.fold, algorithm, constant=site.key_fields["weights"] == "constant")
-
-
-def _no_rule() -> tuple[str, str]:
-    raise AssertionError("the profiler takes a conv site's candidates, never its rule's decision")
 
 
 def _site_key(m) -> tuple:

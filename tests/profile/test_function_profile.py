@@ -13,12 +13,11 @@ from jax import lax
 
 import jaxcnn
 import profile_fn_models
-from jaxcnn.optimize.conv_sites import subgraph_fn
+from jaxcnn.optimize.conv_sites import site_candidate, subgraph_fn
 from jaxcnn.optimize.rewrite import find_matches
 from jaxcnn.profile.function_profile import (
     optimize_choices,
     profile_function,
-    site_candidate,
     site_inputs,
 )
 from jaxcnn.tuning.decision import prepared
