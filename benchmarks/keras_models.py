@@ -28,7 +28,7 @@ from benchmarks.thirdparty_models import MODELS, Model, like_trained_batchnorm
 
 # Keras's smallest input side per application with weights=None (keras.applications'
 # obtain_input_shape): a smaller image raises there.
-MIN_SIZE = {"InceptionV3": 75}
+MIN_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75}
 DEFAULT_MIN_SIZE = 32
 # Images whose BatchNorm input statistics become the moving ones (calibrate_batchnorm). At the
 # tests' tiny images the last stages are 1x1: the statistics of a batch of 2 would give a

@@ -475,6 +475,8 @@ MODELS = {
     "keras_resnet50v2": ("keras", "ResNet50V2", 224, 3),
     "keras_densenet121": ("keras", "DenseNet121", 224, 3),
     "keras_convnexttiny": ("keras", "ConvNeXtTiny", 224, 3),
+    # scaled residual Inception blocks; its stem block averages 192 channels into a 1x1 conv
+    "keras_inceptionresnetv2": ("keras", "InceptionResNetV2", 299, 3),
 }
 
 

@@ -63,7 +63,7 @@ KERAS_MODELS = ["keras_resnet50", "keras_mobilenetv2", "keras_vgg16", "keras_inc
 # Models no goal names (--generalization): whether the speedups carry over to patterns the
 # goal's models do not have; their geomean is reported apart, without a goal.
 GENERALIZATION_MODELS = ["keras_efficientnetb0", "keras_mobilenetv3small", "keras_resnet50v2", "keras_densenet121",
-                         "keras_convnexttiny"]
+                         "keras_convnexttiny", "keras_inceptionresnetv2"]
 DEFAULT_MODELS = KERAS_MODELS + ["linen_resnet50", "nnx_resnet18", "equinox_resnet18"]
 QUICK_MODELS = ["keras_resnet50", "keras_mobilenetv2"]
 # Geometric-mean goals over KERAS_MODELS by (dtype, batch); None: any batch. Every row: >= 1.0.

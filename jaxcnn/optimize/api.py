@@ -22,6 +22,10 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="auto", spa
         computes (relu, relu6, silu, hard_swish, gelu, sigmoid, leaky_relu) -> jaxcnn.conv2d;
       * reduce_window_max -> max_pool2d; reduce_window_sum / window size (f32, or between the
         f32 converts of a bf16/f16 model) -> avg_pool2d(count_include_pad=True);
+      * an average pool (also Keras's, which counts only the pixels inside the image) read only
+        by a 1x1 conv -> the conv first, then the pool on its output (optimize/pool_conv.py):
+        the pool then averages the conv's K channels instead of its C (InceptionV3's pool
+        branches); the conv's BatchNorm and activation follow the pool as traced;
       * jax.nn.softmax / log_softmax over one axis -> jaxcnn.softmax / log_softmax;
       * with `fuse` (on by default): fire modules (squeeze 1x1 -> [expand 1x1, expand 3x3] ->
         concatenate, as three of the conv matches above) -> one fused jaxcnn.fire; a 1x1 conv
@@ -39,7 +43,8 @@ def optimize(fn: Callable, *, example_args=None, policy="auto", fuse="auto", spa
       example_args: optional tuple of arguments: traced now, and the default of explain/rewrites.
       policy: "auto" (each conv site decided by jaxcnn.tuning.decision: where the kernels run,
         XLA's own subgraph, XLA's conv with the epilogue folded and jaxcnn's kernels are measured
-        on first use and cached per GPU, and a rewrite is kept only if it is faster; then the whole
+        on first use and cached per GPU, and a rewrite is kept only if it is faster (so is each
+        pool -> 1x1 conv pair: both orders measured); then the whole
         rewritten program is measured once against fn and runs only if faster; elsewhere
         auto_policy's rules decide; pools and softmax stay XLA's), "all"
         (every recognised pattern, conv2d picking its kernel), "xla" (nothing is rewritten),

@@ -20,8 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
-from jax.extend.core import Literal
-
+from jaxcnn.optimize.jaxpr_reading import run_equations
 from jaxcnn.optimize.patterns import Match, Uses
 from jaxcnn.optimize.policy import unpooled_plan
 from jaxcnn.optimize.weight_prologue import derives_from_constants, prologue_candidate
@@ -34,18 +33,7 @@ OURS = "jaxcnn:"
 def subgraph_fn(uses: Uses, match: Match) -> Callable:
     """The match's equations as traced, as a function of match.in_vars."""
     eqns = [uses.jaxpr.eqns[i] for i in sorted(match.eqn_indices)]
-
-    def run(*vals):
-        env = dict(zip(match.in_vars, vals))
-        for eqn in eqns:
-            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            outs = outs if eqn.primitive.multiple_results else [outs]
-            env.update(zip(eqn.outvars, outs))
-        return env[match.out_var]
-
-    return run
+    return lambda *vals: run_equations(eqns, match.in_vars, vals, match.out_var)
 
 
 def kernel_algorithms(match: Match) -> list[str]:

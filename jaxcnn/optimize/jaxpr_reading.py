@@ -28,3 +28,20 @@ def literal_value(v) -> float | None:
         if arr.size == 1:
             return float(arr.reshape(()))
     return None
+
+
+def bind(eqn, invals) -> list:
+    """Runs one traced equation on `invals` (its primitive with its own parameters, under its
+    context); its outputs as a list."""
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def run_equations(eqns, in_vars, vals, out_var):
+    """The value of `out_var` after running `eqns` (in order) on `in_vars` bound to `vals`."""
+    env = dict(zip(in_vars, vals))
+    for eqn in eqns:
+        outs = bind(eqn, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])
+        env.update(zip(eqn.outvars, outs))
+    return env[out_var]

@@ -169,7 +169,7 @@ def is_unit_reshape(eqn) -> bool:
     return _non_unit(src) == _non_unit(dst)
 
 
-def _spec_layout(spec) -> str | None:
+def spec_layout(spec) -> str | None:
     """Activation layout of a conv spec (batch, feature, spatial0, spatial1) -> e.g. "NHWC"."""
     letters = [""] * 4
     for letter, axis in zip("NCHW", spec):
@@ -224,8 +224,8 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     if not ok:
         return None
     dn = p["dimension_numbers"]
-    layout = _spec_layout(dn.lhs_spec)
-    if layout is None or _spec_layout(dn.out_spec) != layout:
+    layout = spec_layout(dn.lhs_spec)
+    if layout is None or spec_layout(dn.out_spec) != layout:
         return None
     o_axis, i_axis, r_axis, s_axis = dn.rhs_spec
     to_hwio = (r_axis, s_axis, i_axis, o_axis)

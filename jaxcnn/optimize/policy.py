@@ -38,6 +38,8 @@ def auto_policy(site: Site) -> str | None:
     XLA's, as do pools and softmax (AUTO_KEEPS_XLA). fuse= still offers the convs left here
     to XLA to its groups (fire, conv -> max pool), where the fusion planner decides.
     policy="all" rewrites every recognised pattern instead."""
+    if site.op == "pool_conv":
+        return "auto" if commute_pays(site) else None
     if site.op != "conv2d":
         return None if site.op in AUTO_KEEPS_XLA else "auto"
     # The autotuner measures convs with at most a bias and ReLU.
@@ -138,6 +140,14 @@ def _cached_choice(site: Site):
     """The autotuner's measured choice for this conv when its cache already holds one for
     this GPU (e.g. from `jaxcnn layouts --autotune` or policy="autotune"), else None."""
     return cached_conv_choice(site.logical_x_shape(), site.w_shape, site.dtype, **_conv_layer_kwargs(site))
+
+
+def commute_pays(site: Site) -> bool:
+    """An average pool read by a 1x1 conv (optimize/pool_conv.py) runs after the conv where that
+    moves fewer bytes: the pool keeps the image size (stride 1), so the conv's reads and writes
+    stay as they are, and it then pools K channels instead of C (K < C)."""
+    _, _, c, k = site.w_shape
+    return all(s == 1 for s in site.kwargs["stride"]) and k < c
 
 
 def autotune_policy(site: Site):

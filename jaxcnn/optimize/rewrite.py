@@ -21,13 +21,19 @@ from jax.sharding import AxisType
 from jaxcnn.tuning import sparse_dispatch
 from jaxcnn.ops.sparse_conv2d.api import sparse_conv2d
 from jaxcnn.optimize.conv_sites import OURS, algorithm_for, conv_site
-from jaxcnn.optimize.patterns import MATCHERS, Match, Site, Uses, _inner_jaxpr
+from jaxcnn.optimize.jaxpr_reading import bind
+from jaxcnn.optimize.patterns import MATCHERS as OP_MATCHERS
+from jaxcnn.optimize.patterns import Match, Site, Uses, _inner_jaxpr
 from jaxcnn.optimize.policy import auto_policy, choose_algorithm
+from jaxcnn.optimize.pool_conv import COMMUTED, POOL_CONV, match_sum_pool, pool_conv_site
 from jaxcnn.optimize.weight_prologue import plan_weight_prologue
 from jaxcnn.tuning.decision import BASELINE, Candidate, can_measure, decide_all, fingerprint
 from jaxcnn.tuning.decision import Site as DecisionSite
 
 PROGRAM = "jaxcnn"  # the whole rewritten program, as a decision candidate
+# The anchor primitive -> its matcher: patterns.py's ops, and a sum pool read by a 1x1 conv
+# (pool_conv.py) tried before the pool alone.
+MATCHERS = {**OP_MATCHERS, "reduce_window_sum": match_sum_pool}
 POLICIES = ("auto", "all", "xla", "autotune")
 SPARSE = ("none", "auto")
 
@@ -173,16 +179,21 @@ def decide_matches(found: Found, policy) -> None:
     policy="auto", its Decision: measured against XLA's own subgraph on this GPU (all pending
     sites in one trace, cached on disk), by auto_policy's rules elsewhere."""
     entries = list(found.all_matches())
-    conv_sites = []
+    sites = []
     for path, where, m in entries:
         m.path = path
         if policy == "auto" and m.op == "conv2d":
-            conv_sites.append((m, conv_site(where.uses, m, functools.partial(_rule, m.site))))
+            sites.append((m, conv_site(where.uses, m, functools.partial(_rule, m.site))))
+        elif policy == "auto" and m.op == POOL_CONV:
+            sites.append((m, pool_conv_site(where.uses, m, functools.partial(_commute_rule, m.site))))
         else:
             m.algorithm = choose_algorithm(policy, m.site)
-    for (m, _), d in zip(conv_sites, decide_all([site for _, site in conv_sites])):
+    for (m, _), d in zip(sites, decide_all([site for _, site in sites])):
         m.decision = d
-        m.algorithm = algorithm_for(d.choice)
+        if m.op == POOL_CONV:
+            m.algorithm = COMMUTED if d.choice == COMMUTED else None
+        else:
+            m.algorithm = algorithm_for(d.choice)
 
 
 def _rule(site: Site) -> tuple[str, str]:
@@ -195,6 +206,13 @@ def _rule(site: Site) -> tuple[str, str]:
         return BASELINE, "the autotuner's cached measurement: XLA's conv won"
     how = "the autotuner's cached measurement" if algorithm is not choice else "auto_policy's rules"
     return OURS + algorithm, f"{how} pick {algorithm!r}"
+
+
+def _commute_rule(site: Site) -> tuple[str, str]:
+    """auto_policy's rule for a pool_conv match as a decision: (choice, reason)."""
+    if auto_policy(site) is None:
+        return BASELINE, "the pool would not shrink after the conv (K >= C or a strided pool)"
+    return COMMUTED, f"the pool averages K={site.w_shape[3]} channels after the conv, not C={site.w_shape[2]}"
 
 
 def assemble(found: Found) -> RewritePlan:
@@ -283,11 +301,7 @@ def evaluate(plan: RewritePlan, consts, args, *, weight_prologue: bool = True) -
 
 def _bind_eqn(eqn, env: dict) -> None:
     """Runs one traced equation on the values in `env` and puts its outputs there."""
-    invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-    params = eqn.primitive.get_bind_params(eqn.params)
-    with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*invals, **params)
-    env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+    env.update(zip(eqn.outvars, bind(eqn, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])))
 
 
 def _call_consts(eqn):
