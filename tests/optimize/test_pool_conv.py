@@ -49,7 +49,7 @@ def block(pool, layout="NHWC"):
     """pool -> 1x1 conv -> inference BatchNorm -> ReLU, an InceptionV3 pool branch."""
     def fn(x, w, m, v, g, b):
         y = conv(pool(x, layout), w, layout)
-        shape = (1, 1, 1, K) if layout == "NHWC" else (1, K, 1, 1)
+        shape = (1, 1, 1, -1) if layout == "NHWC" else (1, -1, 1, 1)
         m, v, g, b = (a.reshape(shape) for a in (m, v, g, b))
         return jax.nn.relu((y - m) * lax.rsqrt(v + 1e-3) * g + b)
     return fn
