@@ -4,6 +4,10 @@
     python scripts/make_shipped.py --out dashboard/shipped                      # every part
     python scripts/make_shipped.py --out DIR --parts zoo --models vgg16,resnet50  # some of it
 
+Run from a copy of a commit's tree (e.g. `git archive` on a GPU machine), set
+JAXCNN_GIT_COMMIT=<that commit>: the runs then record it instead of whatever git finds around
+the copy.
+
 Parts, each written as one store export <gpu>-<date>-<part>.json that records every run's commit
 and environment (the dashboard shows them as "made from"):
   zoo         every zoo model at each batch, per layer and end to end: XLA vs the zoo's jaxcnn

@@ -22,6 +22,9 @@ RUN_COLUMNS = ("id", "created_at", "kind", "model", "backend", "batch", "dtype",
 RUN_SUMMARY_COLUMNS = ("id", "recorded", "kind", "model", "batch", "dtype", "where", "commit", "note",
                        "layers", "measurements", "plans")
 SUMMARY_CELL_CHARS = 28  # a longer text cell of the Runs table is cut (with …) so the table fits the page
+# The Runs table's dtypes, short as the reports write them (the table fits the page with the
+# third-party models' longer names).
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
 def runs_table(store: Store) -> pd.DataFrame:
@@ -49,9 +52,11 @@ def runs_table(store: Store) -> pd.DataFrame:
 
 def runs_summary(runs: pd.DataFrame) -> pd.DataFrame:
     """The Runs page's table: RUN_SUMMARY_COLUMNS of runs_table's rows (recorded: UTC, to the
-    minute; where: the GPU, or CPU), text cut to SUMMARY_CELL_CHARS (the run's panel has it all)."""
+    minute; dtype: SHORT_DTYPES; where: the GPU, or CPU), text cut to SUMMARY_CELL_CHARS (the
+    run's panel has it all)."""
     recorded = pd.to_datetime(runs["created_at"], utc=True)
     summary = runs.assign(recorded=recorded.dt.strftime("%Y-%m-%d %H:%M"),
+                          dtype=[SHORT_DTYPES.get(_text(d), _text(d)) for d in runs["dtype"]],
                           where=[run_where(r) for r in runs.to_dict("records")])
     summary = summary[list(RUN_SUMMARY_COLUMNS)].reset_index(drop=True)
     for column in ("kind", "model", "dtype", "where", "note"):

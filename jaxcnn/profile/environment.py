@@ -29,11 +29,15 @@ def command_output(*cmd: str) -> str | None:
 
 
 def git_state() -> dict[str, Any] | None:
-    """Commit and dirtiness; JAXCNN_GIT_COMMIT stands in where the tree has no .git (copies)."""
+    """Commit and dirtiness. JAXCNN_GIT_COMMIT, where set, names the commit instead (a copy of
+    a commit's tree, e.g. a `git archive` sent to a GPU machine, has no .git of its own, and
+    git would report whatever repository encloses it); its dirtiness is then unknown."""
+    given = os.environ.get("JAXCNN_GIT_COMMIT")
+    if given:
+        return dict(commit=given, dirty=None)
     commit = command_output("git", "rev-parse", "HEAD")
     if commit is None:
-        given = os.environ.get("JAXCNN_GIT_COMMIT")
-        return dict(commit=given, dirty=None) if given else None
+        return None
     changes = command_output("git", "status", "--porcelain")  # untracked files count too
     return dict(commit=commit, dirty=bool(changes))
 

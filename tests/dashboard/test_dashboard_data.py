@@ -148,9 +148,9 @@ def test_shipped_provenance_says_what_the_data_was_made_from(tmp_path):
     plans = provenance.loc["h200-2026-11-29-plans.json"]
     assert (plans["runs"], plans["no_commit"], plans["gpu"]) == (36, 0, "NVIDIA H200")
     assert data.shipped_summary(provenance.reset_index()) == (
-        "NVIDIA H200, made 2026-11-21 to 2026-11-29, commits 37d5348-dirty, cc1624b-dirty")
-    unrecorded = provenance.reset_index().assign(no_commit=[0, 36, 0])
-    assert data.shipped_summary(unrecorded).endswith("(36 of 75 runs record no commit)")
+        "NVIDIA H200, made 2026-11-21 to 2026-11-29, commits 1041c42, 37d5348-dirty, cc1624b-dirty")
+    unrecorded = provenance.reset_index().assign(no_commit=[0, 36, 0, 0])
+    assert data.shipped_summary(unrecorded).endswith("(36 of 82 runs record no commit)")
     # A store exported here records the schema version and the commit of each run.
     with Store(tmp_path / "s.sqlite") as store:
         store.add_run("profile", model="m", device="gpu", git_commit="0123456789abcdef",
@@ -197,11 +197,15 @@ def test_runs_table_counts_what_each_run_holds(shipped):
     assert runs["sparsity"].tolist() == [len(r["sparsity"]) for r in exported]
     assert runs["plans"].tolist() == [len(r["plans"]) for r in exported]
     # Imported oldest export first, so a new export's runs come after every older one: the
-    # memory planning (2026-11-21) keeps ids 1-21, then the zoo profiles, then the buffer plans.
+    # memory planning (2026-11-21) keeps ids 1-21, then the zoo profiles, the buffer plans and
+    # the third-party models' profiles.
     recorded = pd.to_datetime(runs["created_at"])
-    blocks = [recorded.iloc[:21], recorded.iloc[21:39], recorded.iloc[39:]]  # memory planning, profiles, plans
+    blocks = [recorded.iloc[:21], recorded.iloc[21:39], recorded.iloc[39:75], recorded.iloc[75:]]
     assert all(older.max() < newer.min() for older, newer in zip(blocks, blocks[1:]))
-    assert (runs["kind"].iloc[21:39] == "profile").all() and (runs["kind"].drop(range(21, 39)) == "plan").all()
+    profiles = [*range(21, 39), *range(75, 82)]
+    assert (runs["kind"].iloc[profiles] == "profile").all() and (runs["kind"].drop(profiles) == "plan").all()
+    assert set(runs["model"].iloc[75:]) == {"linen_resnet50", "nnx_resnet18", "equinox_resnet18", "keras_resnet50",
+                                            "keras_vgg16", "keras_mobilenetv2", "keras_inceptionv3"}
     assert runs.loc[21, "label"] == "#22 lenet5 b1 bfloat16 · NVIDIA H200 · profile"
     # 36 plan runs (each zoo model, inference and training, buffers from the jaxpr and from XLA's
     # HLO; 5 plans each: naive, 3 peers/ours, XLA) and 21 donation/max-batch/remat runs.
@@ -292,6 +296,7 @@ def test_runs_summary_fits_the_page(shipped):
     assert (first["recorded"], first["where"], first["commit"]) == ("2026-11-21 11:14", "NVIDIA H200", "37d5348-dirty")
     profile = summary[runs["kind"] == "profile"].iloc[0]
     assert (profile["recorded"], profile["commit"]) == ("2026-11-29 04:45", "cc1624b-dirty")
+    assert set(summary["dtype"]) == {"bf16", "fp32"}  # short, as the reports write them
     # The memory-planning runs were made from a tree with uncommitted changes.
     assert set(summary.loc[runs["note"] == "donation", "commit"]) == {"37d5348-dirty"}
     # Narrow enough for one page: no cell is long (the environment is in each run's panel).

@@ -36,7 +36,7 @@ def plan_metrics(measured: str) -> dict[str, str]:
 
 # Run ids of the shipped store (exports imported oldest first): 21 donation / max-batch / remat
 # runs, then 18 zoo profiles (each model at batch 1 then 64, in the export's order), then 36 plans.
-SHIPPED_RUNS = 75
+SHIPPED_RUNS = 82
 START_RUN = 31  # mobilenetv2 batch 64: the latest profile of the model with the most layers (99)
 PROFILES_ONLY_START = 10  # the same run in a store of the zoo profiles alone
 MOBILENET_TRAINING_PLAN = 75  # its pack_2d-vs-XLA plan on XLA's own buffers (training, HLO, 607 buffers)
@@ -119,7 +119,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
     banner = texts(at.info)
     # What the shipped data is and what it was made from, on every page.
     assert "showing the shipped measurements (dashboard/shipped/: NVIDIA H200, made 2026-11-21 to 2026-11-29, " \
-           "commits 37d5348-dirty, cc1624b-dirty)" in banner
+           "commits 1041c42, 37d5348-dirty, cc1624b-dirty)" in banner
     assert ("no store at" if which == "missing" else "holds no runs yet") in banner
     shown = metrics(at)
     # Every number a page shows says where it comes from; the shipped data is never called "measured" here.
@@ -134,7 +134,7 @@ def test_no_local_runs_show_the_shipped_h200_data(dbs, which, page):
         assert len(runs_table) == SHIPPED_RUNS and list(runs_table.columns) == list(data.RUN_SUMMARY_COLUMNS)
         assert runs_table.loc[0, "commit"] == "37d5348-dirty" and runs_table.loc[0, "where"] == "NVIDIA H200"
         provenance = at.dataframe[0].value
-        assert provenance["schema_version"].tolist() == [SCHEMA_VERSION] * 3
+        assert provenance["schema_version"].tolist() == [SCHEMA_VERSION] * 4
         assert "Made from: **NVIDIA H200, made 2026-11-21" in texts(at.markdown)
         # Picked by default: the latest profile of the model with the most layers, not the
         # latest run (a remat plan run, with no layers for the other pages).

@@ -322,3 +322,10 @@ def test_cli_compare_refuses_a_cpu_run_against_a_gpu_run(tmp_path, capsys):
     assert cli.main(["compare", "18", "19", "--db", str(db)]) == 1
     err = capsys.readouterr().err
     assert "run #19 was timed on a CPU" in err and "not comparable" in err
+
+
+def test_a_given_commit_names_a_copy_s_commit(monkeypatch):
+    """A tree copied from a commit (git archive) inside another repository records the commit
+    it was copied from, not the enclosing repository's."""
+    monkeypatch.setenv("JAXCNN_GIT_COMMIT", "1041c42ec9d7d0f96b085b08e6be308ac49d45bc")
+    assert git_state() == dict(commit="1041c42ec9d7d0f96b085b08e6be308ac49d45bc", dirty=None)
