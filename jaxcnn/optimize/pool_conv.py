@@ -178,12 +178,20 @@ def _commuted(chain, conv, in_vars):
     return run
 
 
+def pool_conv_candidate(uses: Uses, match: Match, name: str) -> Candidate:
+    """Candidate `name` of a pool_conv match: "xla" (its equations as traced) or "commuted"."""
+    if name == BASELINE:
+        eqns = [uses.jaxpr.eqns[i] for i in match.eqn_indices]
+        return Candidate(BASELINE, lambda *vals: run_equations(eqns, match.in_vars, vals, match.out_var))
+    if name == COMMUTED:
+        return Candidate(COMMUTED, match.make_build(COMMUTED))
+    raise ValueError(f"a pool_conv site's candidates are {BASELINE!r} and {COMMUTED!r}, got {name!r}")
+
+
 def pool_conv_site(uses: Uses, match: Match, rule) -> DecisionSite:
     """The decision-owner Site of a pool_conv match: the traced order against the commuted one."""
-    eqns = [uses.jaxpr.eqns[i] for i in match.eqn_indices]
     s = match.site
-    candidates = [Candidate(BASELINE, lambda *vals: run_equations(eqns, match.in_vars, vals, match.out_var)),
-                  Candidate(COMMUTED, match.make_build(COMMUTED))]
+    candidates = [pool_conv_candidate(uses, match, name) for name in (BASELINE, COMMUTED)]
     formulation = " ".join(match.replaced) + " | " + " ".join(
         f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
     fields = dict(kind=POOL_CONV, x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,

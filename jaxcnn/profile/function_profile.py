@@ -5,7 +5,9 @@
 
 The layers are the conv sites jaxcnn.optimize's rewriter finds in fn's jaxpr (a conv with its
 epilogue: bias or folded BatchNorm, residual add, activation; also inside jit / custom_jvp /
-custom_vjp bodies). jaxcnn.optimize(fn) with its defaults decides first; then each site is timed
+custom_vjp bodies), and the average pools read by a 1x1 conv (optimize/pool_conv.py: the
+pool with its conv, "commuted" where optimize runs the conv first). jaxcnn.optimize(fn) with
+its defaults decides first; then each site is timed
 alone on its own inputs as fn computes them from example_args, on two backends:
 
     xla     the site's equations exactly as traced (what fn runs);
@@ -40,6 +42,7 @@ from jaxcnn.models.layers import LayerInfo
 from jaxcnn.ops.conv2d.config import conv2d_flops
 from jaxcnn.optimize import optimize
 from jaxcnn.optimize.conv_sites import FOLDED, OURS, site_candidate, subgraph_fn
+from jaxcnn.optimize.pool_conv import COMMUTED, POOL_CONV, pool_conv_candidate
 from jaxcnn.optimize.rewrite import assemble, evaluate, find_matches
 from jaxcnn.profile.device_time import DeviceTiming, device_times, stats_fields
 from jaxcnn.profile.environment import collect_environment
@@ -57,6 +60,9 @@ from jaxcnn.tuning.decision import BASELINE, Candidate, candidate_runs, prepared
 
 # Any algorithm puts a match in the plan site_inputs evaluates (its build is then replaced).
 RECORDING_ALGORITHM = "auto"
+# The matches profiled as layers: conv sites, and average pools read by a 1x1 conv (the conv's
+# layer, with the pool before or after it as optimize decides).
+SITE_OPS = ("conv2d", POOL_CONV)
 
 
 class SiteChoice(NamedTuple):
@@ -117,7 +123,7 @@ def _profile(fn, example_args, name, batch, backends, iters, warmup, sparsity, n
     leaves = jax.tree.leaves(example_args)
     closed = jax.make_jaxpr(fn)(*example_args)
     found = find_matches(closed.jaxpr)
-    sites = [(path, where, m) for path, where, m in found.all_matches() if m.op == "conv2d"]
+    sites = [(path, where, m) for path, where, m in found.all_matches() if m.op in SITE_OPS]
     if not sites:
         raise ValueError(f"{name}: jaxcnn.optimize finds no conv site in fn (no lax.conv_general_dilated with 2 "
                          "spatial dimensions it can run): nothing to profile per layer")
@@ -134,7 +140,8 @@ def _profile(fn, example_args, name, batch, backends, iters, warmup, sparsity, n
     if "xla" in backends:
         timings["xla"] = time_traced(sites, inputs, iters, warmup, say)
     if "jaxcnn" in backends:
-        candidates = [site_candidate(where.uses, m, c.candidate) for (_, where, m), c in zip(sites, choices)]
+        candidates = [(site_candidate if m.op == "conv2d" else pool_conv_candidate)(where.uses, m, c.candidate)
+                      for (_, where, m), c in zip(sites, choices)]
         timings["jaxcnn"], shares = time_candidates(sites, inputs, candidates, timings.get("xla"), iters, warmup, say)
 
     say("timing end to end")
@@ -256,7 +263,10 @@ def site_layer_info(name: str, m, path: str) -> LayerInfo:
     k = s.w_shape[3]
     itemsize = np.dtype(s.dtype).itemsize
     elements = math.prod(x) + math.prod(s.w_shape) + math.prod(out) * (2 if s.residual else 1) + (k if s.bias else 0)
-    kw = s.kwargs
+    # a pool_conv site is its 1x1 conv's layer (stride 1, no padding; the pool keeps the image size
+    # or shrinks it, and its FLOPs are the conv's on the output's pixels)
+    kw = s.kwargs if m.op == "conv2d" else dict(stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1,
+                                                activation=None)
     return LayerInfo(name=name, op="conv2d", dtype=s.dtype, input_shapes=(x,), output_shape=out,
                      weight_shape=tuple(s.w_shape), bias_shape=(k,) if s.bias else None, stride=tuple(kw["stride"]),
                      padding=tuple(tuple(p) for p in kw["padding"]), dilation=tuple(kw["dilation"]),
@@ -268,14 +278,23 @@ def optimize_choices(rewrites, sites) -> list[SiteChoice]:
     """What jaxcnn.optimize(fn) runs at each (path, match) site, from its Rewrites:
       * inside a fused group's rewrite (same path, its conv among the group's equations):
         'fused into jaxcnn.<op>', candidate "xla" (the group kernel has no per-site time);
+      * an average pool read by a 1x1 conv (a pool_conv site) that optimize commuted: 'the
+        average pool moved after the 1x1 conv', candidate "commuted";
       * rewritten alone (its Rewrite: same path and shapes, in program order) with algorithm A:
         'jaxcnn.conv2d (algorithm A)', candidate "xla_folded" where A is "xla" and the site has
         something to fold (not match.plain), else "jaxcnn:A";
       * else 'kept as traced (XLA)', candidate "xla"."""
     left = [r for r in rewrites if r.op == "conv2d"]
-    groups = [r for r in rewrites if r.op != "conv2d"]
+    groups = [r for r in rewrites if r.op not in SITE_OPS]
     out = []
     for path, m in sites:
+        if m.op == POOL_CONV:
+            hit = next((r for r in rewrites if r.op == POOL_CONV and r.path == path
+                        and r.eqn_indices == tuple(m.eqn_indices)), None)
+            out.append(SiteChoice("kept as traced (XLA)", BASELINE) if hit is None else
+                       SiteChoice("the average pool moved after the 1x1 conv" + (f": {hit.why}" if hit.why else ""),
+                                  COMMUTED))
+            continue
         group = next((r for r in groups if r.path == path and m.eqn_indices[0] in r.eqn_indices), None)
         if group is not None:
             out.append(SiteChoice(f"fused into jaxcnn.{group.op}" + (f": {group.why}" if group.why else ""), BASELINE))

@@ -11,6 +11,7 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn.optimize.pool_conv import POOL_CONV
+from pool_branch import block, conv, flax_avg, keras_avg
 from reference64 import rel_err
 
 RNG = np.random.default_rng(7)
@@ -21,38 +22,6 @@ VECS = [jnp.asarray(RNG.uniform(0.5, 1.5, K), jnp.float32) for _ in range(4)]
 # float32: the commuted order sums the same products in another order (C products per pixel,
 # then at most 9 window terms): a few ulps of the output's scale.
 TOL = 1e-5
-
-
-def window(layout, size=3):
-    return (1, size, size, 1) if layout == "NHWC" else (1, 1, size, size)
-
-
-def keras_avg(x, layout="NHWC", stride=1):
-    """keras.layers.AveragePooling2D(3, stride, padding="same") on the JAX backend."""
-    strides = window(layout, stride)
-    total = lax.reduce_window(x, 0.0, lax.add, window(layout), strides, "SAME")
-    spatial = x.shape[1:3] if layout == "NHWC" else x.shape[2:]
-    ones = jnp.ones((1, *spatial, 1) if layout == "NHWC" else (1, 1, *spatial), x.dtype)
-    return total / lax.reduce_window(ones, 0.0, lax.add, window(layout), strides, "SAME")
-
-
-def flax_avg(x, layout="NHWC", stride=1):
-    """flax.linen.avg_pool(x, (3, 3), padding="SAME") (count_include_pad=True): sum / size."""
-    return lax.reduce_window(x, 0.0, lax.add, window(layout), window(layout, stride), "SAME") / 9.0
-
-
-def conv(x, w, layout="NHWC", stride=1):
-    return lax.conv_general_dilated(x, w, (stride, stride), "VALID", dimension_numbers=(layout, "HWIO", layout))
-
-
-def block(pool, layout="NHWC"):
-    """pool -> 1x1 conv -> inference BatchNorm -> ReLU, an InceptionV3 pool branch."""
-    def fn(x, w, m, v, g, b):
-        y = conv(pool(x, layout), w, layout)
-        shape = (1, 1, 1, -1) if layout == "NHWC" else (1, -1, 1, 1)
-        m, v, g, b = (a.reshape(shape) for a in (m, v, g, b))
-        return jax.nn.relu((y - m) * lax.rsqrt(v + 1e-3) * g + b)
-    return fn
 
 
 def ops(fn, *args, policy="all"):

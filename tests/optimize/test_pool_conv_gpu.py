@@ -11,7 +11,7 @@ import jaxcnn
 from jaxcnn.optimize.pool_conv import COMMUTED, POOL_CONV
 from jaxcnn.tuning.decision import BASELINE
 from reference64 import rel_err
-from test_pool_conv import block, keras_avg
+from pool_branch import block, keras_avg
 
 pytestmark = pytest.mark.gpu
 

@@ -13,6 +13,7 @@ from jax import lax
 
 import jaxcnn
 import profile_fn_models
+from pool_branch import block, keras_avg
 from jaxcnn.optimize.conv_sites import site_candidate, subgraph_fn
 from jaxcnn.optimize.rewrite import find_matches
 from jaxcnn.profile.function_profile import (
@@ -183,3 +184,22 @@ def test_on_a_gpu_each_rewritten_site_is_timed_as_fast_as_optimize_measured_it(m
             assert ours is xla
         else:
             assert ours.median_ms <= 1.10 * xla.median_ms + 0.002, (layer.info.name, layer.params)
+
+
+def test_an_average_pool_read_by_a_1x1_conv_is_a_layer_timed_as_optimize_runs_it(monkeypatch):
+    """An InceptionV3 pool branch (Keras's average pool, then a 1x1 conv, BatchNorm and ReLU) is a
+    layer of its own: "commuted" where optimize moved the pool after the conv (off GPU its rule,
+    K < C), its time that of the commuted order, on the inputs fn computes."""
+    monkeypatch.setenv("JAXCNN_MEASURE", "0")
+    rng = np.random.default_rng(3)
+    c, k = 12, 4
+    args = (jnp.asarray(rng.normal(size=(2, 7, 7, c)), jnp.float32),
+            jnp.asarray(rng.normal(size=(1, 1, c, k)) / 3, jnp.float32),
+            *(jnp.asarray(rng.uniform(0.5, 1.5, k), jnp.float32) for _ in range(4)))
+    profile = profile_function(block(keras_avg), args, iters=1, warmup=0, sparsity=False)
+    (layer,) = profile.layers
+    assert layer.params["candidate"] == "commuted"
+    assert layer.params["optimize"].startswith("the average pool moved after the 1x1 conv")
+    assert layer.info.weight_shape == (1, 1, c, k) and layer.info.output_shape == (2, 7, 7, k)
+    assert layer.info.flops == 2 * 2 * 7 * 7 * c * k
+    assert set(layer.times) == {"xla", "jaxcnn"}
