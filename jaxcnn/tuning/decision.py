@@ -16,7 +16,6 @@ import concurrent.futures
 import datetime
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -37,9 +36,10 @@ MIN_GAIN = 0.03
 DECISION_VERSION = 1
 MEASURE_ITERS = 10
 MEASURE_WARMUP = 2
-# Threads compiling a measurement's candidates (XLA compiles outside the GIL): one per core of
-# this machine, at most 32 (each holds a compile's host memory).
-COMPILE_THREADS = min(32, os.cpu_count() or 8)
+# Threads compiling a measurement's candidates (XLA compiles outside the GIL). A fixed 8: with
+# one per core (16 on the H200 machine) the first calls of the third-party models took two to
+# three times as long (docs/results.md, "First call").
+COMPILE_THREADS = 8
 
 
 @dataclass(frozen=True)
