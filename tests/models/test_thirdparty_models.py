@@ -34,8 +34,8 @@ needs_keras = pytest.mark.skipif(importlib.util.find_spec("keras") is None,
 BATCHNORM_MODELS = ["linen_resnet18", "linen_resnet50", "nnx_resnet18", "equinox_resnet18"]
 KERAS_MODELS = ["keras_resnet50", "keras_mobilenetv2", "keras_vgg16", "keras_inceptionv3"]
 CLASSES = 10
-# The smallest images the models take (five stride-2 stages; Keras's InceptionV3 needs 75).
-HW = {"keras_inceptionv3": 75}
+# The smallest images the models take (five stride-2 stages; Keras's Inception models need 75).
+HW = {"keras_inceptionv3": 75, "keras_inceptionresnetv2": 75}
 SMALL_HW = 32
 # max |optimized - original| / max |original|. float32: the rewritten ops run their lax
 # references on the CPU, and a rewrite may reassociate a conv's sums or fold a BatchNorm into
