@@ -58,6 +58,7 @@ from benchmarks import thirdparty_models as tm  # noqa: E402
 from jaxcnn.profile import device_times, wall_time  # noqa: E402
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
 from jaxcnn.profile.jaxpr_flops import function_flops  # noqa: E402
+from jaxcnn.tuning.decision import measurement_costs  # noqa: E402
 
 KERAS_MODELS = ["keras_resnet50", "keras_mobilenetv2", "keras_vgg16", "keras_inceptionv3"]
 # Models no goal names (--generalization): whether the speedups carry over to patterns the
@@ -109,6 +110,12 @@ def first_call_s(fn, args) -> tuple[float, object]:
     start = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     return time.perf_counter() - start, out
+
+
+def measuring_summary(costs) -> dict:
+    """What the decision owner's measurements took of a first call (decision.MeasurementCost)."""
+    return dict(measurements=len(costs), sites=sum(c.sites for c in costs), runs=sum(c.runs for c in costs),
+                compile_s=sum(c.compile_s for c in costs), timing_s=sum(c.timing_s for c in costs))
 
 
 def max_rel_diff(got, want) -> float:
@@ -189,7 +196,9 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
         try:
             opt = jaxcnn.optimize(apply)
             opt_jit = jax.jit(opt)
-            row["first_call_s"]["optimized"], got = first_call_s(opt_jit, args)
+            with measurement_costs() as costs:
+                row["first_call_s"]["optimized"], got = first_call_s(opt_jit, args)
+            row["first_call_measuring"] = measuring_summary(costs)
             row["max_rel_diff"] = max_rel_diff(got, want)
             row["accurate"] = bool(math.isfinite(row["max_rel_diff"]) and row["max_rel_diff"] <= TOLERANCE[dtype])
             if not row["accurate"]:
@@ -407,6 +416,19 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
         lines.append(f"- {_label(r)} N={r['n']} {r['dtype']}: {_kernel_text(r['top_kernels']['optimized'][:TOP_KERNELS])}")
     if not with_kernels:
         lines.append("- none: no GPU kernel trace.")
+
+    measured = [r for r in rows if r.get("first_call_measuring", {}).get("measurements")]
+    if measured:
+        lines += ["", "## First call of optimize(fn): the decision owner's measurements", "",
+                  "Of each first call (trace, rewrite, decisions, compile, run): the measurements the decision "
+                  "owner made (sites and block decisions, the whole program), their candidate runs, and the seconds "
+                  "spent compiling them (on its compile threads) and timing them.", "",
+                  "| model | N | dtype | first call s | measurements | sites | runs | compile s | timing s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in measured:
+            f = r["first_call_measuring"]
+            lines.append(f"| {_label(r)} | {r['n']} | {r['dtype']} | {_fmt(r['first_call_s'].get('optimized'), '.1f')} | "
+                         f"{f['measurements']} | {f['sites']} | {f['runs']} | {f['compile_s']:.1f} | {f['timing_s']:.1f} |")
 
     lines += ["", "## Goals", ""]
     for g in geomeans(rows):

@@ -13,9 +13,11 @@ A kernel of jaxcnn's that loses to XLA is therefore never chosen by a measuremen
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -88,6 +90,38 @@ class Site:
     candidates: Sequence[Candidate]
     input_avals: Sequence[Any]
     rule: Callable[[], tuple[str, str]]  # () -> (choice, reason)
+
+
+@dataclass(frozen=True)
+class MeasurementCost:
+    """What one measurement of pending sites cost on the host: the sites and timed runs (a
+    candidate's fn, or its shared work or floor), seconds compiling and first-running them
+    (COMPILE_THREADS threads, prepare included) and seconds of timed calls."""
+
+    sites: int
+    runs: int
+    compile_s: float
+    timing_s: float
+
+
+_COST_RECORDERS: list[list[MeasurementCost]] = []
+
+
+@contextlib.contextmanager
+def measurement_costs():
+    """Collects a MeasurementCost for every measurement the decision owner makes inside the
+    block (what part of a first call deciding takes):
+
+        with measurement_costs() as costs:
+            optimized(*args)
+        compile_s = sum(c.compile_s for c in costs)
+    """
+    costs: list[MeasurementCost] = []
+    _COST_RECORDERS.append(costs)
+    try:
+        yield costs
+    finally:  # by identity: two recorders holding the same costs compare equal
+        _COST_RECORDERS[:] = [r for r in _COST_RECORDERS if r is not costs]
 
 
 def site_key(device: str, fields: dict) -> str:
@@ -229,11 +263,16 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
         args, error = prepared(run[3], run[2]) if run[3] is not None else (run[2], "")
         return args, error or try_run(run[1], args)
 
+    started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
         outcomes = list(pool.map(compile_run, runs))
+    compiled = time.perf_counter()
     errors = {run[0]: error for run, (_, error) in zip(runs, outcomes) if error}
     cases = [(run[0], run[1], args) for run, (args, error) in zip(runs, outcomes) if not error]
     timings = device_times(cases, iters=MEASURE_ITERS, warmup=MEASURE_WARMUP) if cases else {}
+    cost = MeasurementCost(len(pending), len(runs), compiled - started, time.perf_counter() - compiled)
+    for recorder in _COST_RECORDERS:
+        recorder.append(cost)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def ms(case) -> float | None:

@@ -219,3 +219,13 @@ def test_bench_smoke_run_writes_its_report(tmp_path):
         assert row["cost"]["flops"] > 0 and row["cost"]["bytes_accessed"] > 0 and row["io_bytes"] > 0
         assert row["input_shape"] == [1, 64, 64, 3] and row["n"] == 1 and row["dtype"] == "fp32"
         assert row["floor"] is None  # the CPU has no gpu_specs entry
+        # the CPU measures nothing: the rules decide
+        assert row["first_call_measuring"] == dict(measurements=0, sites=0, runs=0, compile_s=0, timing_s=0)
+
+
+def test_first_call_measuring_sums_the_decision_owners_measurements():
+    from jaxcnn.tuning.decision import MeasurementCost
+
+    costs = [MeasurementCost(3, 10, 2.0, 0.5), MeasurementCost(1, 2, 1.5, 0.25)]
+    assert bench_thirdparty.measuring_summary(costs) == dict(measurements=2, sites=4, runs=12, compile_s=3.5,
+                                                             timing_s=0.75)

@@ -157,3 +157,19 @@ def test_whole_program_runs_rewritten_only_where_measured_faster(monkeypatch, pr
     else:
         assert "the rewrites run" in text
         assert len(calls) == 2  # traced once, called above once
+
+
+def test_measurement_costs_record_what_each_measurement_took(tmp_path, monkeypatch):
+    """The real measurement (here on the CPU: host wall time) reports its sites, runs and the
+    seconds spent compiling and timing them to every recorder open around it, and only to those."""
+    monkeypatch.setattr(D, "device_kind", lambda: "GPU-A")
+    with D.measurement_costs() as outer:
+        with D.measurement_costs() as inner:
+            D.decide_all([site("a"), site("b")], cache=tmp_path / "c.json", measure=True)
+        D.decide_all([site("a"), site("b")], cache=tmp_path / "c.json", measure=True)  # cached: no cost
+        D.decide_all([site("c")], cache=tmp_path / "c.json", measure=True)
+    D.decide_all([site("d")], cache=tmp_path / "c.json", measure=True)
+    assert [(c.sites, c.runs) for c in inner] == [(2, 4)]
+    assert [(c.sites, c.runs) for c in outer] == [(2, 4), (1, 2)]
+    assert all(c.compile_s > 0 and c.timing_s > 0 for c in outer)
+    assert not D._COST_RECORDERS  # closed recorders are gone
