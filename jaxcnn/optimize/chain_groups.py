@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax.numpy as jnp
 from jax.extend.core import Literal
 
 from jaxcnn.ops.chain.config import ACTIVATIONS as CHAIN_ACTIVATIONS
@@ -27,7 +26,7 @@ from jaxcnn.ops.chain.config import (
     conv1x1_depthwise_fused,
 )
 from jaxcnn.ops.chain.conv1x1_depthwise import conv1x1_depthwise
-from jaxcnn.optimize.conv_sites import subgraph_fn
+from jaxcnn.optimize.conv_sites import formulation, subgraph_fn
 from jaxcnn.optimize.group_common import (
     FUSED_LAYOUTS,
     JaxprGroup,
@@ -38,7 +37,7 @@ from jaxcnn.optimize.group_common import (
 )
 from jaxcnn.optimize.patterns import Match, Site, Uses, _inner_jaxpr
 from jaxcnn.optimize.rewrite import RewritePlan, declined_convs
-from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, decide_all, fingerprint
+from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, decide_all
 from jaxcnn.tuning.decision import Site as DecisionSite
 
 KIND = "conv1x1_depthwise"
@@ -214,11 +213,9 @@ def _decision_site(site: ChainSite) -> DecisionSite:
     candidates = [Candidate(BASELINE, subgraph_fn(site.uses, traced)), Candidate(FUSED, _build(site))]
     g = site.group
     names = [*site.expand.replaced, "|", *site.depthwise.replaced]
-    formulation = " ".join(names) + " | " + " ".join(
-        f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in in_vars)
     fields = dict(kind=KIND, x=list(g.x_shape), w=[list(w) for w in g.weight_shapes], dtype=g.dtype,
                   layout=g.attrs["layout"], stride=g.attrs["stride"], padding=[list(p) for p in site.padding],
-                  activations=list(g.attrs["activations"]), formulation=fingerprint(formulation),
+                  activations=list(g.attrs["activations"]), formulation=formulation(names, in_vars),
                   candidates=[c.name for c in candidates])
     return DecisionSite(fields, candidates, [v.aval for v in in_vars], _rule)
 

@@ -36,6 +36,13 @@ def subgraph_fn(uses: Uses, match: Match) -> Callable:
     return lambda *vals: run_equations(eqns, match.in_vars, vals, match.out_var)
 
 
+def formulation(names, in_vars) -> str:
+    """A site's formulation in its cache key: the primitives it replaces and its inputs' shapes
+    and dtypes, hashed (a site traced differently is measured again)."""
+    return fingerprint(" ".join(names) + " | " + " ".join(
+        f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in in_vars))
+
+
 def kernel_algorithms(match: Match) -> list[str]:
     """conv2d algorithms worth measuring for this site besides "auto"."""
     extra = []
@@ -51,11 +58,9 @@ def conv_site(uses: Uses, match: Match, rule: Callable[[], tuple[str, str]]) -> 
     names = [BASELINE] + ([FOLDED] if not match.plain else []) + [OURS + a for a in kernel_algorithms(match)]
     constant = _weights_constant(uses, match)
     candidates = [_candidate(uses, match, name, constant) for name in names]
-    formulation = " ".join(match.replaced) + " | " + " ".join(
-        f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
     fields = dict(kind="conv_epilogue", x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,
                   kwargs={k: v for k, v in s.kwargs.items()}, residual=s.residual, folded=s.folded,
-                  formulation=fingerprint(formulation), candidates=[c.name for c in candidates],
+                  formulation=formulation(match.replaced, match.in_vars), candidates=[c.name for c in candidates],
                   weights="constant" if constant else "prologue" if match.fold is not None else "own")
     return Site(fields, candidates, [v.aval for v in match.in_vars], rule)
 

@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal, Var
 
-from jaxcnn.optimize.jaxpr_reading import bind, run_equations
+from jaxcnn.optimize.conv_sites import formulation, subgraph_fn
+from jaxcnn.optimize.jaxpr_reading import bind
 from jaxcnn.optimize.patterns import Match, Site, Uses, match_pool, spec_layout
-from jaxcnn.tuning.decision import BASELINE, Candidate, fingerprint
+from jaxcnn.optimize.policy import commute_pays
+from jaxcnn.tuning.decision import BASELINE, Candidate
 from jaxcnn.tuning.decision import Site as DecisionSite
 
 POOL_CONV = "pool_conv"  # the match's op
@@ -181,20 +183,30 @@ def _commuted(chain, conv, in_vars):
 def pool_conv_candidate(uses: Uses, match: Match, name: str) -> Candidate:
     """Candidate `name` of a pool_conv match: "xla" (its equations as traced) or "commuted"."""
     if name == BASELINE:
-        eqns = [uses.jaxpr.eqns[i] for i in match.eqn_indices]
-        return Candidate(BASELINE, lambda *vals: run_equations(eqns, match.in_vars, vals, match.out_var))
+        return Candidate(BASELINE, subgraph_fn(uses, match))
     if name == COMMUTED:
         return Candidate(COMMUTED, match.make_build(COMMUTED))
     raise ValueError(f"a pool_conv site's candidates are {BASELINE!r} and {COMMUTED!r}, got {name!r}")
 
 
-def pool_conv_site(uses: Uses, match: Match, rule) -> DecisionSite:
-    """The decision-owner Site of a pool_conv match: the traced order against the commuted one."""
+def pool_conv_site(uses: Uses, match: Match) -> DecisionSite:
+    """The decision-owner Site of a pool_conv match: the traced order against the commuted one;
+    where nothing is measured, commute_rule."""
     s = match.site
     candidates = [pool_conv_candidate(uses, match, name) for name in (BASELINE, COMMUTED)]
-    formulation = " ".join(match.replaced) + " | " + " ".join(
-        f"{tuple(v.aval.shape)}:{jnp.dtype(v.aval.dtype).name}" for v in match.in_vars)
     fields = dict(kind=POOL_CONV, x=list(s.x_shape), w=list(s.w_shape), dtype=s.dtype, layout=s.layout,
-                  kwargs=dict(s.kwargs), formulation=fingerprint(formulation),
+                  kwargs=dict(s.kwargs), formulation=formulation(match.replaced, match.in_vars),
                   candidates=[c.name for c in candidates])
-    return DecisionSite(fields, candidates, [v.aval for v in match.in_vars], rule)
+    return DecisionSite(fields, candidates, [v.aval for v in match.in_vars], lambda: commute_rule(s))
+
+
+def commute_rule(site: Site) -> tuple[str, str]:
+    """policy.commute_pays as a decision: (choice, reason)."""
+    if not commute_pays(site):
+        return BASELINE, "the pool would not shrink after the conv (K >= C or a strided pool)"
+    return COMMUTED, f"the pool averages K={site.w_shape[3]} channels after the conv, not C={site.w_shape[2]}"
+
+
+def pool_conv_algorithm(choice: str) -> str | None:
+    """A pool_conv match's algorithm for a decision's choice; None keeps the traced order."""
+    return COMMUTED if choice == COMMUTED else None

@@ -25,7 +25,7 @@ from jaxcnn.optimize.jaxpr_reading import bind
 from jaxcnn.optimize.patterns import MATCHERS as OP_MATCHERS
 from jaxcnn.optimize.patterns import Match, Site, Uses, _inner_jaxpr
 from jaxcnn.optimize.policy import auto_policy, choose_algorithm
-from jaxcnn.optimize.pool_conv import COMMUTED, POOL_CONV, match_sum_pool, pool_conv_site
+from jaxcnn.optimize.pool_conv import POOL_CONV, match_sum_pool, pool_conv_algorithm, pool_conv_site
 from jaxcnn.optimize.weight_prologue import plan_weight_prologue
 from jaxcnn.tuning.decision import BASELINE, Candidate, can_measure, decide_all, fingerprint
 from jaxcnn.tuning.decision import Site as DecisionSite
@@ -185,15 +185,12 @@ def decide_matches(found: Found, policy) -> None:
         if policy == "auto" and m.op == "conv2d":
             sites.append((m, conv_site(where.uses, m, functools.partial(_rule, m.site))))
         elif policy == "auto" and m.op == POOL_CONV:
-            sites.append((m, pool_conv_site(where.uses, m, functools.partial(_commute_rule, m.site))))
+            sites.append((m, pool_conv_site(where.uses, m)))
         else:
             m.algorithm = choose_algorithm(policy, m.site)
     for (m, _), d in zip(sites, decide_all([site for _, site in sites])):
         m.decision = d
-        if m.op == POOL_CONV:
-            m.algorithm = COMMUTED if d.choice == COMMUTED else None
-        else:
-            m.algorithm = algorithm_for(d.choice)
+        m.algorithm = (pool_conv_algorithm if m.op == POOL_CONV else algorithm_for)(d.choice)
 
 
 def _rule(site: Site) -> tuple[str, str]:
@@ -206,13 +203,6 @@ def _rule(site: Site) -> tuple[str, str]:
         return BASELINE, "the autotuner's cached measurement: XLA's conv won"
     how = "the autotuner's cached measurement" if algorithm is not choice else "auto_policy's rules"
     return OURS + algorithm, f"{how} pick {algorithm!r}"
-
-
-def _commute_rule(site: Site) -> tuple[str, str]:
-    """auto_policy's rule for a pool_conv match as a decision: (choice, reason)."""
-    if auto_policy(site) is None:
-        return BASELINE, "the pool would not shrink after the conv (K >= C or a strided pool)"
-    return COMMUTED, f"the pool averages K={site.w_shape[3]} channels after the conv, not C={site.w_shape[2]}"
 
 
 def assemble(found: Found) -> RewritePlan:
