@@ -218,7 +218,8 @@ def run_row(name: str, batch: int, dtype: str, iters: int, warmup: int, hw: int 
         except Exception as e:  # optimize's failure is the finding: keep XLA's numbers beside it
             row["optimize_error"] = f"{type(e).__name__}: {e}"[:1000]
             row["traceback"] = traceback.format_exc()[-3000:]
-        times = device_times(cases, iters=iters, warmup=warmup, top_k=top_kernels)
+        # Round-robin calls: a clock or temperature drift during the trace falls on both programs.
+        times = device_times(cases, iters=iters, warmup=warmup, top_k=top_kernels, interleave=True)
         row["timings"] = {k: timing_dict(t) for k, t in times.items()}
         row["top_kernels"] = {k: kernel_list(t) for k, t in times.items()}
         row["device_time"] = all(t.is_device_time for t in times.values())
@@ -348,7 +349,8 @@ def render_markdown(env: dict, rows: list[dict], iters: int) -> str:
         "",
         f"- device: {env['device_kind']} ({env.get('nvidia_smi') or 'no nvidia-smi'}); jax {env['jax']}, "
         f"jaxlib {env['jaxlib']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; {env['date_utc']}",
-        f"- times: median [p10-p90] per call over {iters} synced calls, ms, "
+        f"- times: median [p10-p90] per call over {iters} synced calls (XLA's and the optimized program's "
+        "calls alternating in one trace), ms, "
         + ("device time (sum of GPU kernel durations)." if device_time else
            "HOST WALL TIME (no GPU trace: not a device-time measurement)."),
         "- ratio = XLA / optimized: jax.jit(apply) vs jax.jit(jaxcnn.optimize(apply)), optimize with no arguments.",

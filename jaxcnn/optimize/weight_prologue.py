@@ -48,6 +48,9 @@ from jaxcnn.tuning.decision import Candidate
 HWIO = (0, 1, 2, 3)
 # HWIO -> the weight layout XLA's conv reads without a transpose, by activation layout (16-bit
 # convs: XLA runs fp32 ones in a layout of its own choosing, so they get HWIO and XLA's transpose).
+# Grouped (depthwise) convs keep HWIO, the layout the frameworks trace them in: XLA autotunes a
+# depthwise conv read in OHWI several times as long (docs/results.md, "First call"), which every
+# first call and every later process's compile would pay.
 XLA_WEIGHT_LAYOUT = {"NHWC": ("OHWI", (3, 0, 1, 2)), "NCHW": ("OIHW", (3, 2, 0, 1))}
 
 
@@ -69,7 +72,7 @@ class FoldSite:
 
     def target(self, algorithm: str) -> tuple[str, tuple[int, ...]]:
         """(weight spec, its axes in HWIO order) the algorithm's conv reads."""
-        if algorithm == "xla" and jnp.dtype(self.dtype).itemsize == 2:
+        if algorithm == "xla" and jnp.dtype(self.dtype).itemsize == 2 and self.conv_kwargs["groups"] == 1:
             return XLA_WEIGHT_LAYOUT.get(self.conv_kwargs["layout"], ("HWIO", HWIO))
         return "HWIO", HWIO
 
@@ -129,9 +132,11 @@ def prologue_candidate(name: str, fold: FoldSite, algorithm: str, constant: bool
         shape[fold.to_hwio[3]] = fold.k
         return _fold_one(fold, perm, jnp.ones(shape, w.dtype), vectors)
 
+    # The site's candidates reading the same weight layout share one fold (prepared_as).
     if constant:
-        return Candidate(name, fold.build(algorithm, spec), prepare=prepare)
-    return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=floor)
+        return Candidate(name, fold.build(algorithm, spec), prepare=prepare, prepared_as=spec)
+    return Candidate(name, fold.build(algorithm, spec), prepare=prepare, shared=shared, shared_floor=floor,
+                     prepared_as=spec)
 
 
 def _concrete(value) -> bool:

@@ -381,43 +381,54 @@ def device_times(
     warmup: int = 3,
     top_k: int = 5,
     progress: Callable[[Any], None] | None = None,
+    interleave: bool = False,
 ) -> dict[Any, DeviceTiming]:
     """device_time of many (key, fn, args) cases in ONE profiler trace.
 
     Starting and reading a trace costs far more than a small layer's calls, so a profile of
     a whole model traces all its layers at once. Calls run case after case, each inside the
-    per-call annotation; case i's events are those between its first call's annotation and
-    the next case's, then split into calls as in device_time.
+    per-call annotation; or, with `interleave`, round-robin (case 0, case 1, ..., case 0, ...),
+    so that a drift of the GPU's clocks or temperature during the trace falls on every case
+    alike: for comparing a few whole programs. Each call's events are those between its
+    annotation and the next call's; a case's calls are then split as in device_time.
     """
     jitted = []
     for key, fn, args in cases:
         jitted.append(_jit_and_warm_up(fn, args, iters, warmup))
         if progress is not None:
             progress(key)
+    if interleave:
+        order = [i for _ in range(iters) for i in range(len(cases))]
+    else:
+        order = [i for i in range(len(cases)) for _ in range(iters)]
     events: list[KernelEvent] = []
     call_starts: list[float] = []
     with _trace_directory(None) as directory:
         start_error = _profiler_start_error(directory)
         if start_error is None:
             try:
-                for fn, (_, _, args) in zip(jitted, cases):
-                    for i in range(iters):
-                        with jax.profiler.TraceAnnotation(CALL_ANNOTATION, call=i):
-                            jax.block_until_ready(fn(*args))
+                calls = collections.Counter()
+                for i in order:
+                    with jax.profiler.TraceAnnotation(CALL_ANNOTATION, call=calls[i]):
+                        jax.block_until_ready(jitted[i](*cases[i][2]))
+                    calls[i] += 1
             finally:
                 jax.profiler.stop_trace()
             events, call_starts = _read_trace(directory)
-    if start_error is not None or len(call_starts) != iters * len(cases) or len(events) < iters * len(cases):
+    if start_error is not None or len(call_starts) != len(order) or len(events) < len(order):
         note = f"profiler did not start: {start_error}" if start_error else "no device trace"
         return {key: _wall_fallback(fn, args, iters, note) for fn, (key, _, args) in zip(jitted, cases)}
     starts = np.array([ev.start_ns for ev in events])
+    bounds = np.searchsorted(starts, [*call_starts, np.inf])  # call p's events: bounds[p]:bounds[p + 1]
+    case_events: list[list[KernelEvent]] = [[] for _ in cases]
+    case_starts: list[list[float]] = [[] for _ in cases]
+    for p, i in enumerate(order):
+        case_events[i] += events[bounds[p] : bounds[p + 1]]
+        case_starts[i].append(call_starts[p])
     out = {}
     for i, (key, _, _) in enumerate(cases):
-        case_starts = call_starts[i * iters : (i + 1) * iters]
-        end = call_starts[(i + 1) * iters] if i + 1 < len(cases) else np.inf
-        lo, hi = np.searchsorted(starts, case_starts[0]), np.searchsorted(starts, end)
-        if hi - lo < iters:  # e.g. a case XLA compiled to no kernel at all
-            out[key] = _wall_fallback(jitted[i], cases[i][2], iters, f"{hi - lo} GPU events")
+        if len(case_events[i]) < iters:  # e.g. a case XLA compiled to no kernel at all
+            out[key] = _wall_fallback(jitted[i], cases[i][2], iters, f"{len(case_events[i])} GPU events")
             continue
-        out[key] = timing_from_events(events[lo:hi], iters, _device_kind(), top_k, case_starts)
+        out[key] = timing_from_events(case_events[i], iters, _device_kind(), top_k, case_starts[i])
     return out

@@ -56,7 +56,7 @@ from jaxcnn.profile.profiler import (
     zero_fraction,
 )
 from jaxcnn.profile.record import record_profile, writable_store
-from jaxcnn.tuning.decision import BASELINE, Candidate, candidate_runs, prepared, shared_share_ms
+from jaxcnn.tuning.decision import BASELINE, Candidate, candidate_runs, prepared, shared_cases, shared_share_ms
 
 # Any algorithm puts a match in the plan site_inputs evaluates (its build is then replaced).
 RECORDING_ALGORITHM = "auto"
@@ -219,6 +219,8 @@ def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list
         keys.append(key)
         if (key, c.name) not in cases and not (c.name == BASELINE and traced is not None):
             for case, fn, args, prepare in candidate_runs(key, c, inputs[id(m)][0]):
+                if case in cases:  # work shared with a candidate already listed
+                    continue
                 args, error = prepared(prepare, args) if prepare is not None else (args, "")
                 if error:
                     raise RuntimeError(f"{c.name} at a conv site of shape {m.site.x_shape}: {error}")
@@ -230,8 +232,9 @@ def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list
         if (key, c.name) not in timed:
             out.append(traced[index])
             shares.append(None)
-        elif (key, c.name, "shared") in timed:
-            share = shared_share_ms(timed[(key, c.name, "shared")].median_ms, timed[(key, c.name, "floor")].median_ms)
+        elif shared_cases(key, c) is not None and shared_cases(key, c)[0] in timed:
+            alone, floor = shared_cases(key, c)
+            share = shared_share_ms(timed[alone].median_ms, timed[floor].median_ms)
             out.append(_plus(timed[(key, c.name)], share))
             shares.append(share)
         else:

@@ -59,6 +59,9 @@ class Candidate:
     prepare: Callable[..., Any] | None = None
     shared: Callable[..., Any] | None = None
     shared_floor: Callable[..., Any] | None = None
+    # Candidates of one site with the same prepared_as (not None) prepare the same inputs and
+    # share the same work (the fold of the weights into one layout): made and timed once.
+    prepared_as: Any = None
 
 
 @dataclass
@@ -206,29 +209,60 @@ def choose(times_ms: dict[str, float | None]) -> tuple[str, str]:
     return BASELINE, f"{best} only {base / ran[best]:.2f}x the traced subgraph (< {1 + MIN_GAIN:.2f}x)"
 
 
-def _random_inputs(avals, seed: int):
-    """Random inputs of the avals' shapes, drawn on the host (numpy: no per-shape compile) and
-    put on the device. Positive, O(1) floats: BatchNorm variances stay valid, nothing overflows."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for a in avals:
-        if jnp.issubdtype(a.dtype, jnp.floating):
-            out.append(jax.device_put(rng.uniform(0.5, 1.5, a.shape).astype(np.float32).astype(a.dtype)))
-        else:
-            out.append(jax.device_put(np.zeros(a.shape, a.dtype)))
-    return out
+class RandomInputs:
+    """Random inputs for the avals of sites, one array per shape and dtype (the sites of one
+    measurement share them: they only read them). Floats are uniform in [0.5, 1): positive and
+    O(1), so BatchNorm variances stay valid and nothing overflows; drawn as raw bits on the host
+    (a random mantissa under the exponent of 0.5: no conversion pass, no per-shape compile) and
+    put on the device. Other dtypes are zeros."""
+
+    def __init__(self, seed: int = 0):
+        self._rng = np.random.default_rng(seed)
+        self._arrays: dict[tuple, jax.Array] = {}
+
+    def __call__(self, aval) -> jax.Array:
+        key = (tuple(aval.shape), jnp.dtype(aval.dtype))
+        if key not in self._arrays:
+            self._arrays[key] = jax.device_put(self._host(*key))
+        return self._arrays[key]
+
+    def _host(self, shape: tuple, dtype) -> np.ndarray:
+        if not jnp.issubdtype(dtype, jnp.floating):
+            return np.zeros(shape, dtype)
+        uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(dtype.itemsize)
+        if uint is None:  # 8-bit floats: few enough mantissa bits that converting is fine
+            return self._rng.uniform(0.5, 1.0, shape).astype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        bits = np.frombuffer(self._rng.bytes(count * dtype.itemsize), uint).reshape(shape)
+        half = np.array(0.5, dtype).view(uint)
+        mantissa = uint((1 << int(jnp.finfo(dtype).nmant)) - 1)
+        return (bits & mantissa | half).view(dtype)
 
 
 def candidate_runs(key: Any, c: Candidate, args: tuple) -> list[tuple]:
     """What timing candidate c on a site's inputs runs, as (case key, fn, inputs, candidate whose
     prepare makes fn's inputs, or None): its fn at (key, c.name) and, where it shares work across
-    sites, that work on this site at (key, c.name, "shared") and its floor at (key, c.name,
-    "floor"); the candidate's time is its fn's plus shared_share_ms of the two."""
+    sites, that work on this site and its floor at shared_cases(key, c); the candidate's time is
+    its fn's plus shared_share_ms of the two. Candidates of one site prepared alike give the
+    same shared cases: the caller runs each case once."""
     runs = [((key, c.name), c.fn, args, c)]
-    if c.shared is not None:
-        runs.append(((key, c.name, "shared"), c.shared, args, None))
-        runs.append(((key, c.name, "floor"), c.shared_floor, args, None))
+    cases = shared_cases(key, c)
+    if cases is not None:
+        runs.append((cases[0], c.shared, args, None))
+        runs.append((cases[1], c.shared_floor, args, None))
     return runs
+
+
+def preparation(c: Candidate) -> Any:
+    """What c's prepared inputs and shared work are the same for: c.prepared_as, else c itself."""
+    return c.name if c.prepared_as is None else ("prepared as", c.prepared_as)
+
+
+def shared_cases(key: Any, c: Candidate) -> tuple[tuple, tuple] | None:
+    """The case keys of c's shared work on site `key` and of its floor (None: c shares none)."""
+    if c.shared is None:
+        return None
+    return (key, preparation(c), "shared"), (key, preparation(c), "floor")
 
 
 def shared_share_ms(alone_ms: float, floor_ms: float) -> float:
@@ -250,25 +284,35 @@ def prepared(c: Candidate, args: tuple) -> tuple[tuple, str]:
 def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
     """Times every runnable candidate of every pending site in one profiler trace: its fn on its
     (prepared) inputs and, where it shares work across sites, that work on this site and its
-    floor."""
-    runs = []  # (case key, fn, site inputs, candidate or None)
+    floor. Each preparation and case runs once, however many candidates share it."""
+    random_input = RandomInputs()
+    runs = {}  # case key -> (fn, site inputs, preparation key or None)
+    preparations = {}  # (site key, preparation) -> (candidate, site inputs)
     for key, s in pending.items():
-        args = tuple(_random_inputs(s.input_avals, seed=int(fingerprint(key)[:6], 16)))
+        args = tuple(random_input(a) for a in s.input_avals)
         for c in s.candidates:
-            runs += candidate_runs(key, c, args)
+            for case, fn, site_args, prepare in candidate_runs(key, c, args):
+                prep = None
+                if prepare is not None and prepare.prepare is not None:
+                    prep = (key, preparation(prepare))
+                    preparations.setdefault(prep, (prepare, site_args))
+                runs.setdefault(case, (fn, site_args, prep))
 
-    # Compiling dominates a first measurement: compile (and run once) the candidates on
-    # several threads; the timed calls below then hit jax's compile cache.
-    def compile_run(run):
-        args, error = prepared(run[3], run[2]) if run[3] is not None else (run[2], "")
-        return args, error or try_run(run[1], args)
-
+    # Compiling dominates a first measurement: prepare, then compile (and run once) the
+    # candidates on several threads; the timed calls below then hit jax's compile cache.
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
-        outcomes = list(pool.map(compile_run, runs))
+        made = dict(zip(preparations, pool.map(lambda item: prepared(*item), preparations.values())))
+
+        def compile_run(run):
+            fn, args, prep = run
+            args, error = made[prep] if prep is not None else (args, "")
+            return args, error or try_run(fn, args)
+
+        outcomes = dict(zip(runs, pool.map(compile_run, runs.values())))
     compiled = time.perf_counter()
-    errors = {run[0]: error for run, (_, error) in zip(runs, outcomes) if error}
-    cases = [(run[0], run[1], args) for run, (args, error) in zip(runs, outcomes) if not error]
+    errors = {case: error for case, (_, error) in outcomes.items() if error}
+    cases = [(case, runs[case][0], args) for case, (args, error) in outcomes.items() if not error]
     timings = device_times(cases, iters=MEASURE_ITERS, warmup=MEASURE_WARMUP) if cases else {}
     cost = MeasurementCost(len(pending), len(runs), compiled - started, time.perf_counter() - compiled)
     for recorder in _COST_RECORDERS:
@@ -289,11 +333,12 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
                 errs[c.name] = errors[(key, c.name)]
             elif t is not None and not t.is_device_time:
                 notes[c.name] = t.note
-            if c.shared is not None and times[c.name] is not None:
-                alone, floor = ms((key, c.name, "shared")), ms((key, c.name, "floor"))
+            share_cases = shared_cases(key, c)
+            if share_cases is not None and times[c.name] is not None:
+                alone, floor = ms(share_cases[0]), ms(share_cases[1])
                 if alone is None or floor is None:
                     times[c.name] = None
-                    errs[c.name] = (errors.get((key, c.name, "shared")) or errors.get((key, c.name, "floor"))
+                    errs[c.name] = (errors.get(share_cases[0]) or errors.get(share_cases[1])
                                     or "its shared work could not be measured")
                 else:
                     shared[c.name] = shared_share_ms(alone, floor)

@@ -302,3 +302,14 @@ def test_shared_work_is_measured_once_and_charged_per_site(monkeypatch):
     assert records["a"]["times_ms"] == {"xla": 1.0, "jaxcnn:auto": pytest.approx(0.6)}
     assert records["a"]["shared_ms"] == {"jaxcnn:auto": pytest.approx(0.1)}
     assert records["b"]["times_ms"]["jaxcnn:auto"] is None and "jaxcnn:auto" in records["b"]["errors"]
+
+
+@pytest.mark.parametrize("groups, dtype, want", [
+    (1, jnp.bfloat16, "OHWI"),   # cuDNN's KRSC: XLA transposes nothing
+    (8, jnp.bfloat16, "HWIO"),   # depthwise / grouped: the traced layout (XLA autotunes it fast)
+    (1, jnp.float32, "HWIO"),    # fp32: XLA picks its own layout
+])
+def test_xla_folded_weight_layout(groups, dtype, want):
+    from jaxcnn.optimize.weight_prologue import FoldSite
+    fold = FoldSite(None, None, (0, 1, 2, 3), (3, 3, 1, 8), dtype, dtype, dict(layout="NHWC", groups=groups))
+    assert fold.target("xla")[0] == want and fold.target("auto")[0] == "HWIO"

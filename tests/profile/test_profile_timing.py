@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -200,6 +201,37 @@ planes {
 """
     % CALL_ANNOTATION
 )
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_device_times_gives_each_case_its_own_calls(monkeypatch, interleave):
+    """Case after case or round-robin, each call's events (up to the next call's annotation) go
+    to the case that made the call: case "a" launches one 10 us kernel a call, "b" two (20 us
+    and 5 us); the calls run in the order asked for."""
+    dt = importlib.import_module("jaxcnn.profile.device_time")  # the package exports a function of that name
+    ran = []
+    cases = [(name, (lambda name: lambda x: ran.append(name) or x)(name), (jnp.ones(2),)) for name in "ab"]
+    monkeypatch.setattr(dt, "_jit_and_warm_up", lambda fn, args, iters, warmup: fn)
+    monkeypatch.setattr(dt, "_profiler_start_error", lambda directory: None)
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: None)
+
+    def read_trace(directory):
+        starts, events = [], []
+        for p, name in enumerate(ran):
+            t0 = 1000.0 * p
+            starts.append(t0)
+            if name == "a":
+                events.append(KernelEvent(t0 + 50, t0 + 60, "ka"))
+            else:
+                events += [KernelEvent(t0 + 50, t0 + 70, "kb1"), KernelEvent(t0 + 80, t0 + 85, "kb2")]
+        return events, starts
+
+    monkeypatch.setattr(dt, "_read_trace", read_trace)
+    out = dt.device_times(cases, iters=3, warmup=0, interleave=interleave)
+    assert ran == (["a", "b"] * 3 if interleave else ["a"] * 3 + ["b"] * 3)
+    assert out["a"].median_ms == pytest.approx(10e-6) and out["b"].median_ms == pytest.approx(25e-6)
+    assert out["a"].kernels_per_call == 1 and out["b"].kernels_per_call == 2
+    assert {k.name for k in out["b"].kernels} == {"kb1", "kb2"} and out["a"].is_device_time
 
 
 def test_gpu_kernel_events_reads_only_gpu_stream_lines():

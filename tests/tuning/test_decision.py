@@ -173,3 +173,61 @@ def test_measurement_costs_record_what_each_measurement_took(tmp_path, monkeypat
     assert [(c.sites, c.runs) for c in outer] == [(2, 4), (1, 2)]
     assert all(c.compile_s > 0 and c.timing_s > 0 for c in outer)
     assert not D._COST_RECORDERS  # closed recorders are gone
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64])
+def test_random_inputs_are_varied_positive_and_shared_per_shape(dtype):
+    random_input = D.RandomInputs()
+    aval = jax.ShapeDtypeStruct((64, 33), dtype)
+    x = np.asarray(random_input(aval), np.float64)
+    assert x.dtype == np.float64 and np.all((x >= 0.5) & (x < 1.0))
+    assert len(np.unique(x)) > 64 and abs(x.mean() - 0.75) < 0.02  # uniform, not a constant
+    assert random_input(jax.ShapeDtypeStruct((64, 33), dtype)) is random_input(aval)
+    assert random_input(jax.ShapeDtypeStruct((33, 64), dtype)).shape == (33, 64)
+    ints = np.asarray(random_input(jax.ShapeDtypeStruct((3,), jnp.int32)))
+    assert ints.dtype == np.int32 and not ints.any()
+
+
+def test_candidates_prepared_alike_share_one_preparation_and_shared_work(monkeypatch):
+    """Two candidates of a site with the same prepared_as: one prepare, one timing of the shared
+    work and its floor, charged to both; a third prepared otherwise gets its own."""
+    prepares, timed = [], []
+
+    class T:
+        def __init__(self, ms):
+            self.median_ms, self.is_device_time, self.note = ms, True, ""
+
+    def device_times(cases, **kw):
+        timed.extend(key for key, _, _ in cases)
+        return {key: T({"base": 1.0, "ours": 0.5, "alone": 0.3, "floor": 0.1}[f.__name__]) for key, f, _ in cases}
+
+    def prepare(tag):
+        def make(x):
+            prepares.append(tag)
+            return (x / 2,)
+        return make
+
+    def base(x):
+        return x + 1
+
+    def ours(x):
+        return x * 2
+
+    def alone(x):
+        return x
+
+    def floor(x):
+        return x[:1]
+
+    monkeypatch.setattr(D, "device_times", device_times)
+    cands = [D.Candidate("xla", base)] + [
+        D.Candidate(name, ours, prepare=prepare(spec), shared=alone, shared_floor=floor, prepared_as=spec)
+        for name, spec in (("jaxcnn:auto", "HWIO"), ("jaxcnn:stem", "HWIO"), ("xla_folded", "OHWI"))]
+    sites = {"a": D.Site(dict(kind="test"), cands, [jax.ShapeDtypeStruct((4,), jnp.float32)], lambda: ("xla", "r"))}
+    records = D._measure_sites(sites)
+    assert sorted(prepares) == ["HWIO", "OHWI"]
+    shared = sorted(k[1:] for k in timed if k[-1] in ("shared", "floor"))
+    assert shared == [(("prepared as", "HWIO"), "floor"), (("prepared as", "HWIO"), "shared"),
+                      (("prepared as", "OHWI"), "floor"), (("prepared as", "OHWI"), "shared")]
+    assert records["a"]["times_ms"] == {"xla": 1.0, "jaxcnn:auto": pytest.approx(0.7),
+                                       "jaxcnn:stem": pytest.approx(0.7), "xla_folded": pytest.approx(0.7)}
