@@ -28,7 +28,8 @@ import numpy as np
 from jaxcnn._native.library import cuda_available
 from jaxcnn.profile.device_time import device_times
 from jaxcnn.tuning.autotune_cache import AutotuneCache, as_cache
-from jaxcnn.tuning.measure import device_kind, error_line, outside_traces, runtime_errors, should_measure, try_run
+from jaxcnn.tuning.measure import (RandomInputs, device_kind, error_line, outside_traces, runtime_errors,
+                                   should_measure, try_run)
 
 BASELINE = "xla"  # the site's subgraph exactly as traced
 # A replacement must be this much faster than the baseline to be chosen: smaller gains are
@@ -207,36 +208,6 @@ def choose(times_ms: dict[str, float | None]) -> tuple[str, str]:
     if best == BASELINE:
         return BASELINE, "XLA's own subgraph measured fastest"
     return BASELINE, f"{best} only {base / ran[best]:.2f}x the traced subgraph (< {1 + MIN_GAIN:.2f}x)"
-
-
-class RandomInputs:
-    """Random inputs for the avals of sites, one array per shape and dtype (the sites of one
-    measurement share them: they only read them). Floats are uniform in [0.5, 1): positive and
-    O(1), so BatchNorm variances stay valid and nothing overflows; drawn as raw bits on the host
-    (a random mantissa under the exponent of 0.5: no conversion pass, no per-shape compile) and
-    put on the device. Other dtypes are zeros."""
-
-    def __init__(self, seed: int = 0):
-        self._rng = np.random.default_rng(seed)
-        self._arrays: dict[tuple, jax.Array] = {}
-
-    def __call__(self, aval) -> jax.Array:
-        key = (tuple(aval.shape), jnp.dtype(aval.dtype))
-        if key not in self._arrays:
-            self._arrays[key] = jax.device_put(self._host(*key))
-        return self._arrays[key]
-
-    def _host(self, shape: tuple, dtype) -> np.ndarray:
-        if not jnp.issubdtype(dtype, jnp.floating):
-            return np.zeros(shape, dtype)
-        uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(dtype.itemsize)
-        if uint is None:  # 8-bit floats: few enough mantissa bits that converting is fine
-            return self._rng.uniform(0.5, 1.0, shape).astype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        bits = np.frombuffer(self._rng.bytes(count * dtype.itemsize), uint).reshape(shape)
-        half = np.array(0.5, dtype).view(uint)
-        mantissa = uint((1 << int(jnp.finfo(dtype).nmant)) - 1)
-        return (bits & mantissa | half).view(dtype)
 
 
 def candidate_runs(key: Any, c: Candidate, args: tuple) -> list[tuple]:

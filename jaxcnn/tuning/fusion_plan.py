@@ -337,8 +337,9 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
 
 
 def group_params(group: FusionGroup, seed: int = 0):
-    """He-normal weights and small biases for the group's convs, and a normal input (drawn with
-    NumPy: jax.random would compile one program per shape, seconds per group on a CPU)."""
+    """He-normal weights and small biases for the group's convs, and a positive random input
+    (measure.random_array) (drawn with NumPy: jax.random would compile one program per shape,
+    seconds per group on a CPU)."""
     rng = np.random.default_rng([seed, len(group.members), *group.x_shape])
     params = {}
     for m in group.members:
@@ -348,7 +349,7 @@ def group_params(group: FusionGroup, seed: int = 0):
         params[m.name] = {"w": jnp.asarray((rng.standard_normal(m.weight_shape) * std).astype(np.float32), m.dtype),
                           "b": jnp.asarray((0.01 * rng.standard_normal(m.weight_shape[-1:])).astype(np.float32),
                                            m.dtype)}
-    x = jnp.asarray(rng.standard_normal(group.x_shape, dtype=np.float32), group.dtype)
+    x = jnp.asarray(measuring.random_array(tuple(group.x_shape), group.dtype, rng))
     return params, x
 
 

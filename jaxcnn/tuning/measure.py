@@ -10,12 +10,18 @@ import os
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from jaxcnn._native import library
 
 # JAXCNN_MEASURE=0: automatic decisions (conv2d "auto", optimize's policy, the layout and fusion
 # planners) read cached measurements and rules but time nothing new on the device.
 MEASURE_ENV = "JAXCNN_MEASURE"
+# Fresh random elements RandomInputs draws per array; a larger array repeats them. Drawing
+# every element of a batch-64 activation (hundreds of MB) took seconds of a first call, and a
+# timing does not depend on the values' period.
+RANDOM_BLOCK = 1 << 20
 
 
 def device_kind() -> str:
@@ -70,3 +76,36 @@ def try_run(fn: Callable, args: tuple) -> str:
     except runtime_errors() as err:
         return error_line(err)
     return ""
+
+
+def random_array(shape: tuple, dtype, rng: np.random.Generator) -> np.ndarray:
+    """A host array of `shape`: floats uniform in [0.5, 1) (a random mantissa under the
+    exponent of 0.5, drawn as raw bits: no conversion pass), RANDOM_BLOCK fresh values repeated;
+    other dtypes zeros."""
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return np.zeros(shape, dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(dtype.itemsize)
+    if uint is None:  # 8-bit floats: few enough values that converting is fine
+        return np.resize(rng.uniform(0.5, 1.0, min(count, RANDOM_BLOCK)).astype(dtype), shape)
+    bits = np.frombuffer(rng.bytes(min(count, RANDOM_BLOCK) * dtype.itemsize), uint)
+    mantissa = uint((1 << int(jnp.finfo(dtype).nmant)) - 1)
+    block = bits & mantissa | np.array(0.5, dtype).view(uint)
+    return np.resize(block, shape).view(dtype)
+
+
+class RandomInputs:
+    """Random device inputs for the avals of the sites or groups one measurement times, one
+    array per shape and dtype (they only read them): random_array's values, positive and O(1),
+    so BatchNorm variances stay valid and nothing overflows."""
+
+    def __init__(self, seed: int = 0):
+        self._rng = np.random.default_rng(seed)
+        self._arrays: dict[tuple, jax.Array] = {}
+
+    def __call__(self, aval) -> jax.Array:
+        key = (tuple(aval.shape), jnp.dtype(aval.dtype))
+        if key not in self._arrays:
+            self._arrays[key] = jax.device_put(random_array(*key, self._rng))
+        return self._arrays[key]

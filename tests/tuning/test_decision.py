@@ -11,6 +11,7 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn.tuning import decision as D
+from jaxcnn.tuning import measure
 
 
 def site(name="a", rule=("xla", "rule says so")):
@@ -176,12 +177,14 @@ def test_measurement_costs_record_what_each_measurement_took(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64])
-def test_random_inputs_are_varied_positive_and_shared_per_shape(dtype):
+def test_random_inputs_are_varied_positive_and_shared_per_shape(dtype, monkeypatch):
+    monkeypatch.setattr(measure, "RANDOM_BLOCK", 1000)  # an array larger than the block repeats it
     random_input = D.RandomInputs()
     aval = jax.ShapeDtypeStruct((64, 33), dtype)
     x = np.asarray(random_input(aval), np.float64)
     assert x.dtype == np.float64 and np.all((x >= 0.5) & (x < 1.0))
     assert len(np.unique(x)) > 64 and abs(x.mean() - 0.75) < 0.02  # uniform, not a constant
+    np.testing.assert_array_equal(x.ravel()[1000:2000], x.ravel()[:1000])
     assert random_input(jax.ShapeDtypeStruct((64, 33), dtype)) is random_input(aval)
     assert random_input(jax.ShapeDtypeStruct((33, 64), dtype)).shape == (33, 64)
     ints = np.asarray(random_input(jax.ShapeDtypeStruct((3,), jnp.int32)))
