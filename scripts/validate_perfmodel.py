@@ -34,7 +34,8 @@ except ImportError:  # run from a checkout that is not pip-installed
 # Submodules, not the package: an editable install made before perfmodel/__init__.py existed
 # maps jaxcnn.costmodel as a namespace package.
 from jaxcnn.costmodel.calibration import calibrate  # noqa: E402
-from jaxcnn.costmodel.factors import load_factors, save_factors  # noqa: E402
+from jaxcnn.costmodel.factors import load_factors, read_factors_file, save_factors  # noqa: E402
+from jaxcnn.costmodel.streaming import is_stream_family  # noqa: E402
 from jaxcnn.costmodel.validation import (  # noqa: E402
     attach_counters,
     cross_validated_by_group,
@@ -60,6 +61,11 @@ def bench_rows(data: dict) -> list[dict]:
     return data.get("rows") or data.get("bench_rows") or []
 
 
+def stored_fit_info(gpu: str) -> dict:
+    """The stored factors' record of how they were fitted (kept when only the streams are refitted)."""
+    return dict(read_factors_file().get(gpu, {}).get("fit") or {})
+
+
 def gpu_of(data: dict, override: str | None) -> str:
     """--gpu, else the bench environment's device kind, else H200."""
     if override:
@@ -78,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for perfmodel_validation.*")
     parser.add_argument("--gpu", help="GPU spec name (default: from the bench environment)")
     parser.add_argument("--fit", action="store_true", help="calibrate the factors on these rows")
-    parser.add_argument("--save-factors", action="store_true", help="with --fit: store them")
+    parser.add_argument("--fit-streams", action="store_true",
+                        help="calibrate only the stream families (costmodel.streaming) on these rows, keeping the "
+                             "stored implicit-GEMM factors")
+    parser.add_argument("--save-factors", action="store_true", help="with --fit or --fit-streams: store them")
     parser.add_argument(
         "--cross-validate", action="store_true", help="also leave-one-layer-out errors"
     )
@@ -116,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
             date=datetime.date.today().isoformat(),
         )
 
+    if args.fit_streams and not args.fit:
+        streams = [m for m in deduplicated_samples(measurements) if is_stream_family(m.impl)]
+        if not streams:
+            parser.error("--fit-streams: no in-scope measurement of a stream family")
+        fitted = calibrate(spec_by_name(gpu), streams, initial=factors)
+        factors = fitted.factors
+        factors_source += f"; stream families fitted here on {fitted.n} measurements"
+        fit_info = dict(stored_fit_info(gpu), streaming=dict(
+            n=fitted.n, median_abs_rel_error=fitted.median_abs_rel_error,
+            sources=[str(Path(p).name) for p in (args.bench, args.baseline, args.store) if p],
+            date=datetime.date.today().isoformat()))
+
     report = validate(prediction_rows(measurements, gpu, factors))
     report.update(gpu=gpu, factors=factors.to_dict(), factors_source=factors_source, fit=fit_info)
     if args.cross_validate:
@@ -128,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         report["cross_validation"] = validate(cv_rows)["summary"]
         for row in report["rows"]:
             row["held_out_predicted_ms"] = held_out.get(row["label"])
-        if fit_info:
+        if args.fit:
             fit_info["leave_one_layer_out"] = {
                 key: report["cross_validation"][key]
                 for key in ("n", "median_abs_rel_error", "max_abs_rel_error")
@@ -153,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         report["cross_validation_by_model"] = cv["summary"]
         for row in report["rows"]:
             row["held_out_by_model_predicted_ms"] = held_out.get(row["label"])
-        if fit_info:
+        if args.fit:
             fit_info["leave_one_model_out"] = {
                 impl: {key: s[key] for key in ("n", "median_abs_rel_error", "max_abs_rel_error")}
                 for impl, s in cv["summary"]["by_impl"].items()
             }
-    if args.fit and args.save_factors:
+    if (args.fit or args.fit_streams) and args.save_factors:
         save_factors(gpu, factors, fit_info)
 
     out = Path(args.out)

@@ -6,8 +6,9 @@
 
 Modules: kernel_families (which of the model's kernel families a measured GPU kernel is; jax-free),
 layer (shapes, GEMM view), tiling (CTA tilings, presets, kernel-name parsing), traffic
-(bytes at L1/L2/DRAM), timing (bounds -> time), factors (fitted parameters per GPU and their
-JSON), calibration (fitting them), model (predict, predict_table), validation (predicted vs
+(bytes at L1/L2/DRAM), timing (bounds -> time), streaming (the depthwise kernels, priced from
+their bytes and FMAs), factors (fitted parameters per GPU and their JSON), calibration (fitting
+them), model (predict, predict_ms for any family, predict_table), validation (predicted vs
 measured), roofline (the kernel floor, DRAM and fp32 FMA time every estimate shares),
 layout_cost (the layout choice's estimates: sector traffic per layout, transforms, conv
 candidates).
@@ -23,7 +24,9 @@ _EXPORTS = {
     "ConvLayer": "conv_layer",
     "Factors": "factors", "load_factors": "factors", "save_factors": "factors",
     "impl_of_kernel": "kernel_families",
-    "Prediction": "model", "predict": "model", "predict_layer_info": "model", "predict_table": "model",
+    "Prediction": "model", "predict": "model", "predict_layer_info": "model", "predict_ms": "model",
+    "predict_table": "model",
+    "STREAM_FAMILIES": "streaming", "StreamFactors": "streaming",
     "JAXCNN_DIRECT_64x64x16": "tiling", "PRESETS": "tiling", "Tiling": "tiling", "auto_tiling": "tiling",
     "get_tiling": "tiling", "parse_kernel_tiling": "tiling",
     "Traffic": "traffic", "traffic": "traffic",
@@ -35,7 +38,8 @@ if TYPE_CHECKING:
     from jaxcnn.costmodel.conv_layer import ConvLayer
     from jaxcnn.costmodel.factors import Factors, load_factors, save_factors
     from jaxcnn.costmodel.kernel_families import impl_of_kernel
-    from jaxcnn.costmodel.model import Prediction, predict, predict_layer_info, predict_table
+    from jaxcnn.costmodel.model import Prediction, predict, predict_layer_info, predict_ms, predict_table
+    from jaxcnn.costmodel.streaming import STREAM_FAMILIES, StreamFactors
     from jaxcnn.costmodel.tiling import (
         JAXCNN_DIRECT_64x64x16,
         PRESETS,
@@ -67,7 +71,9 @@ __all__ = [
     "JAXCNN_DIRECT_64x64x16",
     "PRESETS",
     "Prediction",
+    "STREAM_FAMILIES",
     "Sample",
+    "StreamFactors",
     "Tiling",
     "Traffic",
     "auto_tiling",
@@ -78,6 +84,7 @@ __all__ = [
     "parse_kernel_tiling",
     "predict",
     "predict_layer_info",
+    "predict_ms",
     "predict_table",
     "save_factors",
     "traffic",

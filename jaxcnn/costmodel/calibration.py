@@ -10,6 +10,7 @@ loads them by default.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import numpy as np
 from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.factors import Factors
 from jaxcnn.costmodel.model import KernelSetup, kernel_setup
+from jaxcnn.costmodel.streaming import StreamFactors, fit_stream, is_stream_family, predict_stream
 from jaxcnn.costmodel.tiling import Tiling
 from jaxcnn.costmodel.timing import kernel_time
 from jaxcnn.profile.gpu_specs import GpuSpec
@@ -115,6 +117,7 @@ class _Layout:
             wave_latency_us=dict(base.wave_latency_us) | _floats(self.latency_keys, waves),
             launch_us=dict(base.launch_us) | _floats(self.latency_keys, launches),
             hiding_warps=float(values[-1]),
+            streaming=dict(base.streaming),
         )
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -158,8 +161,13 @@ def calibrate(
 
     if not measurements:
         raise ValueError("calibrate needs at least one measurement")
-    base = initial or Factors()
-    prepared = [_prepare(spec, sample) for sample in measurements]
+    samples = [s if isinstance(s, Sample) else Sample(*s) for s in measurements]
+    streams = [s for s in samples if is_stream_family(s.impl)]
+    base = _with_streams(initial or Factors(), spec, streams)
+    samples = [s for s in samples if not is_stream_family(s.impl)]
+    if not samples:
+        return _stream_only(spec, base, streams)
+    prepared = [_prepare(spec, sample) for sample in samples]
     layout = _Layout(
         compute_keys=tuple(sorted({p.setup.keys.efficiency for p in prepared})),
         latency_keys=tuple(sorted({p.setup.keys.latency for p in prepared})),
@@ -195,3 +203,20 @@ def calibrate(
         max_abs_rel_error=float(np.max(abs_rel)),
         info=dict(parameters=layout.names),
     )
+
+
+def _with_streams(base: Factors, spec: GpuSpec, streams: Sequence[Sample]) -> Factors:
+    """base with each stream family among `streams` fitted on its samples (fit_stream)."""
+    fitted = dict(base.streaming)
+    for family in sorted({s.impl for s in streams}):
+        mine = [s for s in streams if s.impl == family]
+        fitted[family] = fit_stream([s.layer for s in mine], [s.time_ms for s in mine], family, spec).to_dict()
+    return dataclasses.replace(base, streaming=fitted)
+
+
+def _stream_only(spec: GpuSpec, factors: Factors, streams: Sequence[Sample]) -> Calibration:
+    """The Calibration of samples that are all of stream families."""
+    abs_rel = [abs(predict_stream(s.layer, s.impl, spec, StreamFactors.from_dict(factors.streaming[s.impl])).time_ms
+                   / s.time_ms - 1) for s in streams]
+    return Calibration(factors=factors, n=len(streams), median_abs_rel_error=float(np.median(abs_rel)),
+                       max_abs_rel_error=float(np.max(abs_rel)), info=dict(parameters=[]))

@@ -24,6 +24,8 @@ class Factors:
     # Warps of latency an SM hides (rate n/(n+h) with n resident warps): prices a partial last
     # wave (traffic.Grid.quantization_with). None: the saturating-CTA rule.
     hiding_warps: float | None = None
+    # Stream families (costmodel.streaming): family -> {"launch_us", "dram", "compute"}.
+    streaming: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def compute_fraction(self, key: str) -> float:
         """The fitted fraction; fp16 falls back to bf16's (same width and tensor rate), an
@@ -42,11 +44,12 @@ class Factors:
             l1=self.l1,
             wave_latency_us=dict(self.wave_latency_us),
             launch_us=dict(self.launch_us),
-        ) | ({} if self.hiding_warps is None else dict(hiding_warps=self.hiding_warps))
+        ) | ({} if self.hiding_warps is None else dict(hiding_warps=self.hiding_warps)) | (
+            dict(streaming={k: dict(v) for k, v in self.streaming.items()}) if self.streaming else {})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Factors:
-        keys = ("compute", "dram", "l2", "l1", "wave_latency_us", "launch_us", "hiding_warps")
+        keys = ("compute", "dram", "l2", "l1", "wave_latency_us", "launch_us", "hiding_warps", "streaming")
         return cls(**{key: data[key] for key in keys if key in data})
 
 

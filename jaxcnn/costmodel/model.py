@@ -8,6 +8,7 @@ from typing import Any
 
 from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.factors import Factors, load_factors
+from jaxcnn.costmodel.streaming import StreamFactors, StreamPrediction, is_depthwise, is_stream_family, predict_stream
 from jaxcnn.costmodel.tiling import Tiling, resolve_tiling
 from jaxcnn.costmodel.timing import Keys, TimeBreakdown, kernel_keys, kernel_time, math_precision
 from jaxcnn.costmodel.traffic import Traffic, traffic
@@ -113,6 +114,41 @@ def predict(
     )
 
 
+def predict_family(
+    layer: ConvLayer,
+    family: str,
+    gpu: str | GpuSpec = "H200",
+    factors: Factors | None = None,
+) -> StreamPrediction:
+    """A stream family's prediction (costmodel.streaming) with `gpu`'s stored (or given) factors."""
+    spec = as_spec(gpu)
+    used = factors if factors is not None else load_factors(spec.name)
+    return predict_stream(layer, family, spec, StreamFactors.from_dict(used.streaming.get(family, {})))
+
+
+def predict_ms(
+    layer: ConvLayer,
+    gpu: str | GpuSpec = "H200",
+    tiling: str | Tiling = "auto",
+    impl: str = "xla",
+    precision: str = "default",
+    factors: Factors | None = None,
+) -> float:
+    """The predicted time of `layer` run by any family the model describes: an implicit-GEMM
+    impl (predict) or a stream family (predict_family; tiling and precision do not apply)."""
+    if is_stream_family(impl):
+        return predict_family(layer, impl, gpu, factors).time_ms
+    return predict(layer, gpu, tiling, impl, precision, factors).time_ms
+
+
+def stream_row(p: StreamPrediction) -> dict[str, Any]:
+    """A stream family's prediction as a row for Store.add_predictions (caller adds layer_id)."""
+    return dict(model=MODEL_NAME, tiling=f"stream:{p.family}", l1_bytes=round(p.dram_bytes),
+                l2_bytes=round(p.dram_bytes), dram_bytes=round(p.dram_bytes), time_ms=p.time_ms,
+                extra=dict(bound=p.bound, impl=p.family, work_flops=p.work_flops,
+                           bound_ms=dict(dram=p.memory_ms, compute=p.compute_ms), latency_ms=p.launch_ms))
+
+
 def predict_table(
     layers: Iterable[ConvLayer],
     gpu: str | GpuSpec = "H200",
@@ -134,11 +170,15 @@ def predict_layer_info(
 ) -> dict[str, Any] | None:
     """predict() as a store row for a jaxcnn.models LayerInfo run by a profiler backend
     ("xla", "jaxcnn"); None when the model does not cover it (not a conv2d, unknown GPU or
-    backend, a dtype the GPU has no math for)."""
+    backend, a dtype the GPU has no math for). A depthwise conv is predicted as a depthwise
+    stream family: cuDNN's for the XLA backend, jaxcnn's for the jaxcnn backend."""
     if getattr(info, "op", None) != "conv2d" or impl not in BACKEND_IMPLS:
         return None
     try:
         layer = ConvLayer.from_layer_info(info)
+        if is_depthwise(layer):
+            family = "depthwise" if BACKEND_IMPLS[impl] == "xla" else "jaxcnn_depthwise"
+            return stream_row(predict_family(layer, family, gpu, factors))
         return predict(layer, gpu, "auto", BACKEND_IMPLS[impl], precision, factors).to_row()
     except (KeyError, ValueError, TypeError):
         return None

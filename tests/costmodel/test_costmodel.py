@@ -431,7 +431,8 @@ def test_measurements_from_bench_rows():
     assert xla_m.tiling.mt == 128 and xla_m.in_scope
     fft = [("void fft2d_r2c_16x16<float>", 5.0), ("flip_filter", 1.0)]
     assert split_kernels(fft)[2] == "FFT algorithm"
-    assert split_kernels([("conv2d_c1_k1_nhwc", 5.0)])[2] == "XLA depthwise kernel"
+    assert split_kernels([("conv2d_c1_k1_nhwc", 5.0)])[2] == ""  # a stream family of the model
+    assert split_kernels([("void jaxcnn::conv_pool::conv_pool_stem_kernel<bf16>", 5.0)])[2] == "jaxcnn stem kernel"
 
 
 def test_ncu_counters_attach_by_case_and_in_order(tmp_path):
@@ -508,11 +509,13 @@ def test_deduplication_and_leave_one_model_out_groups():
     ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "xla"),
     ("nvjet_sm90_tst_64x8_64x16_1x4_h_bz_relubias_TNT", "xla"),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align8>(Params)", "xla"),
-    # families the model does not describe: ours beyond the direct kernel, cuDNN's non-GEMM engines
+    # the stream families (costmodel.streaming): depthwise kernels, cuDNN's and ours
+    ("conv2d_c1_k1_nhwc_specialized", "depthwise"),
+    ("void jaxcnn::conv2d_depthwise::dw_vec_kernel<__nv_bfloat16, true, 4, 8, 3, 3>(Params)", "jaxcnn_depthwise"),
+    # families the model does not describe: our other kernels, cuDNN's direct engine
     ("void jaxcnn::conv_pool::conv_pool_stem_kernel<__nv_bfloat16, 1>(Params)", None),
     ("void jaxcnn::chain::conv1x1_depthwise_kernel<__nv_bfloat16, 1, false>(Params)", None),
     ("void convolve_common_engine_float_NHWC<__nv_bfloat16, __nv_bfloat16, 128, 5, 5>(int)", None),
-    ("conv2d_c1_k1_nhwc_specialized", None),
     ("", None),
 ])
 def test_kernel_family_of_a_measured_kernel(kernel, family):
