@@ -77,7 +77,7 @@ from jaxcnn.layouts import AutotuneCache  # noqa: E402
 from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
 from jaxcnn.tuning.conv_choice import conv_site, decide_conv  # noqa: E402
-from jaxcnn.tuning.decision import COMPILE_THREADS, decide_all  # noqa: E402
+from jaxcnn.tuning.decision import compile_threads, decide_all  # noqa: E402
 
 from conv_sweep_cases import (  # noqa: E402
     ACTIVATIONS, CHUNK_BYTES, CHUNK_CASES, DEFAULT_CASES, DEFAULT_SEED, KINDS, LIMITS, PRECISION_CLASS,
@@ -222,7 +222,7 @@ def run_chunk(cases: Sequence[Case], *, seed: int, iters: int, warmup: int, cach
     # conv2d's "auto" traces read the decisions from the same file (their default cache).
     os.environ[AUTOTUNE_CACHE_ENV] = str(cache)
     started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads()) as pool:
         prepared = list(pool.map(lambda c: prepare(c, seed), cases))
     seconds["compile"] = time.perf_counter() - started
     ready = [p for p in prepared if "error" not in p]

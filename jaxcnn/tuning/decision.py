@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -39,10 +40,22 @@ MIN_GAIN = 0.03
 DECISION_VERSION = 1
 MEASURE_ITERS = 10
 MEASURE_WARMUP = 2
-# Threads compiling a measurement's candidates (XLA compiles outside the GIL). A fixed 8: with
-# one per core (16 on the H200 machine) the first calls of the third-party models took two to
-# three times as long (docs/results.md, "First call").
+# Threads compiling a measurement's candidates (XLA compiles outside the GIL): $JAXCNN_COMPILE_THREADS,
+# else 8. With one per core (16 on the H200 machine) the first calls of the third-party models
+# took two to three times as long; XLA's autotuning of the candidates' convs on concurrent
+# threads is where most of a slow first call goes (docs/results.md, "First call").
+COMPILE_THREADS_ENV = "JAXCNN_COMPILE_THREADS"
 COMPILE_THREADS = 8
+
+
+def compile_threads() -> int:
+    """$JAXCNN_COMPILE_THREADS (a positive integer), else COMPILE_THREADS."""
+    value = os.environ.get(COMPILE_THREADS_ENV, "").strip()
+    if not value:
+        return COMPILE_THREADS
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{COMPILE_THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ class Site:
 class MeasurementCost:
     """What one measurement of pending sites cost on the host: the sites and timed runs (a
     candidate's fn, or its shared work or floor), seconds compiling and first-running them
-    (COMPILE_THREADS threads, prepare included) and seconds of timed calls."""
+    (compile_threads() threads, prepare included) and seconds of timed calls."""
 
     sites: int
     runs: int
@@ -272,7 +285,7 @@ def _measure_sites(pending: dict[str, Site]) -> dict[str, dict]:
     # Compiling dominates a first measurement: prepare, then compile (and run once) the
     # candidates on several threads; the timed calls below then hit jax's compile cache.
     started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=COMPILE_THREADS) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads()) as pool:
         made = dict(zip(preparations, pool.map(lambda item: prepared(*item), preparations.values())))
 
         def compile_run(run):

@@ -234,3 +234,14 @@ def test_candidates_prepared_alike_share_one_preparation_and_shared_work(monkeyp
                       (("prepared as", "OHWI"), "floor"), (("prepared as", "OHWI"), "shared")]
     assert records["a"]["times_ms"] == {"xla": 1.0, "jaxcnn:auto": pytest.approx(0.7),
                                        "jaxcnn:stem": pytest.approx(0.7), "xla_folded": pytest.approx(0.7)}
+
+
+def test_compile_threads_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv(D.COMPILE_THREADS_ENV, raising=False)
+    assert D.compile_threads() == D.COMPILE_THREADS
+    monkeypatch.setenv(D.COMPILE_THREADS_ENV, " 2 ")
+    assert D.compile_threads() == 2
+    for bad in ("0", "-1", "two"):
+        monkeypatch.setenv(D.COMPILE_THREADS_ENV, bad)
+        with pytest.raises(ValueError, match="JAXCNN_COMPILE_THREADS must be a positive integer"):
+            D.compile_threads()
