@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from jaxcnn.costmodel.conv_layer import ConvLayer
@@ -182,3 +183,23 @@ def predict_layer_info(
         return predict(layer, gpu, "auto", BACKEND_IMPLS[impl], precision, factors).to_row()
     except (KeyError, ValueError, TypeError):
         return None
+
+
+def model_rows(info: Any, gpu: str | GpuSpec, factors: Factors | None = None) -> list[dict[str, Any]]:
+    """The traffic model's store rows for one layer: one per kernel family the model describes
+    (predict_layer_info for each impl), whichever backend ran it (a jaxcnn layer may run XLA's
+    kernel; readers pick the family of the kernel that ran). Empty for what it does not cover."""
+    rows = (predict_layer_info(info, gpu, impl, factors=factors) for impl in IMPLS)
+    return [row for row in rows if row is not None]
+
+
+def stored_layer_info(row: Mapping[str, Any], name: str | None = None) -> SimpleNamespace:
+    """A layer row of the store (or of its JSON export) as the LayerInfo fields predict_layer_info
+    and ConvLayer.from_layer_info read: op, name, shapes, stride, padding, dilation, groups, dtype."""
+    params = row.get("params") or {}
+    return SimpleNamespace(
+        op=row.get("op"), name=row["name"] if name is None else name, input_shapes=row["input_shapes"],
+        weight_shape=row.get("weight_shape"),
+        **{key: params.get(key) for key in ("stride", "padding", "dilation", "groups")},
+        dtype=params.get("dtype", "float32"),
+    )

@@ -19,13 +19,12 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from jaxcnn.costmodel.calibration import Sample, calibrate
 from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.factors import Factors
-from jaxcnn.costmodel.model import BACKEND_IMPLS, predict, predict_family, predict_ms
+from jaxcnn.costmodel.model import BACKEND_IMPLS, predict, predict_family, predict_ms, stored_layer_info
 from jaxcnn.costmodel.streaming import is_stream_family
 from jaxcnn.costmodel.tiling import JAXCNN_DIRECT_64x64x16, Tiling, parse_kernel_tiling
 from jaxcnn.costmodel.kernel_families import impl_of_kernel
@@ -200,14 +199,7 @@ def measurements_from_store(path: str | Path) -> list[Measurement]:
         layer_row = None if pd.isna(row.layer_id) else convs.get(int(row.layer_id))
         if layer_row is None or impl is None:
             continue
-        params = layer_row.params or {}
-        info = SimpleNamespace(
-            name=f"run{row.run_id}:{layer_row.name}",
-            input_shapes=layer_row.input_shapes,
-            weight_shape=layer_row.weight_shape,
-            **{key: params.get(key) for key in ("stride", "padding", "dilation", "groups")},
-            dtype=params.get("dtype", "float32"),
-        )
+        info = stored_layer_info(layer_row._asdict(), name=f"run{row.run_id}:{layer_row.name}")
         layer = ConvLayer.from_layer_info(info)
         variant = "jaxcnn" if impl == "jaxcnn_direct" else "xla_default"
         time_ms = float(row.median)

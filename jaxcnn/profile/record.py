@@ -51,17 +51,13 @@ def _predictions(profile: ModelProfile) -> list[tuple[int, dict[str, Any]]]:
             rows.append((index, dict(model="roofline", time_ms=layer.floor["floor_ms"],
                                      extra=json.loads(json.dumps(layer.floor, default=str)))))
     try:
-        from jaxcnn.costmodel.model import IMPLS, predict_layer_info
+        from jaxcnn.costmodel.model import model_rows
     except ImportError:
         return rows
     gpu = profile.environment.get("gpu_name")
     for index, layer in enumerate(profile.layers):
-        if layer.info.op != "conv2d" or not gpu:
-            continue
-        for impl in IMPLS:
-            row = predict_layer_info(layer.info, gpu=gpu, impl=impl)
-            if row is not None:
-                rows.append((index, row))
+        if layer.info.op == "conv2d" and gpu:
+            rows += [(index, row) for row in model_rows(layer.info, gpu)]
     return rows
 
 

@@ -20,7 +20,7 @@ Writers need only the standard library; readers and exports need pandas.
 """
 
 from jaxcnn.store._db import BUSY_TIMEOUT_S, DEFAULT_FILENAME, PATH_ENV_VAR, StoreError
-from jaxcnn.store._portable import Export, read_export
+from jaxcnn.store._portable import Export, read_export, write_export
 from jaxcnn.store._schema import APPLICATION_ID, SCHEMA_VERSION
 from jaxcnn.store._store import TABLES, Store
 
@@ -35,4 +35,5 @@ __all__ = [
     "Store",
     "StoreError",
     "read_export",
+    "write_export",
 ]

@@ -131,7 +131,10 @@ def store_schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
 
 
-def write_json(path: Path, runs: list[dict], schema_version: int) -> Path:
+def write_export(path: str | Path, runs: list[dict], schema_version: int) -> Path:
+    """Write `runs` (run documents, as read_export returns them) as an export file at `path`,
+    atomically: the file is whole or not there."""
+    path = Path(path)
     document = {"format": APPLICATION_MARKER, "format_version": JSON_FORMAT_VERSION,
                 "schema_version": schema_version, "runs": runs}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -310,7 +310,7 @@ class Store:
             ids = self._all_run_ids(conn) if run_ids is None else [self._require_run(conn, r) for r in run_ids]
             runs = [_portable.run_document(conn, run_id, self._columns) for run_id in ids]
             schema_version = _portable.store_schema_version(conn)
-        return _portable.write_json(Path(path), runs, schema_version)
+        return _portable.write_export(Path(path), runs, schema_version)
 
     def import_json(self, path: str | os.PathLike) -> list[int]:
         """Load a file written by export_json, all or nothing; returns the run ids, in file order.
