@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from jaxcnn._native.library import cuda_available
 from jaxcnn.profile.device_time import device_times
