@@ -4,6 +4,7 @@ and used by calibrate, validation and the store's per-layer predictions."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,8 +15,9 @@ from jaxcnn.costmodel.conv_layer import ConvLayer
 from jaxcnn.costmodel.factors import Factors, load_factors, save_factors
 from jaxcnn.costmodel.model import predict_layer_info, predict_ms
 from jaxcnn.costmodel.streaming import StreamFactors, fit_stream, is_depthwise, predict_stream
-from jaxcnn.costmodel.validation import make_measurement, prediction_rows, validate
+from jaxcnn.costmodel.validation import make_measurement, measurements_from_store, prediction_rows, validate
 from jaxcnn.profile.gpu_specs import spec_by_name
+from jaxcnn.store import Store
 
 H200 = spec_by_name("H200")
 
@@ -97,3 +99,17 @@ def test_store_predictions_of_depthwise_layers_follow_the_backend():
     dense = predict_layer_info(SimpleNamespace(**{**vars(info), "weight_shape": (3, 3, 64, 64), "groups": 1}),
                                "H200", "xla", factors=factors)
     assert dense["extra"]["impl"] == "xla"  # the implicit-GEMM model
+
+
+def test_stored_factors_predict_the_shipped_depthwise_layers(tmp_path):
+    """The stored H200 factors against the shipped profiles' recorded times of cuDNN's depthwise
+    kernels (the report's 5.3% median includes the layer bench's rows as well)."""
+    shipped = Path(__file__).resolve().parents[2] / "dashboard" / "shipped"
+    with Store(tmp_path / "shipped.sqlite") as store:
+        for name in ("h200-2026-11-29-zoo.json", "h200-2026-11-29-thirdparty.json"):
+            store.import_json(shipped / name)
+    rows = validate(prediction_rows([m for m in measurements_from_store(tmp_path / "shipped.sqlite")
+                                     if m.impl == "depthwise"], "H200"))["rows"]
+    errors = [r["abs_rel_error"] for r in rows]
+    assert len(errors) >= 50
+    assert np.median(errors) <= 0.08 and max(errors) <= 0.25
