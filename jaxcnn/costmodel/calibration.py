@@ -210,7 +210,7 @@ def _with_streams(base: Factors, spec: GpuSpec, streams: Sequence[Sample]) -> Fa
     fitted = dict(base.streaming)
     for family in sorted({s.impl for s in streams}):
         mine = [s for s in streams if s.impl == family]
-        fitted[family] = fit_stream([s.layer for s in mine], [s.time_ms for s in mine], family, spec).to_dict()
+        fitted[family] = fit_stream([s.layer for s in mine], [s.time_ms for s in mine], spec).to_dict()
     return dataclasses.replace(base, streaming=fitted)
 
 

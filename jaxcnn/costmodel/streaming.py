@@ -3,16 +3,14 @@
 A depthwise conv (cuDNN's conv2d_c1_k1 engines; jaxcnn's depthwise kernels, a family of their
 own) reads each input and writes each output about once and does a few FMAs per element on
 CUDA cores: no GEMM tile describes it. It is priced from the bytes it must move and the work it
-must do, as phases that do not overlap (the fit chose the sum over the max of the two: 5.3%
-against 7.7% median error on cuDNN's kernels, docs/results.md):
+must do, as phases that do not overlap (the sum of the two fits cuDNN's kernels better than
+their max: docs/results.md, "Traffic/time model"):
 
     time = launch + unique bytes / (dram * DRAM bandwidth) + FLOPs / (compute * FMA peak)
 
 unique bytes = x + w + y once each (ConvLayer.unique_bytes), FLOPs = the useful ones. The three
 factors are fitted per family and GPU (fit_stream: a grid search of the squared log error,
 robust and fast for a few hundred layers) and stored with the GEMM factors (Factors.streaming).
-
-Jax-free: the dashboard reads it.
 """
 
 from __future__ import annotations
@@ -69,6 +67,7 @@ class StreamPrediction:
 
 
 def is_stream_family(impl: str) -> bool:
+    """Whether `impl` (a kernel family of the model) is priced here rather than as a GEMM."""
     return impl in STREAM_FAMILIES
 
 
@@ -78,6 +77,7 @@ def is_depthwise(layer: ConvLayer) -> bool:
 
 
 def predict_stream(layer: ConvLayer, family: str, spec: GpuSpec, factors: StreamFactors) -> StreamPrediction:
+    """The time of `layer` run by stream family `family` on `spec`'s GPU with `factors`."""
     if family not in STREAM_FAMILIES:
         raise ValueError(f"family must be one of {STREAM_FAMILIES}, not {family!r}")
     dram_bytes = float(layer.unique_bytes)
@@ -89,8 +89,9 @@ def predict_stream(layer: ConvLayer, family: str, spec: GpuSpec, factors: Stream
     )
 
 
-def fit_stream(layers: Sequence[ConvLayer], times_ms: Sequence[float], family: str, spec: GpuSpec) -> StreamFactors:
-    """The factors minimising the squared log error of predicted vs measured times."""
+def fit_stream(layers: Sequence[ConvLayer], times_ms: Sequence[float], spec: GpuSpec) -> StreamFactors:
+    """The factors minimising the squared log error of predicted vs measured times of one
+    family's layers."""
     if not layers:
         raise ValueError("fit_stream needs at least one measurement")
     memory = np.array([layer.unique_bytes / spec.memory.per_s for layer in layers])  # s at fraction 1

@@ -46,12 +46,12 @@ def test_prediction_adds_launch_bytes_and_fma_time():
 def test_fit_recovers_the_factors_it_was_made_with():
     truth = StreamFactors(launch_us=2.5, dram=0.8, compute=0.3)
     times = [predict_stream(layer, "depthwise", H200, truth).time_ms for layer in LAYERS]
-    got = fit_stream(LAYERS, times, "depthwise", H200)
+    got = fit_stream(LAYERS, times, H200)
     predicted = [predict_stream(layer, "depthwise", H200, got).time_ms for layer in LAYERS]
     np.testing.assert_allclose(predicted, times, rtol=0.05)  # the grid's resolution
     assert got.launch_us == pytest.approx(2.5, rel=0.1) and got.dram == pytest.approx(0.8, rel=0.05)
     with pytest.raises(ValueError, match="at least one"):
-        fit_stream([], [], "depthwise", H200)
+        fit_stream([], [], H200)
 
 
 def test_calibrate_fits_stream_families_apart_and_keeps_them_in_the_factors():
