@@ -65,6 +65,11 @@ class StreamPrediction:
     def bound(self) -> str:
         return "dram" if self.memory_ms >= self.compute_ms else "compute"
 
+    @property
+    def bound_ms(self) -> dict[str, float]:
+        """Each term's time, as the GEMM model's rows name theirs."""
+        return dict(dram=self.memory_ms, compute=self.compute_ms)
+
 
 def is_stream_family(impl: str) -> bool:
     """Whether `impl` (a kernel family of the model) is priced here rather than as a GEMM."""

@@ -387,7 +387,7 @@ def _stream_prediction_row(m: Measurement, gpu: str, factors: Factors | None) ->
     p = predict_family(m.layer, m.impl, gpu, factors)
     return _measurement_fields(m) | dict(
         tiling=f"stream:{p.family}", predicted_ms=p.time_ms, bound=p.bound,
-        bound_ms=dict(dram=p.memory_ms, compute=p.compute_ms), latency_ms=p.launch_ms, ctas=None, waves=None,
+        bound_ms=p.bound_ms, latency_ms=p.launch_ms, ctas=None, waves=None,
         predicted_bytes={"dram": p.dram_bytes, "l2": p.dram_bytes, "l1": p.dram_bytes},
         bytes_tiling=f"stream:{p.family}")
 

@@ -232,9 +232,8 @@ def time_candidates(sites, inputs, candidates: Sequence[Candidate], traced: list
         if (key, c.name) not in timed:
             out.append(traced[index])
             shares.append(None)
-        elif shared_cases(key, c) is not None and shared_cases(key, c)[0] in timed:
-            alone, floor = shared_cases(key, c)
-            share = shared_share_ms(timed[alone].median_ms, timed[floor].median_ms)
+        elif (share_cases := shared_cases(key, c)) is not None and share_cases[0] in timed:
+            share = shared_share_ms(timed[share_cases[0]].median_ms, timed[share_cases[1]].median_ms)
             out.append(_plus(timed[(key, c.name)], share))
             shares.append(share)
         else:

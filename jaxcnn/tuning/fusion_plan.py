@@ -338,8 +338,8 @@ def group_fn(group: FusionGroup, version: str) -> Callable:
 
 def group_params(group: FusionGroup, seed: int = 0):
     """He-normal weights and small biases for the group's convs, and a positive random input
-    (measure.random_array) (drawn with NumPy: jax.random would compile one program per shape,
-    seconds per group on a CPU)."""
+    (measure.random_array), all drawn with NumPy: jax.random would compile one program per shape,
+    seconds per group on a CPU."""
     rng = np.random.default_rng([seed, len(group.members), *group.x_shape])
     params = {}
     for m in group.members:

@@ -18,7 +18,7 @@ from jaxcnn._native import library
 # JAXCNN_MEASURE=0: automatic decisions (conv2d "auto", optimize's policy, the layout and fusion
 # planners) read cached measurements and rules but time nothing new on the device.
 MEASURE_ENV = "JAXCNN_MEASURE"
-# Fresh random elements RandomInputs draws per array; a larger array repeats them. Drawing
+# Fresh random elements random_array draws per array; a larger array repeats them. Drawing
 # every element of a batch-64 activation (hundreds of MB) took seconds of a first call, and a
 # timing does not depend on the values' period.
 RANDOM_BLOCK = 1 << 20
