@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import functools
 import os
+import threading
 from typing import Callable
 
 import jax
@@ -69,10 +70,29 @@ def error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
+# XLA times candidate algorithms for a program's convolutions and GEMMs while it compiles it
+# (autotuning). Two such compiles at once, or a compile beside another program's run, time each
+# other's kernels: XLA warns "Delay kernel timed out" and its choices and compile times suffer.
+# Programs that autotune therefore compile and first-run under this lock, one at a time; the
+# others (jaxcnn's kernels are custom calls XLA does not tune) compile in parallel.
+AUTOTUNE_LOCK = threading.Lock()
+AUTOTUNED_OPS = ("stablehlo.convolution", "stablehlo.dot_general")
+
+
+def autotunes(fn: Callable, args: tuple) -> bool:
+    """Whether XLA autotunes while compiling jit(fn) for args: its program has a convolution or
+    a GEMM (traced and lowered here; jit's caches reuse both for the call that compiles)."""
+    text = jax.jit(fn).lower(*args).as_text()
+    return any(op in text for op in AUTOTUNED_OPS)
+
+
 def try_run(fn: Callable, args: tuple) -> str:
-    """'' if jit(fn)(*args) compiles and runs, else the error message."""
+    """'' if jit(fn)(*args) compiles and runs, else the error message. Safe on several threads:
+    programs that autotune compile one at a time (AUTOTUNE_LOCK)."""
     try:
-        jax.block_until_ready(jax.jit(fn)(*args))
+        lock = AUTOTUNE_LOCK if autotunes(fn, args) else contextlib.nullcontext()
+        with lock:
+            jax.block_until_ready(jax.jit(fn)(*args))
     except runtime_errors() as err:
         return error_line(err)
     return ""

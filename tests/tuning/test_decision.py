@@ -245,3 +245,33 @@ def test_compile_threads_come_from_the_environment(monkeypatch):
         monkeypatch.setenv(D.COMPILE_THREADS_ENV, bad)
         with pytest.raises(ValueError, match="JAXCNN_COMPILE_THREADS must be a positive integer"):
             D.compile_threads()
+
+
+def test_programs_xla_autotunes_compile_one_at_a_time(monkeypatch):
+    """Convolutions and GEMMs make XLA autotune: their compiles hold AUTOTUNE_LOCK, so two never
+    overlap; elementwise programs (and jaxcnn's custom calls) compile without it."""
+    x = jnp.ones((1, 8, 8, 4), jnp.float32)
+    w = jnp.ones((3, 3, 4, 4), jnp.float32)
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    assert measure.autotunes(conv, (x, w))
+    assert measure.autotunes(lambda a, b: a.reshape(64, 4) @ b.reshape(36, 4).T, (x, w))
+    assert not measure.autotunes(lambda a: jnp.maximum(a * 2.0, 0.0), (x,))
+
+    held = []
+
+    class Lock:
+        def __enter__(self):
+            held.append(True)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(measure, "AUTOTUNE_LOCK", Lock())
+    assert measure.try_run(conv, (x, w)) == ""
+    assert held == [True]
+    assert measure.try_run(lambda a: a + 1.0, (x,)) == ""
+    assert held == [True]
+    assert measure.try_run(lambda a: a.reshape(3, 5), (x,)).startswith("TypeError")
