@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jax.extend.core import Literal
-
 from jaxcnn.ops.chain.config import ACTIVATIONS as CHAIN_ACTIVATIONS
 from jaxcnn.ops.chain.config import (
     CONV1X1_DEPTHWISE_MAX_IN,
@@ -35,7 +33,7 @@ from jaxcnn.optimize.group_common import (
     nhwc_shape,
     view_source,
 )
-from jaxcnn.optimize.patterns import Match, Site, Uses, _inner_jaxpr
+from jaxcnn.optimize.patterns import Match, Site, Uses
 from jaxcnn.optimize.rewrite import RewritePlan, declined_convs
 from jaxcnn.tuning.decision import BASELINE, Candidate, Decision, decide_all
 from jaxcnn.tuning.decision import Site as DecisionSite
@@ -51,61 +49,9 @@ class ChainSite:
     expand: Match
     depthwise: Match
     padding: tuple  # the depthwise's ((top, bottom), (left, right)), a folded pad included
-    padded: bool  # a zero pad equation between the convs is part of the chain
     indices: tuple[int, ...]  # every equation the fused call replaces
     group: JaxprGroup
     decision: Decision | None = None
-
-
-def _zero(uses: Uses, v, outer: dict | None = None) -> bool:
-    """v is the scalar 0: a literal; inside a call body (`outer` maps its inputs to the caller's
-    values) also through converts of an input that is the literal 0 in the caller. A value the
-    caller computes is refused: the chain's traced subgraph (its baseline) could not read it."""
-    while not isinstance(v, Literal):
-        if outer is None:
-            return False
-        if v in outer:
-            return _zero(outer[v][0], outer[v][1])
-        found = uses.defining(v)
-        if found is None or found[1].primitive.name != "convert_element_type":
-            return False
-        v = found[1].invars[0]
-    return float(v.val) == 0.0
-
-
-def _pad_equation(uses: Uses, eqn):
-    """(pad params, padded operand, pad value check) of `eqn`: a lax pad, or a call whose body
-    is one pad of its first input (jnp.pad, as Keras' ZeroPadding2D traces it); else None."""
-    if eqn.primitive.name == "pad":
-        return eqn.params["padding_config"], eqn.invars[0], _zero(uses, eqn.invars[1])
-    body = _inner_jaxpr(eqn)
-    if body is None or len(eqn.outvars) != 1:
-        return None
-    pads = [e for e in body.eqns if e.primitive.name == "pad"]
-    rest = [e for e in body.eqns if e.primitive.name not in ("pad", "convert_element_type")]
-    if len(pads) != 1 or rest or pads[0].invars[0] is not body.invars[0] or body.outvars[0] is not pads[0].outvars[0]:
-        return None
-    outer = {inner: (uses, v) for inner, v in zip(body.invars, eqn.invars)}
-    return pads[0].params["padding_config"], eqn.invars[0], _zero(Uses(body), pads[0].invars[1], outer)
-
-
-def _spatial_pad(uses: Uses, var, layout: str):
-    """(pad equation index, its input, ((top, bottom), (left, right))) where `var` is a zero pad
-    of H and W only, read by one equation; else None."""
-    found = uses.defining(var)
-    if found is None or uses.sole_reader(var) is None:
-        return None
-    index, eqn = found
-    pad = _pad_equation(uses, eqn)
-    if pad is None or not pad[2]:
-        return None
-    config, operand = pad[0], pad[1]
-    pads = {}
-    for axis, (lo, hi, interior) in zip(layout, config):
-        if interior != 0 or lo < 0 or hi < 0 or (axis in "NC" and (lo, hi) != (0, 0)):
-            return None
-        pads[axis] = (int(lo), int(hi))
-    return index, operand, (pads["H"], pads["W"])
 
 
 def _conv(m: Match) -> dict:
@@ -137,13 +83,9 @@ def chain_sites(plan: RewritePlan, path: str = "") -> list[ChainSite]:
         if not _depthwise_ok(dw) or dw.site.layout not in FUSED_LAYOUTS:
             continue
         layout = dw.site.layout
+        # A zero pad before the depthwise (ZeroPadding2D) is part of its match and its padding.
         padding = tuple((int(lo), int(hi)) for lo, hi in _conv(dw)["padding"])
-        x_dw, pad_eqns = dw.in_vars[0], []
-        pad = _spatial_pad(uses, x_dw, layout)
-        if pad is not None:
-            pad_index, x_dw, extra = pad
-            padding = tuple((a + c, b + d) for (a, b), (c, d) in zip(padding, extra))
-            pad_eqns = [pad_index]
+        x_dw = dw.in_vars[0]
         if any(not 0 <= v <= MAX_DEPTHWISE_PAD for pair in padding for v in pair):
             continue
         source = view_source(uses, x_dw, convs)
@@ -154,7 +96,7 @@ def chain_sites(plan: RewritePlan, path: str = "") -> list[ChainSite]:
                 or ex.site.w_shape[3] != dw.site.w_shape[3]):
             continue
         # The expand's output reaches the depthwise alone (through the view and the pad).
-        first = (source[1][-1] if source[1] else (pad_eqns[0] if pad_eqns else dw.eqn_indices[0]))
+        first = source[1][-1] if source[1] else dw.eqn_indices[0]
         if ex.out_var in uses.outputs or uses.readers.get(ex.out_var, []) != [first]:
             continue
         x_nhwc = nhwc_shape(ex.site.x_shape, layout)
@@ -162,14 +104,14 @@ def chain_sites(plan: RewritePlan, path: str = "") -> list[ChainSite]:
         channels = dw.site.w_shape[3]
         if not conv1x1_depthwise_fused(x_nhwc, channels, stride, ex.site.dtype, padding):
             continue  # float32 or a shape the kernel does not take: nothing to gain
-        indices = tuple(sorted({*ex.eqn_indices, *source[1], *pad_eqns, *dw.eqn_indices}))
+        indices = tuple(sorted({*ex.eqn_indices, *source[1], *dw.eqn_indices}))
         if not uses.internal(indices, dw.out_var):
             continue
         group = JaxprGroup(KIND, path, x_nhwc, nhwc_shape(tuple(dw.out_var.aval.shape), layout), ex.site.dtype,
                            (tuple(ex.site.w_shape), tuple(dw.site.w_shape)), indices,
                            dict(layout=layout, stride=stride, padding=padding,
                                 activations=(_conv(ex)["activation"], _conv(dw)["activation"])))
-        found.append(ChainSite(plan, uses, ex, dw, padding, bool(pad_eqns), indices, group))
+        found.append(ChainSite(plan, uses, ex, dw, padding, indices, group))
     for child, child_path in call_bodies(plan, path):
         found.extend(chain_sites(child, child_path))
     return found
@@ -253,7 +195,7 @@ def replace_chain(site: ChainSite) -> None:
     match = Match(KIND, site.indices, site.depthwise.out_var, _in_vars(site),
                   Site(KIND, s.layout, s.x_shape, g.dtype, s.w_shape, s.bias or site.depthwise.site.bias, kwargs,
                        folded=s.folded or site.depthwise.site.folded),
-                  (*site.expand.replaced, *(["pad"] if site.padded else []), *site.depthwise.replaced),
+                  (*site.expand.replaced, *site.depthwise.replaced),
                   build=_build(site), algorithm="fused")
     match.decision = site.decision
     match.path = site.expand.path

@@ -31,6 +31,7 @@ from jaxcnn.optimize.epilogue_patterns import (
     vector_dependencies_ok,
 )
 from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
+from jaxcnn.optimize.pad_patterns import spatial_pad
 from jaxcnn.optimize.weight_prologue import FoldSite
 
 ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
@@ -208,7 +209,8 @@ def _accepts(fn, out_aval, *avals) -> bool:
 def match_conv(uses: Uses, index: int) -> Match | None:
     """conv_general_dilated + its epilogue (epilogue_patterns: per-channel affine steps such as a
     bias or inference BatchNorm, a residual add, an activation) -> one jaxcnn.conv2d, the affine
-    steps folded into its weights and bias on every call."""
+    steps folded into its weights and bias on every call; a zero pad of the conv's input alone
+    (pad_patterns) joins its padding."""
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x, w = eqn.invars
@@ -233,16 +235,23 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     conv_out = eqn.outvars[0]
     conv_shape = tuple(conv_out.aval.shape)
     channel_axis, k = layout.index("C"), w_hwio_shape[3]
+    padding = tuple(tuple(int(v) for v in q) for q in p["padding"])
+    pad_indices, replaced = [], ["conv_general_dilated"]
+    pad = spatial_pad(uses, x, layout)
+    if pad is not None and isinstance(pad[1], Var):
+        pad_index, x, extra = pad
+        padding = tuple((a + c, b + d) for (a, b), (c, d) in zip(padding, extra))
+        pad_indices, replaced = [pad_index], ["pad", *replaced]
 
     ep = find_epilogue(uses, conv_out, conv_shape, channel_axis, k, is_unit_reshape)
     if not vector_dependencies_ok(uses, ep, index):
         ep = Epilogue(out=conv_out)
-    indices = [index, *ep.indices]
+    indices = [*pad_indices, index, *ep.indices]
     out = ep.out
     if not uses.internal(indices, out):
         return None
 
-    kwargs = dict(stride=tuple(p["window_strides"]), padding=tuple(tuple(q) for q in p["padding"]),
+    kwargs = dict(stride=tuple(p["window_strides"]), padding=padding,
                   dilation=tuple(p["rhs_dilation"]), groups=p["feature_group_count"],
                   activation=ep.activation, layout=layout, precision=precision)
     if ep.activation == "leaky_relu":
@@ -271,7 +280,7 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     site = Site("conv2d", layout, tuple(x.aval.shape), jnp.dtype(x_dtype).name, w_hwio_shape,
                 bool(ep.steps), kwargs, residual=ep.residual is not None, folded=ep.folds)
     fold = FoldSite(ep, w, to_hwio, w_hwio_shape, x_dtype, out_dtype, kwargs) if ep.folds else None
-    return Match("conv2d", tuple(indices), out, in_vars, site, ("conv_general_dilated", *ep.replaced),
+    return Match("conv2d", tuple(indices), out, in_vars, site, (*replaced, *ep.replaced),
                  make_build=make_build, w_to_hwio=to_hwio, operands=operands,
                  plain=_plain(ep, x_dtype), fold=fold)
 

@@ -214,6 +214,45 @@ def test_keras_batchnorm_relu6_residual():
     assert_same(fn, tv, ntv, X)
 
 
+def test_keras_zero_padding_joins_the_conv_padding():
+    """ZeroPadding2D before a stride-2 "valid" conv (ResNet's stem, EfficientNet's 5x5 depthwise
+    downsampling): the conv's match reads the unpadded input with the pad in its padding, so no
+    pad pass stays beside the kernel; values match the traced program."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "jax":
+        pytest.skip("keras was imported with another backend")
+    inp = keras.Input((9, 9, 6))
+    y = keras.layers.ZeroPadding2D(((1, 2), (1, 2)))(inp)
+    y = keras.layers.DepthwiseConv2D(5, strides=2, use_bias=False)(y)
+    y = keras.layers.Activation("swish")(keras.layers.BatchNormalization()(y))
+    y = keras.layers.ZeroPadding2D(1)(y)
+    out = keras.layers.ReLU()(keras.layers.Conv2D(8, 3, strides=2, use_bias=True)(y))
+    model = keras.Model(inp, out)
+    for v in model.variables:
+        v.assign(np.asarray(RNG.uniform(0.5, 1.5, v.shape), v.dtype))
+    tv = [v.value for v in model.trainable_variables]
+    ntv = [v.value for v in model.non_trainable_variables]
+    fn = lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]  # noqa: E731
+    x = jnp.asarray(RNG.normal(size=(2, 9, 9, 6)), jnp.float32)
+    rewrites = conv_rewrites(fn, tv, ntv, x)
+    assert [r.kwargs["padding"] for r in rewrites] == [((1, 2), (1, 2)), ((1, 1), (1, 1))]
+    assert all(r.replaced[:2] == ("pad", "conv_general_dilated") for r in rewrites)
+    assert [r.x_shape for r in rewrites] == [(2, 9, 9, 6), (2, 4, 4, 6)]
+    assert_same(fn, tv, ntv, x)
+
+
+def test_a_pad_read_elsewhere_stays_as_traced():
+    """A pad whose output another op also reads is not taken in: the conv keeps its own padding."""
+    def fn(x, w):
+        t = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        return jax.nn.relu(lax.conv_general_dilated(t, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))), t
+
+    rewrites = conv_rewrites(fn, X, W)
+    assert len(rewrites) == 1 and rewrites[0].kwargs["padding"] == ((0, 0), (0, 0))
+    assert "pad" not in rewrites[0].replaced
+
+
 # -- decisions and lowering ---------------------------------------------------------------------
 
 def test_default_policy_explains_kept_sites():

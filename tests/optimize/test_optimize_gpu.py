@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jaxcnn
+from jaxcnn.optimize.policy import unpooled_plan
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("flax")
@@ -82,6 +83,42 @@ def test_fused_googlenet_runs_one_inception_call_per_block():
     assert len(re.findall(r'custom_call_target="jaxcnn_max_pool2d_fwd"', hlo)) == 3
     assert len(re.findall(r'custom_call_target="jaxcnn_conv2d_pool_fwd"', hlo)) == 2
     assert rel_diff(fast(m.params, m.x), jax.jit(m.apply)(m.params, m.x)) <= REL_TOL[jnp.bfloat16]
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "wgmma", "stem"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+def test_zero_pad_taken_into_the_conv_padding(dtype, algorithm):
+    """A zero pad before a "valid" conv (Keras' ZeroPadding2D) becomes the kernel's own padding,
+    uneven sides included: the stride-2 depthwise 5x5 of EfficientNet, a 3x3/2 conv and the
+    ResNet stem's 7x7/2 on an RGB image, each on the kernels' pick and on the named family
+    where it takes the shape; the compiled program keeps no pad of its own."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.uniform(0.5, 1.0, (4, 37, 37, 3)), dtype)
+    w0 = jnp.asarray(rng.normal(size=(7, 7, 3, 32)) / 8, dtype)
+    wd = jnp.asarray(rng.normal(size=(5, 5, 1, 32)) / 5, dtype)
+    w1 = jnp.asarray(rng.normal(size=(3, 3, 32, 64)) / 16, dtype)
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def fn(x, w0, wd, w1):
+        y = jnp.pad(x, ((0, 0), (3, 3), (3, 3), (0, 0)))
+        y = jax.nn.relu(jax.lax.conv_general_dilated(y, w0, (2, 2), "VALID", dimension_numbers=dn))
+        y = jnp.pad(y, ((0, 0), (1, 2), (1, 2), (0, 0)))
+        y = jax.nn.silu(jax.lax.conv_general_dilated(y, wd, (2, 2), "VALID", dimension_numbers=dn,
+                                                     feature_group_count=32))
+        y = jnp.pad(y, ((0, 0), (0, 1), (0, 1), (0, 0)))
+        return jax.nn.relu(jax.lax.conv_general_dilated(y, w1, (2, 2), "VALID", dimension_numbers=dn))
+
+    def policy(site):
+        return algorithm if site.op == "conv2d" and unpooled_plan(site, algorithm) else "auto"
+
+    opt = jaxcnn.optimize(fn, policy="all" if algorithm == "auto" else policy, fuse="none")
+    args = (x, w0, wd, w1)
+    assert all(r.replaced[0] == "pad" for r in opt.rewrites(*args) if r.op == "conv2d")
+    fast = jax.jit(opt)
+    hlo = fast.lower(*args).compile().as_text()
+    if algorithm == "auto":
+        assert " pad(" not in hlo, "the pads must be the kernels' padding"
+    assert rel_diff(fast(*args), jax.jit(fn)(*args)) <= REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("name", ["linen_squeezenet1_1", "equinox_cnn"])
