@@ -78,6 +78,7 @@ from jaxcnn.profile import device_times  # noqa: E402
 from jaxcnn.profile.gpu_specs import floor_ms, lookup_gpu_spec  # noqa: E402
 from jaxcnn.tuning.conv_choice import conv_site, decide_conv  # noqa: E402
 from jaxcnn.tuning.decision import compile_threads, decide_all  # noqa: E402
+from jaxcnn.tuning.measure import run_once  # noqa: E402
 
 from conv_sweep_cases import (  # noqa: E402
     ACTIVATIONS, CHUNK_BYTES, CHUNK_CASES, DEFAULT_CASES, DEFAULT_SEED, KINDS, LIMITS, PRECISION_CLASS,
@@ -201,9 +202,9 @@ def prepare(case: Case, seed: int) -> dict:
         out["args"] = args
         out["fns"] = {v: conv2d_fn(case, v) for v in VARIANTS}
         started = time.perf_counter()
-        y_auto = jax.block_until_ready(jax.jit(out["fns"]["auto"])(*args))
+        y_auto = run_once(out["fns"]["auto"], args)
         out["first_call_s"] = time.perf_counter() - started
-        y_xla = jax.block_until_ready(jax.jit(out["fns"]["xla"])(*args))
+        y_xla = run_once(out["fns"]["xla"], args)
         residual = args[3] if case.residual else None
         compared = jax.device_get(compare(y_auto, y_xla, args[0], residual, layout=case.layout,
                                           images=tuple(sample_images(case))))

@@ -39,9 +39,9 @@ DECISION_VERSION = 1
 MEASURE_ITERS = 10
 MEASURE_WARMUP = 2
 # Threads compiling a measurement's candidates (XLA compiles outside the GIL): $JAXCNN_COMPILE_THREADS,
-# else 8. With one per core (16 on the H200 machine) the first calls of the third-party models
-# took two to three times as long; XLA's autotuning of the candidates' convs on concurrent
-# threads is where most of a slow first call goes (docs/results.md, "First call").
+# else 8. Only jaxcnn's candidates compile in parallel: those XLA autotunes compile one at a time
+# (measure.AUTOTUNE_LOCK), so more threads than this no longer shorten a first call
+# (docs/results.md, "First call").
 COMPILE_THREADS_ENV = "JAXCNN_COMPILE_THREADS"
 COMPILE_THREADS = 8
 

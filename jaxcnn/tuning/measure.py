@@ -86,13 +86,18 @@ def autotunes(fn: Callable, args: tuple) -> bool:
     return any(op in text for op in AUTOTUNED_OPS)
 
 
+def run_once(fn: Callable, args: tuple):
+    """jit(fn)(*args), synced: compiled and run on any thread, one at a time where XLA
+    autotunes the program (AUTOTUNE_LOCK)."""
+    lock = AUTOTUNE_LOCK if autotunes(fn, args) else contextlib.nullcontext()
+    with lock:
+        return jax.block_until_ready(jax.jit(fn)(*args))
+
+
 def try_run(fn: Callable, args: tuple) -> str:
-    """'' if jit(fn)(*args) compiles and runs, else the error message. Safe on several threads:
-    programs that autotune compile one at a time (AUTOTUNE_LOCK)."""
+    """'' if run_once(fn, args) compiles and runs, else the error message."""
     try:
-        lock = AUTOTUNE_LOCK if autotunes(fn, args) else contextlib.nullcontext()
-        with lock:
-            jax.block_until_ready(jax.jit(fn)(*args))
+        run_once(fn, args)
     except runtime_errors() as err:
         return error_line(err)
     return ""
