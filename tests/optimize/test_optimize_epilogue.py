@@ -193,22 +193,33 @@ def test_equinox_batchnorm_inference_nchw():
     assert_same(fn, x)
 
 
-def test_keras_batchnorm_relu6_residual():
+def keras_jax():
+    """keras on the JAX backend (the test is skipped where keras is missing or runs another)."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
     keras = pytest.importorskip("keras")
     if keras.backend.backend() != "jax":
         pytest.skip("keras was imported with another backend")
+    return keras
+
+
+def keras_inference(model):
+    """(fn(tv, ntv, x), trainable values, non-trainable values) of `model` in inference mode,
+    its variables set to random values in [0.5, 1.5) (valid BatchNorm variances)."""
+    for v in model.variables:
+        v.assign(np.asarray(RNG.uniform(0.5, 1.5, v.shape), v.dtype))
+    tv = [v.value for v in model.trainable_variables]
+    ntv = [v.value for v in model.non_trainable_variables]
+    return (lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]), tv, ntv
+
+
+def test_keras_batchnorm_relu6_residual():
+    keras = keras_jax()
     inp = keras.Input((8, 8, 6))
     y = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
     y = keras.layers.ReLU(6.0)(keras.layers.BatchNormalization()(y))
     z = keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 1, use_bias=False)(y))
     out = keras.layers.Activation("swish")(keras.layers.Add()([z, y]))
-    model = keras.Model(inp, out)
-    for v in model.variables:
-        v.assign(np.asarray(RNG.uniform(0.5, 1.5, v.shape), v.dtype))
-    tv = [v.value for v in model.trainable_variables]
-    ntv = [v.value for v in model.non_trainable_variables]
-    fn = lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]  # noqa: E731
+    fn, tv, ntv = keras_inference(keras.Model(inp, out))
     rewrites = conv_rewrites(fn, tv, ntv, X)
     assert [r.kwargs["activation"] for r in rewrites] == ["relu6", "silu"]
     assert_same(fn, tv, ntv, X)
@@ -218,22 +229,14 @@ def test_keras_zero_padding_joins_the_conv_padding():
     """ZeroPadding2D before a stride-2 "valid" conv (ResNet's stem, EfficientNet's 5x5 depthwise
     downsampling): the conv's match reads the unpadded input with the pad in its padding, so no
     pad pass stays beside the kernel; values match the traced program."""
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "jax":
-        pytest.skip("keras was imported with another backend")
+    keras = keras_jax()
     inp = keras.Input((9, 9, 6))
     y = keras.layers.ZeroPadding2D(((1, 2), (1, 2)))(inp)
     y = keras.layers.DepthwiseConv2D(5, strides=2, use_bias=False)(y)
     y = keras.layers.Activation("swish")(keras.layers.BatchNormalization()(y))
     y = keras.layers.ZeroPadding2D(1)(y)
     out = keras.layers.ReLU()(keras.layers.Conv2D(8, 3, strides=2, use_bias=True)(y))
-    model = keras.Model(inp, out)
-    for v in model.variables:
-        v.assign(np.asarray(RNG.uniform(0.5, 1.5, v.shape), v.dtype))
-    tv = [v.value for v in model.trainable_variables]
-    ntv = [v.value for v in model.non_trainable_variables]
-    fn = lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]  # noqa: E731
+    fn, tv, ntv = keras_inference(keras.Model(inp, out))
     x = jnp.asarray(RNG.normal(size=(2, 9, 9, 6)), jnp.float32)
     rewrites = conv_rewrites(fn, tv, ntv, x)
     assert [r.kwargs["padding"] for r in rewrites] == [((1, 2), (1, 2)), ((1, 1), (1, 1))]
