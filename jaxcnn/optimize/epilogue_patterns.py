@@ -348,6 +348,30 @@ def match_activation(uses, var):
     return best
 
 
+# Activations whose outputs are never below 0.
+NONNEGATIVE_ACTIVATIONS = ("relu", "relu6", "sigmoid")
+
+
+def nonnegative(uses, var) -> bool:
+    """`var` is the output of an activation in NONNEGATIVE_ACTIVATIONS (one equation or call,
+    recognised by what it computes; dtype converts after it followed): no element is below 0."""
+    while True:
+        found = uses.defining(var)
+        if found is None:
+            return False
+        eqn = found[1]
+        if eqn.primitive.name != "convert_element_type":
+            break
+        var = eqn.invars[0]
+    inputs = [v for v in eqn.invars if isinstance(v, Var)]
+    if len(inputs) != 1 or len(eqn.outvars) != 1 or not _elementwise_eqn(eqn):
+        return False
+    if tuple(inputs[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
+        return False
+    found = _identify([eqn], inputs[0], eqn.outvars[0])
+    return found is not None and found[0] in NONNEGATIVE_ACTIVATIONS
+
+
 def _names(eqns, region):
     out = []
     for j in region:

@@ -1,15 +1,18 @@
-"""Zero pads of an activation's spatial axes that a conv's own padding takes in.
+"""Zero pads of an activation that a conv's or a max pool's own padding takes in.
 
 Keras' ZeroPadding2D (before a stride-2 "valid" conv: ResNet's stem, MobileNet and EfficientNet
 downsampling blocks) and an explicit `jnp.pad` trace to a pad equation feeding the conv. In XLA's
 own program the pad folds into the convolution; a conv replaced by a jaxcnn kernel would leave it
 as a separate pass that reads and writes the whole activation. A conv match therefore takes the
-pad in: it reads the unpadded activation with the pad added to its padding.
+pad in: it reads the unpadded activation with the pad added to its padding. So does a max pool
+(ZeroPadding2D before the stem's MaxPooling2D in Keras' ResNet50 and DenseNet) where the padded
+value is never below 0 (a ReLU's output): there zeros and the pool's own -inf padding give the
+same maxima, as long as every window keeps one real element (jaxcnn's pools require it).
 """
 
 from __future__ import annotations
 
-from jax.extend.core import Literal
+from jax.extend.core import Literal, Var
 
 from jaxcnn.optimize.jaxpr_reading import call_body
 
@@ -74,3 +77,22 @@ def spatial_pad(uses, var, layout: str):
             return None
         pads[axis] = (int(lo), int(hi))
     return index, operand, (pads["H"], pads["W"])
+
+
+def pad_into_max_pool(uses, x, pads, nonnegative):
+    """(pad equation index, its operand, `pads` (the pool's, per axis of x) plus the pad's)
+    where `x` is a zero pad, read by the pool alone, of a value `nonnegative(uses, value)` says
+    is never below 0; else None."""
+    found = uses.defining(x)
+    if found is None or uses.sole_reader(x) is None:
+        return None
+    index, eqn = found
+    pad = pad_equation(uses.jaxpr, eqn)
+    if pad is None or not pad[2] or not isinstance(pad[1], Var):
+        return None
+    config, operand = pad[0], pad[1]
+    if any(interior != 0 or lo < 0 or hi < 0 for lo, hi, interior in config):
+        return None
+    if not nonnegative(uses, operand):
+        return None
+    return index, operand, tuple((a + int(lo), b + int(hi)) for (a, b), (lo, hi, _) in zip(pads, config))

@@ -28,10 +28,11 @@ from jaxcnn.optimize.epilogue_patterns import (
     Epilogue,
     epilogue_operands,
     find_epilogue,
+    nonnegative,
     vector_dependencies_ok,
 )
 from jaxcnn.optimize.jaxpr_reading import call_body, literal_value
-from jaxcnn.optimize.pad_patterns import spatial_pad
+from jaxcnn.optimize.pad_patterns import pad_into_max_pool, spatial_pad
 from jaxcnn.optimize.weight_prologue import FoldSite
 
 ACTIVATION_LAYOUTS = ("NHWC", "NCHW", "CHWN")
@@ -390,7 +391,8 @@ def match_pool(uses: Uses, index: int) -> Match | None:
     avg_pool2d (count_include_pad=True: lax's sum / size), pooling 2 spatial axes of a rank-4
     NHWC/NCHW value. The reduce_window may see that value through layout-only steps (size-1 axes
     added, a transpose undone after the pool, the f32 converts around a bf16 sum): those steps
-    are absorbed and the pool runs on the rank-4 value in its own layout."""
+    are absorbed and the pool runs on the rank-4 value in its own layout. A max pool also takes
+    in a zero pad of a never-negative input (pad_patterns.pad_into_max_pool)."""
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x = eqn.invars[0]
@@ -398,8 +400,23 @@ def match_pool(uses: Uses, index: int) -> Match | None:
         return None
     if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
+    pads = tuple(map(tuple, p["padding"]))
+    if eqn.primitive.name == "reduce_window_max":
+        padded = pad_into_max_pool(uses, x, pads, nonnegative)
+        if padded is not None:
+            match = _match_pool_on(uses, index, padded[1], padded[2], (padded[0],))
+            if match is not None:
+                return match
+    return _match_pool_on(uses, index, x, pads, ())
+
+
+def _match_pool_on(uses: Uses, index: int, x, pads, pad_indices) -> Match | None:
+    """match_pool for the reduce_window at `index` reading `x` with padding `pads` (per axis of
+    x), the equations `pad_indices` (a pad taken in) replaced with it."""
+    eqn = uses.jaxpr.eqns[index]
+    p = eqn.params
     rank = x.aval.ndim
-    win, strides, pads = tuple(p["window_dimensions"]), tuple(p["window_strides"]), tuple(map(tuple, p["padding"]))
+    win, strides = tuple(p["window_dimensions"]), tuple(p["window_strides"])
     trivial = [win[a] == 1 and strides[a] == 1 and pads[a] == (0, 0) for a in range(rank)]
     if rank > 4 and not all(trivial[a] for a in range(rank) if x.aval.shape[a] == 1):
         return None  # a pooled size-1 axis: which rank-4 axis it is would be ambiguous
@@ -433,10 +450,10 @@ def match_pool(uses: Uses, index: int) -> Match | None:
                 continue
             if not (is_max or end.div):
                 continue
-            indices = [*base.indices, index, *end.indices]
+            indices = [*pad_indices, *base.indices, index, *end.indices]
             if not uses.internal(indices, end.var) or not _accepts(build_fn, end.var.aval, base.var.aval):
                 continue
-            names = [uses.jaxpr.eqns[i].primitive.name for i in sorted(indices)]
+            names = ["pad" if i in pad_indices else uses.jaxpr.eqns[i].primitive.name for i in sorted(indices)]
             site = Site(op, layout, tuple(base.var.aval.shape), jnp.dtype(base.var.aval.dtype).name, kwargs=kwargs)
             return Match(op, tuple(sorted(indices)), end.var, (base.var,), site, tuple(names),
                          make_build=lambda algorithm, f=build_fn: f)

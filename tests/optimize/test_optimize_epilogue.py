@@ -291,3 +291,39 @@ def test_conv_batchnorm_relu_maxpool_fuses_into_conv2d_pool():
     ops = [r.op for r in fused.rewrites(*args)]
     assert ops == ["conv2d_pool"]
     assert rel_err(jax.jit(fused)(*args), np.asarray(fn(*args), np.float64)) < 1e-5
+
+
+def test_keras_resnet_stem_pads_join_the_conv_and_the_pool():
+    """Keras' ResNet stem: ZeroPadding2D(3) -> 7x7/2 conv -> BatchNorm -> ReLU -> ZeroPadding2D(1)
+    -> MaxPooling2D(3, 2). The first pad joins the conv's padding; the second the pool's, as the
+    ReLU's output is never below 0 (zeros and the pool's -inf padding give the same maxima); with
+    both taken in, conv and pool fuse into one conv2d_pool."""
+    keras = keras_jax()
+    inp = keras.Input((20, 20, 3))
+    y = keras.layers.Conv2D(8, 7, strides=2)(keras.layers.ZeroPadding2D(3)(inp))
+    y = keras.layers.Activation("relu")(keras.layers.BatchNormalization(epsilon=1.001e-5)(y))
+    out = keras.layers.MaxPooling2D(3, strides=2)(keras.layers.ZeroPadding2D(1)(y))
+    fn, tv, ntv = keras_inference(keras.Model(inp, out))
+    x = jnp.asarray(RNG.normal(size=(2, 20, 20, 3)), jnp.float32)
+    rewrites = jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(tv, ntv, x)
+    assert [(r.op, r.kwargs["padding"]) for r in rewrites] == [("conv2d", ((3, 3), (3, 3))), ("max_pool2d", ((1, 1), (1, 1)))]
+    assert all("pad" in r.replaced for r in rewrites)
+    assert_same(fn, tv, ntv, x)
+    fused = jaxcnn.optimize(fn, fuse="all")
+    assert [r.op for r in fused.rewrites(tv, ntv, x)] == ["conv2d_pool"]
+    assert rel_err(jax.jit(fused)(tv, ntv, x), np.asarray(fn(tv, ntv, x), np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("act", [None, "silu", "hard_swish"])
+def test_max_pool_keeps_a_zero_pad_of_a_value_that_can_be_negative(act):
+    """Zeros are not -inf where the padded value can be negative: the pad stays as traced and
+    the pool keeps its own padding; the results still match."""
+    def fn(x, w):
+        y = conv(x, w)
+        y = y if act is None else getattr(jax.nn, act)(y)
+        y = jnp.pad(y, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        return lax.reduce_window(y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "VALID")
+
+    pools = [r for r in jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(X, W) if r.op == "max_pool2d"]
+    assert [r.kwargs["padding"] for r in pools] == [((0, 0), (0, 0))]
+    assert_same(fn, X, W)

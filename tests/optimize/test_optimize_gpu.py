@@ -91,7 +91,8 @@ def test_zero_pad_taken_into_the_conv_padding(dtype, algorithm):
     """A zero pad before a "valid" conv (Keras' ZeroPadding2D) becomes the kernel's own padding,
     uneven sides included: the stride-2 depthwise 5x5 of EfficientNet, a 3x3/2 conv and the
     ResNet stem's 7x7/2 on an RGB image, each on the kernels' pick and on the named family
-    where it takes the shape; the compiled program keeps no pad of its own."""
+    where it takes the shape, and a zero pad of a ReLU's output before a max pool the pool's;
+    the compiled program keeps no pad of its own."""
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.uniform(0.5, 1.0, (4, 37, 37, 3)), dtype)
     w0 = jnp.asarray(rng.normal(size=(7, 7, 3, 32)) / 8, dtype)
@@ -106,14 +107,16 @@ def test_zero_pad_taken_into_the_conv_padding(dtype, algorithm):
         y = jax.nn.silu(jax.lax.conv_general_dilated(y, wd, (2, 2), "VALID", dimension_numbers=dn,
                                                      feature_group_count=32))
         y = jnp.pad(y, ((0, 0), (0, 1), (0, 1), (0, 0)))
-        return jax.nn.relu(jax.lax.conv_general_dilated(y, w1, (2, 2), "VALID", dimension_numbers=dn))
+        y = jax.nn.relu(jax.lax.conv_general_dilated(y, w1, (2, 2), "VALID", dimension_numbers=dn))
+        y = jnp.pad(y, ((0, 0), (1, 1), (1, 1), (0, 0)))  # a ReLU's output: the pool takes it in
+        return jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "VALID")
 
     def policy(site):
         return algorithm if site.op == "conv2d" and unpooled_plan(site, algorithm) else "auto"
 
     opt = jaxcnn.optimize(fn, policy="all" if algorithm == "auto" else policy, fuse="none")
     args = (x, w0, wd, w1)
-    assert all(r.replaced[0] == "pad" for r in opt.rewrites(*args) if r.op == "conv2d")
+    assert all(r.replaced[0] == "pad" for r in opt.rewrites(*args) if r.op in ("conv2d", "max_pool2d"))
     fast = jax.jit(opt)
     hlo = fast.lower(*args).compile().as_text()
     if algorithm == "auto":
