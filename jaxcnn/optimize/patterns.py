@@ -211,7 +211,11 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     """conv_general_dilated + its epilogue (epilogue_patterns: per-channel affine steps such as a
     bias or inference BatchNorm, a residual add, an activation) -> one jaxcnn.conv2d, the affine
     steps folded into its weights and bias on every call; a zero pad of the conv's input alone
-    (pad_patterns) joins its padding."""
+    (pad_patterns) joins its padding where conv2d takes the sum."""
+    return _match_conv(uses, index, take_pad=True) or _match_conv(uses, index, take_pad=False)
+
+
+def _match_conv(uses: Uses, index: int, take_pad: bool) -> Match | None:
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x, w = eqn.invars
@@ -238,7 +242,7 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     channel_axis, k = layout.index("C"), w_hwio_shape[3]
     padding = tuple(tuple(int(v) for v in q) for q in p["padding"])
     pad_indices, replaced = [], ["conv_general_dilated"]
-    pad = spatial_pad(uses, x, layout)
+    pad = spatial_pad(uses, x, layout) if take_pad else None
     if pad is not None and isinstance(pad[1], Var):
         pad_index, x, extra = pad
         padding = tuple((a + c, b + d) for (a, b), (c, d) in zip(padding, extra))

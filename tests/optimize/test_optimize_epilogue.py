@@ -13,6 +13,7 @@ from jax import lax
 
 import jaxcnn
 from jaxcnn._native import library
+from jaxcnn.optimize import patterns
 from reference64 import rel_err
 
 RNG = np.random.default_rng(0)
@@ -326,4 +327,26 @@ def test_max_pool_keeps_a_zero_pad_of_a_value_that_can_be_negative(act):
 
     pools = [r for r in jaxcnn.optimize(fn, policy="all", fuse="none").rewrites(X, W) if r.op == "max_pool2d"]
     assert [r.kwargs["padding"] for r in pools] == [((0, 0), (0, 0))]
+    assert_same(fn, X, W)
+
+
+def test_a_pad_conv2d_cannot_take_stays_beside_the_conv(monkeypatch):
+    """Where conv2d refuses the padding with the pad added (here: refused above 2 per side), the
+    conv is still matched, with its own padding, and the pad stays as traced."""
+    real = patterns.conv2d
+
+    def picky_conv2d(*args, padding, **kwargs):
+        if max(max(pair) for pair in padding) > 2:
+            raise ValueError("padding too wide for this test")
+        return real(*args, padding=padding, **kwargs)
+
+    monkeypatch.setattr(patterns, "conv2d", picky_conv2d)
+
+    def fn(x, w):
+        t = jnp.pad(x, ((0, 0), (3, 3), (3, 3), (0, 0)))
+        return jax.nn.relu(lax.conv_general_dilated(t, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+
+    rewrites = conv_rewrites(fn, X, W)
+    assert len(rewrites) == 1 and rewrites[0].kwargs["padding"] == ((0, 0), (0, 0))
+    assert "pad" not in rewrites[0].replaced
     assert_same(fn, X, W)
