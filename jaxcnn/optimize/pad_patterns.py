@@ -61,8 +61,8 @@ def pad_equation(jaxpr, eqn):
 
 def spatial_pad(uses, var, layout: str):
     """(pad equation index, its operand, ((top, bottom), (left, right))) where `var` is a zero
-    pad of H and W only (no interior or negative padding) that one equation alone reads, in the
-    jaxpr `uses` (a patterns.Uses) reads; else None."""
+    pad of H and W only (no interior or negative padding) that one equation alone reads; else
+    None. `uses`: the patterns.Uses of the jaxpr holding `var`."""
     found = uses.defining(var)
     if found is None or uses.sole_reader(var) is None:
         return None
