@@ -212,10 +212,18 @@ def match_conv(uses: Uses, index: int) -> Match | None:
     bias or inference BatchNorm, a residual add, an activation) -> one jaxcnn.conv2d, the affine
     steps folded into its weights and bias on every call; a zero pad of the conv's input alone
     (pad_patterns) joins its padding where conv2d takes the sum."""
-    return _match_conv(uses, index, take_pad=True) or _match_conv(uses, index, take_pad=False)
+    eqn = uses.jaxpr.eqns[index]
+    layout = spec_layout(eqn.params["dimension_numbers"].lhs_spec)
+    pad = spatial_pad(uses, eqn.invars[0], layout) if layout is not None else None
+    if pad is not None and isinstance(pad[1], Var):
+        found = _match_conv(uses, index, pad)
+        if found is not None:
+            return found
+    return _match_conv(uses, index, None)
 
 
-def _match_conv(uses: Uses, index: int, take_pad: bool) -> Match | None:
+def _match_conv(uses: Uses, index: int, pad) -> Match | None:
+    """match_conv, taking in `pad` (spatial_pad's (index, operand, extra padding)) or none."""
     eqn = uses.jaxpr.eqns[index]
     p = eqn.params
     x, w = eqn.invars
@@ -242,8 +250,7 @@ def _match_conv(uses: Uses, index: int, take_pad: bool) -> Match | None:
     channel_axis, k = layout.index("C"), w_hwio_shape[3]
     padding = tuple(tuple(int(v) for v in q) for q in p["padding"])
     pad_indices, replaced = [], ["conv_general_dilated"]
-    pad = spatial_pad(uses, x, layout) if take_pad else None
-    if pad is not None and isinstance(pad[1], Var):
+    if pad is not None:
         pad_index, x, extra = pad
         padding = tuple((a + c, b + d) for (a, b), (c, d) in zip(padding, extra))
         pad_indices, replaced = [pad_index], ["pad", *replaced]
